@@ -1,0 +1,89 @@
+"""HTTP/1.1 over the daemon's Unix socket, with the standard library only."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import tempfile
+from typing import Any
+
+CONNECT_TIMEOUT_S = 0.25
+REQUEST_TIMEOUT_S = 0.5
+
+
+def default_socket() -> str:
+    """design.md: EDGEWATT_SOCKET, else /run as root, else XDG_RUNTIME_DIR, else temp."""
+    if os.environ.get("EDGEWATT_SOCKET"):
+        return os.environ["EDGEWATT_SOCKET"]
+    if os.geteuid() == 0:
+        return "/run/edgewatt/edgewatt.sock"
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "edgewatt.sock")
+    return os.path.join(tempfile.gettempdir(), f"edgewatt-{os.getuid()}.sock")
+
+
+class DaemonError(Exception):
+    """The daemon answered with an error; ``status`` and ``body`` say which."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"HTTP {status}: {body.get('error')}: {body.get('detail', '')}")
+        self.status = status
+        self.body = body
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(min(CONNECT_TIMEOUT_S, self.timeout or CONNECT_TIMEOUT_S))
+            sock.connect(self._path)
+            sock.settimeout(self.timeout)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def call(
+    socket_path: str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    timeout: float = REQUEST_TIMEOUT_S,
+) -> tuple[int, Any]:
+    """One request; returns (status, decoded JSON). OSError when nobody answers."""
+    conn = _UnixConnection(socket_path, timeout)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        raw = response.read()
+        try:
+            decoded = json.loads(raw) if raw else None
+        except ValueError:
+            decoded = {"error": "invalid response", "detail": raw[:200].decode("utf-8", "replace")}
+        return response.status, decoded
+    except http.client.HTTPException as exc:
+        raise OSError(f"bad response from {socket_path}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def call_ok(
+    socket_path: str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    timeout: float = REQUEST_TIMEOUT_S,
+) -> Any:
+    status, decoded = call(socket_path, method, path, body, timeout)
+    if status >= 400:
+        raise DaemonError(status, decoded if isinstance(decoded, dict) else {})
+    return decoded

@@ -1,0 +1,333 @@
+"""Registration API: HTTP/1.1 with JSON bodies over a Unix socket (design.md).
+
+Every connection gets its own thread with a socket timeout, so a client that sends
+half a request and stalls holds one thread for at most ``REQUEST_TIMEOUT_S`` and never
+blocks anyone else. Every failure is a JSON ``{"error", "detail"}`` with a 4xx status;
+an unexpected exception is logged with its traceback here and answered with a 500
+that carries no traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import socket
+import socketserver
+import struct
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from exporter.labels import LabelError, validate_labels
+from exporter.sampling import procfs
+from exporter.targets import TargetError, TargetTable
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+MAX_CONNECTIONS = 64
+REQUEST_TIMEOUT_S = 5.0
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ROUTE = re.compile(r"^/v1/targets(?:/(?P<id>[^/]+)(?:/(?P<sub>samples|summary|phase))?)?$")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, error: str, detail: str = "") -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.detail = detail
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", data)
+    return pid, uid, gid
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "edgewatt"
+    sys_version = ""
+    timeout = REQUEST_TIMEOUT_S
+    server: ApiServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.peer_pid, self.peer_uid, _ = peer_credentials(self.request)
+
+    def address_string(self) -> str:
+        return f"pid {self.peer_pid}"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("api: %s %s", self.address_string(), format % args)
+
+    def handle_one_request(self) -> None:
+        # The standard loop, with every method routed to one dispatcher (the stdlib
+        # answers unknown methods with an HTML 501) and timeouts ending the connection.
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+            if len(self.raw_requestline) > 65536:
+                self.requestline = self.request_version = self.command = ""
+                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+                return
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():
+                return
+            self._dispatch()
+            self.wfile.flush()
+        except (TimeoutError, ConnectionError):
+            self.close_connection = True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        status = HTTPStatus(code)
+        self._reply(
+            status.value,
+            {"error": message or status.phrase.lower(), "detail": explain or ""},
+            close=True,
+        )
+
+    def _reply(self, status: int, body: Any, *, close: bool = False) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _dispatch(self) -> None:
+        try:
+            status, body = self._route()
+        except ApiError as exc:
+            self._reply(exc.status, {"error": exc.error, "detail": exc.detail}, close=True)
+        except TargetError as exc:
+            self._reply(exc.status, {"error": exc.error, "detail": exc.detail})
+        except Exception:
+            log.exception("api: unexpected error on %s %s", self.command, self.path)
+            self._reply(500, {"error": "internal error", "detail": "see the daemon's log"})
+        else:
+            self._reply(status, body)
+
+    # -- routing ------------------------------------------------------------------
+
+    def _route(self) -> tuple[int, Any]:
+        parts = urlsplit(self.path)
+        path = parts.path
+        if (
+            not path.startswith("/")
+            or "%" in self.path
+            or "//" in path
+            or "/./" in path + "/"
+            or "/../" in path + "/"
+        ):
+            raise ApiError(400, "invalid path", f"{self.path[:200]!r} is not a valid API path")
+        if path == "/healthz":
+            self._allow("GET", "HEAD")
+            return 200, self.server.health()
+        match = _ROUTE.match(path)
+        if match is None:
+            raise ApiError(404, "not found", f"no endpoint at {path[:200]!r}")
+        target_id, sub = match.group("id"), match.group("sub")
+        if target_id is not None and not _ID.match(target_id):
+            raise ApiError(404, "no such target", f"{target_id[:80]!r} is not a target id")
+        table = self.server.table
+        if target_id is None:
+            if self._allow("GET", "POST") == "POST":
+                return self._register()
+            return 200, {"targets": table.describe_all()}
+        if sub is None:
+            if self._allow("GET", "DELETE") == "DELETE":
+                self._read_body()
+                return 200, table.delete(target_id, self.peer_uid).describe()
+            return 200, table.describe(target_id)
+        if sub == "phase":
+            self._allow("POST")
+            body = self._read_json()
+            _reject_unknown(body, {"name"})
+            phase = table.start_phase(target_id, body.get("name"), self.peer_uid)
+            return 201, {"target": target_id, "name": phase.name, "started_at": phase.started_at}
+        self._allow("GET")
+        if sub == "summary":
+            return 200, table.summary(target_id, self.server.logical_cpus)
+        since = _since(parts.query)
+        return 200, {
+            "target": target_id,
+            "units": self.server.sample_units,
+            "samples": table.samples(target_id, since),
+        }
+
+    def _allow(self, *methods: str) -> str:
+        if self.command not in methods:
+            allowed = ", ".join(methods)
+            raise ApiError(405, "method not allowed", f"{self.command} not allowed; use {allowed}")
+        return self.command
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            raise ApiError(400, "chunked bodies are not supported", "send Content-Length")
+        raw_length = self.headers.get("Content-Length")
+        if raw_length is None:
+            return b""
+        if not raw_length.strip().isdigit():
+            raise ApiError(400, "invalid Content-Length", repr(raw_length[:40]))
+        length = int(raw_length)
+        if length > MAX_BODY_BYTES:
+            raise ApiError(413, "body too large", f"{length} bytes; at most {MAX_BODY_BYTES}")
+        body = self.rfile.read(length)
+        if len(body) != length:
+            raise ApiError(400, "truncated body", f"got {len(body)} of {length} bytes")
+        return body
+
+    def _read_json(self) -> dict[str, Any]:
+        body = self._read_body()
+        if not body:
+            return {}
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, "invalid JSON", str(exc)[:200]) from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "invalid body", "the body must be a JSON object")
+        return data
+
+    def _register(self) -> tuple[int, Any]:
+        body = self._read_json()
+        _reject_unknown(body, {"pid", "labels", "children"})
+        pid = body.get("pid", self.peer_pid)
+        if isinstance(pid, bool) or not isinstance(pid, int):
+            raise ApiError(400, "invalid pid", f"pid must be an integer, got {pid!r:.40}")
+        if not 0 < pid <= self.server.pid_max:
+            raise ApiError(400, "invalid pid", f"pid must be 1..{self.server.pid_max}, got {pid}")
+        children = body.get("children", True)
+        if not isinstance(children, bool):
+            raise ApiError(400, "invalid children", "children must be true or false")
+        try:
+            labels = validate_labels(body.get("labels"))
+        except LabelError as exc:
+            raise ApiError(400, "invalid labels", str(exc)) from None
+        if self.peer_uid != 0:
+            try:
+                owner = procfs.process_uid(pid, self.server.proc)
+            except procfs.NoSuchProcess:
+                raise ApiError(400, "no such process", f"pid {pid} does not exist") from None
+            if owner != self.peer_uid:
+                detail = f"pid {pid} belongs to uid {owner}, you are uid {self.peer_uid}"
+                raise ApiError(403, "not your process", detail)
+        target, created = self.server.table.register(pid, labels, children, self.peer_uid)
+        info = target.describe()
+        return (201 if created else 200), {
+            "id": info["id"],
+            "pid": info["pid"],
+            "start_time": info["start_time"],
+            "labels": info["labels"],
+            "children": info["children"],
+        }
+
+
+def _reject_unknown(body: dict[str, Any], known: set[str]) -> None:
+    unknown = sorted(set(body) - known)
+    if unknown:
+        detail = f"{unknown[0][:80]!r}; known fields: {', '.join(sorted(known))}"
+        raise ApiError(400, "unknown field", detail)
+
+
+def _since(query: str) -> float | None:
+    values = parse_qs(query).get("since")
+    if not values:
+        return None
+    try:
+        return float(values[0])
+    except ValueError:
+        raise ApiError(400, "invalid since", "since must be a unix timestamp in seconds") from None
+
+
+class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(
+        self,
+        path: str,
+        table: TargetTable,
+        *,
+        logical_cpus: int,
+        health: Callable[[], dict[str, Any]],
+        sample_units: dict[str, str],
+        proc: str = "/proc",
+    ) -> None:
+        self.table = table
+        self.logical_cpus = logical_cpus
+        self.health = health
+        self.sample_units = sample_units
+        self.proc = proc
+        self.pid_max = procfs.pid_max(proc)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        _clear_stale_socket(path)
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        super().__init__(path, _Handler)
+        # Any local user may register their own processes; SO_PEERCRED enforces the rest.
+        os.chmod(path, 0o666)
+        self.path = path
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            _refuse(request)
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _refuse(request: socket.socket) -> None:
+    body = json.dumps(
+        {"error": "too many connections", "detail": f"at most {MAX_CONNECTIONS} at once"}
+    ).encode()
+    try:
+        request.settimeout(0.5)
+        request.sendall(
+            b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+    except OSError:
+        pass
+
+
+def _clear_stale_socket(path: str) -> None:
+    """Remove a socket file left by a crashed daemon; refuse if a live one answers."""
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+    else:
+        raise OSError(f"socket {path} is in use by a running daemon")
+    finally:
+        probe.close()

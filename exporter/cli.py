@@ -1,0 +1,81 @@
+"""The `edgewatt` command: serve (the daemon) and status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from exporter import __version__
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgewatt", description="Measure what processes really cost on this device."
+    )
+    parser.add_argument("--version", action="version", version=f"edgewatt {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the daemon in the foreground",
+        description="Run the daemon. Precedence: defaults < --config YAML < EDGEWATT_* "
+        "environment < these flags.",
+    )
+    serve.add_argument("--config", metavar="PATH", help="YAML file of config keys")
+    serve.add_argument("--socket", metavar="PATH", help="Unix socket of the registration API")
+    serve.add_argument(
+        "--listen", metavar="HOST:PORT", help="Prometheus endpoint (default 0.0.0.0:9464)"
+    )
+    serve.add_argument("--interval", metavar="SECONDS", help="seconds between samples (default 1)")
+    serve.add_argument("--state-dir", metavar="DIR", help="where registrations are persisted")
+    serve.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
+
+    status = sub.add_parser("status", help="show the registered targets")
+    status.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
+    status.add_argument("--json", action="store_true", help="print the API's JSON")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from exporter import config as config_mod
+    from exporter.daemon import serve
+
+    flags = {
+        key: getattr(args, key)
+        for key in ("socket", "listen", "interval", "state_dir", "log_level")
+        if getattr(args, key) is not None
+    }
+    try:
+        config = config_mod.build(args.config, os.environ, flags)
+    except config_mod.ConfigError as exc:
+        print(f"edgewatt: config error: {exc}", file=sys.stderr)
+        return 2
+    return serve(config)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from client import _transport
+    from exporter.status import render
+
+    path = args.socket or _transport.default_socket()
+    try:
+        targets = _transport.call_ok(path, "GET", "/v1/targets")["targets"]
+        health = _transport.call_ok(path, "GET", "/healthz")
+    except (OSError, _transport.DaemonError) as exc:
+        print(f"edgewatt: no daemon answering at {path}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(targets, indent=2))
+    else:
+        print(render(targets, health.get("logical_cpus")))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    return _status(args)

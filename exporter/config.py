@@ -1,0 +1,188 @@
+"""Daemon configuration: defaults < YAML file < EDGEWATT_* environment < command-line flags.
+
+Every key is declared once in ``KEYS`` with its default, its parser and its meaning;
+``edgewatt serve --help`` and the README are written from the same text. A bad value
+raises :class:`ConfigError` naming the key, where it came from, and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from client._transport import default_socket
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def default_state_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/lib/edgewatt"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
+    return os.path.join(base, "edgewatt")
+
+
+@dataclass(frozen=True)
+class Config:
+    socket: str = ""  # "" means default_socket()
+    listen: tuple[str, int] = ("0.0.0.0", 9464)
+    interval: float = 1.0
+    state_dir: str = ""  # "" means default_state_dir()
+    max_targets: int = 1000
+    history_samples: int = 300
+    exited_retention: float = 600.0
+    series_rotation: int = 1000
+    host_name: str = ""  # "" means the kernel's hostname
+    proc_path: str = "/proc"
+    log_level: str = "info"
+
+    def resolved(self) -> Config:
+        return replace(
+            self,
+            socket=self.socket or default_socket(),
+            state_dir=self.state_dir or default_state_dir(),
+            host_name=self.host_name or socket.gethostname(),
+        )
+
+
+def _number(lo: float, hi: float, what: str) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError(f"must be {what}, got {value!r}")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"must be {what}, got {value!r}") from None
+        if not lo <= number <= hi:
+            raise ValueError(f"must be between {lo:g} and {hi:g}, got {number:g}")
+        return number
+
+    return parse
+
+
+def _integer(lo: int, hi: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"must be a whole number, got {value!r}")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"must be a whole number, got {value!r}") from None
+        if not lo <= number <= hi:
+            raise ValueError(f"must be between {lo} and {hi}, got {number}")
+        return number
+
+    return parse
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string, got {value!r}")
+    return value
+
+
+def _path(value: Any) -> str:
+    text = _text(value)
+    if not text or "\0" in text:
+        raise ValueError("must be a non-empty path")
+    return text
+
+
+def parse_listen(value: Any) -> tuple[str, int]:
+    """HOST:PORT, [IPv6]:PORT or :PORT (all interfaces)."""
+    text = _text(value).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ValueError(f"must be HOST:PORT, got {text!r}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"port must be 0-65535, got {port!r}")
+    return host or "0.0.0.0", int(port)
+
+
+def _log_level(value: Any) -> str:
+    text = _text(value).lower()
+    if text not in ("debug", "info", "warning", "error"):
+        raise ValueError(f"must be debug, info, warning or error, got {value!r}")
+    return text
+
+
+# key: (parser, help). The default is the dataclass field's.
+KEYS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
+    "socket": (_path, "Unix socket of the registration API (default: see README)"),
+    "listen": (parse_listen, "HOST:PORT of the Prometheus /metrics endpoint"),
+    "interval": (_number(0.05, 3600, "a number of seconds"), "seconds between samples"),
+    "state_dir": (_path, "directory where registrations are persisted"),
+    "max_targets": (_integer(1, 100_000), "targets that may run at once; more get HTTP 429"),
+    "history_samples": (_integer(1, 1_000_000), "samples kept per target for /samples"),
+    "exited_retention": (
+        _number(0, 7 * 86400, "a number of seconds"),
+        "seconds an exited target's summary stays readable",
+    ),
+    "series_rotation": (
+        _integer(1, 1_000_000),
+        "exited targets after which the OTel pipeline is rebuilt, bounding its memory",
+    ),
+    "host_name": (_text, "host.name on every series (default: the kernel's hostname)"),
+    "proc_path": (_path, "procfs mount point"),
+    "log_level": (_log_level, "debug, info, warning or error"),
+}
+
+
+def _apply(config: Config, values: Mapping[str, Any], source: str) -> Config:
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in KEYS:
+            raise ConfigError(f"{key}: unknown key ({source}); known keys: {', '.join(KEYS)}")
+        parse, _ = KEYS[key]
+        try:
+            changes[key] = parse(value)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc} ({source})") from None
+    return replace(config, **changes)
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: must be a mapping of keys to values")
+    return data
+
+
+def from_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    names = {key: f"EDGEWATT_{key.upper()}" for key in KEYS}
+    return {key: environ[name] for key, name in names.items() if name in environ}
+
+
+def build(yaml_path: str | None, environ: Mapping[str, str], flags: Mapping[str, Any]) -> Config:
+    """Layer the sources in precedence order; flags hold only what was given."""
+    config = Config()
+    if yaml_path:
+        config = _apply(config, load_yaml(yaml_path), f"in {yaml_path}")
+    for key, value in from_environment(environ).items():
+        config = _apply(config, {key: value}, f"from EDGEWATT_{key.upper()}")
+    for key, value in flags.items():
+        config = _apply(config, {key: value}, f"from --{key.replace('_', '-')}")
+    return config.resolved()
+
+
+def defaults_table() -> list[tuple[str, Any, str]]:
+    """(key, default, help) for documentation."""
+    defaults = {f.name: f.default for f in fields(Config)}
+    return [(key, defaults[key], help_) for key, (_, help_) in KEYS.items()]

@@ -1,0 +1,188 @@
+"""Wiring: config -> table -> sampler -> telemetry, the API, signals and shutdown."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+from exporter import __version__
+from exporter.api import ApiServer
+from exporter.config import Config
+from exporter.sampler import Sampler
+from exporter.sampling import procfs
+from exporter.statefile import StateFile
+from exporter.targets import SAMPLE_UNITS, TargetError, TargetTable
+from exporter.telemetry import Telemetry
+
+log = logging.getLogger("edgewatt")
+
+
+def instance_id(state_dir: Path) -> str:
+    """The machine id (stable across restarts and reinstalls), else one kept in state."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            value = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if value:
+            return value
+    kept = state_dir / "instance-id"
+    try:
+        return kept.read_text().strip()
+    except OSError:
+        value = uuid.uuid4().hex
+        kept.write_text(value + "\n")
+        return value
+
+
+def build_resource(config: Config) -> Resource:
+    defaults: dict[str, Any] = {
+        "service.name": "edgewatt",
+        "service.version": __version__,
+        "service.instance.id": instance_id(Path(config.state_dir)),
+        "host.name": config.host_name,
+        "host.arch": platform.machine(),
+        "os.type": "linux",
+    }
+    # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over the defaults.
+    return Resource.create(defaults).merge(OTELResourceDetector().detect())
+
+
+class Daemon:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.stop_event = threading.Event()
+        proc = config.proc_path
+        Path(config.state_dir).mkdir(parents=True, exist_ok=True)
+        self.statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc))
+        self.table = TargetTable(
+            boot_time=procfs.boot_time(proc),
+            clock_ticks=procfs.CLOCK_TICKS,
+            max_targets=config.max_targets,
+            history_samples=config.history_samples,
+            exited_retention_s=config.exited_retention,
+            proc=proc,
+            on_change=self._persist,
+        )
+        self.telemetry = Telemetry(build_resource(config), series_rotation=config.series_rotation)
+        self.sampler = Sampler(
+            self.table,
+            interval=config.interval,
+            host_name=config.host_name,
+            proc=proc,
+            on_pass=self.telemetry.update,
+        )
+        self.api: ApiServer | None = None
+        self.metrics_port = 0
+        self._threads: list[threading.Thread] = []
+        self._started = time.time()
+
+    def _persist(self, state: list[dict[str, Any]]) -> None:
+        try:
+            self.statefile.save(state)
+        except OSError as exc:
+            log.error("cannot persist registrations to %s: %s", self.statefile.path, exc)
+
+    def restore(self) -> int:
+        restored = 0
+        for entry in self.statefile.load():
+            try:
+                self.table.register(
+                    int(entry["pid"]),
+                    dict(entry.get("labels") or {}),
+                    bool(entry.get("children", True)),
+                    int(entry.get("uid", 0)),
+                    target_id=str(entry["id"]),
+                    expect_start=int(entry["start_ticks"]),
+                    registered_at=float(entry.get("registered_at") or time.time()),
+                )
+                restored += 1
+            except (TargetError, KeyError, TypeError, ValueError) as exc:
+                log.info("not restoring registration %s: %s", entry.get("id"), exc)
+        self._persist(self.table.persistent_state())
+        return restored
+
+    def health(self) -> dict[str, Any]:
+        snapshot = self.sampler.snapshot
+        return {
+            "status": "ok",
+            "version": __version__,
+            "uptime_s": round(time.time() - self._started, 3),
+            "targets": len(snapshot.processes),
+            "last_sample_age_s": round(time.time() - snapshot.time, 3),
+            "interval_s": self.config.interval,
+            "logical_cpus": self.sampler.logical_cpus,
+        }
+
+    def start(self) -> None:
+        restored = self.restore()
+        self.sampler.sample_once()  # the first scrape already has data
+        host, port = self.config.listen
+        self.metrics_port = self.telemetry.serve(host, port)
+        self.api = ApiServer(
+            self.config.socket,
+            self.table,
+            logical_cpus=self.sampler.logical_cpus,
+            health=self.health,
+            sample_units=SAMPLE_UNITS,
+            proc=self.config.proc_path,
+        )
+        self._spawn("api", self.api.serve_forever, 0.2)
+        self._spawn("sampler", self.sampler.run, self.stop_event)
+        log.info(
+            "edgewatt %s serving: api unix:%s, metrics http://%s:%d/metrics, interval %gs, "
+            "%d registration(s) restored",
+            __version__,
+            self.config.socket,
+            host,
+            self.metrics_port,
+            self.config.interval,
+            restored,
+        )
+
+    def _spawn(self, name: str, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.api is not None:
+            self.api.close()
+        self.telemetry.shutdown()
+        for thread in self._threads:
+            thread.join(timeout=1.0)
+        self._persist(self.table.persistent_state())
+        log.info("edgewatt stopped")
+
+
+def serve(config: Config) -> int:
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        daemon = Daemon(config)
+        daemon.start()
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        daemon.stop_event.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not daemon.stop_event.wait(1.0):
+        pass
+    daemon.stop()
+    return 0

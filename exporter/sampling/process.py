@@ -1,0 +1,201 @@
+"""Accounting for one target: the registered process and, by default, its descendants.
+
+Counters (CPU time, disk bytes) must never go backwards although descendants come and
+go. The kernel helps: when a process reaps a child, the child's CPU time moves into
+the parent's cutime/cstime and its I/O into the parent's /proc/PID/io. So the sum over
+the live tree of (own + reaped-children) figures is exact as long as every descendant
+is reaped inside the tree (DataLoader workers, spawned ranks). A descendant reaped
+elsewhere (re-parented to init after its parent died, or one that stops being a
+descendant) takes its figures away from that sum; :meth:`ProcessTree.sample` carries
+what it last saw of it, minus whatever re-appeared in its nearest live ancestor's
+reaped-children figures, so the carried amount can only err low: the total never
+exceeds the kernel's own count. Work done by a descendant in the last interval before
+it exits unreaped-by-the-tree is lost (at most one interval of it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exporter.sampling.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
+
+# Channels accounted as counters: user ticks, system ticks, read bytes, write bytes.
+_Vec = tuple[int, int, int, int]
+_ZERO: _Vec = (0, 0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeReading:
+    cpu_user_s: float
+    cpu_system_s: float
+    cpu_utilization: float | None
+    rss_bytes: int
+    vms_bytes: int
+    read_bytes: int | None
+    write_bytes: int | None
+    threads: int
+    open_fds: int | None
+    processes: int
+
+
+@dataclass(slots=True)
+class _Member:
+    handle: ProcHandle
+    ppid: int
+    totals: _Vec  # own + reaped-children figures, as last seen
+    reaped: _Vec  # the reaped-children part alone (where a reaped child's totals land)
+
+
+def _add(a: _Vec, b: _Vec) -> _Vec:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+
+
+def _sub_floor(a: _Vec, b: _Vec) -> _Vec:
+    return (max(0, a[0] - b[0]), max(0, a[1] - b[1]), max(0, a[2] - b[2]), max(0, a[3] - b[3]))
+
+
+class ProcessTree:
+    """Samples one target; :meth:`sample` raises NoSuchProcess once the target is gone."""
+
+    def __init__(
+        self, root: ProcHandle, *, children: bool, logical_cpus: int, proc: str = "/proc"
+    ) -> None:
+        self.root = root
+        self.children = children
+        self.proc = proc
+        self._logical_cpus = max(logical_cpus, 1)
+        self._members: dict[int, _Member] = {}
+        self._carried: _Vec = _ZERO
+        self._value: _Vec = _ZERO
+        self._last_cpu_time: tuple[float, float] | None = None  # (monotonic, cpu seconds)
+        self.io_visible = True
+
+    def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading:
+        root_stat = self.root.stat()  # raises NoSuchProcess: the target has exited
+        live: dict[int, tuple[_Member, Stat]] = {}
+        queue: list[tuple[ProcHandle, Stat]] = [(self.root, root_stat)]
+        while queue:
+            handle, stat = queue.pop()
+            io = handle.io()
+            if handle is self.root:
+                self.io_visible = io is not None
+            read, write = io if io is not None else (0, 0)
+            if self.children:
+                reaped: _Vec = (stat.cutime, stat.cstime, read, write)
+                totals: _Vec = (stat.utime + stat.cutime, stat.stime + stat.cstime, read, write)
+            else:
+                reaped = _ZERO
+                totals = (stat.utime, stat.stime, read, write)
+            live[handle.pid] = (_Member(handle, stat.ppid, totals, reaped), stat)
+            if self.children:
+                for pid in children_of(handle.pid):
+                    if pid not in live:
+                        child = self._child_handle(pid, handle.pid)
+                        if child is not None:
+                            queue.append(child)
+
+        self._carry_departed(live)
+        for pid, member in list(self._members.items()):
+            if pid not in live or live[pid][0].handle is not member.handle:
+                member.handle.close()
+        self._members = {pid: m for pid, (m, _) in live.items()}
+
+        raw = _ZERO
+        for member in self._members.values():
+            raw = _add(raw, member.totals)
+        combined = _add(raw, self._carried)
+        self._value = (
+            max(self._value[0], combined[0]),
+            max(self._value[1], combined[1]),
+            max(self._value[2], combined[2]),
+            max(self._value[3], combined[3]),
+        )
+
+        stats = [s for _, s in live.values()]
+        fds = [m.handle.fd_count() for m, _ in live.values()]
+        cpu_user = self._value[0] / CLOCK_TICKS
+        cpu_system = self._value[1] / CLOCK_TICKS
+        return TreeReading(
+            cpu_user_s=cpu_user,
+            cpu_system_s=cpu_system,
+            cpu_utilization=self._utilization(cpu_user + cpu_system),
+            rss_bytes=sum(s.rss_pages for s in stats) * PAGE_SIZE,
+            vms_bytes=sum(s.vsize for s in stats),
+            read_bytes=self._value[2] if self.io_visible else None,
+            write_bytes=self._value[3] if self.io_visible else None,
+            threads=sum(s.num_threads for s in stats),
+            open_fds=None if None in fds else sum(f for f in fds if f is not None),
+            processes=len(live),
+        )
+
+    def _child_handle(self, pid: int, parent: int) -> tuple[ProcHandle, Stat] | None:
+        known = self._members.get(pid)
+        if known is not None:
+            try:
+                stat = known.handle.stat()
+            except NoSuchProcess:
+                pass  # the pid now names a new child: open it afresh below
+            else:
+                if stat.ppid == parent:
+                    return known.handle, stat
+        try:
+            handle = ProcHandle(pid, self.proc)
+            stat = handle.stat()
+        except NoSuchProcess:
+            return None
+        if stat.ppid != parent:  # exited and reused between listing and opening
+            handle.close()
+            return None
+        return handle, stat
+
+    def _carry_departed(self, live: dict[int, tuple[_Member, Stat]]) -> None:
+        departed = {
+            pid: m
+            for pid, m in self._members.items()
+            if pid not in live or live[pid][0].handle is not m.handle
+        }
+        if not departed:
+            return
+        lost_by_ancestor: dict[int | None, _Vec] = {}
+        for member in departed.values():
+            ancestor = self._nearest_live_ancestor(member, departed, live)
+            lost_by_ancestor[ancestor] = _add(lost_by_ancestor.get(ancestor, _ZERO), member.totals)
+        carried = self._carried
+        for ancestor, lost in lost_by_ancestor.items():
+            if ancestor is not None:
+                before = self._members[ancestor].reaped
+                after = live[ancestor][0].reaped
+                lost = _sub_floor(lost, _sub_floor(after, before))
+            carried = _add(carried, lost)
+        self._carried = carried
+
+    def _nearest_live_ancestor(
+        self,
+        member: _Member,
+        departed: dict[int, _Member],
+        live: dict[int, tuple[_Member, Stat]],
+    ) -> int | None:
+        ppid = member.ppid
+        for _ in range(len(departed) + 1):
+            if ppid in live and ppid in self._members and ppid not in departed:
+                return ppid
+            if ppid not in departed:
+                return None
+            ppid = departed[ppid].ppid
+        return None
+
+    def _utilization(self, cpu_seconds: float) -> float | None:
+        now = time.monotonic()
+        last, self._last_cpu_time = self._last_cpu_time, (now, cpu_seconds)
+        if last is None or now <= last[0]:
+            return None
+        return max(0.0, (cpu_seconds - last[1]) / ((now - last[0]) * self._logical_cpus))
+
+    def close(self) -> None:
+        for member in self._members.values():
+            if member.handle is not self.root:
+                member.handle.close()
+        self._members = {}
+        self.root.close()

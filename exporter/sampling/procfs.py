@@ -1,0 +1,258 @@
+"""One function per /proc fact, and a handle that pins one process's identity.
+
+Every path is relative to a ``proc`` root (default ``/proc``) so tests can point the
+real code at a captured tree. Errors are turned into two domain errors at this
+boundary: :class:`NoSuchProcess` (gone, or the pid now belongs to someone else) and
+:class:`AccessDenied`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from dataclasses import dataclass
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+_GONE = (errno.ESRCH, errno.ENOENT)
+
+
+class NoSuchProcess(Exception):
+    """The process exited, or its pid now names a different process."""
+
+    def __init__(self, pid: int, detail: str = "") -> None:
+        super().__init__(f"no such process: pid {pid}" + (f" ({detail})" if detail else ""))
+        self.pid = pid
+
+
+class AccessDenied(Exception):
+    """The kernel refused to show this fact for this process."""
+
+    def __init__(self, pid: int, what: str) -> None:
+        super().__init__(f"access denied reading {what} of pid {pid}")
+        self.pid = pid
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """The figures of /proc/PID/stat that edgewatt uses, in kernel units."""
+
+    comm: str
+    state: str
+    ppid: int
+    utime: int  # clock ticks
+    stime: int
+    cutime: int  # ticks of reaped (waited-for) descendants
+    cstime: int
+    num_threads: int
+    start_ticks: int  # since boot: with the pid, the process's identity
+    vsize: int  # bytes
+    rss_pages: int
+
+
+def parse_stat(text: str) -> Stat:
+    # comm may hold spaces and parentheses: it ends at the last ')'.
+    open_paren = text.index("(")
+    close_paren = text.rindex(")")
+    rest = text[close_paren + 2 :].split()
+    # rest[0] is field 3 (state); field N is rest[N - 3].
+    return Stat(
+        comm=text[open_paren + 1 : close_paren],
+        state=rest[0],
+        ppid=int(rest[1]),
+        utime=int(rest[11]),
+        stime=int(rest[12]),
+        cutime=int(rest[13]),
+        cstime=int(rest[14]),
+        num_threads=int(rest[17]),
+        start_ticks=int(rest[19]),
+        vsize=int(rest[20]),
+        rss_pages=int(rest[21]),
+    )
+
+
+def parse_io(text: str) -> tuple[int, int]:
+    """(read_bytes, write_bytes) from /proc/PID/io: bytes that reached storage."""
+    fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+    return int(fields["read_bytes"]), int(fields["write_bytes"])
+
+
+class ProcHandle:
+    """Open /proc/PID files kept for the life of the process and read with pread.
+
+    Keeping the fds open costs ~20 us a sample instead of ~70 us (field notes), and a
+    read through an fd opened before the process died fails with ESRCH even when the
+    pid has been reused: the handle can never report a stranger.
+    """
+
+    __slots__ = ("_io_fd", "_stat_fd", "executable", "pid", "proc", "start_ticks")
+
+    def __init__(self, pid: int, proc: str = "/proc", expect_start: int | None = None) -> None:
+        self.pid = pid
+        self.proc = proc
+        self._io_fd: int | None = None
+        try:
+            self._stat_fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise NoSuchProcess(pid) from exc
+        try:
+            stat = self.stat()
+        except NoSuchProcess:
+            self.close()
+            raise
+        if expect_start is not None and stat.start_ticks != expect_start:
+            self.close()
+            raise NoSuchProcess(pid, "pid reused by a newer process")
+        self.start_ticks = stat.start_ticks
+        self.executable = executable_name(pid, stat.comm, proc)
+        try:
+            self._io_fd = os.open(f"{proc}/{pid}/io", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._io_fd = None  # another user's process without privilege
+
+    def stat(self) -> Stat:
+        try:
+            data = os.pread(self._stat_fd, 4096, 0)
+        except OSError as exc:
+            raise NoSuchProcess(self.pid) from exc
+        if not data:
+            raise NoSuchProcess(self.pid)
+        return parse_stat(data.decode("utf-8", "replace"))
+
+    def io(self) -> tuple[int, int] | None:
+        """(read_bytes, write_bytes), or None where the kernel does not show them."""
+        if self._io_fd is None:
+            return None
+        try:
+            data = os.pread(self._io_fd, 4096, 0)
+        except OSError as exc:
+            if exc.errno in _GONE:
+                raise NoSuchProcess(self.pid) from exc
+            return None
+        return parse_io(data.decode()) if data else None
+
+    def fd_count(self) -> int | None:
+        return fd_count(self.pid, self.proc)
+
+    def close(self) -> None:
+        for fd in (self._stat_fd, self._io_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._io_fd = None
+        self._stat_fd = -1
+
+    def __repr__(self) -> str:
+        return f"ProcHandle(pid={self.pid}, start_ticks={self.start_ticks})"
+
+
+def read_stat(pid: int, proc: str = "/proc") -> Stat:
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            return parse_stat(f.read().decode("utf-8", "replace"))
+    except (OSError, ValueError, IndexError) as exc:
+        raise NoSuchProcess(pid) from exc
+
+
+def process_uid(pid: int, proc: str = "/proc") -> int:
+    """Real uid of a process (the owner that registration rights are checked against)."""
+    try:
+        with open(f"{proc}/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except OSError as exc:
+        raise NoSuchProcess(pid) from exc
+    raise NoSuchProcess(pid, "no Uid line")
+
+
+def executable_name(pid: int, comm: str, proc: str = "/proc") -> str:
+    """Base name of /proc/PID/exe (OTel semconv), else the kernel's 15-char comm."""
+    try:
+        target = os.readlink(f"{proc}/{pid}/exe")
+    except OSError:
+        return comm
+    name = os.path.basename(target.removesuffix(" (deleted)"))
+    return name or comm
+
+
+def fd_count(pid: int, proc: str = "/proc") -> int | None:
+    """Open file descriptors, or None where the kernel does not show them."""
+    path = f"{proc}/{pid}/fd"
+    try:
+        # Linux >= 6.2 reports the count as the directory's size: no listing needed.
+        size = os.stat(path).st_size
+        return size if size > 0 else len(os.listdir(path))
+    except PermissionError:
+        return None
+    except OSError:
+        return None
+
+
+def has_children_files(proc: str = "/proc") -> bool:
+    """Whether the kernel lists children in /proc/PID/task/TID/children.
+
+    CONFIG_PROC_CHILDREN is missing on some kernels; callers then use
+    :func:`parent_map` instead.
+    """
+    pid = os.getpid()
+    return os.path.exists(f"{proc}/{pid}/task/{pid}/children")
+
+
+def child_pids(pid: int, proc: str = "/proc") -> list[int]:
+    """Direct children of every thread of a process (needs CONFIG_PROC_CHILDREN)."""
+    children: list[int] = []
+    try:
+        tasks = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return children
+    for tid in tasks:
+        try:
+            with open(f"{proc}/{pid}/task/{tid}/children", "rb") as f:
+                children.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue  # the thread exited meanwhile
+    return children
+
+
+def parent_map(proc: str = "/proc") -> dict[int, list[int]]:
+    """ppid -> child pids for every process on the host (the fallback discovery)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/stat", "rb") as f:
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        ppid = int(text[text.rindex(")") + 2 :].split(maxsplit=2)[1])
+        children.setdefault(ppid, []).append(int(name))
+    return children
+
+
+def boot_id(proc: str = "/proc") -> str:
+    try:
+        with open(f"{proc}/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def boot_time(proc: str = "/proc") -> float:
+    """Unix time of boot (btime in /proc/stat), to turn start ticks into timestamps."""
+    with open(f"{proc}/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    raise OSError(f"no btime in {proc}/stat")
+
+
+def pid_max(proc: str = "/proc") -> int:
+    try:
+        with open(f"{proc}/sys/kernel/pid_max") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 4194304  # the kernel's upper bound (PID_MAX_LIMIT on 64-bit)

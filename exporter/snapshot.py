@@ -1,0 +1,61 @@
+"""Immutable results of one sampling pass: what exporters and the API read.
+
+The sampler builds a new :class:`Snapshot` every interval and swaps it in whole;
+readers (OTel callbacks, /v1 handlers) never see a half-written one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from exporter.sampling.system import HostCpu, HostMemory, InterfaceBytes
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One target (its descendants included unless registered with children=false)."""
+
+    target_id: str
+    pid: int
+    executable: str
+    attributes: Mapping[str, str | int]  # the series' identity: pid, names, user labels
+    time: float  # unix seconds
+    cpu_user_s: float  # cumulative, never decreasing
+    cpu_system_s: float
+    cpu_utilization: float | None  # share of all cores over the last interval, 0..1
+    memory_rss_bytes: int
+    memory_virtual_bytes: int
+    disk_read_bytes: int | None  # None: the kernel does not show this process's I/O
+    disk_write_bytes: int | None
+    threads: int
+    open_fds: int | None
+    processes: int  # the target and its live descendants
+
+    @property
+    def cpu_s(self) -> float:
+        return self.cpu_user_s + self.cpu_system_s
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    cpu: HostCpu
+    cpu_utilization: float | None  # share of all cores busy over the last interval
+    memory: HostMemory
+    network: Mapping[str, InterfaceBytes]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerStats:
+    duration_s: float  # wall time the last pass took
+    overruns: int  # passes that took longer than the interval, since start
+    errors: int  # per-target read failures other than exit, since start
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    time: float  # unix seconds at the end of the pass
+    sequence: int
+    host: HostSample | None
+    processes: tuple[ProcessSample, ...] = ()
+    stats: SamplerStats = field(default_factory=lambda: SamplerStats(0.0, 0, 0))

@@ -1,0 +1,415 @@
+"""Registered targets: identity, labels, lifecycle, bounded history and summaries.
+
+Written by the API (register, delete, phase) and by the sampler (record, exited);
+read by both. One lock guards the table; every operation under it is short.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.sampling.procfs import NoSuchProcess, ProcHandle
+from exporter.snapshot import ProcessSample
+
+SAMPLE_FIELDS = (
+    "time",
+    "cpu_user_s",
+    "cpu_system_s",
+    "cpu_utilization",
+    "memory_rss_bytes",
+    "memory_virtual_bytes",
+    "disk_read_bytes",
+    "disk_write_bytes",
+    "threads",
+    "open_fds",
+    "processes",
+)
+
+SAMPLE_UNITS = {
+    "time": "unix seconds",
+    "cpu_user_s": "seconds of CPU time, cumulative",
+    "cpu_system_s": "seconds of CPU time, cumulative",
+    "cpu_utilization": "share of all logical CPUs over the last interval, 0..1",
+    "memory_rss_bytes": "bytes",
+    "memory_virtual_bytes": "bytes",
+    "disk_read_bytes": "bytes read from storage, cumulative",
+    "disk_write_bytes": "bytes written to storage, cumulative",
+    "threads": "count",
+    "open_fds": "count",
+    "processes": "count (the target and its live descendants)",
+}
+
+MAX_PHASES = 1000
+MAX_PHASE_NAME = 128
+
+
+class TargetError(Exception):
+    """A refused request; ``status`` is the HTTP status the API answers with."""
+
+    status = 400
+
+    def __init__(self, error: str, detail: str = "") -> None:
+        super().__init__(f"{error}: {detail}" if detail else error)
+        self.error = error
+        self.detail = detail
+
+
+class NotFound(TargetError):
+    status = 404
+
+
+class Forbidden(TargetError):
+    status = 403
+
+
+class Conflict(TargetError):
+    status = 409
+
+
+class TooMany(TargetError):
+    status = 429
+
+
+def _row(sample: ProcessSample) -> tuple:
+    return tuple(getattr(sample, name) for name in SAMPLE_FIELDS)
+
+
+@dataclass(slots=True)
+class Phase:
+    name: str
+    started_at: float
+    first: tuple | None = None  # the first sample at or after the phase began
+    last: tuple | None = None
+    ended_at: float | None = None
+    rss_peak: int = 0
+
+    def add(self, row: tuple) -> None:
+        if self.first is None:
+            self.first = row
+        self.last = row
+        self.rss_peak = max(self.rss_peak, row[4])
+
+
+@dataclass(slots=True)
+class History:
+    """A bounded ring of samples plus running figures that outlive the ring."""
+
+    capacity: int
+    rows: deque = field(init=False)
+    first: tuple | None = None
+    last: tuple | None = None
+    count: int = 0
+    rss_peak: int = 0
+    rss_sum: float = 0.0
+    phases: list[Phase] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rows = deque(maxlen=self.capacity)
+
+    def add(self, row: tuple) -> None:
+        self.rows.append(row)
+        if self.first is None:
+            self.first = row
+        self.last = row
+        self.count += 1
+        self.rss_peak = max(self.rss_peak, row[4])
+        self.rss_sum += row[4]
+        if self.phases and self.phases[-1].ended_at is None:
+            self.phases[-1].add(row)
+
+
+@dataclass(slots=True)
+class Target:
+    id: str
+    pid: int
+    start_ticks: int
+    start_time: float  # unix seconds
+    labels: dict[str, str]
+    children: bool
+    uid: int
+    registered_at: float
+    history: History
+    handle: ProcHandle | None = None  # None once exited (or restored without one)
+    executable: str = ""
+    exited_at: float | None = None
+
+    @property
+    def state(self) -> str:
+        return "running" if self.exited_at is None else "exited"
+
+    def describe(self) -> dict[str, Any]:
+        latest = self.history.last
+        return {
+            "id": self.id,
+            "pid": self.pid,
+            "start_time": round(self.start_time, 2),
+            "executable": self.executable,
+            "labels": dict(self.labels),
+            "children": self.children,
+            "state": self.state,
+            "registered_at": round(self.registered_at, 3),
+            "exited_at": self.exited_at,
+            "latest": dict(zip(SAMPLE_FIELDS, latest, strict=True)) if latest else None,
+        }
+
+    def summary(self, logical_cpus: int) -> dict[str, Any]:
+        h = self.history
+        result: dict[str, Any] = {
+            "id": self.id,
+            "pid": self.pid,
+            "labels": dict(self.labels),
+            "state": self.state,
+            "registered_at": round(self.registered_at, 3),
+            "exited_at": self.exited_at,
+            "samples": h.count,
+        }
+        result.update(_span(h.first, h.last, logical_cpus))
+        result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
+        result["memory_rss_avg_bytes"] = round(h.rss_sum / h.count) if h.count else None
+        phases = []
+        for phase in h.phases:
+            item = {"name": phase.name, "started_at": phase.started_at, "ended_at": phase.ended_at}
+            item.update(_span(phase.first, phase.last, logical_cpus))
+            item["memory_rss_peak_bytes"] = phase.rss_peak if phase.first else None
+            phases.append(item)
+        result["phases"] = phases
+        return result
+
+
+def _span(first: tuple | None, last: tuple | None, logical_cpus: int) -> dict[str, Any]:
+    """Differences between two samples: what the target consumed in between."""
+    if first is None or last is None:
+        return {
+            "duration_s": 0.0,
+            "cpu_user_s": None,
+            "cpu_system_s": None,
+            "cpu_avg_cores": None,
+            "cpu_avg_utilization": None,
+            "disk_read_bytes": None,
+            "disk_write_bytes": None,
+        }
+    duration = last[0] - first[0]
+    cpu = (last[1] - first[1]) + (last[2] - first[2])
+
+    def delta(i: int) -> int | None:
+        return None if last[i] is None or first[i] is None else last[i] - first[i]
+
+    return {
+        "duration_s": round(duration, 3),
+        "cpu_user_s": round(last[1] - first[1], 3),
+        "cpu_system_s": round(last[2] - first[2], 3),
+        "cpu_avg_cores": round(cpu / duration, 4) if duration > 0 else None,
+        "cpu_avg_utilization": round(cpu / duration / logical_cpus, 4) if duration > 0 else None,
+        "disk_read_bytes": delta(6),
+        "disk_write_bytes": delta(7),
+    }
+
+
+class TargetTable:
+    def __init__(
+        self,
+        *,
+        boot_time: float,
+        clock_ticks: int,
+        max_targets: int,
+        history_samples: int,
+        exited_retention_s: float,
+        proc: str = "/proc",
+        on_change: Callable[[list[dict[str, Any]]], None] | None = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._targets: dict[str, Target] = {}
+        self._by_identity: dict[tuple[int, int], str] = {}
+        self._boot_time = boot_time
+        self._clock_ticks = clock_ticks
+        self._max_targets = max_targets
+        self._history_samples = history_samples
+        self._retention = exited_retention_s
+        self._proc = proc
+        self._on_change = on_change
+
+    # -- registration -------------------------------------------------------------
+
+    def register(
+        self,
+        pid: int,
+        labels: dict[str, str],
+        children: bool,
+        uid: int,
+        *,
+        target_id: str | None = None,
+        expect_start: int | None = None,
+        registered_at: float | None = None,
+    ) -> tuple[Target, bool]:
+        """Register a live process; returns (target, created)."""
+        try:
+            handle = ProcHandle(pid, self._proc, expect_start=expect_start)
+        except NoSuchProcess as exc:
+            raise TargetError("no such process", f"pid {pid} does not exist") from exc
+        with self._lock:
+            existing_id = self._by_identity.get((pid, handle.start_ticks))
+            if existing_id is not None:
+                handle.close()
+                existing = self._targets[existing_id]
+                if existing.labels != labels or existing.children != children:
+                    raise Conflict(
+                        "already registered",
+                        f"pid {pid} is target {existing.id} with other labels or children flag",
+                    )
+                return existing, False
+            running = sum(1 for t in self._targets.values() if t.exited_at is None)
+            if running >= self._max_targets:
+                handle.close()
+                raise TooMany("too many targets", f"at most {self._max_targets} may run at once")
+            target = Target(
+                id=target_id or secrets.token_hex(6),
+                pid=pid,
+                start_ticks=handle.start_ticks,
+                start_time=self._boot_time + handle.start_ticks / self._clock_ticks,
+                labels=labels,
+                children=children,
+                uid=uid,
+                registered_at=registered_at or time.time(),
+                history=History(self._history_samples),
+                handle=handle,
+                executable=handle.executable,
+            )
+            self._targets[target.id] = target
+            self._by_identity[(pid, handle.start_ticks)] = target.id
+        self._changed()
+        return target, True
+
+    def delete(self, target_id: str, uid: int) -> Target:
+        with self._lock:
+            target = self._get(target_id)
+            _check_owner(target, uid)
+            del self._targets[target_id]
+            self._by_identity.pop((target.pid, target.start_ticks), None)
+        # The sampler owns the handle; it closes it when the target leaves its list.
+        self._changed()
+        return target
+
+    def start_phase(self, target_id: str, name: object, uid: int) -> Phase:
+        if not isinstance(name, str) or not name or len(name) > MAX_PHASE_NAME:
+            raise TargetError("invalid phase name", f"1 to {MAX_PHASE_NAME} characters required")
+        now = time.time()
+        with self._lock:
+            target = self._get(target_id)
+            _check_owner(target, uid)
+            if target.exited_at is not None:
+                raise Conflict("target has exited", f"target {target_id} exited")
+            phases = target.history.phases
+            if len(phases) >= MAX_PHASES:
+                raise TooMany("too many phases", f"at most {MAX_PHASES} per target")
+            if phases and phases[-1].ended_at is None:
+                phases[-1].ended_at = now
+            phase = Phase(name=name, started_at=now)
+            # The phase starts from the latest sample: figures are exact to one interval.
+            if target.history.last is not None:
+                phase.add(target.history.last)
+            phases.append(phase)
+            return phase
+
+    # -- reading ------------------------------------------------------------------
+
+    def get(self, target_id: str) -> Target:
+        with self._lock:
+            return self._get(target_id)
+
+    def all(self) -> list[Target]:
+        with self._lock:
+            return list(self._targets.values())
+
+    def running(self) -> list[Target]:
+        with self._lock:
+            return [t for t in self._targets.values() if t.exited_at is None]
+
+    def describe(self, target_id: str) -> dict[str, Any]:
+        with self._lock:
+            return self._get(target_id).describe()
+
+    def describe_all(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [t.describe() for t in self._targets.values()]
+
+    def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
+        with self._lock:
+            return self._get(target_id).summary(logical_cpus)
+
+    def samples(self, target_id: str, since: float | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = list(self._get(target_id).history.rows)
+        return [
+            dict(zip(SAMPLE_FIELDS, r, strict=True)) for r in rows if since is None or r[0] > since
+        ]
+
+    # -- sampler side -------------------------------------------------------------
+
+    def record(self, sample: ProcessSample) -> None:
+        with self._lock:
+            target = self._targets.get(sample.target_id)
+            if target is not None:
+                target.history.add(_row(sample))
+
+    def mark_exited(self, target_id: str, when: float) -> None:
+        with self._lock:
+            target = self._targets.get(target_id)
+            if target is None or target.exited_at is not None:
+                return
+            target.exited_at = when
+            target.handle = None
+            for phase in target.history.phases:
+                if phase.ended_at is None:
+                    phase.ended_at = when
+            self._by_identity.pop((target.pid, target.start_ticks), None)
+        self._changed()
+
+    def purge_exited(self, now: float) -> int:
+        with self._lock:
+            expired = [
+                t.id
+                for t in self._targets.values()
+                if t.exited_at is not None and now - t.exited_at > self._retention
+            ]
+            for target_id in expired:
+                del self._targets[target_id]
+        return len(expired)
+
+    # -- persistence --------------------------------------------------------------
+
+    def persistent_state(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                {
+                    "id": t.id,
+                    "pid": t.pid,
+                    "start_ticks": t.start_ticks,
+                    "labels": t.labels,
+                    "children": t.children,
+                    "uid": t.uid,
+                    "registered_at": t.registered_at,
+                }
+                for t in self._targets.values()
+                if t.exited_at is None
+            ]
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self.persistent_state())
+
+    def _get(self, target_id: str) -> Target:
+        target = self._targets.get(target_id)
+        if target is None:
+            raise NotFound("no such target", f"no target with id {target_id!r}")
+        return target
+
+
+def _check_owner(target: Target, uid: int) -> None:
+    if uid != 0 and uid != target.uid:
+        raise Forbidden("not your target", f"target {target.id} belongs to uid {target.uid}")

@@ -1,0 +1,319 @@
+"""OpenTelemetry side: the metric table, the MeterProvider, the Prometheus endpoint.
+
+``METRICS`` is the single contract for names, kinds, units and attributes; the
+callbacks only read the latest :class:`Snapshot`, never /proc.
+
+Bounded memory under process churn: the SDK keeps one aggregation per attribute set
+it has ever seen (field notes: +65 MiB per 50,000 pids), and series of exited targets
+would also eat the cardinality limit. So after ``series_rotation`` targets have left,
+the whole pipeline (provider, reader) is rebuilt and swapped in behind the HTTP
+endpoint in one assignment. Prometheus sees no gap and no reset: the counters are
+observed absolute values, not sums kept by the SDK.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, start_http_server
+
+from exporter.snapshot import ProcessSample, Snapshot
+
+log = logging.getLogger(__name__)
+
+Points = Iterator[tuple[float, Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: str  # "counter", "updowncounter" or "gauge" (all observable)
+    unit: str
+    description: str
+    observe: Callable[[Snapshot], Points]
+
+
+def _per_process(value: Callable[[ProcessSample], float | None]) -> Callable[[Snapshot], Points]:
+    def observe(snapshot: Snapshot) -> Points:
+        for p in snapshot.processes:
+            v = value(p)
+            if v is not None:
+                yield v, p.attributes
+
+    return observe
+
+
+def _per_process_split(
+    key: str, values: Mapping[str, Callable[[ProcessSample], float | None]]
+) -> Callable[[Snapshot], Points]:
+    def observe(snapshot: Snapshot) -> Points:
+        for p in snapshot.processes:
+            for label, value in values.items():
+                v = value(p)
+                if v is not None:
+                    yield v, {**p.attributes, key: label}
+
+    return observe
+
+
+def _host(observe: Callable[[Snapshot], Points]) -> Callable[[Snapshot], Points]:
+    def guarded(snapshot: Snapshot) -> Points:
+        if snapshot.host is not None:
+            yield from observe(snapshot)
+
+    return guarded
+
+
+def _host_cpu_time(s: Snapshot) -> Points:
+    for mode, seconds in s.host.cpu.seconds_by_mode.items():  # type: ignore[union-attr]
+        yield seconds, {"cpu.mode": mode}
+
+
+def _host_memory(s: Snapshot) -> Points:
+    for state, value in s.host.memory.bytes_by_state.items():  # type: ignore[union-attr]
+        yield value, {"system.memory.state": state}
+
+
+def _host_network(s: Snapshot) -> Points:
+    for name, io in s.host.network.items():  # type: ignore[union-attr]
+        yield io.transmit, {"network.interface.name": name, "network.io.direction": "transmit"}
+        yield io.receive, {"network.interface.name": name, "network.io.direction": "receive"}
+
+
+def _one(value: Callable[[Snapshot], float | None]) -> Callable[[Snapshot], Points]:
+    def observe(s: Snapshot) -> Points:
+        v = value(s)
+        if v is not None:
+            yield v, {}
+
+    return observe
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "process.cpu.time",
+        "counter",
+        "s",
+        "CPU time of the target and its descendants (reaped ones included), by mode",
+        _per_process_split(
+            "cpu.mode", {"user": lambda p: p.cpu_user_s, "system": lambda p: p.cpu_system_s}
+        ),
+    ),
+    MetricSpec(
+        "process.cpu.utilization",
+        "gauge",
+        "1",
+        "CPU time over the last interval as a share of all logical CPUs (0..1)",
+        _per_process(lambda p: p.cpu_utilization),
+    ),
+    MetricSpec(
+        "process.memory.usage",
+        "updowncounter",
+        "By",
+        "Resident set size of the target and its live descendants (shared pages counted each)",
+        _per_process(lambda p: p.memory_rss_bytes),
+    ),
+    MetricSpec(
+        "process.memory.virtual",
+        "updowncounter",
+        "By",
+        "Virtual memory size of the target and its live descendants",
+        _per_process(lambda p: p.memory_virtual_bytes),
+    ),
+    MetricSpec(
+        "process.disk.io",
+        "counter",
+        "By",
+        "Bytes the target and its descendants caused to be read from or written to storage",
+        _per_process_split(
+            "disk.io.direction",
+            {"read": lambda p: p.disk_read_bytes, "write": lambda p: p.disk_write_bytes},
+        ),
+    ),
+    MetricSpec(
+        "process.thread.count",
+        "updowncounter",
+        "{thread}",
+        "Threads of the target and its live descendants",
+        _per_process(lambda p: p.threads),
+    ),
+    MetricSpec(
+        "process.unix.file_descriptor.count",
+        "updowncounter",
+        "{file_descriptor}",
+        "Open file descriptors of the target and its live descendants",
+        _per_process(lambda p: p.open_fds),
+    ),
+    MetricSpec(
+        "edgewatt.process.count",
+        "updowncounter",
+        "{process}",
+        "Processes counted in the target: itself and its live descendants",
+        _per_process(lambda p: p.processes),
+    ),
+    MetricSpec(
+        "system.cpu.time",
+        "counter",
+        "s",
+        "Host CPU time summed over all logical CPUs, by mode",
+        _host(_host_cpu_time),
+    ),
+    MetricSpec(
+        "system.cpu.utilization",
+        "gauge",
+        "1",
+        "Host CPU busy share over the last interval (0..1; idle and iowait excluded)",
+        _host(_one(lambda s: s.host.cpu_utilization)),  # type: ignore[union-attr]
+    ),
+    MetricSpec(
+        "system.cpu.logical.count",
+        "updowncounter",
+        "{cpu}",
+        "Logical CPUs of the host",
+        _host(_one(lambda s: s.host.cpu.logical_cpus)),  # type: ignore[union-attr]
+    ),
+    MetricSpec(
+        "system.memory.usage",
+        "updowncounter",
+        "By",
+        "Host memory by state (used, free, buffers, cached); the states add up to the limit",
+        _host(_host_memory),
+    ),
+    MetricSpec(
+        "system.memory.limit",
+        "updowncounter",
+        "By",
+        "Total host memory",
+        _host(_one(lambda s: s.host.memory.total_bytes)),  # type: ignore[union-attr]
+    ),
+    MetricSpec(
+        "system.network.io",
+        "counter",
+        "By",
+        "Bytes per network interface of the daemon's network namespace",
+        _host(_host_network),
+    ),
+    MetricSpec(
+        "edgewatt.targets",
+        "updowncounter",
+        "{target}",
+        "Targets sampled in the last pass",
+        _one(lambda s: len(s.processes)),
+    ),
+    MetricSpec(
+        "edgewatt.sampler.duration",
+        "gauge",
+        "s",
+        "Wall time the last sampling pass took",
+        _one(lambda s: s.stats.duration_s),
+    ),
+    MetricSpec(
+        "edgewatt.sampler.overruns",
+        "counter",
+        "{pass}",
+        "Sampling passes that took longer than the interval",
+        _one(lambda s: s.stats.overruns),
+    ),
+    MetricSpec(
+        "edgewatt.sampler.errors",
+        "counter",
+        "{error}",
+        "Target reads that failed for a reason other than the target's exit",
+        _one(lambda s: s.stats.errors),
+    ),
+)
+
+
+class _Swappable:
+    """What prometheus_client serves: delegates to the current pipeline's registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+
+    def collect(self) -> Iterable[Any]:
+        return self.registry.collect()
+
+
+class Telemetry:
+    def __init__(
+        self,
+        resource: Resource,
+        *,
+        series_rotation: int,
+        metrics: tuple[MetricSpec, ...] = METRICS,
+    ) -> None:
+        self._resource = resource
+        self._metrics = metrics
+        self._rotation = series_rotation
+        self._snapshot: Snapshot | None = None
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._served = _Swappable()
+        self._outer = CollectorRegistry()
+        self._outer.register(self._served)  # type: ignore[arg-type]
+        self._provider = self._build()
+        self.rotations = 0
+        self._httpd: Any = None
+
+    def _build(self) -> MeterProvider:
+        registry = CollectorRegistry()
+        reader = PrometheusMetricReader(registry=registry, scope_info_enabled=False)
+        provider = MeterProvider(resource=self._resource, metric_readers=[reader])
+        meter = provider.get_meter("edgewatt")
+        create = {
+            "counter": meter.create_observable_counter,
+            "updowncounter": meter.create_observable_up_down_counter,
+            "gauge": meter.create_observable_gauge,
+        }
+        for spec in self._metrics:
+            create[spec.kind](
+                spec.name,
+                callbacks=[self._callback(spec)],
+                unit=spec.unit,
+                description=spec.description,
+            )
+        self._served.registry = registry
+        return provider
+
+    def _callback(self, spec: MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            snapshot = self._snapshot
+            if snapshot is None:
+                return []
+            return [Observation(v, a) for v, a in spec.observe(snapshot)]
+
+        return callback
+
+    def update(self, snapshot: Snapshot) -> None:
+        """Publish a new snapshot; rebuild the pipeline once enough targets have left."""
+        self._snapshot = snapshot
+        live = {p.target_id for p in snapshot.processes}
+        with self._lock:
+            self._seen |= live
+            if len(self._seen) - len(live) < self._rotation:
+                return
+            old = self._provider
+            self._provider = self._build()
+            self._seen = set(live)
+            self.rotations += 1
+        old.shutdown(timeout_millis=1000)
+        log.info("rebuilt the OTel pipeline to release series of exited targets")
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the /metrics endpoint; returns the bound port."""
+        self._httpd, _ = start_http_server(port, addr=host, registry=self._outer)
+        return int(self._httpd.server_address[1])
+
+    def shutdown(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        self._provider.shutdown(timeout_millis=1000)
