@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 from typing import Any
 
 CONNECT_TIMEOUT_S = 0.25
@@ -39,15 +40,26 @@ class _UnixConnection(http.client.HTTPConnection):
         self._path = path
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(min(CONNECT_TIMEOUT_S, self.timeout or CONNECT_TIMEOUT_S))
-            sock.connect(self._path)
-            sock.settimeout(self.timeout)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+        limit = min(CONNECT_TIMEOUT_S, self.timeout or CONNECT_TIMEOUT_S)
+        deadline = time.monotonic() + limit
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(limit)
+                sock.connect(self._path)
+                sock.settimeout(self.timeout)
+            except BlockingIOError:
+                # A Unix socket answers EAGAIN at once when its backlog is full.
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+                continue
+            except OSError:
+                sock.close()
+                raise
+            self.sock = sock
+            return
 
 
 def call(

@@ -54,14 +54,15 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server_version = "edgewatt"
-    sys_version = ""
     timeout = REQUEST_TIMEOUT_S
     server: ApiServer
 
     def setup(self) -> None:
         super().setup()
         self.peer_pid, self.peer_uid, _ = peer_credentials(self.request)
+
+    def version_string(self) -> str:
+        return "edgewatt"
 
     def address_string(self) -> str:
         return f"pid {self.peer_pid}"
@@ -98,6 +99,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status: int, body: Any, *, close: bool = False) -> None:
         data = json.dumps(body).encode()
+        if self.request_version == "HTTP/0.9":  # a garbled request line: answer in 1.1
+            self.request_version = "HTTP/1.1"
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -186,7 +189,12 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(raw_length)
         if length > MAX_BODY_BYTES:
             raise ApiError(413, "body too large", f"{length} bytes; at most {MAX_BODY_BYTES}")
-        body = self.rfile.read(length)
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:
+            raise ApiError(
+                408, "request timed out", f"body not received within {REQUEST_TIMEOUT_S:g} s"
+            ) from None
         if len(body) != length:
             raise ApiError(400, "truncated body", f"got {len(body)} of {length} bytes")
         return body
@@ -257,6 +265,7 @@ def _since(query: str) -> float | None:
 class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 128  # a burst of connects must not hit a full backlog (EAGAIN)
 
     def __init__(
         self,

@@ -1,0 +1,189 @@
+"""Shared fixtures: the real daemon started as a subprocess on a temp socket and port."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from client import _transport
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Any, timeout: float = 10.0, step: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(step)
+
+
+@dataclass
+class DaemonProcess:
+    """A running `edgewatt serve` with helpers to talk to it as a user would."""
+
+    socket: str
+    port: int
+    state_dir: Path
+    interval: float
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    def start(self) -> DaemonProcess:
+        self.log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "serve",
+                "--socket",
+                self.socket,
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--state-dir",
+                str(self.state_dir),
+                "--interval",
+                str(self.interval),
+                *self.extra_args,
+            ],
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        wait_for(self._healthy, timeout=15)
+        return self
+
+    def _healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"daemon exited early:\n{self.log()}")
+        try:
+            return self.call("GET", "/healthz")[0] == 200
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> float:
+        """Stop the daemon; returns seconds it took to exit."""
+        assert self.proc is not None
+        started = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log_file.close()
+        return time.monotonic() - started
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 5.0) -> Any:
+        return _transport.call(self.socket, method, path, body, timeout=timeout)
+
+    def register(self, pid: int, **body: Any) -> dict[str, Any]:
+        status, data = self.call("POST", "/v1/targets", {"pid": pid, **body})
+        assert status in (200, 201), (status, data)
+        return data
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def series(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+        """Samples named ``name`` whose labels include ``labels``."""
+        found = []
+        for family in text_string_to_metric_families(self.metrics_text()):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    found.append((sample.labels, sample.value))
+        return found
+
+    def value(self, name: str, **labels: str) -> float | None:
+        found = self.series(name, **labels)
+        assert len(found) <= 1, found
+        return found[0][1] if found else None
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[Any]:
+    started: list[DaemonProcess] = []
+
+    def make(
+        interval: float = 0.2,
+        state_dir: Path | None = None,
+        socket_dir: Path | None = None,
+        **kw: Any,
+    ) -> DaemonProcess:
+        d = DaemonProcess(
+            socket=str((socket_dir or tmp_path) / f"ew{len(started)}.sock"),
+            port=free_port(),
+            state_dir=state_dir or tmp_path / "state",
+            interval=interval,
+            log_path=tmp_path / f"daemon{len(started)}.log",
+            **kw,
+        )
+        started.append(d)
+        return d.start()
+
+    yield make
+    for d in started:
+        with contextlib.suppress(Exception):
+            d.stop()
+
+
+@pytest.fixture
+def daemon(daemon_factory: Any) -> DaemonProcess:
+    return daemon_factory()
+
+
+@pytest.fixture
+def spawn() -> Iterator[Any]:
+    """Start helper processes (python -c CODE); all are killed at the end."""
+    procs: list[subprocess.Popen] = []
+
+    def make(code: str, **kw: Any) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", code], **kw)
+        procs.append(p)
+        return p
+
+    yield make
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def kernel_cpu_seconds(pid: int) -> float:
+    """utime+stime+cutime+cstime of a live process, straight from the kernel."""
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    fields = text[text.rindex(")") + 2 :].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,328 @@
+"""The registration API against the real daemon over its real socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, DaemonProcess
+
+NOBODY = 65534
+# The venv's interpreter may live under /root; any python3 runs the stdlib-only client.
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+
+def raw(sock_path: str, data: bytes, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
+    """Send raw bytes, read one response; returns (status, JSON body)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(sock_path)
+        s.sendall(data)
+        chunks = b""
+        while b"\r\n\r\n" not in chunks:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            chunks += chunk
+        head, _, body = chunks.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        status = int(lines[0].split()[1])
+        length = next(
+            int(v)
+            for k, _, v in (x.partition(": ") for x in lines[1:])
+            if k.lower() == "content-length"
+        )
+        while len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        assert "application/json" in head.decode().lower()
+        return status, json.loads(body)
+
+
+def post(path: str, body: bytes, extra: str = "") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode()
+        + body
+    )
+
+
+def unused_pid() -> int:
+    for pid in range(30000, 2, -1):
+        if not os.path.exists(f"/proc/{pid}"):
+            return pid
+    raise AssertionError("no free pid")
+
+
+MALFORMED = [
+    ("bad json", post("/v1/targets", b"{not json"), 400, "invalid JSON"),
+    ("array body", post("/v1/targets", b"[1, 2]"), 400, "invalid body"),
+    ("pid string", post("/v1/targets", b'{"pid": "12"}'), 400, "invalid pid"),
+    ("pid bool", post("/v1/targets", b'{"pid": true}'), 400, "invalid pid"),
+    ("pid zero", post("/v1/targets", b'{"pid": 0}'), 400, "invalid pid"),
+    ("pid negative", post("/v1/targets", b'{"pid": -5}'), 400, "invalid pid"),
+    ("pid huge", post("/v1/targets", b'{"pid": 1099511627776}'), 400, "invalid pid"),
+    ("pid float", post("/v1/targets", b'{"pid": 1.5}'), 400, "invalid pid"),
+    ("children not bool", post("/v1/targets", b'{"children": "yes"}'), 400, "invalid children"),
+    ("unknown field", post("/v1/targets", b'{"pidd": 1}'), 400, "unknown field"),
+    ("label job", post("/v1/targets", b'{"labels": {"job": "x"}}'), 400, "invalid labels"),
+    (
+        "label instance",
+        post("/v1/targets", b'{"labels": {"instance": "x"}}'),
+        400,
+        "invalid labels",
+    ),
+    (
+        "label __name__",
+        post("/v1/targets", b'{"labels": {"__name__": "x"}}'),
+        400,
+        "invalid labels",
+    ),
+    ("label dash", post("/v1/targets", b'{"labels": {"bad-name": "x"}}'), 400, "invalid labels"),
+    ("label digit", post("/v1/targets", b'{"labels": {"1x": "x"}}'), 400, "invalid labels"),
+    (
+        "label own attr",
+        post("/v1/targets", b'{"labels": {"process.pid": "1"}}'),
+        400,
+        "invalid labels",
+    ),
+    ("label int value", post("/v1/targets", b'{"labels": {"run": 1}}'), 400, "invalid labels"),
+    ("labels list", post("/v1/targets", b'{"labels": ["a"]}'), 400, "invalid labels"),
+    (
+        "65 labels",
+        post("/v1/targets", json.dumps({"labels": {f"l{i}": "v" for i in range(65)}}).encode()),
+        400,
+        "invalid labels",
+    ),
+    (
+        "label value over 1 KiB",
+        post("/v1/targets", json.dumps({"labels": {"run": "x" * 1025}}).encode()),
+        400,
+        "invalid labels",
+    ),
+    (
+        "body over 64 KiB",
+        post("/v1/targets", b'{"labels": {"a": "' + b"x" * 70000 + b'"}}'),
+        413,
+        "body too large",
+    ),
+    ("unknown path", b"GET /v2/things HTTP/1.1\r\n\r\n", 404, "not found"),
+    ("unknown subpath", b"GET /v1/targets/abc/energy HTTP/1.1\r\n\r\n", 404, "not found"),
+    ("unknown target", b"GET /v1/targets/abcdef012345 HTTP/1.1\r\n\r\n", 404, "no such target"),
+    ("bad target id", b"GET /v1/targets/a.b HTTP/1.1\r\n\r\n", 404, "no such target"),
+    ("wrong method", b"PUT /v1/targets HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405, "method"),
+    ("invented method", b"BREW /v1/targets HTTP/1.1\r\n\r\n", 405, "method not allowed"),
+    ("dot dot", b"GET /v1/targets/../healthz HTTP/1.1\r\n\r\n", 400, "invalid path"),
+    ("double slash", b"GET /v1//targets HTTP/1.1\r\n\r\n", 400, "invalid path"),
+    ("encoded dots", b"GET /v1/targets/%2e%2e/healthz HTTP/1.1\r\n\r\n", 400, "invalid path"),
+    ("garbage line", b"GARBAGE\r\n\r\n", 400, "bad request"),
+    ("chunked", post("/v1/targets", b"", "Transfer-Encoding: chunked\r\n"), 400, "chunked"),
+    (
+        "bad length",
+        b"POST /v1/targets HTTP/1.1\r\nContent-Length: ab\r\n\r\n",
+        400,
+        "Content-Length",
+    ),
+    ("since not a number", b"GET /v1/targets/abc/samples?since=x HTTP/1.1\r\n\r\n", 400, "since"),
+]
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "error"),
+    [pytest.param(r, s, e, id=name) for name, r, s, e in MALFORMED],
+)
+def test_malformed_requests_get_json_4xx(
+    daemon: DaemonProcess, request_bytes: bytes, status: int, error: str
+) -> None:
+    got_status, body = raw(daemon.socket, request_bytes)
+    assert got_status == status, body
+    assert error.lower() in body["error"].lower() + " " + body["detail"].lower()
+    assert "Traceback" not in json.dumps(body)
+    assert daemon.call("GET", "/healthz")[0] == 200  # the daemon keeps serving
+
+
+def test_unknown_pid_is_named(daemon: DaemonProcess) -> None:
+    pid = unused_pid()
+    status, body = daemon.call("POST", "/v1/targets", {"pid": pid})
+    assert status == 400
+    assert body == {"error": "no such process", "detail": f"pid {pid} does not exist"}
+
+
+def test_registration_defaults_to_the_caller(daemon: DaemonProcess, spawn: Any) -> None:
+    code = (
+        "import json, sys; from client import _transport;"
+        f"print(json.dumps(_transport.call({daemon.socket!r}, 'POST', '/v1/targets', {{}})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    status, body = json.loads(out.stdout)
+    assert status == 201
+    # The caller has exited by now; its pid was taken from SO_PEERCRED, not the body.
+    assert body["pid"] > 0 and set(body) == {"id", "pid", "start_time", "labels", "children"}
+
+
+def test_same_process_twice_same_id_and_conflict(daemon: DaemonProcess, spawn: Any) -> None:
+    child = spawn("import time; time.sleep(60)")
+    first = daemon.call("POST", "/v1/targets", {"pid": child.pid, "labels": {"run": "a"}})
+    second = daemon.call("POST", "/v1/targets", {"pid": child.pid, "labels": {"run": "a"}})
+    assert first[0] == 201 and second[0] == 200
+    assert first[1]["id"] == second[1]["id"]
+    status, body = daemon.call("POST", "/v1/targets", {"pid": child.pid, "labels": {"run": "b"}})
+    assert status == 409 and body["error"] == "already registered"
+
+
+def test_list_get_delete_summary_samples_phase(daemon: DaemonProcess, spawn: Any) -> None:
+    child = spawn("import time; time.sleep(60)")
+    target = daemon.register(child.pid, labels={"run": "r1"})
+    tid = target["id"]
+    time.sleep(daemon.interval * 3)
+    assert daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "epoch-1"})[0] == 201
+    time.sleep(daemon.interval * 3)
+    status, listing = daemon.call("GET", "/v1/targets")
+    assert status == 200 and [t["id"] for t in listing["targets"]] == [tid]
+    status, one = daemon.call("GET", f"/v1/targets/{tid}")
+    assert one["labels"] == {"run": "r1"} and one["state"] == "running"
+    assert one["latest"]["memory_rss_bytes"] > 0
+    status, samples = daemon.call("GET", f"/v1/targets/{tid}/samples")
+    assert status == 200 and len(samples["samples"]) >= 4
+    assert samples["units"]["memory_rss_bytes"] == "bytes"
+    times = [s["time"] for s in samples["samples"]]
+    assert times == sorted(times)
+    since = daemon.call("GET", f"/v1/targets/{tid}/samples?since={times[1]}")[1]["samples"]
+    assert [s["time"] for s in since] == times[2 : 2 + len(since)]
+    status, summary = daemon.call("GET", f"/v1/targets/{tid}/summary")
+    assert status == 200 and summary["samples"] >= 4
+    assert [p["name"] for p in summary["phases"]] == ["epoch-1"]
+    assert summary["phases"][0]["duration_s"] > 0
+    assert summary["memory_rss_peak_bytes"] >= summary["memory_rss_avg_bytes"] > 0
+    assert daemon.call("DELETE", f"/v1/targets/{tid}")[0] == 200
+    assert daemon.call("GET", f"/v1/targets/{tid}")[0] == 404
+
+
+def test_stalled_client_does_not_block_others(daemon: DaemonProcess, spawn: Any) -> None:
+    stalled = []
+    for _ in range(8):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(daemon.socket)
+        s.sendall(b"POST /v1/targets HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+        stalled.append(s)
+    try:
+        child = spawn("import time; time.sleep(60)")
+        started = time.monotonic()
+        status, body = daemon.call("POST", "/v1/targets", {"pid": child.pid}, timeout=2)
+        assert status == 201, body
+        assert time.monotonic() - started < 1.0
+    finally:
+        for s in stalled:
+            s.close()
+
+
+def test_stalled_client_is_cut_off_with_a_timeout(daemon: DaemonProcess) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(daemon.socket)
+        s.sendall(b"POST /v1/targets HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+        s.settimeout(15)
+        started = time.monotonic()
+        leftover = s.recv(4096)
+        waited = time.monotonic() - started
+    # The daemon gives up after its request timeout (5 s), answers 408 and closes.
+    assert 4 < waited < 10
+    assert leftover.startswith(b"HTTP/1.1 408")
+    assert b'"error": "request timed out"' in leftover
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory any user can enter (pytest's tmp_path is private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="edgewatt-test-"))
+    path.chmod(0o755)
+    shutil.copytree(ROOT / "client", path / "client")
+    for p in path.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _as_nobody(public: Path, sock_path: str, method: str, path: str, body: Any = None) -> Any:
+    """Call the API from a process running as uid/gid nobody (the stdlib-only client)."""
+    code = (
+        "import json; from client import _transport;"
+        f"print(json.dumps(_transport.call({sock_path!r}, {method!r}, {path!r}, {body!r})))"
+    )
+    out = subprocess.run(
+        [SYSTEM_PYTHON, "-c", code],
+        capture_output=True,
+        text=True,
+        user=NOBODY,
+        group=NOBODY,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public)},
+        cwd="/",
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
+def test_ownership_enforced_with_peer_credentials(
+    daemon_factory: Any, spawn: Any, public_dir: Path
+) -> None:
+    daemon = daemon_factory(socket_dir=public_dir)
+    roots = spawn("import time; time.sleep(60)")
+    status, body = _as_nobody(public_dir, daemon.socket, "POST", "/v1/targets", {"pid": roots.pid})
+    assert status == 403 and body["error"] == "not your process"
+    assert body["detail"] == f"pid {roots.pid} belongs to uid 0, you are uid {NOBODY}"
+
+    own = subprocess.Popen(["sleep", "60"], user=NOBODY, group=NOBODY)
+    try:
+        status, body = _as_nobody(
+            public_dir, daemon.socket, "POST", "/v1/targets", {"pid": own.pid}
+        )
+        assert status == 201 and body["pid"] == own.pid
+    finally:
+        own.kill()
+        own.wait()
+
+    root_target = daemon.register(roots.pid)
+    tid = root_target["id"]
+    status, body = _as_nobody(public_dir, daemon.socket, "DELETE", f"/v1/targets/{tid}")
+    assert status == 403 and body["error"] == "not your target"
+    status, body = _as_nobody(
+        public_dir, daemon.socket, "POST", f"/v1/targets/{tid}/phase", {"name": "x"}
+    )
+    assert status == 403
+    # Root may manage anyone's target.
+    assert daemon.call("DELETE", f"/v1/targets/{tid}")[0] == 200
+
+
+def test_socket_is_world_writable(daemon: DaemonProcess) -> None:
+    assert os.stat(daemon.socket).st_mode & 0o777 == 0o666
+
+
+def test_concurrent_registrations(daemon: DaemonProcess, spawn: Any) -> None:
+    children = [spawn("import time; time.sleep(60)") for _ in range(20)]
+    results: list[tuple[int, Any]] = []
+
+    def register(pid: int) -> None:
+        results.append(daemon.call("POST", "/v1/targets", {"pid": pid}))
+
+    threads = [threading.Thread(target=register, args=(c.pid,)) for c in children]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(s for s, _ in results) == [201] * 20
+    assert len({b["id"] for _, b in results}) == 20
