@@ -1,7 +1,11 @@
 """OpenTelemetry side: the metric table, the MeterProvider, the Prometheus endpoint.
 
 ``METRICS`` is the single contract for names, kinds, units and attributes; the
-callbacks only read the latest :class:`Snapshot`, never /proc.
+callbacks only read the latest :class:`Snapshot`, never /proc. Thread and descriptor
+counts use the Collector hostmetrics names (``process.threads``,
+``process.open_file_descriptors``) rather than ``process.thread.count``: Prometheus
+reserves the ``_count`` suffix for histograms and summaries, and ``promtool check
+metrics`` rejects a gauge named so.
 
 Bounded memory under process churn: the SDK keeps one aggregation per attribute set
 it has ever seen (field notes: +65 MiB per 50,000 pids), and series of exited targets
@@ -139,21 +143,21 @@ METRICS: tuple[MetricSpec, ...] = (
         ),
     ),
     MetricSpec(
-        "process.thread.count",
+        "process.threads",
         "updowncounter",
         "{thread}",
         "Threads of the target and its live descendants",
         _per_process(lambda p: p.threads),
     ),
     MetricSpec(
-        "process.unix.file_descriptor.count",
+        "process.open_file_descriptors",
         "updowncounter",
         "{file_descriptor}",
         "Open file descriptors of the target and its live descendants",
         _per_process(lambda p: p.open_fds),
     ),
     MetricSpec(
-        "edgewatt.process.count",
+        "edgewatt.process.members",
         "updowncounter",
         "{process}",
         "Processes counted in the target: itself and its live descendants",
@@ -174,7 +178,7 @@ METRICS: tuple[MetricSpec, ...] = (
         _host(_one(lambda s: s.host.cpu_utilization)),  # type: ignore[union-attr]
     ),
     MetricSpec(
-        "system.cpu.logical.count",
+        "edgewatt.host.logical_cpus",
         "updowncounter",
         "{cpu}",
         "Logical CPUs of the host",
