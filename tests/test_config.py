@@ -1,0 +1,119 @@
+"""Config precedence and errors: defaults < YAML < EDGEWATT_* < flags."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter import config as cfg
+from tests.conftest import ROOT
+
+
+def test_defaults_need_no_file() -> None:
+    c = cfg.build(None, {}, {})
+    assert c.listen == ("0.0.0.0", 9464)
+    assert c.interval == 1.0
+    assert c.socket == cfg.default_socket()
+    assert c.state_dir and c.host_name
+
+
+def test_precedence_yaml_then_environment_then_flags(tmp_path: Path) -> None:
+    yml = tmp_path / "c.yaml"
+    yml.write_text("interval: 5\nlisten: '127.0.0.1:1000'\nmax_targets: 7\nsocket: /a.sock\n")
+    env = {"EDGEWATT_INTERVAL": "3", "EDGEWATT_LISTEN": "[::1]:2000"}
+    c = cfg.build(str(yml), env, {"interval": "2"})
+    assert c.interval == 2.0  # flag beats environment and YAML
+    assert c.listen == ("::1", 2000)  # environment beats YAML
+    assert c.max_targets == 7  # YAML beats the default
+    assert c.socket == "/a.sock"
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("interval: abc\n", "interval: must be a number of seconds, got 'abc' (in "),
+        ("interval: 0\n", "interval: must be between 0.05 and 3600, got 0 (in "),
+        ("listen: 9464\n", "listen: must be a string, got 9464"),
+        ("listen: 'host'\n", "listen: must be HOST:PORT, got 'host'"),
+        ("listen: 'h:70000'\n", "listen: port must be 0-65535, got '70000'"),
+        ("max_targets: 2.5\n", "max_targets: must be a whole number, got 2.5"),
+        ("max_targets: true\n", "max_targets: must be a whole number, got True"),
+        ("intervall: 1\n", "intervall: unknown key"),
+        ("log_level: loud\n", "log_level: must be debug, info, warning or error"),
+        ("- a\n- b\n", "must be a mapping of keys to values"),
+        ("interval: [1\n", "not valid YAML"),
+    ],
+)
+def test_bad_yaml_values_name_the_key(tmp_path: Path, yaml_text: str, message: str) -> None:
+    yml = tmp_path / "c.yaml"
+    yml.write_text(yaml_text)
+    with pytest.raises(cfg.ConfigError) as err:
+        cfg.build(str(yml), {}, {})
+    assert message in str(err.value)
+
+
+def test_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(cfg.ConfigError, match=r"interval: .* \(from EDGEWATT_INTERVAL\)"):
+        cfg.build(None, {"EDGEWATT_INTERVAL": "soon"}, {})
+
+
+def test_missing_config_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(cfg.ConfigError, match=r"config file .*nope\.yaml: No such file"):
+        cfg.build(str(tmp_path / "nope.yaml"), {}, {})
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--interval", "-1"], "edgewatt: config error: interval: must be between 0.05 and 3600"),
+        (["--listen", "nowhere"], "config error: listen: must be HOST:PORT, got 'nowhere'"),
+        (["--interval", "x"], "(from --interval)"),
+    ],
+)
+def test_cli_rejects_bad_flags_with_nonzero_exit(args: list[str], message: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "exporter", "serve", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
+    )
+    assert out.returncode == 2
+    assert message in out.stderr
+
+
+def test_cli_rejects_unknown_flag() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "exporter", "serve", "--bogus"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
+    )
+    assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr
+
+
+def test_second_daemon_on_a_live_socket_refuses(daemon_factory, tmp_path: Path) -> None:
+    first = daemon_factory()
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "exporter", "serve", "--socket", first.socket,
+            "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "other"),
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert f"socket {first.socket} is in use by a running daemon" in out.stderr
+    assert first.call("GET", "/healthz")[0] == 200
+
+
+def test_every_key_is_documented() -> None:
+    table = cfg.defaults_table()
+    assert [k for k, _, _ in table] == list(cfg.KEYS)
+    assert all(help_ for _, _, help_ in table)
+    readme = (ROOT / "README.md").read_text()
+    for key, _, _ in table:
+        assert f"`{key}`" in readme, f"config key {key} missing from README"

@@ -1,0 +1,179 @@
+"""One test per /proc fact: captured text where the format matters, the live kernel
+where the behaviour does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter.sampling import procfs, system
+
+# Real /proc/PID/stat of a process whose comm holds a space and a parenthesis.
+STAT = (
+    "4242 (tricky) name) S 4000 4242 4000 34816 4242 4194304 1200 0 3 0 "
+    "350 120 40 15 20 0 7 0 987654 123456789 2500 18446744073709551615 1 1 0 0 0 0 0 "
+    "16781312 16386 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+)
+
+IO = (
+    "rchar: 9999\nwchar: 8888\nsyscr: 10\nsyscw: 11\n"
+    "read_bytes: 4096\nwrite_bytes: 12288\ncancelled_write_bytes: 0\n"
+)
+
+
+def test_parse_stat_fields() -> None:
+    s = procfs.parse_stat(STAT)
+    assert s.comm == "tricky) name"
+    assert (s.state, s.ppid) == ("S", 4000)
+    assert (s.utime, s.stime, s.cutime, s.cstime) == (350, 120, 40, 15)
+    assert s.num_threads == 7
+    assert s.start_ticks == 987654
+    assert s.vsize == 123456789
+    assert s.rss_pages == 2500
+
+
+def test_parse_io_uses_storage_bytes() -> None:
+    assert procfs.parse_io(IO) == (4096, 12288)
+
+
+def _fake_proc(tmp_path: Path, pid: int, stat: str) -> Path:
+    (tmp_path / str(pid)).mkdir(parents=True)
+    (tmp_path / str(pid) / "stat").write_text(stat)
+    (tmp_path / str(pid) / "io").write_text(IO)
+    return tmp_path
+
+
+def test_handle_refuses_a_pid_with_another_start_time(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, 4242, STAT)
+    handle = procfs.ProcHandle(4242, str(proc), expect_start=987654)
+    assert handle.start_ticks == 987654 and handle.io() == (4096, 12288)
+    handle.close()
+    with pytest.raises(procfs.NoSuchProcess, match="pid reused"):
+        procfs.ProcHandle(4242, str(proc), expect_start=111)
+
+
+def test_open_handle_fails_after_exit_even_if_pid_reused() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    handle = procfs.ProcHandle(child.pid)
+    assert handle.stat().ppid == os.getpid()
+    child.kill()
+    child.wait()
+    with pytest.raises(procfs.NoSuchProcess):
+        handle.stat()
+    handle.close()
+
+
+def test_executable_name_and_uid_of_self() -> None:
+    me = procfs.read_stat(os.getpid())
+    exe = procfs.executable_name(os.getpid(), me.comm)
+    assert exe == os.path.basename(os.path.realpath(sys.executable))
+    assert procfs.process_uid(os.getpid()) == os.getuid()
+
+
+def test_fd_count_follows_open_descriptors() -> None:
+    before = procfs.fd_count(os.getpid())
+    r, w = os.pipe()
+    try:
+        assert procfs.fd_count(os.getpid()) == before + 2
+    finally:
+        os.close(r)
+        os.close(w)
+    assert procfs.fd_count(os.getpid()) == before
+
+
+def test_children_by_either_discovery_method() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in procfs.parent_map()[os.getpid()]
+        if procfs.has_children_files():
+            assert child.pid in procfs.child_pids(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_boot_facts() -> None:
+    assert len(procfs.boot_id()) == 36
+    assert 0 < procfs.boot_time() < os.path.getmtime("/proc/self/stat") + 1e9
+    assert procfs.pid_max() >= 32768
+
+
+# -- host figures from captured files ---------------------------------------------
+
+PROC_STAT = (
+    "cpu  1000 50 300 8000 100 20 30 5 0 0\n"
+    "cpu0 500 25 150 4000 50 10 15 2 0 0\n"
+    "cpu1 500 25 150 4000 50 10 15 3 0 0\n"
+    "intr 12345\nbtime 1700000000\n"
+)
+MEMINFO = (
+    "MemTotal:       16000000 kB\nMemFree:         4000000 kB\n"
+    "MemAvailable:    9000000 kB\nBuffers:          500000 kB\n"
+    "Cached:          3000000 kB\nSReclaimable:     200000 kB\n"
+)
+NET_DEV = (
+    "Inter-|   Receive                                                |  Transmit\n"
+    " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs "
+    "drop fifo colls carrier compressed\n"
+    "    lo:  123456     100    0    0    0     0          0         0   123456     100    0 "
+    "   0    0     0       0          0\n"
+    "  eth0: 987654321  5000    0    0    0     0          0         0 12345678    4000    0 "
+    "   0    0     0       0          0\n"
+)
+
+
+@pytest.fixture
+def host_proc(tmp_path: Path) -> str:
+    (tmp_path / "stat").write_text(PROC_STAT)
+    (tmp_path / "meminfo").write_text(MEMINFO)
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "dev").write_text(NET_DEV)
+    return str(tmp_path)
+
+
+def test_host_cpu_seconds_by_mode(host_proc: str) -> None:
+    cpu = system.read_cpu(host_proc)
+    hz = procfs.CLOCK_TICKS
+    assert cpu.logical_cpus == 2
+    assert cpu.seconds_by_mode == {
+        "user": 1000 / hz,
+        "nice": 50 / hz,
+        "system": 300 / hz,
+        "idle": 8000 / hz,
+        "iowait": 100 / hz,
+        "interrupt": 50 / hz,
+        "steal": 5 / hz,
+    }
+    assert cpu.busy_seconds == pytest.approx(1405 / hz)
+
+
+def test_host_memory_states_add_up(host_proc: str) -> None:
+    mem = system.read_memory(host_proc)
+    assert mem.total_bytes == 16_000_000 * 1024
+    assert mem.bytes_by_state == {
+        "used": 8_300_000 * 1024,
+        "free": 4_000_000 * 1024,
+        "buffers": 500_000 * 1024,
+        "cached": 3_200_000 * 1024,
+    }
+    assert sum(mem.bytes_by_state.values()) == mem.total_bytes
+
+
+def test_host_network_bytes(host_proc: str) -> None:
+    net = system.read_network(host_proc)
+    assert net == {
+        "lo": system.InterfaceBytes(receive=123456, transmit=123456),
+        "eth0": system.InterfaceBytes(receive=987654321, transmit=12345678),
+    }
+
+
+def test_live_host_figures_agree_with_psutil() -> None:
+    psutil = pytest.importorskip("psutil")
+    assert system.read_cpu().logical_cpus == psutil.cpu_count()
+    assert system.read_memory().total_bytes == psutil.virtual_memory().total
+    live = system.read_network()
+    assert set(live) == set(psutil.net_io_counters(pernic=True))
