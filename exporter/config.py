@@ -125,7 +125,7 @@ KEYS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
     "history_samples": (_integer(1, 1_000_000), "samples kept per target for /samples"),
     "exited_retention": (
         _number(0, 7 * 86400, "a number of seconds"),
-        "seconds an exited target's summary stays readable",
+        "seconds an exited target's summary stays readable (at most max_targets of them)",
     ),
     "series_rotation": (
         _integer(1, 1_000_000),

@@ -72,7 +72,11 @@ class Daemon:
             proc=proc,
             on_change=self._persist,
         )
-        self.telemetry = Telemetry(build_resource(config), series_rotation=config.series_rotation)
+        self.telemetry = Telemetry(
+            build_resource(config),
+            series_rotation=config.series_rotation,
+            max_targets=config.max_targets,
+        )
         self.sampler = Sampler(
             self.table,
             interval=config.interval,

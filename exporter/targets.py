@@ -371,11 +371,18 @@ class TargetTable:
         self._changed()
 
     def purge_exited(self, now: float) -> int:
+        """Forget exited targets older than the retention, and the oldest beyond
+        ``max_targets`` of them, so churn cannot grow the table without bound."""
         with self._lock:
+            exited = sorted(
+                (t for t in self._targets.values() if t.exited_at is not None),
+                key=lambda t: t.exited_at or 0.0,
+            )
+            excess = max(0, len(exited) - self._max_targets)
             expired = [
                 t.id
-                for t in self._targets.values()
-                if t.exited_at is not None and now - t.exited_at > self._retention
+                for n, t in enumerate(exited)
+                if n < excess or now - (t.exited_at or 0.0) > self._retention
             ]
             for target_id in expired:
                 del self._targets[target_id]

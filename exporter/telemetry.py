@@ -26,6 +26,7 @@ from typing import Any
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -252,11 +253,16 @@ class Telemetry:
         resource: Resource,
         *,
         series_rotation: int,
+        max_targets: int = 1000,
         metrics: tuple[MetricSpec, ...] = METRICS,
     ) -> None:
         self._resource = resource
         self._metrics = metrics
         self._rotation = series_rotation
+        # Per instrument: live and not-yet-rotated targets, two sets each at most
+        # (cpu.mode, disk.io.direction), plus host series. The SDK's default of 2000
+        # would fold new targets into otel_metric_overflow="true" instead.
+        self.cardinality_limit = 2 * (max_targets + series_rotation) + 1000
         self._snapshot: Snapshot | None = None
         self._seen: set[str] = set()
         self._lock = threading.Lock()
@@ -270,7 +276,13 @@ class Telemetry:
     def _build(self) -> MeterProvider:
         registry = CollectorRegistry()
         reader = PrometheusMetricReader(registry=registry, scope_info_enabled=False)
-        provider = MeterProvider(resource=self._resource, metric_readers=[reader])
+        provider = MeterProvider(
+            resource=self._resource,
+            metric_readers=[reader],
+            views=[
+                View(meter_name="edgewatt", aggregation_cardinality_limit=self.cardinality_limit)
+            ],
+        )
         meter = provider.get_meter("edgewatt")
         create = {
             "counter": meter.create_observable_counter,

@@ -131,3 +131,14 @@ def test_rotation_keeps_values_and_drops_exited_series() -> None:
     # Only the live target is left, with its absolute value: nothing was reset.
     assert sorted(cpu) == [("t0", "system", 0.25), ("t0", "user", 7.0)]
     t.shutdown()
+
+
+def test_many_live_targets_never_fold_into_overflow() -> None:
+    # 2,100 live targets: past the SDK's default limit of 2,000 attribute sets.
+    t = Telemetry(Resource.create({}), series_rotation=1000, max_targets=2100)
+    many = tuple(process(i) for i in range(2100))
+    t.update(Snapshot(time=0.0, sequence=1, host=None, processes=many))
+    rss = scrape(t)["process_memory_usage_bytes"].samples
+    assert len(rss) == 2100
+    assert not any("otel_metric_overflow" in s.labels for s in rss)
+    t.shutdown()

@@ -1,0 +1,153 @@
+"""RSS of the daemon across register/exit cycles, with and without pipeline rotation.
+
+Two daemons run side by side on the same processes: one with the default
+`series_rotation`, one with rotation disabled (the plain OTel SDK behaviour). Each
+cycle is one short-lived process registered with both, sampled, scraped and killed.
+
+    .venv/bin/python benchmarks/churn.py [--cycles 5000] [--batch 100] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from client import _transport  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+class Daemon:
+    def __init__(self, workdir: Path, name: str, rotation: int, interval: float) -> None:
+        self.socket = str(workdir / f"{name}.sock")
+        self.port = free_port()
+        env = {**os.environ, "EDGEWATT_SERIES_ROTATION": str(rotation)}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "exporter", "serve", "--socket", self.socket,
+                "--listen", f"127.0.0.1:{self.port}", "--state-dir", str(workdir / name),
+                "--interval", str(interval), "--log-level", "warning",
+            ],
+            cwd=ROOT, env=env,
+        )  # fmt: skip
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if _transport.call(self.socket, "GET", "/healthz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("daemon did not start")
+            time.sleep(0.05)
+
+    def register(self, pid: int, i: int) -> None:
+        body = {"pid": pid, "labels": {"run": f"churn-{i}"}}
+        status, data = _transport.call(self.socket, "POST", "/v1/targets", body, timeout=5)
+        assert status == 201, data
+
+    def scrape(self) -> bool:
+        """Scrape once; True when the SDK folded series into its overflow bucket."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+            return b"otel_metric_overflow" in r.read()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=5000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--interval", type=float, default=0.1)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="edgewatt-churn-"))
+    daemons = {
+        "rotation (default 1000)": Daemon(workdir, "rotating", 1000, args.interval),
+        "no rotation (plain SDK)": Daemon(workdir, "plain", 10**6, args.interval),
+    }
+    rows: list[dict[str, float]] = []
+    overflowed: dict[str, int] = {}
+    started = time.monotonic()
+    try:
+        done = 0
+        while done < args.cycles:
+            procs = [
+                subprocess.Popen(["sleep", "60"])
+                for _ in range(min(args.batch, args.cycles - done))
+            ]
+            for i, p in enumerate(procs):
+                for d in daemons.values():
+                    d.register(p.pid, done + i)
+            time.sleep(args.interval * 2.5)  # sampled at least twice
+            for name, d in daemons.items():
+                # The SDK meets each attribute set at collection.
+                if d.scrape() and name not in overflowed:
+                    overflowed[name] = done
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.wait()
+            time.sleep(args.interval * 2.5)  # exits noticed
+            for d in daemons.values():
+                d.scrape()
+            done += len(procs)
+            if done % 1000 == 0 or done == args.cycles:
+                row = {"cycles": done}
+                row.update({name: rss_bytes(d.proc.pid) / 2**20 for name, d in daemons.items()})
+                rows.append(row)
+                print(
+                    f"{done:6d} cycles  " + "  ".join(f"{n}: {row[n]:6.1f} MiB" for n in daemons),
+                    flush=True,
+                )
+    finally:
+        for d in daemons.values():
+            d.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    names = list(daemons)
+    first, last = rows[0], rows[-1]
+    growth = {n: last[n] - first[n] for n in names}
+    print()
+    print(f"RSS growth from {first['cycles']} to {last['cycles']} cycles (MiB):")
+    for n in names:
+        print(f"  {n:26s} {growth[n]:+7.1f}")
+    if growth[names[1]] > 0:
+        print(f"  ratio rotation/plain       {growth[names[0]] / growth[names[1]]:7.2f}")
+    for n in names:
+        seen = overflowed.get(n)
+        verdict = "never" if seen is None else f"from cycle {seen} on: new targets misreported"
+        print(f"  {n:26s} otel_metric_overflow series: {verdict}")
+    print(f"  wall time {time.monotonic() - started:.0f} s")
+    if args.json:
+        result = {"rows": rows, "growth_mib": growth, "overflow_from_cycle": overflowed}
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
