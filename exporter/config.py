@@ -53,12 +53,15 @@ class Config:
         )
 
 
-def _number(lo: float, hi: float, what: str) -> Callable[[Any], float]:
-    def parse(value: Any) -> float:
-        if isinstance(value, bool):
+def _ranged(convert: Callable[[Any], Any], lo: float, hi: float, what: str) -> Callable[[Any], Any]:
+    """A parser for numbers of one type within [lo, hi]; booleans are not numbers."""
+
+    def parse(value: Any) -> Any:
+        lossy = convert is int and isinstance(value, float) and not value.is_integer()
+        if isinstance(value, bool) or lossy:
             raise ValueError(f"must be {what}, got {value!r}")
         try:
-            number = float(value)
+            number = convert(value)
         except (TypeError, ValueError):
             raise ValueError(f"must be {what}, got {value!r}") from None
         if not lo <= number <= hi:
@@ -68,19 +71,12 @@ def _number(lo: float, hi: float, what: str) -> Callable[[Any], float]:
     return parse
 
 
-def _integer(lo: int, hi: int) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise ValueError(f"must be a whole number, got {value!r}")
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"must be a whole number, got {value!r}") from None
-        if not lo <= number <= hi:
-            raise ValueError(f"must be between {lo} and {hi}, got {number}")
-        return number
+def _seconds(lo: float, hi: float) -> Callable[[Any], float]:
+    return _ranged(float, lo, hi, "a number of seconds")
 
-    return parse
+
+def _count(lo: int, hi: int) -> Callable[[Any], int]:
+    return _ranged(int, lo, hi, "a whole number")
 
 
 def _text(value: Any) -> str:
@@ -119,16 +115,16 @@ def _log_level(value: Any) -> str:
 KEYS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
     "socket": (_path, "Unix socket of the registration API (default: see README)"),
     "listen": (parse_listen, "HOST:PORT of the Prometheus /metrics endpoint"),
-    "interval": (_number(0.05, 3600, "a number of seconds"), "seconds between samples"),
+    "interval": (_seconds(0.05, 3600), "seconds between samples"),
     "state_dir": (_path, "directory where registrations are persisted"),
-    "max_targets": (_integer(1, 100_000), "targets that may run at once; more get HTTP 429"),
-    "history_samples": (_integer(1, 1_000_000), "samples kept per target for /samples"),
+    "max_targets": (_count(1, 100_000), "targets that may run at once; more get HTTP 429"),
+    "history_samples": (_count(1, 1_000_000), "samples kept per target for /samples"),
     "exited_retention": (
-        _number(0, 7 * 86400, "a number of seconds"),
+        _seconds(0, 7 * 86400),
         "seconds an exited target's summary stays readable (at most max_targets of them)",
     ),
     "series_rotation": (
-        _integer(1, 1_000_000),
+        _count(1, 1_000_000),
         "exited targets after which the OTel pipeline is rebuilt, bounding its memory",
     ),
     "host_name": (_text, "host.name on every series (default: the kernel's hostname)"),

@@ -49,7 +49,11 @@ class Sampler:
         """Sample at a fixed cadence until ``stop`` is set."""
         deadline = time.monotonic()
         while not stop.is_set():
-            self.sample_once()
+            try:
+                self.sample_once()
+            except Exception:
+                # A bug in one pass must not end sampling for good; the log says what.
+                log.exception("sampling pass failed")
             deadline += self.interval
             delay = deadline - time.monotonic()
             if delay < 0:
