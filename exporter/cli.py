@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--interval", metavar="SECONDS", help="seconds between samples (default 1)")
     serve.add_argument("--state-dir", metavar="DIR", help="where registrations are persisted")
     serve.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
+    serve.add_argument(
+        "--tegrastats", metavar="PATH", help="tegrastats executable (default /usr/bin/tegrastats)"
+    )
 
     status = sub.add_parser("status", help="show the registered targets")
     status.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
@@ -45,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     flags = {
         key: getattr(args, key)
-        for key in ("socket", "listen", "interval", "state_dir", "log_level")
+        for key in ("socket", "listen", "interval", "state_dir", "log_level", "tegrastats")
         if getattr(args, key) is not None
     }
     try:

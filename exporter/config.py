@@ -43,6 +43,11 @@ class Config:
     host_name: str = ""  # "" means the kernel's hostname
     proc_path: str = "/proc"
     log_level: str = "info"
+    power_sources: tuple[str, ...] | None = None  # None: discover automatically
+    tegrastats: str = "/usr/bin/tegrastats"
+    sysfs_path: str = "/sys"
+    idle_power_w: float | None = None  # None: estimated from the measurements
+    baseline_window: float = 3600.0
 
     def resolved(self) -> Config:
         return replace(
@@ -111,6 +116,28 @@ def _log_level(value: Any) -> str:
     return text
 
 
+def _power_sources(value: Any) -> tuple[str, ...] | None:
+    from exporter.power import SOURCES
+
+    if value == "auto":
+        return None
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not names:
+        raise ValueError("must be 'auto' or a list of source names")
+    clean = tuple(str(n).strip() for n in names)
+    for name in clean:
+        if name not in SOURCES:
+            raise ValueError(f"unknown power source {name!r}; known: {', '.join(SOURCES)}")
+    return clean
+
+
+def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def optional(value: Any) -> Any:
+        return None if value is None or value in ("", "none", "auto") else parse(value)
+
+    return optional
+
+
 # key: (parser, help). The default is the dataclass field's.
 KEYS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
     "socket": (_path, "Unix socket of the registration API (default: see README)"),
@@ -130,6 +157,20 @@ KEYS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
     "host_name": (_text, "host.name on every series (default: the kernel's hostname)"),
     "proc_path": (_path, "procfs mount point"),
     "log_level": (_log_level, "debug, info, warning or error"),
+    "power_sources": (
+        _power_sources,
+        "'auto', or the power sources to use (ina3221, tegrastats, rapl, nvml)",
+    ),
+    "tegrastats": (_path, "tegrastats executable, run once for the daemon's lifetime"),
+    "sysfs_path": (_path, "sysfs mount point (INA3221/INA238 monitors, RAPL)"),
+    "idle_power_w": (
+        _optional(_ranged(float, 0, 100_000, "a number of watts")),
+        "device idle power in W for attribution; unset: the lowest seen in the window",
+    ),
+    "baseline_window": (
+        _seconds(1, 30 * 86400),
+        "seconds over which the idle power is estimated when not configured",
+    ),
 }
 
 

@@ -13,9 +13,12 @@ from typing import Any
 
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
-from exporter import __version__
+from exporter import __version__, power
 from exporter.api import ApiServer
 from exporter.config import Config
+from exporter.power.attribution import Attribution
+from exporter.power.meter import PowerMeter
+from exporter.power.source import PowerOptions
 from exporter.sampler import Sampler
 from exporter.sampling import procfs
 from exporter.statefile import StateFile
@@ -83,6 +86,7 @@ class Daemon:
             host_name=config.host_name,
             proc=proc,
             on_pass=self.telemetry.update,
+            attribution=Attribution(config.idle_power_w, config.baseline_window),
         )
         self.api: ApiServer | None = None
         self.metrics_port = 0
@@ -126,8 +130,22 @@ class Daemon:
             "logical_cpus": self.sampler.logical_cpus,
         }
 
+    def _start_power(self) -> None:
+        options = PowerOptions(
+            interval_s=self.config.interval,
+            sysfs_path=self.config.sysfs_path,
+            tegrastats_path=self.config.tegrastats,
+            sources=self.config.power_sources,
+        )
+        sources = power.discover(options)
+        if sources:
+            # A sensor silent for five intervals (at least 5 s) is no longer trusted.
+            gap = max(5 * self.config.interval, 5.0)
+            self.sampler.power = PowerMeter(sources, max_gap_s=gap)
+
     def start(self) -> None:
         restored = self.restore()
+        self._start_power()
         self.sampler.sample_once()  # the first scrape already has data
         host, port = self.config.listen
         self.metrics_port = self.telemetry.serve(host, port)

@@ -11,8 +11,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from exporter.power.attribution import Attribution, PassEnergy, Usage
+from exporter.power.meter import PowerMeter, PowerSnapshot
 from exporter.sampling import procfs, system
-from exporter.sampling.process import ProcessTree
+from exporter.sampling.process import ProcessTree, TreeReading
 from exporter.snapshot import HostSample, ProcessSample, SamplerStats, Snapshot
 from exporter.targets import Target, TargetTable
 
@@ -28,12 +30,19 @@ class Sampler:
         host_name: str,
         proc: str = "/proc",
         on_pass: Callable[[Snapshot], None] | None = None,
+        power: PowerMeter | None = None,
+        attribution: Attribution | None = None,
     ) -> None:
         self.table = table
         self.interval = interval
         self.host_name = host_name
         self.proc = proc
         self._on_pass = on_pass
+        self.power = power
+        self.attribution = attribution or Attribution(None, 3600.0)
+        self._last_target_cpu: dict[str, float] = {}
+        self._last_energy: tuple[float, float, dict[str, float]] | None = None
+        self._host_busy_delta: float | None = None
         self._trees: dict[str, ProcessTree] = {}
         self._attributes: dict[str, Mapping[str, str | int]] = {}
         self._children_files = procfs.has_children_files(proc)
@@ -66,14 +75,16 @@ class Sampler:
     def sample_once(self) -> Snapshot:
         started = time.monotonic()
         host = self._sample_host()
+        power = self.power.read(started) if self.power is not None else None
         children_of = self._children_lookup()
-        samples: list[ProcessSample] = []
         running = self.table.running()
-        for target in running:
-            sample = self._sample_target(target, children_of)
-            if sample is not None:
-                samples.append(sample)
-                self.table.record(sample)
+        readings = [(t, r) for t in running if (r := self._read_target(t, children_of)) is not None]
+        self._attribute(started, power, readings)
+        samples = []
+        for target, reading in readings:
+            sample = self._sample(target, reading)
+            samples.append(sample)
+            self.table.record(sample)
         self._forget_missing({t.id for t in running})
         self.table.purge_exited(time.time())
         self._sequence += 1
@@ -82,6 +93,8 @@ class Sampler:
             sequence=self._sequence,
             host=host,
             processes=tuple(samples),
+            power=power,
+            idle_power_w=self.attribution.idle_w_in_use if power is not None else None,
             stats=SamplerStats(
                 duration_s=time.monotonic() - started,
                 overruns=self._overruns,
@@ -93,9 +106,9 @@ class Sampler:
             self._on_pass(snapshot)
         return snapshot
 
-    def _sample_target(
+    def _read_target(
         self, target: Target, children_of: Callable[[int], list[int]]
-    ) -> ProcessSample | None:
+    ) -> TreeReading | None:
         tree = self._trees.get(target.id)
         if tree is None:
             if target.handle is None:
@@ -122,6 +135,50 @@ class Sampler:
                 log.warning("sampling target %s (pid %d) failed: %s", target.id, target.pid, exc)
             return None
         self._failed.discard(target.id)
+        return reading
+
+    def _attribute(
+        self,
+        now: float,
+        power: PowerSnapshot | None,
+        readings: list[tuple[Target, TreeReading]],
+    ) -> None:
+        """Share the energy measured since the last pass among the targets."""
+        cpu_now = {t.id: r.cpu_user_s + r.cpu_system_s for t, r in readings}
+        cpu_before, self._last_target_cpu = self._last_target_cpu, cpu_now
+        if power is None or power.host_energy_j is None:
+            return
+        gpu_energy = {
+            rail.id: rail.energy_j
+            for rail in power.rails
+            if rail.energy_j is not None and any(g.id == rail.id for g in power.gpus)
+        }
+        before, self._last_energy = self._last_energy, (now, power.host_energy_j, gpu_energy)
+        if before is None or self._host_busy_delta is None:
+            return
+        measured = PassEnergy(
+            seconds=now - before[0],
+            device_j=max(0.0, power.host_energy_j - before[1]),
+            host_busy_cpu_s=self._host_busy_delta,
+            gpu_j={k: max(0.0, j - before[2].get(k, j)) for k, j in gpu_energy.items()},
+            gpu_load={g.id: g.utilization or 0.0 for g in power.gpus if g.id in gpu_energy},
+        )
+        usage = {
+            t.id: Usage(
+                cpu_s=max(0.0, cpu_now[t.id] - cpu_before.get(t.id, cpu_now[t.id])),
+                gpu={
+                    g.id: sum(
+                        (g.processes[p].utilization or 0.0) for p in r.pids if p in g.processes
+                    )
+                    for g in power.gpus
+                    if g.id in gpu_energy
+                },
+            )
+            for t, r in readings
+        }
+        self.attribution.update(now, measured, usage)
+
+    def _sample(self, target: Target, reading: TreeReading) -> ProcessSample:
         attributes = self._attributes.get(target.id)
         if attributes is None:
             attributes = {
@@ -148,6 +205,8 @@ class Sampler:
             threads=reading.threads,
             open_fds=reading.open_fds,
             processes=reading.processes,
+            power_w=self.attribution.power_w.get(target.id) if self.power else None,
+            energy_j=self.attribution.energy_j.get(target.id) if self.power else None,
         )
 
     def _sample_host(self) -> HostSample | None:
@@ -159,10 +218,12 @@ class Sampler:
             log.warning("reading host figures failed: %s", exc)
             return None
         utilization = None
+        self._host_busy_delta = None
         last, self._last_cpu = self._last_cpu, cpu
         if last is not None and cpu.total_seconds > last.total_seconds:
-            busy = cpu.busy_seconds - last.busy_seconds
-            utilization = max(0.0, min(1.0, busy / (cpu.total_seconds - last.total_seconds)))
+            busy = max(0.0, cpu.busy_seconds - last.busy_seconds)
+            self._host_busy_delta = busy
+            utilization = min(1.0, busy / (cpu.total_seconds - last.total_seconds))
         return HostSample(cpu=cpu, cpu_utilization=utilization, memory=memory, network=network)
 
     def _children_lookup(self) -> Callable[[int], list[int]]:
@@ -191,7 +252,11 @@ class Sampler:
             tree.close()
         self._attributes.pop(target_id, None)
         self._failed.discard(target_id)
+        self._last_target_cpu.pop(target_id, None)
+        self.attribution.forget(target_id)
 
     def close(self) -> None:
         for target_id in list(self._trees):
             self._drop(target_id)
+        if self.power is not None:
+            self.power.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from exporter.power.meter import PowerSnapshot
 from exporter.sampling.system import HostCpu, HostMemory, InterfaceBytes
 
 
@@ -31,6 +32,8 @@ class ProcessSample:
     threads: int
     open_fds: int | None
     processes: int  # the target and its live descendants
+    power_w: float | None = None  # attributed over the last pass (docs/attribution.md)
+    energy_j: float | None = None  # attributed since registration, never decreasing
 
     @property
     def cpu_s(self) -> float:
@@ -58,4 +61,6 @@ class Snapshot:
     sequence: int
     host: HostSample | None
     processes: tuple[ProcessSample, ...] = ()
+    power: PowerSnapshot | None = None
+    idle_power_w: float | None = None  # the attribution baseline in use
     stats: SamplerStats = field(default_factory=lambda: SamplerStats(0.0, 0, 0))

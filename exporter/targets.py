@@ -29,7 +29,10 @@ SAMPLE_FIELDS = (
     "threads",
     "open_fds",
     "processes",
+    "power_w",
+    "energy_j",
 )
+_I = {name: i for i, name in enumerate(SAMPLE_FIELDS)}
 
 SAMPLE_UNITS = {
     "time": "unix seconds",
@@ -43,6 +46,8 @@ SAMPLE_UNITS = {
     "threads": "count",
     "open_fds": "count",
     "processes": "count (the target and its live descendants)",
+    "power_w": "watts attributed over the last interval (docs/attribution.md)",
+    "energy_j": "joules attributed since registration, cumulative",
 }
 
 MAX_PHASES = 1000
@@ -93,7 +98,7 @@ class Phase:
         if self.first is None:
             self.first = row
         self.last = row
-        self.rss_peak = max(self.rss_peak, row[4])
+        self.rss_peak = max(self.rss_peak, row[_I["memory_rss_bytes"]])
 
 
 @dataclass(slots=True)
@@ -118,8 +123,9 @@ class History:
             self.first = row
         self.last = row
         self.count += 1
-        self.rss_peak = max(self.rss_peak, row[4])
-        self.rss_sum += row[4]
+        rss = row[_I["memory_rss_bytes"]]
+        self.rss_peak = max(self.rss_peak, rss)
+        self.rss_sum += rss
         if self.phases and self.phases[-1].ended_at is None:
             self.phases[-1].add(row)
 
@@ -184,30 +190,27 @@ class Target:
 
 def _span(first: tuple | None, last: tuple | None, logical_cpus: int) -> dict[str, Any]:
     """Differences between two samples: what the target consumed in between."""
-    if first is None or last is None:
-        return {
-            "duration_s": 0.0,
-            "cpu_user_s": None,
-            "cpu_system_s": None,
-            "cpu_avg_cores": None,
-            "cpu_avg_utilization": None,
-            "disk_read_bytes": None,
-            "disk_write_bytes": None,
-        }
-    duration = last[0] - first[0]
-    cpu = (last[1] - first[1]) + (last[2] - first[2])
 
-    def delta(i: int) -> int | None:
-        return None if last[i] is None or first[i] is None else last[i] - first[i]
+    def delta(name: str) -> Any:
+        if first is None or last is None:
+            return None
+        a, b = first[_I[name]], last[_I[name]]
+        return None if a is None or b is None else b - a
 
+    duration = delta("time") or 0.0
+    user, system, energy = delta("cpu_user_s"), delta("cpu_system_s"), delta("energy_j")
+    cpu = None if user is None or system is None else user + system
+    per_second = duration > 0 and cpu is not None
     return {
         "duration_s": round(duration, 3),
-        "cpu_user_s": round(last[1] - first[1], 3),
-        "cpu_system_s": round(last[2] - first[2], 3),
-        "cpu_avg_cores": round(cpu / duration, 4) if duration > 0 else None,
-        "cpu_avg_utilization": round(cpu / duration / logical_cpus, 4) if duration > 0 else None,
-        "disk_read_bytes": delta(6),
-        "disk_write_bytes": delta(7),
+        "cpu_user_s": None if user is None else round(user, 3),
+        "cpu_system_s": None if system is None else round(system, 3),
+        "cpu_avg_cores": round(cpu / duration, 4) if per_second else None,
+        "cpu_avg_utilization": round(cpu / duration / logical_cpus, 4) if per_second else None,
+        "disk_read_bytes": delta("disk_read_bytes"),
+        "disk_write_bytes": delta("disk_write_bytes"),
+        "energy_j": None if energy is None else round(energy, 3),
+        "power_avg_w": round(energy / duration, 3) if energy is not None and duration > 0 else None,
     }
 
 

@@ -30,6 +30,7 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, start_http_server
 
+from exporter.power.meter import PowerSnapshot, RailState
 from exporter.snapshot import ProcessSample, Snapshot
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,46 @@ def _one(value: Callable[[Snapshot], float | None]) -> Callable[[Snapshot], Poin
     return observe
 
 
+def _power(observe: Callable[[PowerSnapshot], Points]) -> Callable[[Snapshot], Points]:
+    def guarded(snapshot: Snapshot) -> Points:
+        if snapshot.power is not None:
+            yield from observe(snapshot.power)
+
+    return guarded
+
+
+def _rails(value: Callable[[RailState], float | None]) -> Callable[[PowerSnapshot], Points]:
+    def observe(power: PowerSnapshot) -> Points:
+        for rail in power.rails:
+            v = value(rail)
+            if v is not None:
+                yield v, {"hw.id": rail.id, "hw.name": rail.name, "hw.type": rail.type}
+
+    return observe
+
+
+def _gpu_utilization(power: PowerSnapshot) -> Points:
+    for gpu in power.gpus:
+        if gpu.utilization is not None:
+            yield gpu.utilization, {"hw.id": gpu.id, "hw.name": gpu.name, "hw.type": "gpu"}
+
+
+def _temperatures(power: PowerSnapshot) -> Points:
+    for (source, name), celsius in power.temperatures_c.items():
+        yield celsius, {"hw.id": f"{source}:{name}", "hw.name": name, "hw.type": "temperature"}
+
+
+def _host_value(
+    value: Callable[[PowerSnapshot], float | None],
+) -> Callable[[PowerSnapshot], Points]:
+    def observe(power: PowerSnapshot) -> Points:
+        v = value(power)
+        if v is not None:
+            yield v, {}
+
+    return observe
+
+
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "process.cpu.time",
@@ -163,6 +204,70 @@ METRICS: tuple[MetricSpec, ...] = (
         "{process}",
         "Processes counted in the target: itself and its live descendants",
         _per_process(lambda p: p.processes),
+    ),
+    MetricSpec(
+        "edgewatt.process.power",
+        "gauge",
+        "W",
+        "Device power above idle attributed to the target over the last interval "
+        "(docs/attribution.md)",
+        _per_process(lambda p: p.power_w),
+    ),
+    MetricSpec(
+        "edgewatt.process.energy",
+        "counter",
+        "J",
+        "Device energy above idle attributed to the target since it was registered",
+        _per_process(lambda p: p.energy_j),
+    ),
+    MetricSpec(
+        "hw.host.power",
+        "gauge",
+        "W",
+        "Whole-device power: the board input rail on Jetson, RAPL plus GPUs elsewhere",
+        _power(_host_value(lambda p: p.host_power_w)),
+    ),
+    MetricSpec(
+        "hw.host.energy",
+        "counter",
+        "J",
+        "Whole-device energy since the daemon started",
+        _power(_host_value(lambda p: p.host_energy_j)),
+    ),
+    MetricSpec(
+        "hw.power",
+        "gauge",
+        "W",
+        "Power of one rail, zone or GPU",
+        _power(_rails(lambda r: r.power_w)),
+    ),
+    MetricSpec(
+        "hw.energy",
+        "counter",
+        "J",
+        "Energy of one rail, zone or GPU since the daemon started",
+        _power(_rails(lambda r: r.energy_j)),
+    ),
+    MetricSpec(
+        "hw.gpu.utilization",
+        "gauge",
+        "1",
+        "GPU load (0..1): GR3D on Jetson, NVML elsewhere",
+        _power(_gpu_utilization),
+    ),
+    MetricSpec(
+        "hw.temperature",
+        "gauge",
+        "Cel",
+        "Temperature sensors reported by the power sources",
+        _power(_temperatures),
+    ),
+    MetricSpec(
+        "edgewatt.host.idle_power",
+        "gauge",
+        "W",
+        "Idle power the attribution subtracts: configured, or the lowest seen in the window",
+        _one(lambda s: s.idle_power_w),
     ),
     MetricSpec(
         "system.cpu.time",

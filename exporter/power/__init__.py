@@ -1,0 +1,42 @@
+"""Power sources, registered in one place: adding a sensor means adding one module
+with a ``discover(options)`` that returns a source or raises NoData, and one line here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from exporter.power import ina3221, nvml, rapl, tegrastats
+from exporter.power.source import NoData, PowerOptions, PowerSource
+
+log = logging.getLogger(__name__)
+
+# In discovery order. A Jetson's INA3221 monitors are preferred to tegrastats (no
+# child process, no root): with the default selection tegrastats runs only where
+# no board source was found.
+SOURCES: dict[str, Callable[[PowerOptions], PowerSource]] = {
+    "ina3221": ina3221.discover,
+    "tegrastats": tegrastats.discover,
+    "rapl": rapl.discover,
+    "nvml": nvml.discover,
+}
+
+
+def discover(options: PowerOptions) -> list[PowerSource]:
+    """The sources present here; absent hardware is normal and only logged at info."""
+    automatic = options.sources is None
+    found: list[PowerSource] = []
+    for name in options.sources or tuple(SOURCES):
+        if automatic and name == "tegrastats" and any(s.board for s in found):
+            continue
+        try:
+            source = SOURCES[name](options)
+        except NoData as exc:
+            log.info("power source %s: not used (%s)", name, exc)
+            continue
+        log.info("power source %s: found", name)
+        found.append(source)
+    if not found:
+        log.info("no power source found: power and energy metrics are absent")
+    return found

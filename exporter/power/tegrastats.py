@@ -10,7 +10,7 @@ watts.
 from __future__ import annotations
 
 import logging
-import math
+import os
 import re
 import subprocess
 import threading
@@ -18,11 +18,18 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from exporter.power.source import (
+    Gpu,
+    NoData,
+    PowerOptions,
+    PowerReading,
+    Rail,
+    board_total,
+    rail_type,
+)
+
 log = logging.getLogger(__name__)
 
-# The board input rail, in order of preference (field notes). AGX Xavier and AGX
-# Orin print none: their rails are summed.
-TOTAL_RAILS = ("VIN", "POM_5V_IN", "VDD_IN")
 SENSOR_OFF_C = -256.0
 
 _TIMESTAMP = re.compile(r"^\s*(\d{2}-\d{2}-\d{4} \d{2}:\d{2}:\d{2})\b")
@@ -53,11 +60,7 @@ class TegrastatsSample:
     @property
     def total_w(self) -> float | None:
         """The board input rail where printed, else the sum of the rails."""
-        for name in TOTAL_RAILS:
-            if name in self.rails_w:
-                return self.rails_w[name]
-        # Rounded to the sensor's resolution: 0.1 + 0.2 must read 0.3 W.
-        return round(math.fsum(self.rails_w.values()), 6) if self.rails_w else None
+        return board_total(self.rails_w)
 
 
 def _cpu_list(token: str) -> tuple[list[float | None], list[int | None]] | None:
@@ -200,3 +203,46 @@ class TegrastatsReader:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self._thread.join(timeout=3)
+
+
+class TegrastatsSource:
+    """Power rails, GPU load and temperatures from a running tegrastats."""
+
+    name = "tegrastats"
+    board = True  # measures the whole board: the host total comes from here
+
+    def __init__(self, reader: TegrastatsReader) -> None:
+        self._reader = reader
+
+    def read(self) -> PowerReading | None:
+        latest = self._reader.latest
+        if latest is None:
+            return None
+        s = latest.sample
+        rails = tuple(
+            Rail(id=f"tegrastats:{name}", name=name, type=rail_type(name), power_w=watts)
+            for name, watts in s.rails_w.items()
+        )
+        gpus: tuple[Gpu, ...] = ()
+        if s.gpu_percent is not None:
+            gpus = (Gpu(id="tegrastats:GR3D", name="GR3D", utilization=s.gpu_percent / 100),)
+        return PowerReading(
+            source=self.name,
+            monotonic=latest.monotonic,
+            rails=rails,
+            total_w=s.total_w,
+            gpus=gpus,
+            temperatures_c=s.temperatures_c,
+        )
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def discover(options: PowerOptions) -> TegrastatsSource:
+    path = options.tegrastats_path
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise NoData(f"no tegrastats executable at {path}")
+    reader = TegrastatsReader(path, options.interval_s)
+    reader.start()
+    return TegrastatsSource(reader)

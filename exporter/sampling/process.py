@@ -37,7 +37,11 @@ class TreeReading:
     write_bytes: int | None
     threads: int
     open_fds: int | None
-    processes: int
+    pids: tuple[int, ...]  # the target and its live descendants
+
+    @property
+    def processes(self) -> int:
+        return len(self.pids)
 
 
 @dataclass(slots=True)
@@ -127,7 +131,7 @@ class ProcessTree:
             write_bytes=self._value[3] if self.io_visible else None,
             threads=sum(s.num_threads for s in stats),
             open_fds=None if None in fds else sum(f for f in fds if f is not None),
-            processes=len(live),
+            pids=tuple(live),
         )
 
     def _child_handle(self, pid: int, parent: int) -> tuple[ProcHandle, Stat] | None:

@@ -1,0 +1,104 @@
+"""The one small interface every power source implements, and what it reports.
+
+A source is discovered once (its ``discover`` raises :class:`NoData` where the
+hardware is absent: normal, not an error) and then read once per sampling pass.
+Readings carry watts and joules; milliwatts and microjoules stay inside each source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class PowerOptions:
+    """What discovery needs from the daemon's config."""
+
+    interval_s: float = 1.0
+    sysfs_path: str = "/sys"
+    tegrastats_path: str = "/usr/bin/tegrastats"
+    sources: tuple[str, ...] | None = None  # None: discover automatically
+
+
+class NoData(Exception):
+    """This source has nothing on this machine (no such hardware, no permission)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rail:
+    id: str  # stable hw.id, "<source>:<name>"
+    name: str  # as the hardware names it (VDD_IN, package-0, GPU-...)
+    type: str  # OTel hw.type: cpu, gpu, memory, power_supply
+    power_w: float | None
+    energy_j: float | None = None  # the hardware's own monotonic counter, where it has one
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    utilization: float | None  # share of the GPU's SMs, 0..1
+    memory_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    id: str
+    name: str
+    utilization: float | None  # 0..1
+    power_w: float | None = None
+    energy_j: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    processes: Mapping[int, GpuProcess] = field(default_factory=dict)  # by host pid
+
+
+@dataclass(frozen=True, slots=True)
+class PowerReading:
+    source: str
+    monotonic: float  # when the values were measured
+    rails: tuple[Rail, ...] = ()
+    # What this source measures of the whole device: a board input rail, RAPL
+    # packages, a GPU. Sources are chosen so that their totals do not overlap.
+    total_w: float | None = None
+    total_energy_j: float | None = None
+    gpus: tuple[Gpu, ...] = ()
+    temperatures_c: Mapping[str, float] = field(default_factory=dict)
+
+
+class PowerSource(Protocol):
+    name: str
+    board: bool  # True: its total is the whole device's (a Jetson board input)
+
+    def read(self) -> PowerReading | None:
+        """The latest values; None when the source has produced none yet."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# The board input rail, in order of preference (field notes). AGX Xavier and AGX
+# Orin have none: their rails are summed. VIN_SYS_5V0 is a sub-rail, never the total.
+BOARD_INPUT_RAILS = ("VIN", "POM_5V_IN", "VDD_IN")
+
+
+def board_total(rails_w: Mapping[str, float]) -> float | None:
+    """A Jetson board's input power: its input rail where measured, else the rail sum."""
+    for name in BOARD_INPUT_RAILS:
+        if name in rails_w:
+            return rails_w[name]
+    # Rounded to well below the sensors' resolution: 0.1 + 0.2 W must read 0.3 W.
+    return round(math.fsum(rails_w.values()), 6) if rails_w else None
+
+
+def rail_type(name: str) -> str:
+    """OTel hw.type of a power rail, from the words in its name."""
+    upper = name.upper()
+    if "GPU" in upper:
+        return "gpu"
+    if "CPU" in upper:
+        return "cpu"
+    if "DDR" in upper or "DRAM" in upper or "VDDQ" in upper or "VDDRQ" in upper:
+        return "memory"
+    return "power_supply"

@@ -1,0 +1,125 @@
+"""Energy from power traces with known joules; the meter's host totals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from exporter.power.meter import Counter, Integrator, PowerMeter
+from exporter.power.source import PowerReading, Rail
+
+
+def integrate(trace: list[tuple[float, float]], max_gap_s: float = 10.0) -> float:
+    meter = Integrator(max_gap_s)
+    for t, watts in trace:
+        meter.add(t, watts)
+    return meter.joules
+
+
+def test_constant_power() -> None:
+    trace = [(1000.0 + i, 7.5) for i in range(101)]  # 7.5 W for 100 s
+    assert integrate(trace) == pytest.approx(750.0, rel=1e-12)
+
+
+def test_stepped_power_within_half_a_percent() -> None:
+    # 5 W for 50 s then 15 W for 50 s: 1000 J. Sampled every 0.5 s, irregularly offset.
+    trace = [(i * 0.5 + 0.013, 5.0 if i * 0.5 < 50 else 15.0) for i in range(201)]
+    assert integrate(trace) == pytest.approx(1000.0, rel=0.005)
+
+
+def test_repeated_readings_are_counted_once() -> None:
+    meter = Integrator(10.0)
+    for t, w in [(0.0, 4.0), (1.0, 4.0), (1.0, 4.0), (1.0, 4.0), (2.0, 4.0)]:
+        meter.add(t, w)
+    assert meter.joules == 8.0
+
+
+def test_a_gap_is_not_bridged() -> None:
+    # The sensor stopped for 60 s: nothing is invented for that time.
+    trace = [(0.0, 10.0), (1.0, 10.0), (61.0, 10.0), (62.0, 10.0)]
+    assert integrate(trace, max_gap_s=5.0) == 20.0
+
+
+def test_hardware_counter_restart_keeps_counting() -> None:
+    c = Counter()
+    for raw in (100.0, 101.5, 103.0, 0.5, 2.0):  # the source restarted after 103.0
+        c.add(raw)
+    assert c.joules == pytest.approx(3.0 + 0.5 + 1.5)
+
+
+@dataclass
+class FakeSource:
+    name: str
+    board: bool
+    readings: list[PowerReading | Exception | None] = field(default_factory=list)
+
+    def read(self) -> PowerReading | None:
+        item = self.readings.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def close(self) -> None: ...
+
+
+def reading(
+    source: str, t: float, total: float | None, energy: float | None = None
+) -> PowerReading:
+    rail = Rail(id=f"{source}:r", name="r", type="power_supply", power_w=total, energy_j=energy)
+    return PowerReading(
+        source=source, monotonic=t, rails=(rail,), total_w=total, total_energy_j=energy
+    )
+
+
+def test_board_source_alone_gives_the_host_total() -> None:
+    board = FakeSource(
+        "tegrastats", True, [reading("tegrastats", 0.0, 5.0), reading("tegrastats", 1.0, 7.0)]
+    )
+    other = FakeSource(
+        "nvml", False, [reading("nvml", 0.0, 100.0, 0.0), reading("nvml", 1.0, 100.0, 100.0)]
+    )
+    meter = PowerMeter([board, other], max_gap_s=5.0)
+    meter.read(0.0)
+    snap = meter.read(1.0)
+    assert snap is not None
+    assert snap.host_power_w == 7.0
+    assert snap.host_energy_j == pytest.approx(6.0)  # (5 + 7) / 2 over 1 s, the GPU is inside
+
+
+def test_non_board_sources_add_up_and_never_go_backwards() -> None:
+    rapl = FakeSource(
+        "rapl",
+        False,
+        [
+            reading("rapl", 0.0, 20.0, 0.0),
+            reading("rapl", 1.0, 20.0, 20.0),
+            reading("rapl", 2.0, 20.0, 40.0),
+        ],
+    )
+    gpu = FakeSource(
+        "nvml",
+        False,
+        [
+            reading("nvml", 0.0, 100.0, 0.0),
+            OSError("NVML hiccup"),
+            reading("nvml", 2.0, 100.0, 200.0),
+        ],
+    )
+    meter = PowerMeter([rapl, gpu], max_gap_s=5.0)
+    first = meter.read(0.0)
+    second = meter.read(1.0)
+    third = meter.read(2.0)
+    assert first and second and third
+    assert first.host_power_w == 120.0
+    assert second.host_power_w is None  # a partial sum would understate the device
+    assert second.host_energy_j == pytest.approx(20.0)  # the GPU's last count is kept
+    assert third.host_energy_j == pytest.approx(240.0)
+    assert third.host_power_w == 120.0
+
+
+def test_a_silent_source_drops_out() -> None:
+    stale = FakeSource("tegrastats", True, [reading("tegrastats", 0.0, 5.0)] * 2)
+    meter = PowerMeter([stale], max_gap_s=5.0)
+    assert meter.read(1.0).host_power_w == 5.0  # type: ignore[union-attr]
+    assert meter.read(10.0).host_power_w is None  # type: ignore[union-attr]
