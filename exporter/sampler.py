@@ -206,7 +206,7 @@ class Sampler:
             open_fds=reading.open_fds,
             processes=reading.processes,
             power_w=self.attribution.power_w.get(target.id) if self.power else None,
-            energy_j=self.attribution.energy_j.get(target.id) if self.power else None,
+            energy_j=self.attribution.energy_j.get(target.id, 0.0) if self.power else None,
         )
 
     def _sample_host(self) -> HostSample | None:

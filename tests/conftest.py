@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -51,6 +54,7 @@ class DaemonProcess:
     log_path: Path
     proc: subprocess.Popen | None = None
     extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> DaemonProcess:
         self.log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
@@ -73,6 +77,7 @@ class DaemonProcess:
             stdout=self.log_file,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
+            env={**os.environ, **self.env},
         )
         wait_for(self._healthy, timeout=15)
         return self
@@ -187,3 +192,66 @@ def kernel_cpu_seconds(pid: int) -> float:
         text = f.read()
     fields = text[text.rindex(")") + 2 :].split()
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def binary(name: str) -> str:
+    """A system binary the end-to-end tests need: skipped when absent, failed in CI."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is not installed; .ci/run must install Debian's prometheus")
+        pytest.skip(f"{name} not installed (apt-get install prometheus)")
+    return path
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def query(url: str, promql: str) -> list[dict[str, Any]]:
+    q = urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=5) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+@pytest.fixture
+def prometheus_factory(tmp_path: Path) -> Iterator[Any]:
+    """A real Prometheus server scraping a daemon every second; yields its URL."""
+    running: list[tuple[subprocess.Popen, Any]] = []
+
+    def make(daemon: DaemonProcess) -> str:
+        exe = binary("prometheus")
+        port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: edgewatt\n    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{daemon.port}']\n"
+        )
+        log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(
+            [
+                exe,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        running.append((proc, log))
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _ready(url), timeout=30, step=0.2)
+        return url
+
+    yield make
+    for proc, log in running:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()

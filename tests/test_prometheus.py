@@ -2,76 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import subprocess
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import DaemonProcess, free_port, wait_for
-
-
-def _binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed; .ci/run must install Debian's prometheus")
-        pytest.skip(f"{name} not installed (apt-get install prometheus)")
-    return path
+from tests.conftest import DaemonProcess, binary, query, wait_for
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path, daemon: DaemonProcess) -> Iterator[str]:
-    binary = _binary("prometheus")
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: edgewatt\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{daemon.port}']\n"
-    )
-    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _ready(url), timeout=30, step=0.2)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def query(url: str, promql: str) -> list[dict[str, Any]]:
-    q = urllib.parse.urlencode({"query": promql})
-    with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=5) as r:
-        body = json.load(r)
-    assert body["status"] == "success", body
-    return body["data"]["result"]
+def prometheus(prometheus_factory: Any, daemon: DaemonProcess) -> str:
+    return prometheus_factory(daemon)
 
 
 def test_prometheus_scrapes_target_series_with_labels(
@@ -109,7 +51,7 @@ def test_prometheus_scrapes_target_series_with_labels(
 
 
 def test_promtool_accepts_the_metrics(daemon: DaemonProcess, spawn: Any) -> None:
-    promtool = _binary("promtool")
+    promtool = binary("promtool")
     child = spawn("import time; time.sleep(60)")
     tid = daemon.register(child.pid, labels={"run": "lint"})["id"]
     wait_for(lambda: daemon.series("process_memory_usage_bytes", edgewatt_target_id=tid))

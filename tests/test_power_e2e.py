@@ -1,0 +1,103 @@
+"""The daemon end to end with the stand-in tegrastats replaying a real Jetson line."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, DaemonProcess, query, wait_for
+
+STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
+THOR_VIN_W = 16.802  # the AGX Thor fixture line: VIN 16802mW
+IDLE_W = 4.0
+
+
+@pytest.fixture
+def thor(daemon_factory: Any) -> DaemonProcess:
+    return daemon_factory(
+        interval=0.25,
+        extra_args=["--tegrastats", STAND_IN],
+        env={
+            "FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor",
+            "EDGEWATT_IDLE_POWER_W": str(IDLE_W),
+            "EDGEWATT_POWER_SOURCES": "tegrastats",
+        },
+    )
+
+
+def test_device_rails_and_target_energy_exported(thor: DaemonProcess, spawn: Any) -> None:
+    burner = spawn("while True: pass")
+    tid = thor.register(burner.pid, labels={"run": "power"})["id"]
+    wait_for(lambda: thor.value("edgewatt_process_energy_joules_total", edgewatt_target_id=tid))
+    assert thor.value("hw_host_power_watts") == THOR_VIN_W
+    rails = {lbl["hw_name"]: v for lbl, v in thor.series("hw_power_watts")}
+    assert rails == {"VDD_GPU": 0.0, "VDD_CPU_SOC_MSS": 5.535, "VIN_SYS_5V0": 5.04, "VIN": 16.802}
+    assert thor.value("edgewatt_host_idle_power_watts") == IDLE_W
+    temps = {lbl["hw_name"]: v for lbl, v in thor.series("hw_temperature_celsius")}
+    assert temps == {"cpu": 30.468, "tj": 31.218, "soc012": 30.218, "soc345": 31.218}
+
+    energies, host_energies, powers = [], [], []
+    for _ in range(8):
+        time.sleep(thor.interval)
+        energies.append(thor.value("edgewatt_process_energy_joules_total", edgewatt_target_id=tid))
+        host_energies.append(thor.value("hw_host_energy_joules_total"))
+        powers.append(thor.value("edgewatt_process_power_watts", edgewatt_target_id=tid))
+    # Never more than the power above idle; a busy target gets most of it.
+    assert all(p is not None and 0 <= p <= THOR_VIN_W - IDLE_W + 1e-9 for p in powers), powers
+    assert max(powers) > (THOR_VIN_W - IDLE_W) / 3  # type: ignore[operator]
+    assert energies == sorted(energies) and energies[-1] > energies[0]
+    assert all(e <= h for e, h in zip(energies, host_energies, strict=True))
+    # The host counter grows at the measured 16.802 W.
+    rate = (host_energies[-1] - host_energies[0]) / (7 * thor.interval)
+    assert rate == pytest.approx(THOR_VIN_W, rel=0.25)
+
+
+def test_summary_reports_energy_per_phase(thor: DaemonProcess, spawn: Any) -> None:
+    burner = spawn("while True: pass")
+    tid = thor.register(burner.pid)["id"]
+    wait_for(lambda: thor.value("edgewatt_process_energy_joules_total", edgewatt_target_id=tid))
+    for name in ("warmup", "train"):
+        assert thor.call("POST", f"/v1/targets/{tid}/phase", {"name": name})[0] == 201
+        time.sleep(1.0)
+    summary = thor.call("GET", f"/v1/targets/{tid}/summary")[1]
+    assert [p["name"] for p in summary["phases"]] == ["warmup", "train"]
+    for phase in summary["phases"]:
+        assert phase["energy_j"] > 0
+        assert 0 < phase["power_avg_w"] <= THOR_VIN_W - IDLE_W + 1e-6
+        assert phase["power_avg_w"] == pytest.approx(
+            phase["energy_j"] / phase["duration_s"], rel=0.01
+        )
+        assert phase["cpu_user_s"] + phase["cpu_system_s"] > 0.3
+    assert summary["energy_j"] >= sum(p["energy_j"] for p in summary["phases"]) - 1e-6
+    samples = thor.call("GET", f"/v1/targets/{tid}/samples")[1]
+    assert samples["units"]["energy_j"].startswith("joules")
+    assert samples["samples"][-1]["energy_j"] > 0
+
+
+def test_prometheus_queries_device_and_process_energy(
+    thor: DaemonProcess, spawn: Any, prometheus_factory: Any
+) -> None:
+    url = prometheus_factory(thor)
+    burner = spawn("while True: pass")
+    tid = thor.register(burner.pid, labels={"run": "prom-power"})["id"]
+    host = wait_for(lambda: query(url, "hw_host_power_watts"), timeout=30, step=0.5)
+    assert float(host[0]["value"][1]) == THOR_VIN_W
+    energy = wait_for(
+        lambda: query(url, 'edgewatt_process_energy_joules_total{run="prom-power"}'),
+        timeout=30,
+        step=0.5,
+    )
+    assert energy[0]["metric"]["edgewatt_target_id"] == tid
+    assert float(energy[0]["value"][1]) > 0
+
+
+def test_without_power_sources_no_power_series(daemon: DaemonProcess, spawn: Any) -> None:
+    child = spawn("import time; time.sleep(60)")
+    tid = daemon.register(child.pid)["id"]
+    wait_for(lambda: daemon.series("process_memory_usage_bytes", edgewatt_target_id=tid))
+    text = daemon.metrics_text()
+    assert "hw_host_power_watts" not in text and "edgewatt_process_energy" not in text
+    summary = daemon.call("GET", f"/v1/targets/{tid}/summary")[1]
+    assert summary["energy_j"] is None and summary["power_avg_w"] is None
