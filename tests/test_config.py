@@ -117,3 +117,21 @@ def test_every_key_is_documented() -> None:
     readme = (ROOT / "README.md").read_text()
     for key, _, _ in table:
         assert f"`{key}`" in readme, f"config key {key} missing from README"
+
+
+def test_power_keys(tmp_path: Path) -> None:
+    yml = tmp_path / "c.yaml"
+    yml.write_text("power_sources: [ina3221, rapl]\nidle_power_w: 4.5\n")
+    c = cfg.build(str(yml), {"EDGEWATT_BASELINE_WINDOW": "600"}, {"tegrastats": "/opt/t"})
+    assert c.power_sources == ("ina3221", "rapl")
+    assert (c.idle_power_w, c.baseline_window, c.tegrastats) == (4.5, 600.0, "/opt/t")
+    assert cfg.build(None, {"EDGEWATT_POWER_SOURCES": "nvml,tegrastats"}, {}).power_sources == (
+        "nvml",
+        "tegrastats",
+    )
+    defaults = cfg.build(None, {}, {})
+    assert defaults.power_sources is None and defaults.idle_power_w is None
+    with pytest.raises(cfg.ConfigError, match="power_sources: unknown power source 'ina'"):
+        cfg.build(None, {"EDGEWATT_POWER_SOURCES": "ina"}, {})
+    with pytest.raises(cfg.ConfigError, match="idle_power_w: must be a number of watts"):
+        cfg.build(None, {"EDGEWATT_IDLE_POWER_W": "lots"}, {})

@@ -8,6 +8,8 @@ from typing import Any
 from opentelemetry.sdk.metrics._internal.aggregation import _Aggregation
 from opentelemetry.sdk.resources import Resource
 
+from exporter.power.meter import PowerSnapshot, RailState
+from exporter.power.source import Gpu
 from exporter.sampling import system
 from exporter.snapshot import HostSample, ProcessSample, Snapshot
 from exporter.telemetry import METRICS, Telemetry
@@ -32,6 +34,15 @@ EXPECTED_FAMILIES = {
     "edgewatt_sampler_duration_seconds": "gauge",
     "edgewatt_sampler_overruns": "counter",
     "edgewatt_sampler_errors": "counter",
+    "edgewatt_process_power_watts": "gauge",
+    "edgewatt_process_energy_joules": "counter",
+    "hw_host_power_watts": "gauge",
+    "hw_host_energy_joules": "counter",
+    "hw_power_watts": "gauge",
+    "hw_energy_joules": "counter",
+    "hw_gpu_utilization": "gauge",
+    "hw_temperature_celsius": "gauge",
+    "edgewatt_host_idle_power_watts": "gauge",
 }
 
 
@@ -58,7 +69,19 @@ def process(i: int, cpu: float = 1.5) -> ProcessSample:
         threads=3,
         open_fds=4,
         processes=1,
+        power_w=2.5,
+        energy_j=10.0,
     )
+
+
+POWER = PowerSnapshot(
+    host_power_w=12.0,
+    host_energy_j=100.0,
+    rails=(RailState("tegrastats:VDD_IN", "VDD_IN", "power_supply", "tegrastats", 12.0, 100.0),),
+    gpus=(Gpu(id="tegrastats:GR3D", name="GR3D", utilization=0.5),),
+    temperatures_c={("tegrastats", "gpu"): 48.5},
+    sources=("tegrastats",),
+)
 
 
 def scrape(t: Telemetry) -> dict[str, Any]:
@@ -76,10 +99,27 @@ def test_families_and_types_match_the_contract() -> None:
         memory=system.read_memory(),
         network=system.read_network(),
     )
-    t.update(Snapshot(time=0.0, sequence=1, host=host, processes=(process(1),)))
-    got = {name: f.type for name, f in scrape(t).items() if name != "target"}
+    t.update(
+        Snapshot(
+            time=0.0,
+            sequence=1,
+            host=host,
+            processes=(process(1),),
+            power=POWER,
+            idle_power_w=4.0,
+        )
+    )
+    families = scrape(t)
+    got = {name: f.type for name, f in families.items() if name != "target"}
     assert got == EXPECTED_FAMILIES
     assert len(METRICS) == len(EXPECTED_FAMILIES)
+    (rail,) = families["hw_power_watts"].samples
+    assert rail.labels == {
+        "hw_id": "tegrastats:VDD_IN",
+        "hw_name": "VDD_IN",
+        "hw_type": "power_supply",
+    }
+    assert rail.value == 12.0
     t.shutdown()
 
 
@@ -108,7 +148,7 @@ def _churn(rotation: int, cycles: int) -> tuple[Telemetry, int]:
 def test_rotation_bounds_sdk_state_under_process_churn() -> None:
     baseline = _aggregations()
     t, held = _churn(rotation=50, cycles=1000)
-    per_target = 10  # attribute sets one target adds across the instruments
+    per_target = 12  # attribute sets one target adds across the instruments
     assert t.rotations == 19  # at cycles 50, 100, ..., 950
     assert held - baseline <= (50 + 2) * per_target + len(METRICS)
     t.shutdown()
