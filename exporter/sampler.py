@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 
 from exporter.power.attribution import Attribution, PassEnergy, Usage
 from exporter.power.meter import PowerMeter, PowerSnapshot
+from exporter.power.source import Gpu
 from exporter.sampling import procfs, system
 from exporter.sampling.process import ProcessTree, TreeReading
 from exporter.snapshot import HostSample, ProcessSample, SamplerStats, Snapshot
@@ -82,7 +83,7 @@ class Sampler:
         self._attribute(started, power, readings)
         samples = []
         for target, reading in readings:
-            sample = self._sample(target, reading)
+            sample = self._sample(target, reading, power)
             samples.append(sample)
             self.table.record(sample)
         self._forget_missing({t.id for t in running})
@@ -166,19 +167,15 @@ class Sampler:
         usage = {
             t.id: Usage(
                 cpu_s=max(0.0, cpu_now[t.id] - cpu_before.get(t.id, cpu_now[t.id])),
-                gpu={
-                    g.id: sum(
-                        (g.processes[p].utilization or 0.0) for p in r.pids if p in g.processes
-                    )
-                    for g in power.gpus
-                    if g.id in gpu_energy
-                },
+                gpu={g.id: load for g, load, _ in _gpu_use(power, r) if g.id in gpu_energy},
             )
             for t, r in readings
         }
         self.attribution.update(now, measured, usage)
 
-    def _sample(self, target: Target, reading: TreeReading) -> ProcessSample:
+    def _sample(
+        self, target: Target, reading: TreeReading, power: PowerSnapshot | None
+    ) -> ProcessSample:
         attributes = self._attributes.get(target.id)
         if attributes is None:
             attributes = {
@@ -207,6 +204,7 @@ class Sampler:
             processes=reading.processes,
             power_w=self.attribution.power_w.get(target.id) if self.power else None,
             energy_j=self.attribution.energy_j.get(target.id, 0.0) if self.power else None,
+            **_gpu_totals(power, reading),
         )
 
     def _sample_host(self) -> HostSample | None:
@@ -260,3 +258,29 @@ class Sampler:
             self._drop(target_id)
         if self.power is not None:
             self.power.close()
+
+
+def _gpu_use(power: PowerSnapshot, reading: TreeReading) -> list[tuple[Gpu, float, int | None]]:
+    """(GPU, SM load 0..1, memory bytes) of a target's processes on each GPU that
+    reports per-process figures."""
+    result = []
+    for gpu in power.gpus:
+        if not gpu.processes:
+            continue
+        mine = [gpu.processes[pid] for pid in reading.pids if pid in gpu.processes]
+        load = sum(p.utilization or 0.0 for p in mine)
+        sizes = [p.memory_bytes for p in mine if p.memory_bytes is not None]
+        result.append((gpu, load, sum(sizes) if sizes else None))
+    return result
+
+
+def _gpu_totals(power: PowerSnapshot | None, reading: TreeReading) -> dict[str, float | int | None]:
+    """A target's GPU load (summed over GPUs) and memory, where some GPU reports them."""
+    if power is None or not any(g.processes for g in power.gpus):
+        return {"gpu_utilization": None, "gpu_memory_bytes": None}
+    use = _gpu_use(power, reading)
+    sizes = [m for _, _, m in use if m is not None]
+    return {
+        "gpu_utilization": sum(load for _, load, _ in use),
+        "gpu_memory_bytes": sum(sizes) if sizes else 0,
+    }

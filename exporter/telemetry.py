@@ -31,6 +31,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, start_http_server
 
 from exporter.power.meter import PowerSnapshot, RailState
+from exporter.power.source import Gpu
 from exporter.snapshot import ProcessSample, Snapshot
 
 log = logging.getLogger(__name__)
@@ -121,10 +122,14 @@ def _rails(value: Callable[[RailState], float | None]) -> Callable[[PowerSnapsho
     return observe
 
 
-def _gpu_utilization(power: PowerSnapshot) -> Points:
-    for gpu in power.gpus:
-        if gpu.utilization is not None:
-            yield gpu.utilization, {"hw.id": gpu.id, "hw.name": gpu.name, "hw.type": "gpu"}
+def _gpu_value(value: Callable[[Gpu], float | None]) -> Callable[[PowerSnapshot], Points]:
+    def observe(power: PowerSnapshot) -> Points:
+        for gpu in power.gpus:
+            v = value(gpu)
+            if v is not None:
+                yield v, {"hw.id": gpu.id, "hw.name": gpu.name, "hw.type": "gpu"}
+
+    return observe
 
 
 def _temperatures(power: PowerSnapshot) -> Points:
@@ -221,6 +226,34 @@ METRICS: tuple[MetricSpec, ...] = (
         _per_process(lambda p: p.energy_j),
     ),
     MetricSpec(
+        "edgewatt.process.gpu.utilization",
+        "gauge",
+        "1",
+        "SM load of the target's processes, summed over GPUs (NVML; 1 = one GPU fully busy)",
+        _per_process(lambda p: p.gpu_utilization),
+    ),
+    MetricSpec(
+        "edgewatt.process.gpu.memory.usage",
+        "updowncounter",
+        "By",
+        "GPU memory held by the target's processes, summed over GPUs (NVML)",
+        _per_process(lambda p: p.gpu_memory_bytes),
+    ),
+    MetricSpec(
+        "hw.gpu.memory.usage",
+        "updowncounter",
+        "By",
+        "GPU memory in use",
+        _power(_gpu_value(lambda g: g.memory_used_bytes)),
+    ),
+    MetricSpec(
+        "hw.gpu.memory.limit",
+        "updowncounter",
+        "By",
+        "GPU memory in total",
+        _power(_gpu_value(lambda g: g.memory_total_bytes)),
+    ),
+    MetricSpec(
         "hw.host.power",
         "gauge",
         "W",
@@ -253,7 +286,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         "1",
         "GPU load (0..1): GR3D on Jetson, NVML elsewhere",
-        _power(_gpu_utilization),
+        _power(_gpu_value(lambda g: g.utilization)),
     ),
     MetricSpec(
         "hw.temperature",

@@ -43,6 +43,10 @@ EXPECTED_FAMILIES = {
     "hw_gpu_utilization": "gauge",
     "hw_temperature_celsius": "gauge",
     "edgewatt_host_idle_power_watts": "gauge",
+    "edgewatt_process_gpu_utilization": "gauge",
+    "edgewatt_process_gpu_memory_usage_bytes": "gauge",
+    "hw_gpu_memory_usage_bytes": "gauge",
+    "hw_gpu_memory_limit_bytes": "gauge",
 }
 
 
@@ -71,6 +75,8 @@ def process(i: int, cpu: float = 1.5) -> ProcessSample:
         processes=1,
         power_w=2.5,
         energy_j=10.0,
+        gpu_utilization=0.4,
+        gpu_memory_bytes=2**30,
     )
 
 
@@ -78,7 +84,15 @@ POWER = PowerSnapshot(
     host_power_w=12.0,
     host_energy_j=100.0,
     rails=(RailState("tegrastats:VDD_IN", "VDD_IN", "power_supply", "tegrastats", 12.0, 100.0),),
-    gpus=(Gpu(id="tegrastats:GR3D", name="GR3D", utilization=0.5),),
+    gpus=(
+        Gpu(
+            id="nvml:GPU-1",
+            name="NVIDIA H200",
+            utilization=0.5,
+            memory_used_bytes=2**30,
+            memory_total_bytes=2**37,
+        ),
+    ),
     temperatures_c={("tegrastats", "gpu"): 48.5},
     sources=("tegrastats",),
 )
@@ -148,7 +162,7 @@ def _churn(rotation: int, cycles: int) -> tuple[Telemetry, int]:
 def test_rotation_bounds_sdk_state_under_process_churn() -> None:
     baseline = _aggregations()
     t, held = _churn(rotation=50, cycles=1000)
-    per_target = 12  # attribute sets one target adds across the instruments
+    per_target = 14  # attribute sets one target adds across the instruments
     assert t.rotations == 19  # at cycles 50, 100, ..., 950
     assert held - baseline <= (50 + 2) * per_target + len(METRICS)
     t.shutdown()
