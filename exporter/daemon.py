@@ -128,6 +128,7 @@ class Daemon:
             "last_sample_age_s": round(time.time() - snapshot.time, 3),
             "interval_s": self.config.interval,
             "logical_cpus": self.sampler.logical_cpus,
+            "power_sources": list(snapshot.power.sources) if snapshot.power else [],
         }
 
     def _start_power(self) -> None:

@@ -35,6 +35,7 @@ def test_device_rails_and_target_energy_exported(thor: DaemonProcess, spawn: Any
     rails = {lbl["hw_name"]: v for lbl, v in thor.series("hw_power_watts")}
     assert rails == {"VDD_GPU": 0.0, "VDD_CPU_SOC_MSS": 5.535, "VIN_SYS_5V0": 5.04, "VIN": 16.802}
     assert thor.value("edgewatt_host_idle_power_watts") == IDLE_W
+    assert thor.call("GET", "/healthz")[1]["power_sources"] == ["tegrastats"]
     temps = {lbl["hw_name"]: v for lbl, v in thor.series("hw_temperature_celsius")}
     assert temps == {"cpu": 30.468, "tj": 31.218, "soc012": 30.218, "soc345": 31.218}
 

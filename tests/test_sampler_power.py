@@ -62,8 +62,7 @@ class ClockedGpu:
     def close(self) -> None: ...
 
 
-def test_gpu_user_gets_gpu_energy_memory_and_load(spawn: Any) -> None:
-    child = spawn("import time; time.sleep(60)")
+def table_with(pid: int) -> TargetTable:
     table = TargetTable(
         boot_time=procfs.boot_time(),
         clock_ticks=procfs.CLOCK_TICKS,
@@ -71,7 +70,13 @@ def test_gpu_user_gets_gpu_energy_memory_and_load(spawn: Any) -> None:
         history_samples=100,
         exited_retention_s=60,
     )
-    table.register(child.pid, {}, True, os.getuid())
+    table.register(pid, {}, True, os.getuid())
+    return table
+
+
+def test_gpu_user_gets_gpu_energy_memory_and_load(spawn: Any) -> None:
+    child = spawn("import time; time.sleep(60)")
+    table = table_with(child.pid)
     gpu = ClockedGpu(pid=child.pid, watts=200.0)
     sampler = Sampler(
         table,
@@ -99,14 +104,7 @@ def test_gpu_user_gets_gpu_energy_memory_and_load(spawn: Any) -> None:
 
 def test_configured_idle_below_the_gpu_draw_goes_to_the_gpu_user(spawn: Any) -> None:
     child = spawn("import time; time.sleep(60)")
-    table = TargetTable(
-        boot_time=procfs.boot_time(),
-        clock_ticks=procfs.CLOCK_TICKS,
-        max_targets=10,
-        history_samples=100,
-        exited_retention_s=60,
-    )
-    table.register(child.pid, {}, True, os.getuid())
+    table = table_with(child.pid)
     # The GPU idles at 40 W for the first passes, then draws 200 W for the child.
     gpu = ClockedGpu(pid=child.pid, watts=200.0, low_watts=40.0, low_reads=3)
     sampler = Sampler(
