@@ -140,6 +140,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/healthz":
             self._allow("GET", "HEAD")
             return 200, self.server.health()
+        if path == "/v1/host":
+            self._allow("GET")
+            return 200, self.server.host()
         match = _ROUTE.match(path)
         if match is None:
             raise ApiError(404, "not found", f"no endpoint at {path[:200]!r}")
@@ -157,7 +160,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return 200, table.delete(target_id, self.peer_uid).describe()
             return 200, table.describe(target_id)
         if sub == "phase":
-            self._allow("POST")
+            if self._allow("POST", "DELETE") == "DELETE":
+                self._read_body()
+                ended = table.end_phase(target_id, self.peer_uid)
+                return 200, {"target": target_id, "ended": ended.name if ended else None}
             body = self._read_json()
             _reject_unknown(body, {"name"})
             phase = table.start_phase(target_id, body.get("name"), self.peer_uid)
@@ -274,12 +280,14 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         *,
         logical_cpus: int,
         health: Callable[[], dict[str, Any]],
+        host: Callable[[], dict[str, Any]],
         sample_units: dict[str, str],
         proc: str = "/proc",
     ) -> None:
         self.table = table
         self.logical_cpus = logical_cpus
         self.health = health
+        self.host = host
         self.sample_units = sample_units
         self.proc = proc
         self.pid_max = procfs.pid_max(proc)

@@ -21,6 +21,7 @@ from exporter.power.meter import PowerMeter
 from exporter.power.source import PowerOptions
 from exporter.sampler import Sampler
 from exporter.sampling import procfs
+from exporter.snapshot import host_document
 from exporter.statefile import StateFile
 from exporter.targets import SAMPLE_UNITS, TargetError, TargetTable
 from exporter.telemetry import Telemetry
@@ -155,6 +156,7 @@ class Daemon:
             self.table,
             logical_cpus=self.sampler.logical_cpus,
             health=self.health,
+            host=lambda: host_document(self.sampler.snapshot),
             sample_units=SAMPLE_UNITS,
             proc=self.config.proc_path,
         )

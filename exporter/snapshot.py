@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from exporter.power.meter import PowerSnapshot
 from exporter.sampling.system import HostCpu, HostMemory, InterfaceBytes
@@ -66,3 +67,32 @@ class Snapshot:
     power: PowerSnapshot | None = None
     idle_power_w: float | None = None  # the attribution baseline in use
     stats: SamplerStats = field(default_factory=lambda: SamplerStats(0.0, 0, 0))
+
+
+def host_document(snapshot: Snapshot) -> dict[str, Any]:
+    """The host part of a snapshot as JSON for GET /v1/host (units in the key names)."""
+    host = snapshot.host
+    power = snapshot.power
+    return {
+        "time": snapshot.time,
+        "logical_cpus": host.cpu.logical_cpus if host else None,
+        "cpu_utilization": host.cpu_utilization if host else None,
+        "memory_total_bytes": host.memory.total_bytes if host else None,
+        "memory_used_bytes": host.memory.bytes_by_state["used"] if host else None,
+        "network": {
+            name: {"receive_bytes": io.receive, "transmit_bytes": io.transmit}
+            for name, io in (host.network.items() if host else ())
+        },
+        "power": None
+        if power is None
+        else {
+            "host_power_w": power.host_power_w,
+            "host_energy_j": power.host_energy_j,
+            "idle_power_w": snapshot.idle_power_w,
+            "sources": list(power.sources),
+            "rails": {
+                r.name: {"id": r.id, "type": r.type, "power_w": r.power_w, "energy_j": r.energy_j}
+                for r in power.rails
+            },
+        },
+    }

@@ -87,11 +87,16 @@ def _row(sample: ProcessSample) -> tuple:
 
 @dataclass(slots=True)
 class Phase:
+    """A named span bounded by samples: from the first sample taken after it began to
+    the first taken after it ended. Adjacent phases share that boundary sample, so
+    their figures add up; each edge is late by less than one interval."""
+
     name: str
     started_at: float
-    first: tuple | None = None  # the first sample at or after the phase began
+    first: tuple | None = None
     last: tuple | None = None
     ended_at: float | None = None
+    closed: bool = False  # the sample after the end has been taken
     rss_peak: int = 0
 
     def add(self, row: tuple) -> None:
@@ -99,6 +104,8 @@ class Phase:
             self.first = row
         self.last = row
         self.rss_peak = max(self.rss_peak, row[_I["memory_rss_bytes"]])
+        if self.ended_at is not None:
+            self.closed = True
 
 
 @dataclass(slots=True)
@@ -126,8 +133,11 @@ class History:
         rss = row[_I["memory_rss_bytes"]]
         self.rss_peak = max(self.rss_peak, rss)
         self.rss_sum += rss
-        if self.phases and self.phases[-1].ended_at is None:
-            self.phases[-1].add(row)
+        # Only the last two phases can still be open: the running one, and the one
+        # that ended since the previous sample and waits for its closing sample.
+        for phase in self.phases[-2:]:
+            if not phase.closed:
+                phase.add(row)
 
 
 @dataclass(slots=True)
@@ -313,11 +323,19 @@ class TargetTable:
             if phases and phases[-1].ended_at is None:
                 phases[-1].ended_at = now
             phase = Phase(name=name, started_at=now)
-            # The phase starts from the latest sample: figures are exact to one interval.
-            if target.history.last is not None:
-                phase.add(target.history.last)
             phases.append(phase)
             return phase
+
+    def end_phase(self, target_id: str, uid: int) -> Phase | None:
+        """End the running phase, if any, without starting another."""
+        with self._lock:
+            target = self._get(target_id)
+            _check_owner(target, uid)
+            phases = target.history.phases
+            if not phases or phases[-1].ended_at is not None:
+                return None
+            phases[-1].ended_at = time.time()
+            return phases[-1]
 
     # -- reading ------------------------------------------------------------------
 

@@ -302,35 +302,3 @@ def test_status_without_daemon_says_so(tmp_path: Any) -> None:
         cwd=ROOT,
     )
     assert out.returncode == 1 and f"no daemon answering at {missing}" in out.stderr
-
-
-def test_client_register_context_manager(daemon: DaemonProcess) -> None:
-    code = (
-        "import client, json, time\n"
-        "with client.register(labels={'run': 'ctx'}) as reg:\n"
-        "    time.sleep(0.8)\n"
-        "    print(json.dumps({'id': reg.id, 'stats': reg.stats(), 'summary': reg.summary()}))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "EDGEWATT_SOCKET": daemon.socket},
-        check=True,
-    )
-    data = json.loads(out.stdout)
-    assert data["stats"]["memory_rss_bytes"] > 0 and data["summary"]["labels"] == {"run": "ctx"}
-    # close() unregistered it.
-    assert daemon.call("GET", f"/v1/targets/{data['id']}")[0] == 404
-
-
-def test_client_without_daemon_does_not_raise(tmp_path: Any) -> None:
-    code = (
-        "import client\n"
-        f"reg = client.register(socket={str(tmp_path / 'none.sock')!r})\n"
-        "assert not reg.active and reg.stats() == {} and reg.summary() == {}\n"
-        "reg.phase('x'); reg.close(); print('ok')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert out.stdout == "ok\n" and "no daemon at" in out.stderr

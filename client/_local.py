@@ -1,0 +1,91 @@
+"""In-process sampling of one process, with the daemon's own sampling code.
+
+Used when no daemon answers: the figures and the keys of stats() and summary() are
+the daemon's because the code is. Imported only when needed: ``import client``
+stays standard-library only and cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("edgewatt.client")
+
+
+class LocalSampler:
+    def __init__(
+        self,
+        pid: int,
+        *,
+        labels: dict[str, str] | None = None,
+        children: bool = True,
+        interval: float = 1.0,
+        power: bool = True,
+        on_snapshot: Callable[[Any], None] | None = None,
+    ) -> None:
+        from exporter import power as power_sources
+        from exporter.power.attribution import Attribution
+        from exporter.power.meter import PowerMeter
+        from exporter.power.source import PowerOptions
+        from exporter.sampler import Sampler
+        from exporter.sampling import procfs
+        from exporter.targets import TargetTable
+
+        self.table = TargetTable(
+            boot_time=procfs.boot_time(),
+            clock_ticks=procfs.CLOCK_TICKS,
+            max_targets=1,
+            history_samples=3600,
+            exited_retention_s=float("inf"),
+        )
+        self.target, _ = self.table.register(pid, labels or {}, children, os.getuid())
+        meter = None
+        if power:
+            found = power_sources.discover(PowerOptions(interval_s=interval))
+            meter = PowerMeter(found, max_gap_s=max(5 * interval, 5.0)) if found else None
+        self.sampler = Sampler(
+            self.table,
+            interval=interval,
+            host_name=socket.gethostname(),
+            power=meter,
+            attribution=Attribution(None, 3600.0),
+            on_pass=on_snapshot,
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def id(self) -> str:
+        return self.target.id
+
+    def start(self) -> LocalSampler:
+        self.sampler.sample_once()  # a first reading: the next one has a rate
+        self._thread = threading.Thread(
+            target=self.sampler.run, args=(self._stop,), name="edgewatt-sampler", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        else:
+            self.sampler.close()
+
+    def stats(self) -> dict[str, Any]:
+        return self.table.describe(self.target.id).get("latest") or {}
+
+    def summary(self) -> dict[str, Any]:
+        return self.table.summary(self.target.id, self.sampler.logical_cpus)
+
+    def samples(self) -> list[dict[str, Any]]:
+        return self.table.samples(self.target.id)
+
+    def phase(self, name: str) -> None:
+        self.table.start_phase(self.target.id, name, os.getuid())

@@ -1,0 +1,156 @@
+"""client.register(): with the real daemon, without one, and when it disappears."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import client
+from tests.conftest import ROOT, DaemonProcess
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        timeout=60,
+    )
+
+
+def test_with_daemon_the_daemon_samples_and_no_thread_starts(daemon: DaemonProcess) -> None:
+    code = (
+        "import client, json, threading, time\n"
+        "before = threading.active_count()\n"
+        "with client.register(labels={'run': 'ctx'}) as reg:\n"
+        "    threads = threading.active_count() - before\n"
+        "    with reg.phase('epoch-1'):\n"
+        "        end = time.process_time() + 1.0\n"
+        "        while time.process_time() < end: pass\n"
+        "    time.sleep(0.5)\n"
+        "    print(json.dumps({'id': reg.id, 'mode': reg.mode, 'threads': threads,\n"
+        "                      'stats': reg.stats(), 'summary': reg.summary()}))\n"
+    )
+    out = run_python(code, EDGEWATT_SOCKET=daemon.socket)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["mode"] == "daemon" and data["threads"] == 0
+    assert data["stats"]["memory_rss_bytes"] > 0
+    summary = data["summary"]
+    assert summary["labels"] == {"run": "ctx"}
+    (phase,) = summary["phases"]
+    assert phase["name"] == "epoch-1" and phase["ended_at"] is not None
+    # Phase edges are late by less than one interval (0.2 s): 1 s of CPU reads >= 0.75.
+    assert 0.75 <= phase["cpu_user_s"] + phase["cpu_system_s"] <= 1.25
+    assert daemon.call("GET", f"/v1/targets/{data['id']}")[0] == 404  # close() unregistered
+
+
+def test_without_daemon_same_keys_one_warning(daemon: DaemonProcess, tmp_path: Path) -> None:
+    code = (
+        "import client, json, logging, time\n"
+        "logging.basicConfig(level=logging.WARNING, format='WARN %(message)s')\n"
+        "reg = client.register(labels={'run': 'x'}, socket=SOCK)\n"
+        "with reg.phase('p'):\n"
+        "    time.sleep(1.2)\n"
+        "print(json.dumps({'mode': reg.mode, 'stats': reg.stats(), 'summary': reg.summary()}))\n"
+        "reg.close()\n"
+    )
+    local = run_python(code.replace("SOCK", repr(str(tmp_path / "none.sock"))))
+    assert local.returncode == 0, local.stderr
+    with_daemon = run_python(code.replace("SOCK", repr(daemon.socket)))
+    a, b = json.loads(local.stdout), json.loads(with_daemon.stdout)
+    assert (a["mode"], b["mode"]) == ("local", "daemon")
+    assert set(a["stats"]) == set(b["stats"])
+    assert set(a["summary"]) == set(b["summary"])
+    assert set(a["summary"]["phases"][0]) == set(b["summary"]["phases"][0])
+    assert a["stats"]["memory_rss_bytes"] > 0 and a["summary"]["samples"] >= 2
+    warnings = [line for line in local.stderr.splitlines() if line.startswith("WARN")]
+    assert warnings == [
+        f"WARN edgewatt: monitoring pid {a['summary']['pid']} in-process (no daemon)"
+    ]
+
+
+def test_daemon_disappearing_mid_run_falls_back(daemon_factory: Any) -> None:
+    daemon = daemon_factory()
+    reg = client.register(labels={"run": "gone"}, socket=daemon.socket)
+    try:
+        assert reg.mode == "daemon"
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.proc.wait()
+        stats = reg.stats()  # no exception: it notices and samples itself
+        assert reg.mode == "local"
+        time.sleep(1.2)
+        assert reg.stats()["memory_rss_bytes"] > 0
+        assert reg.summary()["labels"] == {"run": "gone"}
+        assert isinstance(stats, dict)
+    finally:
+        reg.close()
+    assert reg.mode == "inactive"
+
+
+def test_fallback_never_stays_inactive(tmp_path: Path) -> None:
+    reg = client.register(socket=str(tmp_path / "none.sock"), fallback="never")
+    assert reg.mode == "inactive" and reg.stats() == {} and reg.summary() == {}
+    with reg.phase("x"):
+        pass
+    reg.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"labels": ["a"]}, TypeError),
+        ({"labels": {"a": 1}}, TypeError),
+        ({"pid": 0}, ValueError),
+        ({"pid": True}, ValueError),
+        ({"children": "yes"}, TypeError),
+        ({"fallback": "sometimes"}, ValueError),
+    ],
+)
+def test_argument_errors_raise(kwargs: dict[str, Any], error: type) -> None:
+    with pytest.raises(error):
+        client.register(**kwargs)
+
+
+def test_invalid_labels_refused_by_the_daemon_raise(daemon: DaemonProcess) -> None:
+    with pytest.raises(ValueError, match="reserved"):
+        client.register(labels={"job": "x"}, socket=daemon.socket)
+
+
+def test_a_daemon_that_never_answers_costs_at_most_half_a_second(tmp_path: Path) -> None:
+    path = str(tmp_path / "mute.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(server.accept()[0]), daemon=True).start()
+    started = time.monotonic()
+    reg = client.register(socket=path, fallback="never")
+    assert time.monotonic() - started < 0.7
+    assert reg.mode == "inactive"
+    server.close()
+
+
+def test_import_client_uses_only_the_standard_library() -> None:
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import client\n"
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(new - set(sys.stdlib_module_names) - {'client'}))\n"
+    )
+    out = run_python(code)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
