@@ -1,0 +1,321 @@
+"""The heflwr.monitor interface: set_metrics(), start(), stop(), stats(), summary().
+
+Two variants share one sampling loop. The thread variant samples in a thread of the
+calling process. The process variant runs the loop in a helper, a fresh interpreter
+(``python -m client._helper``: nothing of the training process is forked, and unlike
+multiprocessing's "spawn" the caller's script is not imported again, so scripts
+without an ``if __name__ == "__main__"`` guard work as with heflwr). The helper samples
+the caller's pid and sends each reading back over a pipe, so stats() and summary()
+work in the caller as with the thread variant; it stops when the caller does, even
+if the caller dies. Either way the daemon does the sampling when one answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from client._samples import Reading, Recorder
+from client._sinks import FileSink, PrometheusSink, RemoteSink, header
+from client._transport import default_socket
+
+log = logging.getLogger("edgewatt.client")
+
+METRICS = ("cpu", "memory", "network", "power")
+
+
+def make_sink(kind: str, options: dict[str, Any]) -> Any:
+    return {"file": FileSink, "prometheus": PrometheusSink, "remote": RemoteSink}[kind](**options)
+
+
+def sampling_loop(
+    spec: dict[str, Any],
+    stop: Any,
+    emit: Callable[[Reading], None],
+    ready: Callable[[str | None, dict[str, Any]], None],
+) -> None:
+    """Open the source and the sink, then read every interval until ``stop`` is set."""
+    from client._sources import Source
+
+    try:
+        source = Source(
+            spec["pid"], spec["labels"], spec["interval"], spec["metrics"]["power"], spec["socket"]
+        )
+    except Exception as exc:  # the monitored process may already be gone
+        ready(f"cannot monitor pid {spec['pid']}: {exc}", {})
+        return
+    recorder = Recorder(spec["metrics"])
+    sink = make_sink(spec["sink"], spec["sink_options"])
+    try:
+        sink.start(
+            header(spec["pid"], spec["labels"], spec["interval"], spec["metrics"], source.kind)
+        )
+    except (OSError, ValueError) as exc:
+        source.close()
+        ready(str(exc), {})
+        return
+    ready(None, {"port": getattr(sink, "port", None), "source": source.kind})
+    failed = False
+    deadline = time.monotonic()
+    while True:
+        try:
+            reading = source.read()
+        except Exception as exc:  # never let sampling die; say it once
+            reading = None
+            if not failed:
+                failed = True
+                log.warning("edgewatt: sampling pid %d failed: %s", spec["pid"], exc)
+        if reading is not None:
+            failed = False
+            sample = recorder.observe(reading)
+            emit(reading)
+            if sample is not None:
+                sink.sample(sample, reading)
+        if stop.is_set():
+            break
+        deadline += spec["interval"]
+        stop.wait(max(0.0, deadline - time.monotonic()))
+    sink.stop(recorder.summary())
+    source.close()
+
+
+class Monitor:
+    """Base of FileMonitor, PrometheusMonitor and RemoteMonitor in both variants."""
+
+    variant = "thread"
+    sink = ""
+
+    def __init__(self, interval: float, labels: dict[str, str] | None, socket: str | None) -> None:
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
+            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        self.interval = float(interval)
+        self.labels = dict(labels or {})
+        self.socket = socket or default_socket()
+        self.pid = os.getpid()
+        self.metrics = {"cpu": True, "memory": True, "network": True, "power": False}
+        self.source: str | None = None
+        self._recorder = Recorder(self.metrics)
+        self._stop: Any = None
+        self._worker: Any = None
+        self._reader: Any = None
+
+    def _sink_options(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def set_metrics(self, **metrics: bool) -> None:
+        for name, value in metrics.items():
+            if name not in METRICS:
+                raise ValueError(
+                    f"metric {name!r} is not supported; available: {', '.join(METRICS)}"
+                )
+            if not isinstance(value, bool):
+                raise TypeError(f"metric {name!r} must be True or False, got {value!r}")
+            self.metrics[name] = value
+
+    def _spec(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "labels": self.labels,
+            "interval": self.interval,
+            "metrics": dict(self.metrics),
+            "socket": self.socket,
+            "sink": self.sink,
+            "sink_options": self._sink_options(),
+        }
+
+    @property
+    def running(self) -> bool:
+        return self._worker is not None
+
+    def start(self) -> None:
+        """Start monitoring; a path that cannot be written or a port in use raises here."""
+        if self.running:
+            return
+        self._recorder = Recorder(dict(self.metrics))
+        if self.variant == "process":
+            self._start_process()
+        else:
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        self._stop = threading.Event()
+        outcome: list[tuple[str | None, dict[str, Any]]] = []
+        started = threading.Event()
+
+        def ready(error: str | None, info: dict[str, Any]) -> None:
+            outcome.append((error, info))
+            started.set()
+
+        worker = threading.Thread(
+            target=sampling_loop,
+            args=(self._spec(), self._stop, self._recorder.observe, ready),
+            name="edgewatt-monitor",
+            daemon=True,
+        )
+        worker.start()
+        started.wait()
+        self._started(worker, *outcome[0])
+
+    def _start_process(self) -> None:
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        path = os.environ.get("PYTHONPATH")
+        helper = subprocess.Popen(
+            [sys.executable, "-m", "client._helper"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")},
+        )
+        assert helper.stdin is not None and helper.stdout is not None
+        helper.stdin.write(json.dumps(self._spec()) + "\n")
+        helper.stdin.flush()
+        line = helper.stdout.readline()
+        if not line:
+            helper.wait()
+            raise OSError(f"the monitor helper exited with status {helper.returncode}")
+        message = json.loads(line)
+        self._stop = helper
+        if message["error"] is None:
+            self._reader = threading.Thread(
+                target=self._read_helper, args=(helper,), name="edgewatt-monitor", daemon=True
+            )
+            self._reader.start()
+        self._started(helper, message["error"], message["info"])
+
+    def _read_helper(self, helper: subprocess.Popen[str]) -> None:
+        assert helper.stdout is not None
+        for line in helper.stdout:
+            self._recorder.observe(Reading(**json.loads(line)))
+
+    def _started(self, worker: Any, error: str | None, info: dict[str, Any]) -> None:
+        if error is not None:
+            if isinstance(worker, subprocess.Popen):
+                worker.wait(timeout=5)
+            else:
+                worker.join(timeout=5)
+            raise OSError(error)
+        self._worker = worker
+        self.source = info.get("source")
+        if info.get("port"):
+            self.port = info["port"]
+
+    def stop(self) -> None:
+        """Stop, after one last reading; the file gets its summary line."""
+        if not self.running:
+            return
+        if self.variant == "process":
+            with contextlib.suppress(OSError):
+                self._worker.stdin.close()  # end of input: a last reading, then it exits
+            try:
+                self._worker.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._worker.kill()
+            self._reader.join(timeout=5)
+        else:
+            self._stop.set()
+            self._worker.join(timeout=15)
+        self._worker = None
+
+    def stats(self) -> dict[str, list[Any]]:
+        return self._recorder.stats()
+
+    def summary(self) -> dict[str, Any]:
+        return self._recorder.summary()
+
+    def __enter__(self) -> Monitor:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class FileMonitor(Monitor):
+    """Writes JSON Lines to ``file``: a header, one line per sample, a summary."""
+
+    sink = "file"
+
+    def __init__(
+        self,
+        file: str,
+        interval: float = 5,
+        *,
+        labels: dict[str, str] | None = None,
+        socket: str | None = None,
+    ) -> None:
+        super().__init__(interval, labels, socket)
+        self.file = os.path.abspath(os.fspath(file))
+
+    def _sink_options(self) -> dict[str, Any]:
+        return {"path": self.file}
+
+
+class PrometheusMonitor(Monitor):
+    """Serves the monitored process's metrics, with the daemon's names, on ``port``."""
+
+    sink = "prometheus"
+
+    def __init__(
+        self,
+        port: int = 8003,
+        interval: float = 5,
+        *,
+        addr: str = "0.0.0.0",
+        labels: dict[str, str] | None = None,
+        socket: str | None = None,
+    ) -> None:
+        super().__init__(interval, labels, socket)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be 0-65535, got {port!r}")
+        self.port = port
+        self.addr = addr
+
+    def _sink_options(self) -> dict[str, Any]:
+        return {"port": self.port, "addr": self.addr}
+
+
+class RemoteMonitor(Monitor):
+    """Sends samples to ``host`` (heflwr's /simple_log or /log, or OTLP/HTTP)."""
+
+    sink = "remote"
+
+    def __init__(
+        self,
+        host: str,
+        interval: float = 5,
+        identifier: str | None = None,
+        simple: bool = True,
+        *,
+        protocol: str = "heflwr",
+        buffer: int = 10_000,
+        labels: dict[str, str] | None = None,
+        socket: str | None = None,
+    ) -> None:
+        super().__init__(interval, labels, socket)
+        if protocol not in ("heflwr", "otlp"):
+            raise ValueError(f"protocol must be 'heflwr' or 'otlp', got {protocol!r}")
+        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
+            raise ValueError(f"buffer must be a positive number of samples, got {buffer!r}")
+        self.host = host
+        self.identifier = identifier or f"remote-monitor-{uuid.uuid4().hex}"
+        self.simple = simple
+        self.protocol = protocol
+        self.buffer = buffer
+
+    def _sink_options(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "identifier": self.identifier,
+            "simple": self.simple,
+            "protocol": self.protocol,
+            "buffer": self.buffer,
+        }

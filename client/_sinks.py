@@ -1,0 +1,329 @@
+"""Where a monitor's samples go: a JSON Lines file, a remote server, a /metrics port."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from client._samples import UNITS, Reading
+
+log = logging.getLogger("edgewatt.client")
+
+
+class FileSink:
+    """JSON Lines: a header, one line per sample, a summary line; flushed per line.
+
+    An unwritable path fails at start(); a write failing later (disk full) is
+    warned about once and monitoring goes on.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file: Any = None
+        self._failed = False
+
+    def start(self, header: dict[str, Any]) -> None:
+        try:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        except OSError as exc:
+            raise OSError(f"cannot write monitor file {self.path}: {exc.strerror}") from exc
+        self._write({"type": "header", **header, "units": UNITS})
+
+    def sample(self, sample: dict[str, Any], reading: Reading) -> None:
+        self._write({"type": "sample", **sample})
+
+    def stop(self, summary: dict[str, Any]) -> None:
+        self._write({"type": "summary", **summary})
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            if not self._failed:
+                self._failed = True
+                log.warning("edgewatt: writing %s failed (%s); monitoring goes on", self.path, exc)
+
+
+def _url(host: str, path: str) -> str:
+    base = host if "://" in host else f"http://{host}"
+    return base.rstrip("/") + path
+
+
+class RemoteSink:
+    """Posts samples to a server, in order, from a bounded buffer.
+
+    ``protocol="heflwr"`` speaks heflwr's logging wire format: a form-encoded POST to
+    ``/simple_log`` (``identifier``, ``message``) or, with ``simple=False``, to
+    ``/log`` with the fields of a log record. ``protocol="otlp"`` sends each sample as
+    an OTLP/HTTP protobuf request to ``/v1/metrics`` with the daemon's metric names.
+    While the server is unreachable samples wait in the buffer (``buffer`` entries;
+    the oldest are dropped and counted) and are delivered in order once it is back.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        identifier: str,
+        *,
+        simple: bool = True,
+        protocol: str = "heflwr",
+        buffer: int = 10_000,
+        timeout_s: float = 2.0,
+    ) -> None:
+        if protocol not in ("heflwr", "otlp"):
+            raise ValueError(f"protocol must be 'heflwr' or 'otlp', got {protocol!r}")
+        self.host = host
+        self.identifier = identifier
+        self.simple = simple
+        self.protocol = protocol
+        self.timeout_s = timeout_s
+        self.queue: collections.deque[tuple[bytes, str, str]] = collections.deque(maxlen=buffer)
+        self.dropped = 0
+        self.sent = 0
+        self._pid_labels: dict[str, str] = {}
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._give_up = False
+        self._thread = threading.Thread(target=self._run, name="edgewatt-remote", daemon=True)
+
+    def start(self, header: dict[str, Any]) -> None:
+        self._pid_labels = {
+            "process.pid": str(header["pid"]),
+            "host.name": header["host"],
+            **header.get("labels", {}),
+        }
+        self._thread.start()
+
+    def sample(self, sample: dict[str, Any], reading: Reading) -> None:
+        request = self._encode(sample, reading)
+        with self._cond:
+            if len(self.queue) == self.queue.maxlen:
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.warning(
+                        "edgewatt: remote %s unreachable, buffer full: %d oldest samples dropped",
+                        self.host,
+                        self.dropped,
+                    )
+            self.queue.append(request)
+            self._cond.notify()
+
+    def stop(self, summary: dict[str, Any], flush_timeout_s: float = 5.0) -> None:
+        """Deliver what is buffered, for at most ``flush_timeout_s``."""
+        deadline = time.monotonic() + flush_timeout_s
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            while self.queue and time.monotonic() < deadline:
+                self._cond.wait(0.05)
+            self._give_up = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.timeout_s + 1)
+        if self.queue:
+            log.warning("edgewatt: %d samples not delivered to %s", len(self.queue), self.host)
+
+    def _encode(self, sample: dict[str, Any], reading: Reading) -> tuple[bytes, str, str]:
+        if self.protocol == "otlp":
+            from client._otlp import encode
+
+            body = encode(reading, self._pid_labels)
+            return body, _url(self.host, "/v1/metrics"), "application/x-protobuf"
+        message = _heflwr_message(sample)
+        if self.simple:
+            fields: dict[str, Any] = {"identifier": self.identifier, "message": message}
+            path = "/simple_log"
+        else:
+            fields = _log_record(self.identifier, message, sample["timestamp"])
+            path = "/log"
+        body = urllib.parse.urlencode(fields).encode()
+        return body, _url(self.host, path), "application/x-www-form-urlencoded"
+
+    def _run(self) -> None:
+        backoff = 0.1
+        outage = False
+        while True:
+            with self._cond:
+                while not self.queue and not self._stopping:
+                    self._cond.wait()
+                if not self.queue or self._give_up:
+                    return
+                item = self.queue[0]
+            body, url, content_type = item
+            try:
+                request = urllib.request.Request(
+                    url, data=body, method="POST", headers={"Content-Type": content_type}
+                )
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    response.read()
+            except urllib.error.HTTPError as exc:
+                if exc.code >= 500:
+                    outage = self._retry(outage, url, exc, backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    if self._give_up:
+                        return
+                    continue
+                log.warning("edgewatt: %s refused a sample (HTTP %d); dropped", url, exc.code)
+            except OSError as exc:
+                outage = self._retry(outage, url, exc, backoff)
+                backoff = min(backoff * 2, 5.0)
+                if self._give_up:
+                    return
+                continue
+            if outage:
+                outage = False
+                log.info("edgewatt: %s reachable again", url)
+            backoff = 0.1
+            with self._cond:
+                if self.queue and self.queue[0] is item:  # not evicted meanwhile
+                    self.queue.popleft()
+                self.sent += 1
+                self._cond.notify_all()
+
+    def _retry(self, outage: bool, url: str, exc: Exception, backoff: float) -> bool:
+        if not outage:
+            log.warning("edgewatt: cannot reach %s (%s); buffering samples", url, exc)
+        with self._cond:
+            if not self._give_up:
+                self._cond.wait(backoff)
+        return True
+
+
+def _heflwr_message(sample: dict[str, Any]) -> str:
+    """heflwr's text: 'Cpu Usage: 12.0%, Memory Usage: 3.1%, Bytes Sent: ..., '."""
+    parts = []
+    if "cpu_usage" in sample:
+        parts.append(f"Cpu Usage: {sample['cpu_usage']}%")
+    if "memory_usage" in sample:
+        parts.append(f"Memory Usage: {sample['memory_usage']}%")
+    if "network_bytes_sent" in sample:
+        parts.append(f"Bytes Sent: {sample['network_bytes_sent']}")
+        parts.append(f"Bytes Recv: {sample['network_bytes_recv']}")
+    if "power_vdd_in" in sample:
+        parts.append(f"VDD In: {sample['power_vdd_in']}")
+    if "power_vdd_cpu_gpu_cv" in sample:
+        parts.append(f"VDD cpu_gpu_cv: {sample['power_vdd_cpu_gpu_cv']}")
+    if "power_vdd_soc" in sample:
+        parts.append(f"VDD soc: {sample['power_vdd_soc']}")
+    return "".join(p + ", " for p in parts)
+
+
+def _log_record(identifier: str, message: str, created: float) -> dict[str, Any]:
+    """The fields logging.handlers.HTTPHandler posts for a record (heflwr's /log)."""
+    record = logging.LogRecord("heflwr", logging.INFO, __file__, 0, message, None, None)
+    record.created = created
+    record.message = message
+    return {"identifier": identifier, **record.__dict__}
+
+
+class PrometheusSink:
+    """A /metrics endpoint for the monitored process, with the daemon's metric names."""
+
+    def __init__(self, port: int, addr: str = "0.0.0.0") -> None:
+        self.port = port
+        self.addr = addr
+        self._latest: Reading | None = None
+        self._labels: dict[str, str] = {}
+        self._httpd: Any = None
+
+    def start(self, header: dict[str, Any]) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self._labels = {
+            "process_pid": str(header["pid"]),
+            "host_name": header["host"],
+            **{k.replace(".", "_"): v for k, v in header.get("labels", {}).items()},
+        }
+        registry = CollectorRegistry()
+        registry.register(self)  # type: ignore[arg-type]
+        try:
+            self._httpd, _ = start_http_server(self.port, addr=self.addr, registry=registry)
+        except OSError as exc:
+            raise OSError(f"cannot serve metrics on port {self.port}: {exc.strerror}") from exc
+        self.port = int(self._httpd.server_address[1])
+
+    def sample(self, sample: dict[str, Any], reading: Reading) -> None:
+        self._latest = reading
+
+    def stop(self, summary: dict[str, Any]) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+    def collect(self) -> list[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        r = self._latest
+        if r is None:
+            return []
+        names = list(self._labels)
+        values = list(self._labels.values())
+        cpu = CounterMetricFamily(
+            "process_cpu_time_seconds", "CPU time of the process and its descendants",
+            labels=[*names, "cpu_mode"],
+        )  # fmt: skip
+        cpu.add_metric([*values, "user"], r.cpu_user_s)
+        cpu.add_metric([*values, "system"], r.cpu_system_s)
+        rss = GaugeMetricFamily("process_memory_usage_bytes", "Resident set size", labels=names)
+        rss.add_metric(values, r.memory_rss_bytes)
+        families = [cpu, rss]
+        if r.net_sent_total is not None:
+            net = CounterMetricFamily(
+                "system_network_io_bytes", "Host bytes, loopback excluded",
+                labels=["host_name", "network_io_direction"],
+            )  # fmt: skip
+            net.add_metric([self._labels["host_name"], "transmit"], r.net_sent_total)
+            net.add_metric([self._labels["host_name"], "receive"], r.net_recv_total or 0)
+            families.append(net)
+        if r.power_w is not None:
+            power = GaugeMetricFamily("hw_host_power_watts", "Device input power")
+            power.add_metric([], r.power_w)
+            families.append(power)
+        if r.energy_j is not None:
+            energy = CounterMetricFamily("hw_host_energy_joules", "Device energy")
+            energy.add_metric([], r.energy_j)
+            families.append(energy)
+        if r.process_energy_j is not None:
+            mine = CounterMetricFamily(
+                "edgewatt_process_energy_joules", "Energy attributed to the process",
+                labels=names,
+            )  # fmt: skip
+            mine.add_metric(values, r.process_energy_j)
+            families.append(mine)
+        return families
+
+
+def host_name() -> str:
+    return socket.gethostname()
+
+
+def header(
+    pid: int, labels: dict[str, str], interval: float, metrics: dict[str, bool], source: str
+) -> dict[str, Any]:
+    return {
+        "host": host_name(),
+        "pid": pid,
+        "labels": labels,
+        "interval_s": interval,
+        "metrics": metrics,
+        "source": source,
+        "started_at": time.time(),
+        "edgewatt_pid": os.getpid(),
+    }
