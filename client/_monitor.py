@@ -65,8 +65,14 @@ def sampling_loop(
         return
     ready(None, {"port": getattr(sink, "port", None), "source": source.kind})
     failed = False
-    deadline = time.monotonic()
+    deadline = last_read = time.monotonic()
+    first = True
     while True:
+        # The last reading at stop is skipped when it would cover under half an
+        # interval: a 10 ms clock tick over a short span makes a meaningless rate.
+        if stop.is_set() and not first and time.monotonic() - last_read < spec["interval"] / 2:
+            break
+        first, last_read = False, time.monotonic()
         try:
             reading = source.read()
         except Exception as exc:  # never let sampling die; say it once

@@ -191,7 +191,7 @@ class Sampler:
             pid=target.pid,
             executable=target.executable,
             attributes=attributes,
-            time=time.time(),
+            time=reading.time,
             cpu_user_s=reading.cpu_user_s,
             cpu_system_s=reading.cpu_system_s,
             cpu_utilization=reading.cpu_utilization,

@@ -28,6 +28,7 @@ _ZERO: _Vec = (0, 0, 0, 0)
 
 @dataclass(frozen=True, slots=True)
 class TreeReading:
+    time: float  # unix seconds when the target's own counters were read
     cpu_user_s: float
     cpu_system_s: float
     cpu_utilization: float | None
@@ -78,6 +79,9 @@ class ProcessTree:
 
     def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading:
         root_stat = self.root.stat()  # raises NoSuchProcess: the target has exited
+        # Rates divide by the time between two reads of the counters: stamp the read
+        # itself, not the end of a pass that may wait for the GIL or scan /proc.
+        read_at, read_at_monotonic = time.time(), time.monotonic()
         live: dict[int, tuple[_Member, Stat]] = {}
         queue: list[tuple[ProcHandle, Stat]] = [(self.root, root_stat)]
         while queue:
@@ -122,9 +126,10 @@ class ProcessTree:
         cpu_user = self._value[0] / CLOCK_TICKS
         cpu_system = self._value[1] / CLOCK_TICKS
         return TreeReading(
+            time=read_at,
             cpu_user_s=cpu_user,
             cpu_system_s=cpu_system,
-            cpu_utilization=self._utilization(cpu_user + cpu_system),
+            cpu_utilization=self._utilization(read_at_monotonic, cpu_user + cpu_system),
             rss_bytes=sum(s.rss_pages for s in stats) * PAGE_SIZE,
             vms_bytes=sum(s.vsize for s in stats),
             read_bytes=self._value[2] if self.io_visible else None,
@@ -190,8 +195,7 @@ class ProcessTree:
             ppid = departed[ppid].ppid
         return None
 
-    def _utilization(self, cpu_seconds: float) -> float | None:
-        now = time.monotonic()
+    def _utilization(self, now: float, cpu_seconds: float) -> float | None:
         last, self._last_cpu_time = self._last_cpu_time, (now, cpu_seconds)
         if last is None or now <= last[0]:
             return None
