@@ -25,17 +25,25 @@ def main() -> int:
             sys.stdout.write(json.dumps(message) + "\n")
             sys.stdout.flush()
 
-    def wait_for_end_of_input() -> None:
-        sys.stdin.read()
+    shared: dict = {}
+
+    def read_input() -> None:
+        # Phase marks, one JSON line each, until end of input: then stop.
+        for line in sys.stdin:
+            mark = json.loads(line)
+            sink = shared.get("sink")
+            if hasattr(sink, "phase"):
+                sink.phase(mark["phase"], mark["at"])
         stop.set()
 
-    threading.Thread(target=wait_for_end_of_input, daemon=True).start()
+    threading.Thread(target=read_input, daemon=True).start()
     try:
         sampling_loop(
             spec,
             stop,
             emit=lambda reading: send(dataclasses.asdict(reading)),
             ready=lambda error, info: send({"error": error, "info": info}),
+            shared=shared,
         )
     except BrokenPipeError:
         return 0

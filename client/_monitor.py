@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from client._samples import Reading, Recorder
-from client._sinks import FileSink, PrometheusSink, RemoteSink, header
+from client._sinks import FileSink, NullSink, PrometheusSink, RemoteSink, header
 from client._transport import default_socket
 
 log = logging.getLogger("edgewatt.client")
@@ -34,7 +34,8 @@ METRICS = ("cpu", "memory", "network", "power")
 
 
 def make_sink(kind: str, options: dict[str, Any]) -> Any:
-    return {"file": FileSink, "prometheus": PrometheusSink, "remote": RemoteSink}[kind](**options)
+    sinks = {"file": FileSink, "prometheus": PrometheusSink, "remote": RemoteSink, "none": NullSink}
+    return sinks[kind](**options)
 
 
 def sampling_loop(
@@ -42,8 +43,10 @@ def sampling_loop(
     stop: Any,
     emit: Callable[[Reading], None],
     ready: Callable[[str | None, dict[str, Any]], None],
+    shared: dict[str, Any] | None = None,
 ) -> None:
-    """Open the source and the sink, then read every interval until ``stop`` is set."""
+    """Open the source and the sink, then read every interval until ``stop`` is set.
+    The sink is left in ``shared["sink"]`` for phase marks from other threads."""
     from client._sources import Source
 
     try:
@@ -54,15 +57,17 @@ def sampling_loop(
         ready(f"cannot monitor pid {spec['pid']}: {exc}", {})
         return
     recorder = Recorder(spec["metrics"])
-    sink = make_sink(spec["sink"], spec["sink_options"])
     try:
+        sink = make_sink(spec["sink"], spec["sink_options"])
         sink.start(
             header(spec["pid"], spec["labels"], spec["interval"], spec["metrics"], source.kind)
         )
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # reported to start(), which raises it in the caller
         source.close()
         ready(str(exc), {})
         return
+    if shared is not None:
+        shared["sink"] = sink
     ready(None, {"port": getattr(sink, "port", None), "source": source.kind})
     failed = False
     deadline = last_read = time.monotonic()
@@ -113,6 +118,7 @@ class Monitor:
         self._stop: Any = None
         self._worker: Any = None
         self._reader: Any = None
+        self._shared: dict[str, Any] = {}
 
     def _sink_options(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -163,12 +169,13 @@ class Monitor:
 
         worker = threading.Thread(
             target=sampling_loop,
-            args=(self._spec(), self._stop, self._recorder.observe, ready),
+            args=(self._spec(), self._stop, self._recorder.observe, ready, self._shared),
             name="edgewatt-monitor",
             daemon=True,
         )
         worker.start()
-        started.wait()
+        if not started.wait(60):
+            raise OSError("the monitor did not start within 60 s")
         self._started(worker, *outcome[0])
 
     def _start_process(self) -> None:
@@ -230,6 +237,23 @@ class Monitor:
             self._stop.set()
             self._worker.join(timeout=15)
         self._worker = None
+
+    def phase(self, name: str) -> None:
+        """Mark the start of a named phase (an epoch, a round) in the file and summary."""
+        if not isinstance(name, str) or not name:
+            raise ValueError("phase name must be a non-empty string")
+        at = time.time()
+        self._recorder.phases.append({"name": name, "started_at": at})
+        if not self.running:
+            return
+        try:
+            if self.variant == "process":
+                self._worker.stdin.write(json.dumps({"phase": name, "at": at}) + "\n")
+                self._worker.stdin.flush()
+            elif hasattr(self._shared.get("sink"), "phase"):
+                self._shared["sink"].phase(name, at)
+        except OSError as exc:
+            log.warning("edgewatt: marking phase %r failed: %s", name, exc)
 
     def stats(self) -> dict[str, list[Any]]:
         return self._recorder.stats()

@@ -91,6 +91,7 @@ class Recorder:
     def __init__(self, metrics: dict[str, bool]) -> None:
         self.metrics = metrics
         self.samples: list[dict[str, Any]] = []
+        self.phases: list[dict[str, Any]] = []
         self.first: Reading | None = None
         self.last: Reading | None = None
 
@@ -114,6 +115,8 @@ class Recorder:
     def summary(self) -> dict[str, Any]:
         stats = self.stats()
         result: dict[str, Any] = {"samples": len(self.samples)}
+        if self.phases:
+            result["phases"] = list(self.phases)
         if self.first is None or self.last is None or not self.samples:
             return result
         first, last = self.first, self.last

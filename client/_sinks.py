@@ -31,6 +31,7 @@ class FileSink:
         self.path = path
         self._file: Any = None
         self._failed = False
+        self._lock = threading.Lock()
 
     def start(self, header: dict[str, Any]) -> None:
         try:
@@ -41,6 +42,9 @@ class FileSink:
 
     def sample(self, sample: dict[str, Any], reading: Reading) -> None:
         self._write({"type": "sample", **sample})
+
+    def phase(self, name: str, at: float) -> None:
+        self._write({"type": "phase", "name": name, "timestamp": at})
 
     def stop(self, summary: dict[str, Any]) -> None:
         self._write({"type": "summary", **summary})
@@ -53,12 +57,23 @@ class FileSink:
         if self._file is None:
             return
         try:
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
+            with self._lock:  # phase marks come from the caller's thread
+                self._file.write(json.dumps(record) + "\n")
+                self._file.flush()
         except OSError as exc:
             if not self._failed:
                 self._failed = True
                 log.warning("edgewatt: writing %s failed (%s); monitoring goes on", self.path, exc)
+
+
+class NullSink:
+    """Keeps nothing: for `edgewatt run` without --output."""
+
+    def __init__(self, **_options: Any) -> None: ...
+
+    def start(self, header: dict[str, Any]) -> None: ...
+    def sample(self, sample: dict[str, Any], reading: Reading) -> None: ...
+    def stop(self, summary: dict[str, Any]) -> None: ...
 
 
 def _url(host: str, path: str) -> str:

@@ -36,6 +36,21 @@ def _parser() -> argparse.ArgumentParser:
         "--tegrastats", metavar="PATH", help="tegrastats executable (default /usr/bin/tegrastats)"
     )
 
+    run = sub.add_parser(
+        "run",
+        help="run a command, monitored",
+        description="Run CMD monitored (by the daemon when one answers) and print a summary.",
+    )
+    run.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    run.add_argument("--output", metavar="FILE.jsonl", help="write samples as JSON Lines")
+    run.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
+    run.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command")
+
+    report = sub.add_parser("report", help="summarise a monitor file")
+    report.add_argument("file", metavar="FILE.jsonl")
+    report.add_argument("--plot", metavar="OUT.png", help="also plot it (needs edgewatt[plot])")
+
     status = sub.add_parser("status", help="show the registered targets")
     status.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
     status.add_argument("--json", action="store_true", help="print the API's JSON")
@@ -77,8 +92,32 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from exporter.run import parse_labels, run
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    try:
+        labels = parse_labels(args.label)
+        if args.interval <= 0:
+            raise ValueError("--interval must be a positive number of seconds")
+        return run(command, labels, args.output, args.interval, args.socket)
+    except ValueError as exc:
+        print(f"edgewatt run: {exc}", file=sys.stderr)
+        return 2
+
+
+def _report(args: argparse.Namespace) -> int:
+    from exporter.report import report
+
+    try:
+        print(report(args.file, args.plot))
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"edgewatt report: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "serve":
-        return _serve(args)
-    return _status(args)
+    handlers = {"serve": _serve, "status": _status, "run": _run, "report": _report}
+    return handlers[args.command](args)

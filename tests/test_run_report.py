@@ -1,0 +1,193 @@
+"""`edgewatt run` on real commands, `edgewatt report` on the files it writes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+
+EDGEWATT = [sys.executable, "-m", "exporter"]
+STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
+
+WORK = (
+    "import time\n"
+    "x = bytearray(80 * 2**20)\n"
+    "for i in range(0, len(x), 4096): x[i] = 1\n"
+    "end = time.process_time() + 1.0\n"
+    "while time.process_time() < end: pass\n"
+    "print('child done', flush=True)\n"
+    "raise SystemExit(3)\n"
+)
+
+
+def run(args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EDGEWATT, *args], capture_output=True, text=True, cwd=ROOT, timeout=60, **kw
+    )
+
+
+def test_run_exit_code_output_and_summary(tmp_path: Path) -> None:
+    out_file = tmp_path / "run.jsonl"
+    result = run(
+        ["run", "--label", "run=r1", "--output", str(out_file), "--interval", "0.2",
+         "--socket", str(tmp_path / "none.sock"), "--", sys.executable, "-c", WORK]
+    )  # fmt: skip
+    assert result.returncode == 3
+    assert result.stdout == "child done\n"  # the command's output is untouched
+    assert "(exit status 3, monitored via local)" in result.stderr
+    assert "CPU time  1." in result.stderr or "CPU time  0.9" in result.stderr
+    assert "peak RSS" in result.stderr and "MiB" in result.stderr
+    lines = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert lines[0]["type"] == "header" and lines[0]["labels"] == {"run": "r1"}
+    assert lines[-1]["type"] == "summary"
+    assert lines[-1]["memory_rss_peak_bytes"] > 80 * 2**20
+
+
+def test_signals_are_forwarded_and_exit_status_follows(tmp_path: Path) -> None:
+    trap = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    proc = subprocess.Popen(
+        [
+            *EDGEWATT,
+            "run",
+            "--socket",
+            str(tmp_path / "none.sock"),
+            "--",
+            sys.executable,
+            "-c",
+            trap,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 7
+
+    sleeper = subprocess.Popen(
+        [*EDGEWATT, "run", "--socket", str(tmp_path / "none.sock"), "--", "sleep", "30"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    time.sleep(1.0)
+    sleeper.send_signal(signal.SIGINT)
+    assert sleeper.wait(timeout=20) == 128 + signal.SIGINT  # the shell's convention
+    assert sleeper.stderr is not None and "exit status 130" in sleeper.stderr.read()
+
+
+def test_command_not_found_is_127(tmp_path: Path) -> None:
+    result = run(["run", "--socket", str(tmp_path / "x"), "--", "no-such-command-here"])
+    assert result.returncode == 127 and "cannot start no-such-command-here" in result.stderr
+
+
+def test_run_without_command_or_with_bad_label(tmp_path: Path) -> None:
+    assert "no command given" in run(["run"]).stderr
+    bad = run(["run", "--label", "novalue", "--", "true"])
+    assert bad.returncode == 2 and "--label must be KEY=VALUE" in bad.stderr
+
+
+def test_run_through_the_daemon_reports_energy(daemon_factory: Any, tmp_path: Path) -> None:
+    daemon = daemon_factory(
+        interval=0.2,
+        extra_args=["--tegrastats", STAND_IN],
+        env={"FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor", "EDGEWATT_IDLE_POWER_W": "4"},
+    )
+    result = run(
+        ["run", "--socket", daemon.socket, "--interval", "0.2", "--", sys.executable, "-c", WORK]
+    )
+    assert result.returncode == 3
+    assert "monitored via daemon" in result.stderr
+    energy_line = next(line for line in result.stderr.splitlines() if "device energy" in line)
+    assert " J (" in energy_line and " Wh)" in energy_line and "avg 16.8" in energy_line
+    assert "attributed energy" in result.stderr
+
+
+def _monitor_file(tmp_path: Path) -> Path:
+    code = (
+        "import time\n"
+        "from client.thread_monitor import FileMonitor\n"
+        f"m = FileMonitor({str(tmp_path / 'm.jsonl')!r}, 0.1, socket={str(tmp_path / 'x')!r})\n"
+        "m.start()\n"
+        "m.phase('load')\n"
+        "x = bytearray(50 * 2**20)\n"
+        "for i in range(0, len(x), 4096): x[i] = 1\n"
+        "time.sleep(0.5)\n"
+        "m.phase('train')\n"
+        "end = time.process_time() + 0.6\n"
+        "while time.process_time() < end: pass\n"
+        "m.stop()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+    return tmp_path / "m.jsonl"
+
+
+def test_report_table_phases_and_plot(tmp_path: Path) -> None:
+    path = _monitor_file(tmp_path)
+    png = tmp_path / "m.png"
+    result = run(["report", str(path), "--plot", str(png)])
+    assert result.returncode == 0, result.stderr
+    assert "phases: load, train" in result.stdout
+    assert "CPU time" in result.stdout and "peak RSS" in result.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_report_of_a_killed_run_and_of_a_bad_file(tmp_path: Path) -> None:
+    path = _monitor_file(tmp_path)
+    truncated = tmp_path / "cut.jsonl"
+    truncated.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")  # no summary
+    result = run(["report", str(truncated)])
+    assert result.returncode == 0 and "CPU time" in result.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(path.read_text().splitlines()[0] + "\nnot json\n")
+    result = run(["report", str(bad)])
+    assert result.returncode == 1 and f"{bad}:2: not an edgewatt monitor record" in result.stderr
+
+
+@pytest.mark.parametrize("variant", ["thread_monitor", "process_monitor"])
+def test_heflwr_script_runs_unchanged(variant: str, tmp_path: Path) -> None:
+    # heflwr's quick start, with only the import changed; no __main__ guard.
+    script = tmp_path / "train.py"
+    script.write_text(
+        f"from client.{variant} import FileMonitor\n"
+        "monitor = FileMonitor(file='./log.txt', interval=0.2)\n"
+        "monitor.start()\n"
+        "sum(i * i for i in range(3_000_000))\n"
+        "monitor.stop()\n"
+        "detail = monitor.stats()\n"
+        "summary = monitor.summary()\n"
+        "print(sorted(detail))\n"
+        "print(sorted(summary))\n"
+    )
+    env_path = f"{ROOT}"
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={
+            "PYTHONPATH": env_path,
+            "PATH": "/usr/bin:/bin",
+            "EDGEWATT_SOCKET": str(tmp_path / "x"),
+        },
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    detail_keys, summary_keys = result.stdout.splitlines()
+    assert "'cpu_usage'" in detail_keys and "'network_bytes_sent'" in detail_keys
+    assert "'avg_cpu_usage'" in summary_keys and "'total_network_bytes_recv'" in summary_keys
+    assert (tmp_path / "log.txt").read_text().startswith('{"type": "header"')
