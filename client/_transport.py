@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
-import tempfile
 import time
 from typing import Any
 
@@ -22,6 +20,8 @@ def default_socket() -> str:
         return "/run/edgewatt/edgewatt.sock"
     if os.environ.get("XDG_RUNTIME_DIR"):
         return os.path.join(os.environ["XDG_RUNTIME_DIR"], "edgewatt.sock")
+    import tempfile  # only here: it costs a few ms at import
+
     return os.path.join(tempfile.gettempdir(), f"edgewatt-{os.getuid()}.sock")
 
 
@@ -34,32 +34,37 @@ class DaemonError(Exception):
         self.body = body
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
+def _connection(path: str, timeout: float) -> Any:
+    # http.client (with ssl and email) costs ~20 ms to import: only on first use.
+    import http.client
 
-    def connect(self) -> None:
-        limit = min(CONNECT_TIMEOUT_S, self.timeout or CONNECT_TIMEOUT_S)
-        deadline = time.monotonic() + limit
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.settimeout(limit)
-                sock.connect(self._path)
-                sock.settimeout(self.timeout)
-            except BlockingIOError:
-                # A Unix socket answers EAGAIN at once when its backlog is full.
-                sock.close()
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.005)
-                continue
-            except OSError:
-                sock.close()
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = _connect(path, self.timeout)
+
+    return UnixConnection("localhost", timeout=timeout)
+
+
+def _connect(path: str, timeout: float | None) -> socket.socket:
+    limit = min(CONNECT_TIMEOUT_S, timeout or CONNECT_TIMEOUT_S)
+    deadline = time.monotonic() + limit
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(limit)
+            sock.connect(path)
+            sock.settimeout(timeout)
+        except BlockingIOError:
+            # A Unix socket answers EAGAIN at once when its backlog is full.
+            sock.close()
+            if time.monotonic() > deadline:
                 raise
-            self.sock = sock
-            return
+            time.sleep(0.005)
+            continue
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
 
 def call(
@@ -70,7 +75,9 @@ def call(
     timeout: float = REQUEST_TIMEOUT_S,
 ) -> tuple[int, Any]:
     """One request; returns (status, decoded JSON). OSError when nobody answers."""
-    conn = _UnixConnection(socket_path, timeout)
+    import http.client
+
+    conn = _connection(socket_path, timeout)
     try:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}

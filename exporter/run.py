@@ -76,7 +76,7 @@ def run(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     status = 128 - code if code < 0 else code
-    shown = shlex.join(command)
+    shown = " ".join(shlex.join(command).split())
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     title = f"edgewatt run: {shown} (exit status {status}, monitored via {monitor.source})"
     print(summary_table(monitor.summary(), title), file=sys.stderr)

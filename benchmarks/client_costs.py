@@ -1,0 +1,105 @@
+"""What the client costs a training process: import time and register() round trip.
+
+Side by side in one run:
+- ``import client`` against ``import psutil`` (what heflwr.monitor imports first), both
+  measured as a fresh interpreter's extra wall time over ``python -c pass``;
+- ``client.register()`` + ``close()`` against a bare ``GET /healthz`` on the same
+  daemon socket (the floor any request pays).
+
+    .venv/bin/python benchmarks/client_costs.py [--runs 30] [--calls 500] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import client  # noqa: E402
+from client import _transport  # noqa: E402
+
+
+def import_cost_ms(statement: str, runs: int) -> float:
+    """Median extra wall time of a fresh interpreter running ``statement``."""
+
+    def wall(code: str) -> float:
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+        return time.perf_counter() - started
+
+    base = statistics.median(wall("pass") for _ in range(runs))
+    return (statistics.median(wall(statement) for _ in range(runs)) - base) * 1000
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+
+    results: dict[str, float] = {}
+    results["import_client_ms"] = import_cost_ms("import client", args.runs)
+    results["import_psutil_ms"] = import_cost_ms("import psutil", args.runs)
+
+    workdir = Path(tempfile.mkdtemp(prefix="edgewatt-bench-"))
+    sock = str(workdir / "ew.sock")
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "serve", "--socket", sock, "--listen", "127.0.0.1:0",
+         "--state-dir", str(workdir / "state"), "--log-level", "warning"],
+        cwd=ROOT,
+    )  # fmt: skip
+    try:
+        while not os.path.exists(sock):
+            time.sleep(0.05)
+        time.sleep(0.3)
+        register_ms, health_ms = [], []
+        for _ in range(args.calls):
+            started = time.perf_counter()
+            reg = client.register(socket=sock, fallback="never")
+            register_ms.append((time.perf_counter() - started) * 1000)
+            reg.close()
+            started = time.perf_counter()
+            _transport.call(sock, "GET", "/healthz")
+            health_ms.append((time.perf_counter() - started) * 1000)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
+    results["register_p50_ms"] = statistics.median(register_ms)
+    results["register_p99_ms"] = percentile(register_ms, 0.99)
+    results["healthz_p50_ms"] = statistics.median(health_ms)
+    results["healthz_p99_ms"] = percentile(health_ms, 0.99)
+
+    print(f"{'':28s}{'edgewatt':>10s}{'alternative':>13s}{'ratio':>8s}")
+    rows = [
+        ("import (ms, median)", "import_client_ms", "import_psutil_ms"),
+        ("register() p50 (ms)", "register_p50_ms", "healthz_p50_ms"),
+        ("register() p99 (ms)", "register_p99_ms", "healthz_p99_ms"),
+    ]
+    for label, mine, other in rows:
+        ratio = results[mine] / results[other] if results[other] > 0 else float("nan")
+        print(f"{label:28s}{results[mine]:10.2f}{results[other]:13.2f}{ratio:8.2f}")
+    print("alternatives: import psutil; GET /healthz on the same socket")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
