@@ -154,11 +154,17 @@ class Sampler:
             for rail in power.rails
             if rail.energy_j is not None and any(g.id == rail.id for g in power.gpus)
         }
-        before, self._last_energy = self._last_energy, (now, power.host_energy_j, gpu_energy)
+        measured_at = power.measured_at if power.measured_at is not None else now
+        if self._last_energy is not None and measured_at <= self._last_energy[0]:
+            return  # no new power reading since the last pass
+        before, self._last_energy = (
+            self._last_energy,
+            (measured_at, power.host_energy_j, gpu_energy),
+        )
         if before is None or self._host_busy_delta is None:
             return
         measured = PassEnergy(
-            seconds=now - before[0],
+            seconds=measured_at - before[0],
             device_j=max(0.0, power.host_energy_j - before[1]),
             host_busy_cpu_s=self._host_busy_delta,
             gpu_j={k: max(0.0, j - before[2].get(k, j)) for k, j in gpu_energy.items()},
@@ -171,7 +177,7 @@ class Sampler:
             )
             for t, r in readings
         }
-        self.attribution.update(now, measured, usage)
+        self.attribution.update(measured_at, measured, usage)
 
     def _sample(
         self, target: Target, reading: TreeReading, power: PowerSnapshot | None

@@ -66,7 +66,9 @@ def test_summary_reports_energy_per_phase(thor: DaemonProcess, spawn: Any) -> No
     assert [p["name"] for p in summary["phases"]] == ["warmup", "train"]
     for phase in summary["phases"]:
         assert phase["energy_j"] > 0
-        assert 0 < phase["power_avg_w"] <= THOR_VIN_W - IDLE_W + 1e-6
+        # Energy is counted over sensor timestamps, duration over sample timestamps:
+        # their ratio can exceed the power above idle by the jitter between the two.
+        assert 0 < phase["power_avg_w"] <= (THOR_VIN_W - IDLE_W) * 1.02
         assert phase["power_avg_w"] == pytest.approx(
             phase["energy_j"] / phase["duration_s"], rel=0.01
         )

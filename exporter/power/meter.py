@@ -74,6 +74,9 @@ class PowerSnapshot:
     gpus: tuple[Gpu, ...] = ()
     temperatures_c: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (source, name)
     sources: tuple[str, ...] = ()
+    # Monotonic time of the newest reading in host_energy_j: rates over passes must
+    # divide by the span the energy was measured over, not by the pass times.
+    measured_at: float | None = None
 
 
 class PowerMeter:
@@ -136,10 +139,12 @@ class PowerMeter:
             gpus.extend(r.gpus)
             temperatures.update({(r.source, name): c for name, c in r.temperatures_c.items()})
         powers = []
+        measured_at = None
         for s, r in readings:
             if s.name in self._contributing:
                 self._energy(self._total_energy, s.name, r.monotonic, r.total_w, r.total_energy_j)
                 powers.append(r.total_w)
+                measured_at = max(measured_at or r.monotonic, r.monotonic)
         # A partial sum would understate the device: no figure rather than a wrong one.
         complete = len(powers) == len(self._contributing) and None not in powers
         host_power = sum(p for p in powers if p is not None) if complete else None
@@ -154,6 +159,7 @@ class PowerMeter:
             gpus=tuple(gpus),
             temperatures_c=temperatures,
             sources=tuple(s.name for s, _ in readings),
+            measured_at=measured_at,
         )
 
     def close(self) -> None:
