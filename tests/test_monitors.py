@@ -235,9 +235,10 @@ def test_remote_monitor_otlp_decodes_with_official_messages(
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["thread", "process"])
-def test_prometheus_monitor_is_scraped(variant: Any, tmp_path: Path) -> None:
-    monitor = variant.PrometheusMonitor(port=free_port(), interval=0.2, labels={"run": "p"})
-    monitor.socket = str(tmp_path / "none.sock")
+def test_prometheus_monitor_is_scraped(variant: Any, socket_path: str) -> None:
+    monitor = variant.PrometheusMonitor(
+        port=free_port(), interval=0.2, labels={"run": "p"}, socket=socket_path
+    )
     monitor.start()
     try:
         url = f"http://127.0.0.1:{monitor.port}/metrics"
@@ -263,3 +264,18 @@ def test_prometheus_port_in_use_fails_at_start(tmp_path: Path) -> None:
         monitor.socket = str(tmp_path / "none.sock")
         with pytest.raises(OSError, match=f"cannot serve metrics on port {port}"):
             monitor.start()
+
+
+def test_monitor_goes_on_when_the_daemon_disappears(daemon_factory: Any, tmp_path: Path) -> None:
+    daemon = daemon_factory(interval=0.1)
+    monitor = thread_monitor.FileMonitor(str(tmp_path / "m.jsonl"), 0.2, socket=daemon.socket)
+    monitor.start()
+    assert monitor.source == "daemon"
+    time.sleep(0.8)
+    before = monitor.summary()["samples"]
+    assert daemon.proc is not None
+    daemon.proc.kill()
+    daemon.proc.wait()
+    time.sleep(1.2)
+    monitor.stop()
+    assert monitor.summary()["samples"] >= before + 4  # sampling in-process since
