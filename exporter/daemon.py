@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import signal
 import threading
@@ -21,6 +22,7 @@ from exporter.power.meter import PowerMeter
 from exporter.power.source import PowerOptions
 from exporter.sampler import Sampler
 from exporter.sampling import procfs
+from exporter.sampling.network import NetworkAccounting
 from exporter.snapshot import host_document
 from exporter.statefile import StateFile
 from exporter.targets import SAMPLE_UNITS, TargetError, TargetTable
@@ -145,9 +147,22 @@ class Daemon:
             gap = max(5 * self.config.interval, 5.0)
             self.sampler.power = PowerMeter(sources, max_gap_s=gap)
 
+    def _start_network(self) -> None:
+        try:
+            self.sampler.network = NetworkAccounting(self.config.proc_path)
+        except OSError as exc:
+            log.warning("per-process network bytes unavailable (sock_diag: %s)", exc)
+            return
+        if os.geteuid() != 0:
+            log.warning(
+                "running as uid %d: network bytes are counted for this user's targets only",
+                os.geteuid(),
+            )
+
     def start(self) -> None:
         restored = self.restore()
         self._start_power()
+        self._start_network()
         self.sampler.sample_once()  # the first scrape already has data
         host, port = self.config.listen
         self.metrics_port = self.telemetry.serve(host, port)

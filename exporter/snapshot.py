@@ -35,6 +35,8 @@ class ProcessSample:
     processes: int  # the target and its live descendants
     power_w: float | None = None  # attributed over the last pass (docs/attribution.md)
     energy_j: float | None = None  # attributed since registration, never decreasing
+    network_transmit_bytes: int | None = None  # TCP bytes acked by peers (sock_diag)
+    network_receive_bytes: int | None = None  # TCP bytes received
     gpu_utilization: float | None = None  # SM load summed over GPUs (NVML), 0..n_gpus
     gpu_memory_bytes: int | None = None  # GPU memory held by its processes (NVML)
 

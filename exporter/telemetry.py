@@ -190,6 +190,20 @@ METRICS: tuple[MetricSpec, ...] = (
         ),
     ),
     MetricSpec(
+        "process.network.io",
+        "counter",
+        "By",
+        "TCP bytes of the target and its descendants (sent = acknowledged by the peer), "
+        "IPv4 and IPv6, from sock_diag; UDP and Unix sockets are not counted",
+        _per_process_split(
+            "network.io.direction",
+            {
+                "transmit": lambda p: p.network_transmit_bytes,
+                "receive": lambda p: p.network_receive_bytes,
+            },
+        ),
+    ),
+    MetricSpec(
         "process.threads",
         "updowncounter",
         "{thread}",

@@ -21,6 +21,7 @@ EXPECTED_FAMILIES = {
     "process_memory_usage_bytes": "gauge",
     "process_memory_virtual_bytes": "gauge",
     "process_disk_io_bytes": "counter",
+    "process_network_io_bytes": "counter",
     "process_threads": "gauge",
     "process_open_file_descriptors": "gauge",
     "edgewatt_process_members": "gauge",
@@ -75,6 +76,8 @@ def process(i: int, cpu: float = 1.5) -> ProcessSample:
         processes=1,
         power_w=2.5,
         energy_j=10.0,
+        network_transmit_bytes=1000,
+        network_receive_bytes=2000,
         gpu_utilization=0.4,
         gpu_memory_bytes=2**30,
     )
@@ -162,7 +165,7 @@ def _churn(rotation: int, cycles: int) -> tuple[Telemetry, int]:
 def test_rotation_bounds_sdk_state_under_process_churn() -> None:
     baseline = _aggregations()
     t, held = _churn(rotation=50, cycles=1000)
-    per_target = 14  # attribute sets one target adds across the instruments
+    per_target = 16  # attribute sets one target adds across the instruments
     assert t.rotations == 19  # at cycles 50, 100, ..., 950
     assert held - baseline <= (50 + 2) * per_target + len(METRICS)
     t.shutdown()

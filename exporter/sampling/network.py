@@ -1,0 +1,108 @@
+"""Per-target TCP bytes: the targets' sockets found through /proc/PID/fd, their
+counters read from the kernel with sock_diag (``sockets.py``).
+
+Cost follows the targets' sockets, not the host's: each pass lists the fds of the
+targets' processes and looks up each of their known TCP sockets by its 4-tuple and
+cookie. A full dump of the host's TCP sockets happens only in a pass where a target
+holds a socket inode never seen before, and even then only the wanted entries are
+decoded. Inodes that turn out not to be TCP (Unix, UDP, netlink) are remembered, so
+they cause no further dumps.
+
+Counting: a socket, once seen held by a target, is followed until the kernel no
+longer knows it (its last bytes after close() included); its last counts then stay in
+the target's total, so totals never go backwards. What a connection carries after the
+last pass that saw it is lost: a connection opened and closed between two passes is
+not counted at all, and a closing one loses its last interval (measured in
+``tests/test_network.py``). UDP and Unix sockets are not counted by this method.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from exporter.sampling.sockets import SockDiag, TcpSocket, socket_inodes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Account:
+    live: dict[int, TcpSocket] = field(default_factory=dict)  # inode -> last seen
+    closed_tx: int = 0
+    closed_rx: int = 0
+
+    def totals(self) -> tuple[int, int]:
+        tx = self.closed_tx + sum(s.bytes_acked for s in self.live.values())
+        rx = self.closed_rx + sum(s.bytes_received for s in self.live.values())
+        return tx, rx
+
+
+class NetworkAccounting:
+    def __init__(self, proc: str = "/proc", diag: SockDiag | None = None) -> None:
+        self.proc = proc
+        self.diag = diag or SockDiag()
+        self._accounts: dict[str, _Account] = {}
+        self._not_tcp: set[int] = set()
+        self._hidden: set[int] = set()  # pids whose fds we may not list (logged once)
+        self.dumps = 0  # full dumps so far: the expensive path, for benchmarks
+
+    def sample(self, targets: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, int] | None]:
+        """(transmit, receive) bytes per target id, None where its sockets are hidden."""
+        held: dict[str, set[int]] = {}
+        hidden: set[str] = set()
+        for target, pids in targets.items():
+            inodes: set[int] = set()
+            for pid in pids:
+                found = socket_inodes(pid, self.proc)
+                if found is None:
+                    hidden.add(target)
+                    self._say_hidden(pid)
+                else:
+                    inodes |= found
+            held[target] = inodes
+        self._hidden &= {pid for pids in targets.values() for pid in pids}
+        tracked = {i: s for a in self._accounts.values() for i, s in a.live.items()}
+        wanted = set().union(*held.values()) if held else set()
+        self._not_tcp &= wanted  # forget inodes no longer held: they may be reused
+        unknown = wanted - set(tracked) - self._not_tcp
+        fresh: dict[int, TcpSocket] = {}
+        if unknown:
+            self.dumps += 1
+            fresh = {s.inode: s for s in self.diag.dump(unknown)}
+            self._not_tcp |= unknown - set(fresh)
+        current = dict(fresh)
+        for known in tracked.values():
+            now = self.diag.lookup(known)
+            if now is not None:
+                current[known.inode] = now
+        result: dict[str, tuple[int, int] | None] = {}
+        for target in targets:
+            account = self._accounts.setdefault(target, _Account())
+            for inode in held.get(target, set()) & set(current):
+                account.live[inode] = current[inode]
+            for inode in list(account.live):
+                if inode in current:
+                    account.live[inode] = current[inode]
+                else:  # gone from the kernel: its last counts stay
+                    last = account.live.pop(inode)
+                    account.closed_tx += last.bytes_acked
+                    account.closed_rx += last.bytes_received
+            result[target] = None if target in hidden and not account.live else account.totals()
+        return result
+
+    def _say_hidden(self, pid: int) -> None:
+        if pid not in self._hidden:
+            self._hidden.add(pid)
+            log.warning(
+                "cannot list the sockets of pid %d (another user's process): its network "
+                "bytes are not counted; run the daemon as root to count every user's",
+                pid,
+            )
+
+    def forget(self, target: str) -> None:
+        self._accounts.pop(target, None)
+
+    def close(self) -> None:
+        self.diag.close()
