@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--interval", metavar="SECONDS", help="seconds between samples (default 1)")
     serve.add_argument("--state-dir", metavar="DIR", help="where registrations are persisted")
     serve.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
+    serve.add_argument("--otlp-endpoint", metavar="URL", help="push metrics over OTLP to URL")
+    serve.add_argument("--otlp-protocol", metavar="P", help="http/protobuf (default) or grpc")
     serve.add_argument(
         "--tegrastats", metavar="PATH", help="tegrastats executable (default /usr/bin/tegrastats)"
     )
@@ -63,7 +65,16 @@ def _serve(args: argparse.Namespace) -> int:
 
     flags = {
         key: getattr(args, key)
-        for key in ("socket", "listen", "interval", "state_dir", "log_level", "tegrastats")
+        for key in (
+            "socket",
+            "listen",
+            "interval",
+            "state_dir",
+            "log_level",
+            "tegrastats",
+            "otlp_endpoint",
+            "otlp_protocol",
+        )
         if getattr(args, key) is not None
     }
     try:

@@ -48,6 +48,13 @@ class Config:
     sysfs_path: str = "/sys"
     idle_power_w: float | None = None  # None: estimated from the measurements
     baseline_window: float = 3600.0
+    otlp_endpoint: str = ""  # "" means no OTLP push
+    otlp_protocol: str = "http/protobuf"
+    otlp_headers: tuple[tuple[str, str], ...] = ()
+    otlp_ca_file: str = ""
+    otlp_insecure: bool = False
+    otlp_interval: float = 60.0
+    otlp_timeout: float = 5.0
 
     def resolved(self) -> Config:
         return replace(
@@ -131,6 +138,46 @@ def _power_sources(value: Any) -> tuple[str, ...] | None:
     return clean
 
 
+def _protocol(value: Any) -> str:
+    text = _text(value)
+    if text not in ("http/protobuf", "grpc"):
+        raise ValueError(f"must be http/protobuf or grpc, got {text!r}")
+    return text
+
+
+def _headers(value: Any) -> tuple[tuple[str, str], ...]:
+    """A mapping, or "k=v,k2=v2" as OTEL_EXPORTER_OTLP_HEADERS writes it."""
+    from urllib.parse import unquote
+
+    if isinstance(value, dict):
+        pairs = [(str(k), str(v)) for k, v in value.items()]
+    elif isinstance(value, str):
+        pairs = []
+        for item in filter(None, (p.strip() for p in value.split(","))):
+            key, sep, val = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"must be KEY=VALUE pairs separated by commas, got {item!r}")
+            pairs.append((unquote(key.strip()), unquote(val.strip())))
+    else:
+        raise ValueError("must be a mapping or KEY=VALUE,KEY=VALUE")
+    return tuple(pairs)
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
+def _endpoint(value: Any) -> str:
+    text = _text(value).strip()
+    if text and "://" not in text:
+        raise ValueError(f"must be a URL such as http://collector:4318, got {text!r}")
+    return text
+
+
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def optional(value: Any) -> Any:
         return None if value is None or value in ("", "none", "auto") else parse(value)
@@ -171,6 +218,25 @@ KEYS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
         _seconds(1, 30 * 86400),
         "seconds over which the idle power is estimated when not configured",
     ),
+    "otlp_endpoint": (_endpoint, "OTLP collector URL to push to; empty: no push"),
+    "otlp_protocol": (_protocol, "http/protobuf or grpc"),
+    "otlp_headers": (_headers, "headers sent with each export (auth tokens)"),
+    "otlp_ca_file": (_text, "CA certificate file for TLS to the collector"),
+    "otlp_insecure": (_boolean, "gRPC without TLS (HTTP: use an http:// endpoint)"),
+    "otlp_interval": (_seconds(0.1, 86400), "seconds between OTLP exports"),
+    "otlp_timeout": (_seconds(0.1, 60), "seconds one export may take before it is dropped"),
+}
+
+# The standard OpenTelemetry variables, read like EDGEWATT_* ones (which win over
+# them). Intervals and timeouts are milliseconds there, as the spec says.
+OTEL_ENVIRONMENT: Mapping[str, tuple[str, Callable[[str], Any]]] = {
+    "OTEL_EXPORTER_OTLP_ENDPOINT": ("otlp_endpoint", str),
+    "OTEL_EXPORTER_OTLP_PROTOCOL": ("otlp_protocol", str),
+    "OTEL_EXPORTER_OTLP_HEADERS": ("otlp_headers", str),
+    "OTEL_EXPORTER_OTLP_CERTIFICATE": ("otlp_ca_file", str),
+    "OTEL_EXPORTER_OTLP_INSECURE": ("otlp_insecure", str),
+    "OTEL_METRIC_EXPORT_INTERVAL": ("otlp_interval", lambda ms: float(ms) / 1000),
+    "OTEL_EXPORTER_OTLP_TIMEOUT": ("otlp_timeout", lambda ms: float(ms) / 1000),
 }
 
 
@@ -212,6 +278,13 @@ def build(yaml_path: str | None, environ: Mapping[str, str], flags: Mapping[str,
     config = Config()
     if yaml_path:
         config = _apply(config, load_yaml(yaml_path), f"in {yaml_path}")
+    for name, (key, convert) in OTEL_ENVIRONMENT.items():
+        if environ.get(name):
+            try:
+                value = convert(environ[name])
+            except ValueError:
+                raise ConfigError(f"{key}: bad value {environ[name]!r} (from {name})") from None
+            config = _apply(config, {key: value}, f"from {name}")
     for key, value in from_environment(environ).items():
         config = _apply(config, {key: value}, f"from EDGEWATT_{key.upper()}")
     for key, value in flags.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import re
 import signal
 import threading
 import time
@@ -12,11 +13,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from exporter import __version__, power
 from exporter.api import ApiServer
 from exporter.config import Config
+from exporter.otlp import OtlpOptions, build_reader
 from exporter.power.attribution import Attribution
 from exporter.power.meter import PowerMeter
 from exporter.power.source import PowerOptions
@@ -49,14 +52,46 @@ def instance_id(state_dir: Path) -> str:
         return value
 
 
+# OTel semconv host.arch values for what the kernel calls the machine.
+_ARCH = {
+    "x86_64": "amd64",
+    "aarch64": "arm64",
+    "armv7l": "arm32",
+    "ppc64le": "ppc64",
+    "s390x": "s390x",
+}
+
+
+def device_facts(proc: str = "/proc", etc: str = "/etc") -> dict[str, str]:
+    """The board's model (device tree) and the Jetson Linux (L4T) release, where present."""
+    facts = {}
+    try:
+        model = Path(f"{proc}/device-tree/model").read_bytes().rstrip(b"\0").decode().strip()
+    except (OSError, UnicodeDecodeError):
+        model = ""
+    if model:
+        facts["device.model.name"] = model
+    try:
+        first = Path(f"{etc}/nv_tegra_release").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        first = ""
+    # "# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, ..."
+    match = re.match(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", first)
+    if match:
+        facts["edgewatt.l4t.release"] = f"{match[1]}.{match[2]}"
+    return facts
+
+
 def build_resource(config: Config) -> Resource:
+    machine = platform.machine()
     defaults: dict[str, Any] = {
         "service.name": "edgewatt",
         "service.version": __version__,
         "service.instance.id": instance_id(Path(config.state_dir)),
         "host.name": config.host_name,
-        "host.arch": platform.machine(),
+        "host.arch": _ARCH.get(machine, machine),
         "os.type": "linux",
+        **device_facts(config.proc_path),
     }
     # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over the defaults.
     return Resource.create(defaults).merge(OTELResourceDetector().detect())
@@ -82,6 +117,7 @@ class Daemon:
             build_resource(config),
             series_rotation=config.series_rotation,
             max_targets=config.max_targets,
+            push=self._otlp_reader if config.otlp_endpoint else None,
         )
         self.sampler = Sampler(
             self.table,
@@ -95,6 +131,20 @@ class Daemon:
         self.metrics_port = 0
         self._threads: list[threading.Thread] = []
         self._started = time.time()
+
+    def _otlp_reader(self) -> MetricReader:
+        c = self.config
+        return build_reader(
+            OtlpOptions(
+                endpoint=c.otlp_endpoint,
+                protocol=c.otlp_protocol,
+                headers=dict(c.otlp_headers),
+                ca_file=c.otlp_ca_file,
+                insecure=c.otlp_insecure,
+                interval_s=c.otlp_interval,
+                timeout_s=c.otlp_timeout,
+            )
+        )
 
     def _persist(self, state: list[dict[str, Any]]) -> None:
         try:

@@ -55,6 +55,7 @@ class Sampler:
         self._failed: set[str] = set()
         self._overruns = 0
         self._errors = 0
+        self._exits = 0
         self._sequence = 0
         self.logical_cpus = system.read_cpu(proc).logical_cpus
         self.snapshot = Snapshot(time=time.time(), sequence=0, host=None)
@@ -105,6 +106,7 @@ class Sampler:
                 duration_s=time.monotonic() - started,
                 overruns=self._overruns,
                 errors=self._errors,
+                exits=self._exits,
             ),
         )
         self.snapshot = snapshot
@@ -131,6 +133,7 @@ class Sampler:
         except procfs.NoSuchProcess:
             self.table.mark_exited(target.id, time.time())
             self._drop(target.id)
+            self._exits += 1
             log.info("target %s (pid %d) exited", target.id, target.pid)
             return None
         except (OSError, ValueError) as exc:

@@ -58,6 +58,7 @@ class SamplerStats:
     duration_s: float  # wall time the last pass took
     overruns: int  # passes that took longer than the interval, since start
     errors: int  # per-target read failures other than exit, since start
+    exits: int = 0  # targets that exited while registered, since start
 
 
 @dataclass(frozen=True, slots=True)

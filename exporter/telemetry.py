@@ -26,6 +26,7 @@ from typing import Any
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, start_http_server
@@ -380,6 +381,13 @@ METRICS: tuple[MetricSpec, ...] = (
         _one(lambda s: s.stats.overruns),
     ),
     MetricSpec(
+        "edgewatt.target.exits",
+        "counter",
+        "{target}",
+        "Targets that exited while still registered (a clean run unregisters first)",
+        _one(lambda s: s.stats.exits),
+    ),
+    MetricSpec(
         "edgewatt.sampler.errors",
         "counter",
         "{error}",
@@ -407,9 +415,11 @@ class Telemetry:
         series_rotation: int,
         max_targets: int = 1000,
         metrics: tuple[MetricSpec, ...] = METRICS,
+        push: Callable[[], MetricReader] | None = None,
     ) -> None:
         self._resource = resource
         self._metrics = metrics
+        self._push = push  # builds the OTLP reader; a rebuilt pipeline gets a fresh one
         self._rotation = series_rotation
         # Per instrument: live and not-yet-rotated targets, two sets each at most
         # (cpu.mode, disk.io.direction), plus host series. The SDK's default of 2000
@@ -428,9 +438,12 @@ class Telemetry:
     def _build(self) -> MeterProvider:
         registry = CollectorRegistry()
         reader = PrometheusMetricReader(registry=registry, scope_info_enabled=False)
+        readers: list[MetricReader] = [reader]
+        if self._push is not None:
+            readers.append(self._push())
         provider = MeterProvider(
             resource=self._resource,
-            metric_readers=[reader],
+            metric_readers=readers,
             views=[
                 View(meter_name="edgewatt", aggregation_cardinality_limit=self.cardinality_limit)
             ],

@@ -135,3 +135,27 @@ def test_power_keys(tmp_path: Path) -> None:
         cfg.build(None, {"EDGEWATT_POWER_SOURCES": "ina"}, {})
     with pytest.raises(cfg.ConfigError, match="idle_power_w: must be a number of watts"):
         cfg.build(None, {"EDGEWATT_IDLE_POWER_W": "lots"}, {})
+
+
+def test_otlp_keys_from_standard_variables_and_precedence() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20x,tenant=a",
+        "OTEL_METRIC_EXPORT_INTERVAL": "15000",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
+        "EDGEWATT_OTLP_PROTOCOL": "http/protobuf",  # edgewatt's own variable wins
+    }
+    c = cfg.build(None, env, {})
+    assert c.otlp_endpoint == "http://collector:4318"
+    assert c.otlp_protocol == "http/protobuf"
+    assert dict(c.otlp_headers) == {"authorization": "Bearer x", "tenant": "a"}
+    assert (c.otlp_interval, c.otlp_timeout) == (15.0, 2.5)
+    flagged = cfg.build(None, env, {"otlp_endpoint": "https://other:4318"})
+    assert flagged.otlp_endpoint == "https://other:4318"
+    with pytest.raises(cfg.ConfigError, match="otlp_protocol: must be http/protobuf or grpc"):
+        cfg.build(None, {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, {})
+    with pytest.raises(cfg.ConfigError, match="otlp_endpoint: must be a URL"):
+        cfg.build(None, {}, {"otlp_endpoint": "collector:4318"})
+    with pytest.raises(cfg.ConfigError, match="from OTEL_METRIC_EXPORT_INTERVAL"):
+        cfg.build(None, {"OTEL_METRIC_EXPORT_INTERVAL": "soon"}, {})

@@ -35,6 +35,7 @@ EXPECTED_FAMILIES = {
     "edgewatt_sampler_duration_seconds": "gauge",
     "edgewatt_sampler_overruns": "counter",
     "edgewatt_sampler_errors": "counter",
+    "edgewatt_target_exits": "counter",
     "edgewatt_process_power_watts": "gauge",
     "edgewatt_process_energy_joules": "counter",
     "hw_host_power_watts": "gauge",

@@ -1,0 +1,124 @@
+"""OTLP push beside the Prometheus endpoint: devices behind NAT send their metrics.
+
+The exporter classes are built here from the daemon's config (which already folded
+in the standard ``OTEL_EXPORTER_OTLP_*`` variables), so nothing depends on what the
+SDK reads from the environment by itself. Temporality is cumulative, as on the
+Prometheus path. A collector that is down costs the export thread only: each export
+gives up after ``otlp_timeout``, the batch is dropped (the next one carries the same
+cumulative values), and the failure is logged once per outage, not once per retry.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("http/protobuf", "grpc")
+
+
+@dataclass(frozen=True)
+class OtlpOptions:
+    endpoint: str
+    protocol: str = "http/protobuf"
+    headers: Mapping[str, str] | None = None
+    ca_file: str = ""
+    insecure: bool = False  # gRPC: plaintext. HTTP: use an http:// endpoint instead
+    interval_s: float = 60.0
+    timeout_s: float = 5.0
+
+
+def metrics_url(endpoint: str) -> str:
+    """OTLP/HTTP: the base endpoint gets /v1/metrics appended, as the spec says."""
+    endpoint = endpoint.rstrip("/")
+    return endpoint if endpoint.endswith("/v1/metrics") else endpoint + "/v1/metrics"
+
+
+def build_exporter(options: OtlpOptions) -> MetricExporter:
+    headers = dict(options.headers or {})
+    if options.protocol == "grpc":
+        import grpc
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        scheme, _, rest = options.endpoint.partition("://")
+        target = rest if rest else options.endpoint
+        insecure = options.insecure or scheme == "http"
+        credentials = None
+        if options.ca_file and not insecure:
+            with open(options.ca_file, "rb") as f:
+                credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+        return OTLPMetricExporter(
+            endpoint=target,
+            insecure=insecure,
+            credentials=credentials,
+            headers=headers,
+            timeout=options.timeout_s,
+        )
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    return OTLPMetricExporter(
+        endpoint=metrics_url(options.endpoint),
+        certificate_file=options.ca_file or None,
+        headers=headers,
+        timeout=options.timeout_s,
+    )
+
+
+class OutageLoggingExporter(MetricExporter):
+    """Wraps an exporter: one warning when exports start failing, one line when they
+    work again; never an exception into the SDK's export thread."""
+
+    def __init__(self, inner: MetricExporter, endpoint: str) -> None:
+        super().__init__(
+            preferred_temporality=inner._preferred_temporality,
+            preferred_aggregation=inner._preferred_aggregation,
+        )
+        self.inner = inner
+        self.endpoint = endpoint
+        self.failing = False
+        self.failures = 0
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        try:
+            result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception as exc:  # the SDK thread must never see it
+            log.debug("OTLP export raised: %s", exc)
+            result = MetricExportResult.FAILURE
+        if result is MetricExportResult.FAILURE:
+            self.failures += 1
+            if not self.failing:
+                self.failing = True
+                log.warning("OTLP export to %s is failing; retrying every interval", self.endpoint)
+        elif self.failing:
+            self.failing = False
+            log.info("OTLP export to %s works again", self.endpoint)
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def build_reader(options: OtlpOptions) -> PeriodicExportingMetricReader:
+    # The exporters log every retry; this module logs once per outage instead.
+    logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.ERROR)
+    exporter = OutageLoggingExporter(build_exporter(options), options.endpoint)
+    return PeriodicExportingMetricReader(
+        exporter,
+        export_interval_millis=options.interval_s * 1000,
+        export_timeout_millis=options.timeout_s * 1000,
+    )

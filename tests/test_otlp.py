@@ -1,0 +1,168 @@
+"""OTLP push from the real daemon to receivers that decode with opentelemetry-proto."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+
+from tests.conftest import wait_for
+
+
+class Received:
+    def __init__(self) -> None:
+        self.requests: list[ExportMetricsServiceRequest] = []
+        self.headers: list[dict[str, str]] = []
+
+    def target_metrics(self, target: str) -> dict[str, Any]:
+        """The newest data points carrying edgewatt.target.id == target, by metric name."""
+        found: dict[str, Any] = {}
+        for request in self.requests:
+            for rm in request.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        kind = metric.WhichOneof("data")
+                        for point in getattr(metric, kind).data_points:
+                            attrs = {a.key: a.value for a in point.attributes}
+                            tid = attrs.get("edgewatt.target.id")
+                            if tid is not None and tid.string_value == target:
+                                found[metric.name] = (metric, attrs, rm.resource)
+        return found
+
+
+@pytest.fixture
+def http_receiver() -> Iterator[tuple[str, Received]]:
+    received = Received()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            assert self.path == "/v1/metrics"
+            received.requests.append(ExportMetricsServiceRequest.FromString(body))
+            received.headers.append(dict(self.headers))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None: ...
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", received
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def grpc_receiver() -> Iterator[tuple[str, Received]]:
+    received = Received()
+
+    class Service(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:
+            received.requests.append(request)
+            received.headers.append(dict(context.invocation_metadata()))
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"http://127.0.0.1:{port}", received
+    server.stop(0)
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_push_names_units_attributes_resource(
+    protocol: str, daemon_factory: Any, spawn: Any, request: Any
+) -> None:
+    fixture = "http_receiver" if protocol == "http/protobuf" else "grpc_receiver"
+    endpoint, received = request.getfixturevalue(fixture)
+    daemon = daemon_factory(
+        interval=0.2,
+        extra_args=["--otlp-endpoint", endpoint, "--otlp-protocol", protocol],
+        env={
+            "OTEL_METRIC_EXPORT_INTERVAL": "500",
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20s3cret",
+            "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=lab",
+        },
+    )
+    child = spawn("while True: pass")
+    tid = daemon.register(child.pid, labels={"run": "otlp"})["id"]
+    metrics = wait_for(
+        lambda: (m := received.target_metrics(tid)) and "process.cpu.time" in m and m,
+        timeout=20,
+        step=0.2,
+    )
+    cpu, attrs, resource = metrics["process.cpu.time"]
+    assert cpu.unit == "s" and cpu.sum.is_monotonic
+    assert cpu.sum.aggregation_temporality == 2  # cumulative
+    assert attrs["run"].string_value == "otlp"
+    assert attrs["process.pid"].int_value == child.pid
+    assert metrics["process.memory.usage"][0].unit == "By"
+    res = {a.key: a.value.string_value for a in resource.attributes}
+    assert res["service.name"] == "edgewatt" and res["deployment.environment"] == "lab"
+    assert res["host.arch"] in ("amd64", "arm64") and res["os.type"] == "linux"
+    assert len(res["service.instance.id"]) >= 16 and res["host.name"]
+    headers = {k.lower(): v for k, v in received.headers[-1].items()}
+    assert headers["authorization"] == "Bearer s3cret"
+
+
+def test_collector_down_scrapes_stay_fast_one_log_line_quick_stop(daemon_factory: Any) -> None:
+    # A collector that accepts connections and never answers: the worst case.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    held: list[socket.socket] = []
+    threading.Thread(
+        target=lambda: [held.append(silent.accept()[0]) for _ in range(64)], daemon=True
+    ).start()
+    daemon = daemon_factory(
+        interval=0.2,
+        extra_args=["--otlp-endpoint", f"http://127.0.0.1:{silent.getsockname()[1]}"],
+        env={"EDGEWATT_OTLP_INTERVAL": "1", "EDGEWATT_OTLP_TIMEOUT": "0.5"},
+    )
+    assert daemon.proc is not None
+    rss = []
+    latencies = []
+    for _ in range(20):
+        started = time.perf_counter()
+        with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/metrics", timeout=5) as r:
+            r.read()
+        latencies.append(time.perf_counter() - started)
+        with open(f"/proc/{daemon.proc.pid}/status") as f:
+            rss.append(next(int(line.split()[1]) for line in f if line.startswith("VmRSS")))
+        time.sleep(0.3)
+    assert sorted(latencies)[-2] < 0.1  # scrapes never wait for the collector
+    assert rss[-1] - rss[5] < 5 * 1024  # KiB: flat while every export fails
+    log = daemon.log()
+    assert log.count("OTLP export to http://127.0.0.1") == 1  # once per outage
+    assert daemon.stop() < 3.0
+    silent.close()
+
+
+def test_resource_device_facts(tmp_path: Any) -> None:
+    from exporter.daemon import device_facts
+
+    (tmp_path / "device-tree").mkdir()
+    (tmp_path / "device-tree" / "model").write_bytes(b"NVIDIA Jetson Orin Nano Developer Kit\0")
+    (tmp_path / "nv_tegra_release").write_text(
+        "# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64\n"
+    )
+    assert device_facts(str(tmp_path), str(tmp_path)) == {
+        "device.model.name": "NVIDIA Jetson Orin Nano Developer Kit",
+        "edgewatt.l4t.release": "36.4.3",
+    }
+    assert device_facts(str(tmp_path / "none"), str(tmp_path / "none")) == {}
