@@ -325,15 +325,11 @@ class PrometheusSink:
         return families
 
 
-def host_name() -> str:
-    return socket.gethostname()
-
-
 def header(
     pid: int, labels: dict[str, str], interval: float, metrics: dict[str, bool], source: str
 ) -> dict[str, Any]:
     return {
-        "host": host_name(),
+        "host": socket.gethostname(),
         "pid": pid,
         "labels": labels,
         "interval_s": interval,

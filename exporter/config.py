@@ -1,8 +1,8 @@
-"""Daemon configuration: defaults < YAML file < EDGEWATT_* environment < command-line flags.
+"""Daemon configuration: defaults < YAML file < OTEL_* < EDGEWATT_* environment < flags.
 
-Every key is declared once in ``KEYS`` with its default, its parser and its meaning;
-``edgewatt serve --help`` and the README are written from the same text. A bad value
-raises :class:`ConfigError` naming the key, where it came from, and the problem.
+Every key has its default in ``Config`` and its parser and meaning in ``KEYS``; a test
+checks that the README's table names every key. A bad value raises
+:class:`ConfigError` naming the key, where it came from, and the problem.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -290,9 +290,3 @@ def build(yaml_path: str | None, environ: Mapping[str, str], flags: Mapping[str,
     for key, value in flags.items():
         config = _apply(config, {key: value}, f"from --{key.replace('_', '-')}")
     return config.resolved()
-
-
-def defaults_table() -> list[tuple[str, Any, str]]:
-    """(key, default, help) for documentation."""
-    defaults = {f.name: f.default for f in fields(Config)}
-    return [(key, defaults[key], help_) for key, (_, help_) in KEYS.items()]

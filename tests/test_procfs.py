@@ -68,8 +68,9 @@ def test_open_handle_fails_after_exit_even_if_pid_reused() -> None:
 
 
 def test_executable_name_and_uid_of_self() -> None:
-    me = procfs.read_stat(os.getpid())
-    exe = procfs.executable_name(os.getpid(), me.comm)
+    handle = procfs.ProcHandle(os.getpid())
+    exe = procfs.executable_name(os.getpid(), handle.stat().comm)
+    handle.close()
     assert exe == os.path.basename(os.path.realpath(sys.executable))
     assert procfs.process_uid(os.getpid()) == os.getuid()
 

@@ -148,14 +148,6 @@ class ProcHandle:
         return f"ProcHandle(pid={self.pid}, start_ticks={self.start_ticks})"
 
 
-def read_stat(pid: int, proc: str = "/proc") -> Stat:
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            return parse_stat(f.read().decode("utf-8", "replace"))
-    except (OSError, ValueError, IndexError) as exc:
-        raise NoSuchProcess(pid) from exc
-
-
 def process_uid(pid: int, proc: str = "/proc") -> int:
     """Real uid of a process (the owner that registration rights are checked against)."""
     try:
