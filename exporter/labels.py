@@ -25,6 +25,7 @@ RESERVED = frozenset(
         "process_pid",
         "process_executable_name",
         "edgewatt_target_id",
+        "edgewatt_phase",
         "cpu_mode",
         "disk_io_direction",
         "network_io_direction",

@@ -6,6 +6,7 @@ read the snapshot and the target table.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -21,6 +22,10 @@ from exporter.snapshot import HostSample, ProcessSample, SamplerStats, Snapshot
 from exporter.targets import Target, TargetTable
 
 log = logging.getLogger(__name__)
+
+# Phases exported per target as series (each phase name is a label value): enough for
+# a dashboard's recent-phases table, bounded whatever a client sends.
+EXPORTED_PHASES = 10
 
 
 class Sampler:
@@ -90,8 +95,9 @@ class Sampler:
         samples = []
         for target, reading in readings:
             sample = self._sample(target, reading, power)
-            samples.append(sample)
             self.table.record(sample)
+            phases = self.table.recent_phases(target.id, EXPORTED_PHASES)
+            samples.append(dataclasses.replace(sample, phases=phases) if phases else sample)
         self._forget_missing({t.id for t in running})
         self.table.purge_exited(time.time())
         self._sequence += 1

@@ -39,6 +39,8 @@ class ProcessSample:
     network_receive_bytes: int | None = None  # TCP bytes received
     gpu_utilization: float | None = None  # SM load summed over GPUs (NVML), 0..n_gpus
     gpu_memory_bytes: int | None = None  # GPU memory held by its processes (NVML)
+    # The last few phases: (name, running, energy J attributed in it or None).
+    phases: tuple[tuple[str, bool, float | None], ...] = ()
 
     @property
     def cpu_s(self) -> float:

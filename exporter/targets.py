@@ -376,6 +376,20 @@ class TargetTable:
             dict(zip(SAMPLE_FIELDS, r, strict=True)) for r in rows if since is None or r[0] > since
         ]
 
+    def recent_phases(
+        self, target_id: str, count: int
+    ) -> tuple[tuple[str, bool, float | None], ...]:
+        """(name, running, energy J) of a target's last ``count`` phases, for export."""
+        with self._lock:
+            target = self._targets.get(target_id)
+            if target is None:
+                return ()
+            result = []
+            for phase in target.history.phases[-count:]:
+                energy = _span(phase.first, phase.last, 1)["energy_j"]
+                result.append((phase.name, phase.ended_at is None, energy))
+            return tuple(result)
+
     # -- sampler side -------------------------------------------------------------
 
     def record(self, sample: ProcessSample) -> None:

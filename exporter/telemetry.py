@@ -72,6 +72,18 @@ def _per_process_split(
     return observe
 
 
+def _phases(running_only: bool) -> Callable[[Snapshot], Points]:
+    def observe(snapshot: Snapshot) -> Points:
+        for p in snapshot.processes:
+            for name, running, energy in p.phases:
+                if running_only and running:
+                    yield 1, {**p.attributes, "edgewatt.phase": name}
+                elif not running_only and energy is not None:
+                    yield energy, {**p.attributes, "edgewatt.phase": name}
+
+    return observe
+
+
 def _host(observe: Callable[[Snapshot], Points]) -> Callable[[Snapshot], Points]:
     def guarded(snapshot: Snapshot) -> Points:
         if snapshot.host is not None:
@@ -267,6 +279,20 @@ METRICS: tuple[MetricSpec, ...] = (
         "By",
         "GPU memory in total",
         _power(_gpu_value(lambda g: g.memory_total_bytes)),
+    ),
+    MetricSpec(
+        "edgewatt.process.phase",
+        "gauge",
+        "1",
+        "1 while the named phase of the target runs (POST /v1/targets/{id}/phase)",
+        _phases(running_only=True),
+    ),
+    MetricSpec(
+        "edgewatt.process.phase.energy",
+        "gauge",
+        "J",
+        "Energy attributed to the target in each of its last 10 phases",
+        _phases(running_only=False),
     ),
     MetricSpec(
         "hw.host.power",

@@ -36,6 +36,8 @@ EXPECTED_FAMILIES = {
     "edgewatt_sampler_overruns": "counter",
     "edgewatt_sampler_errors": "counter",
     "edgewatt_target_exits": "counter",
+    "edgewatt_process_phase": "gauge",
+    "edgewatt_process_phase_energy_joules": "gauge",
     "edgewatt_process_power_watts": "gauge",
     "edgewatt_process_energy_joules": "counter",
     "hw_host_power_watts": "gauge",
@@ -81,6 +83,7 @@ def process(i: int, cpu: float = 1.5) -> ProcessSample:
         network_receive_bytes=2000,
         gpu_utilization=0.4,
         gpu_memory_bytes=2**30,
+        phases=(("warmup", False, 3.5), ("train", True, 1.25)),
     )
 
 
@@ -166,7 +169,7 @@ def _churn(rotation: int, cycles: int) -> tuple[Telemetry, int]:
 def test_rotation_bounds_sdk_state_under_process_churn() -> None:
     baseline = _aggregations()
     t, held = _churn(rotation=50, cycles=1000)
-    per_target = 16  # attribute sets one target adds across the instruments
+    per_target = 19  # attribute sets one target adds across the instruments
     assert t.rotations == 19  # at cycles 50, 100, ..., 950
     assert held - baseline <= (50 + 2) * per_target + len(METRICS)
     t.shutdown()

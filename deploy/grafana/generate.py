@@ -1,0 +1,366 @@
+"""Writes the three dashboards in deploy/grafana/dashboards/ from this one description.
+
+    python deploy/grafana/generate.py          # rewrite the JSON files
+    python deploy/grafana/generate.py --check  # exit 1 if they differ (the tests do this)
+
+Every panel reaches Prometheus through the ``datasource`` variable (no ``__inputs``),
+sets its unit, and queries names that exist on both paths into Prometheus (scraped
+daemons and the collector): unit-1 gauges may carry the collector's ``_ratio`` suffix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parent / "dashboards"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def ratio(name: str) -> str:
+    """A unit-1 metric under both names it can have in Prometheus."""
+    return f'{{__name__=~"{name}(_ratio)?"'
+
+
+def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False) -> dict[str, Any]:
+    t: dict[str, Any] = {"datasource": DS, "expr": expr, "refId": ref, "legendFormat": legend}
+    if instant:
+        t.update(instant=True, range=False, format="table")
+    return t
+
+
+class Layout:
+    """Places panels left to right, rows of 24 grid units."""
+
+    def __init__(self) -> None:
+        self.x = self.y = self.row_h = 0
+        self.next_id = 1
+
+    def place(self, w: int, h: int) -> dict[str, int]:
+        if self.x + w > 24:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+        pos = {"x": self.x, "y": self.y, "w": w, "h": h}
+        self.x += w
+        self.row_h = max(self.row_h, h)
+        return pos
+
+    def panel(
+        self,
+        kind: str,
+        title: str,
+        unit: str,
+        targets: list[dict[str, Any]],
+        w: int = 12,
+        h: int = 8,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        panel = {
+            "id": self.next_id,
+            "type": kind,
+            "title": title,
+            "datasource": DS,
+            "gridPos": self.place(w, h),
+            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+            "options": {},
+            "targets": targets,
+            **extra,
+        }
+        self.next_id += 1
+        return panel
+
+
+def query_variable(name: str, label: str, query: str, include_all: bool = True) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "query": {"query": query, "refId": f"{name}-values"},
+        "definition": query,
+        "refresh": 2,
+        "includeAll": include_all,
+        "multi": include_all,
+        "allValue": ".*",
+        "current": {},
+        "sort": 1,
+    }
+
+
+DATASOURCE_VARIABLE = {
+    "name": "datasource",
+    "label": "Data source",
+    "type": "datasource",
+    "query": "prometheus",
+    "current": {"text": "Prometheus", "value": "edgewatt-prometheus"},
+}
+
+
+def dashboard(
+    uid: str, title: str, variables: list[dict[str, Any]], panels: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "title": title,
+        "tags": ["edgewatt"],
+        "timezone": "browser",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": False,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": [DATASOURCE_VARIABLE, *variables]},
+        "annotations": {"list": []},
+        "panels": panels,
+    }
+
+
+def fleet() -> dict[str, Any]:
+    lay = Layout()
+    by_device = 'instance=~"$device"'
+    panels = [
+        lay.panel(
+            "timeseries",
+            "Fleet power",
+            "watt",
+            [target(f"sum(hw_host_power_watts{{{by_device}}})", "fleet")],
+            w=16,
+        ),
+        lay.panel(
+            "stat",
+            "Daemons up",
+            "none",
+            [target(f'sum(up{{job=~"edgewatt|otel-collector", {by_device}}})', "up")],
+            w=8,
+        ),
+        lay.panel(
+            "table",
+            "Devices",
+            "none",
+            [
+                target(f"hw_host_power_watts{{{by_device}}}", ref="A", instant=True),
+                target(
+                    f"increase(hw_host_energy_joules_total{{{by_device}}}[$__range])",
+                    ref="B",
+                    instant=True,
+                ),
+                target(f"{ratio('system_cpu_utilization')}, {by_device}}}", ref="C", instant=True),
+                target(
+                    f'system_memory_usage_bytes{{system_memory_state="used", {by_device}}}',
+                    ref="D",
+                    instant=True,
+                ),
+                target(f"edgewatt_targets{{{by_device}}}", ref="E", instant=True),
+            ],
+            w=24,
+            transformations=[{"id": "merge", "options": {}}],
+        ),
+        lay.panel(
+            "table",
+            "Top processes by energy over the range",
+            "joule",
+            [
+                target(
+                    "topk(10, sum by (instance, edgewatt_target_id, process_executable_name) "
+                    f"(increase(edgewatt_process_energy_joules_total{{{by_device}}}[$__range])))",
+                    instant=True,
+                )
+            ],
+            w=24,
+        ),
+    ]
+    variables = [query_variable("device", "Device", "label_values(edgewatt_targets, instance)")]
+    return dashboard("edgewatt-fleet", "edgewatt: fleet overview", variables, panels)
+
+
+def device() -> dict[str, Any]:
+    lay = Layout()
+    d = 'instance=~"$device"'
+    panels = [
+        lay.panel(
+            "timeseries",
+            "Power per rail",
+            "watt",
+            [target(f"hw_power_watts{{{d}}}", "{{hw_name}}")],
+        ),
+        lay.panel(
+            "timeseries",
+            "Temperatures",
+            "celsius",
+            [target(f"hw_temperature_celsius{{{d}}}", "{{hw_name}}")],
+        ),
+        lay.panel(
+            "timeseries",
+            "GPU load",
+            "percentunit",
+            [target(f"{ratio('hw_gpu_utilization')}, {d}}}", "{{hw_name}}")],
+        ),
+        lay.panel(
+            "timeseries",
+            "Host CPU busy",
+            "percentunit",
+            [target(f"{ratio('system_cpu_utilization')}, {d}}}", "cpu")],
+        ),
+        lay.panel(
+            "timeseries",
+            "Host memory",
+            "bytes",
+            [target(f"system_memory_usage_bytes{{{d}}}", "{{system_memory_state}}")],
+        ),
+        lay.panel(
+            "timeseries",
+            "Host network",
+            "Bps",
+            [
+                target(
+                    f"rate(system_network_io_bytes_total{{{d}}}[$__rate_interval])",
+                    "{{network_interface_name}} {{network_io_direction}}",
+                )
+            ],
+        ),
+        lay.panel(
+            "table",
+            "Registered processes",
+            "none",
+            [
+                target(f"{ratio('process_cpu_utilization')}, {d}}}", ref="A", instant=True),
+                target(f"process_memory_usage_bytes{{{d}}}", ref="B", instant=True),
+                target(f"edgewatt_process_power_watts{{{d}}}", ref="C", instant=True),
+            ],
+            w=24,
+            transformations=[{"id": "merge", "options": {}}],
+        ),
+    ]
+    variables = [
+        query_variable("device", "Device", "label_values(edgewatt_targets, instance)", False)
+    ]
+    return dashboard("edgewatt-device", "edgewatt: device", variables, panels)
+
+
+def run() -> dict[str, Any]:
+    lay = Layout()
+    t = 'instance=~"$device", edgewatt_target_id=~"$target"'
+    panels = [
+        lay.panel(
+            "timeseries",
+            "CPU (cores busy)",
+            "short",
+            [
+                target(
+                    "sum by (edgewatt_target_id) "
+                    f"(rate(process_cpu_time_seconds_total{{{t}}}[$__rate_interval]))",
+                    "{{edgewatt_target_id}}",
+                )
+            ],
+        ),
+        lay.panel(
+            "timeseries",
+            "Resident memory",
+            "bytes",
+            [target(f"process_memory_usage_bytes{{{t}}}", "{{edgewatt_target_id}}")],
+        ),
+        lay.panel(
+            "timeseries",
+            "Disk",
+            "Bps",
+            [
+                target(
+                    f"rate(process_disk_io_bytes_total{{{t}}}[$__rate_interval])",
+                    "{{edgewatt_target_id}} {{disk_io_direction}}",
+                )
+            ],
+        ),
+        lay.panel(
+            "timeseries",
+            "Network (TCP)",
+            "Bps",
+            [
+                target(
+                    f"rate(process_network_io_bytes_total{{{t}}}[$__rate_interval])",
+                    "{{edgewatt_target_id}} {{network_io_direction}}",
+                )
+            ],
+        ),
+        lay.panel(
+            "timeseries",
+            "Attributed power",
+            "watt",
+            [target(f"edgewatt_process_power_watts{{{t}}}", "{{edgewatt_target_id}}")],
+        ),
+        lay.panel(
+            "stat",
+            "Attributed energy over the range",
+            "joule",
+            [
+                target(
+                    f"sum(increase(edgewatt_process_energy_joules_total{{{t}}}[$__range]))",
+                    "energy",
+                )
+            ],
+        ),
+        lay.panel(
+            "state-timeline",
+            "Phases",
+            "none",
+            [target(f"edgewatt_process_phase{{{t}}}", "{{edgewatt_phase}}")],
+            w=24,
+            h=5,
+        ),
+        lay.panel(
+            "table",
+            "Energy per phase",
+            "joule",
+            [target(f"edgewatt_process_phase_energy_joules{{{t}}}", instant=True)],
+            w=24,
+        ),
+    ]
+    variables = [
+        query_variable("device", "Device", "label_values(edgewatt_targets, instance)"),
+        query_variable(
+            "run", "Run", 'label_values(process_cpu_time_seconds_total{instance=~"$device"}, run)'
+        ),
+        query_variable(
+            "target",
+            "Target",
+            'label_values(process_cpu_time_seconds_total{instance=~"$device", run=~"$run"}, '
+            "edgewatt_target_id)",
+        ),
+    ]
+    return dashboard("edgewatt-run", "edgewatt: process / run", variables, panels)
+
+
+DASHBOARDS = {"fleet.json": fleet, "device.json": device, "run.json": run}
+
+
+def render() -> dict[str, str]:
+    return {
+        name: json.dumps(build(), indent=2, sort_keys=True) + "\n"
+        for name, build in DASHBOARDS.items()
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = parser.parse_args()
+    stale = []
+    for name, text in render().items():
+        path = OUT / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(
+            "stale dashboards (run deploy/grafana/generate.py): " + ", ".join(stale),
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
