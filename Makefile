@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint format clean
+.PHONY: run test lint format dashboards clean
 
 $(BIN)/edgewatt: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ lint: $(BIN)/edgewatt
 format: $(BIN)/edgewatt
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+dashboards: $(BIN)/edgewatt
+	$(BIN)/python deploy/grafana/generate.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
