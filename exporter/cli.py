@@ -53,6 +53,17 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("file", metavar="FILE.jsonl")
     report.add_argument("--plot", metavar="OUT.png", help="also plot it (needs edgewatt[plot])")
 
+    install = sub.add_parser("install-service", help="install and start the systemd service")
+    install.add_argument("--dry-run", action="store_true", help="print what would be written")
+    install.add_argument("--user", action="store_true", help="a user service (own processes)")
+    install.add_argument("--root", default="/", help=argparse.SUPPRESS)  # tests, images
+    uninstall = sub.add_parser("uninstall-service", help="stop and remove the service")
+    uninstall.add_argument("--user", action="store_true")
+    uninstall.add_argument("--purge", action="store_true", help="also remove config and state")
+    uninstall.add_argument("--root", default="/", help=argparse.SUPPRESS)
+    config = sub.add_parser("config", help="configuration helpers")
+    config.add_argument("what", choices=["example"], help="example: every key, its default")
+
     status = sub.add_parser("status", help="show the registered targets")
     status.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
     status.add_argument("--json", action="store_true", help="print the API's JSON")
@@ -82,7 +93,8 @@ def _serve(args: argparse.Namespace) -> int:
     except config_mod.ConfigError as exc:
         print(f"edgewatt: config error: {exc}", file=sys.stderr)
         return 2
-    return serve(config)
+    # SIGHUP re-reads the YAML file and the environment; flags still win.
+    return serve(config, reload=lambda: config_mod.build(args.config, os.environ, flags))
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -128,7 +140,38 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _install(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from exporter.service import install
+
+    return install(Path(args.root), args.user, args.dry_run)
+
+
+def _uninstall(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from exporter.service import uninstall
+
+    return uninstall(Path(args.root), args.user, args.purge)
+
+
+def _config(args: argparse.Namespace) -> int:
+    from exporter.service import config_example
+
+    print(config_example(), end="")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"serve": _serve, "status": _status, "run": _run, "report": _report}
+    handlers = {
+        "serve": _serve,
+        "status": _status,
+        "run": _run,
+        "report": _report,
+        "install-service": _install,
+        "uninstall-service": _uninstall,
+        "config": _config,
+    }
     return handlers[args.command](args)

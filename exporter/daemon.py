@@ -10,6 +10,8 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,8 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from exporter import __version__, power
 from exporter.api import ApiServer
-from exporter.config import Config
+from exporter.config import Config, ConfigError
+from exporter.notify import Notifier
 from exporter.otlp import OtlpOptions, build_reader
 from exporter.power.attribution import Attribution
 from exporter.power.meter import PowerMeter
@@ -124,13 +127,50 @@ class Daemon:
             interval=config.interval,
             host_name=config.host_name,
             proc=proc,
-            on_pass=self.telemetry.update,
+            on_pass=self._on_pass,
             attribution=Attribution(config.idle_power_w, config.baseline_window),
         )
+        self.notifier = Notifier()
         self.api: ApiServer | None = None
         self.metrics_port = 0
         self._threads: list[threading.Thread] = []
         self._started = time.time()
+
+    def _on_pass(self, snapshot: Any) -> None:
+        self.telemetry.update(snapshot)
+        # Pinged from the sampling loop itself: a stalled sampler stops the pings.
+        self.notifier.watchdog()
+        self.notifier.status(self._status(snapshot))
+
+    @staticmethod
+    def _status(snapshot: Any) -> str:
+        n = len(snapshot.processes)
+        power = snapshot.power.host_power_w if snapshot.power else None
+        return f"{n} target{'s' if n != 1 else ''}" + (
+            f", device {power:.2f} W" if power is not None else ""
+        )
+
+    def reload(self, config: Config) -> None:
+        """Apply what a SIGHUP may change live: log level, interval, idle power."""
+        self.notifier.reloading()
+        logging.getLogger().setLevel(config.log_level.upper())
+        self.sampler.interval = config.interval
+        self.sampler.attribution.set_idle(config.idle_power_w)
+        kept = [
+            k
+            for k in ("socket", "listen", "state_dir", "otlp_endpoint", "power_sources")
+            if getattr(config, k) != getattr(self.config, k)
+        ]
+        if kept:
+            log.warning("reload: %s change(s) need a restart", ", ".join(kept))
+        self.config = replace(
+            self.config,
+            log_level=config.log_level,
+            interval=config.interval,
+            idle_power_w=config.idle_power_w,
+        )
+        self.notifier.ready(self._status(self.sampler.snapshot))
+        log.info("configuration reloaded")
 
     def _otlp_reader(self) -> MetricReader:
         c = self.config
@@ -203,9 +243,10 @@ class Daemon:
         except OSError as exc:
             log.warning("per-process network bytes unavailable (sock_diag: %s)", exc)
             return
-        if os.geteuid() != 0:
+        if not procfs.sees_other_users(self.config.proc_path):
             log.warning(
-                "running as uid %d: network bytes are counted for this user's targets only",
+                "running as uid %d without CAP_SYS_PTRACE: network bytes are counted for "
+                "this user's targets only",
                 os.geteuid(),
             )
 
@@ -227,6 +268,7 @@ class Daemon:
         )
         self._spawn("api", self.api.serve_forever, 0.2)
         self._spawn("sampler", self.sampler.run, self.stop_event)
+        self.notifier.ready(self._status(self.sampler.snapshot))
         log.info(
             "edgewatt %s serving: api unix:%s, metrics http://%s:%d/metrics, interval %gs, "
             "%d registration(s) restored",
@@ -244,6 +286,7 @@ class Daemon:
         self._threads.append(thread)
 
     def stop(self) -> None:
+        self.notifier.stopping()
         self.stop_event.set()
         if self.api is not None:
             self.api.close()
@@ -254,7 +297,8 @@ class Daemon:
         log.info("edgewatt stopped")
 
 
-def serve(config: Config) -> int:
+def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:
+    """Run until SIGTERM/SIGINT; on SIGHUP, ``reload()`` gives the new configuration."""
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -270,9 +314,23 @@ def serve(config: Config) -> int:
         log.info("received %s, stopping", signal.Signals(signum).name)
         daemon.stop_event.set()
 
+    reload_requested = threading.Event()
+
+    def on_hangup(_signum: int, _frame: Any) -> None:
+        reload_requested.set()
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    while not daemon.stop_event.wait(1.0):
-        pass
+    signal.signal(signal.SIGHUP, on_hangup)
+    while not daemon.stop_event.wait(0.2):
+        if reload_requested.is_set():
+            reload_requested.clear()
+            if reload is None:
+                continue
+            try:
+                daemon.reload(reload())
+            except ConfigError as exc:
+                log.error("reload refused, keeping the running configuration: %s", exc)
+                daemon.notifier.ready(daemon._status(daemon.sampler.snapshot))
     daemon.stop()
     return 0

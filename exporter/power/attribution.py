@@ -128,6 +128,11 @@ class Attribution:
             self.energy_j[target] = self.energy_j.get(target, 0.0) + joules
             self.power_w[target] = joules / measured.seconds
 
+    def set_idle(self, idle_w: float | None) -> None:
+        """A reload changed the configured idle power (None: estimate it again)."""
+        self.idle_w = idle_w
+        self._baseline.configured = idle_w
+
     @property
     def idle_w_in_use(self) -> float | None:
         return self._baseline.value

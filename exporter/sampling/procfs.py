@@ -225,6 +225,24 @@ def parent_map(proc: str = "/proc") -> dict[int, list[int]]:
     return children
 
 
+CAP_SYS_PTRACE = 19
+
+
+def sees_other_users(proc: str = "/proc") -> bool:
+    """Whether this process may read other users' /proc/PID/{io,fd}: root, or the
+    CAP_SYS_PTRACE capability (the systemd unit grants it to an unprivileged user)."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        with open(f"{proc}/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
+    except OSError:
+        pass
+    return False
+
+
 def boot_id(proc: str = "/proc") -> str:
     try:
         with open(f"{proc}/sys/kernel/random/boot_id") as f:

@@ -1,0 +1,222 @@
+"""The systemd unit, sd_notify against a real datagram socket, install-service."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporter import config as cfg
+from exporter.notify import Notifier
+from exporter.sampler import Sampler
+from exporter.sampling import procfs
+from exporter.service import render_unit
+from exporter.targets import TargetTable
+from tests.conftest import ROOT, DaemonProcess
+
+EDGEWATT = [sys.executable, "-m", "exporter"]
+
+
+def analyze() -> str:
+    path = shutil.which("systemd-analyze")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("systemd-analyze missing: .ci/run must install Debian's systemd")
+        pytest.skip("systemd-analyze not installed")
+    return path
+
+
+def test_checked_in_unit_is_the_rendered_template() -> None:
+    text = (ROOT / "deploy" / "systemd" / "edgewatt.service").read_text()
+    body = text.split("\n", 2)[2]  # two comment lines first
+    assert body == render_unit(False, "/usr/local/bin/edgewatt")
+
+
+def test_dry_run_unit_verifies_and_exposure_is_low(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*EDGEWATT, "install-service", "--dry-run", "--root", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, check=True,
+    )  # fmt: skip
+    unit = out.stdout[out.stdout.index("[Unit]") : out.stdout.index("WantedBy=multi-user.target")]
+    path = tmp_path / "edgewatt.service"
+    path.write_text(unit + "WantedBy=multi-user.target\n")
+    assert re.search(r"^ExecStart=/\S+ serve ", unit, re.M)
+    verify = subprocess.run([analyze(), "verify", str(path)], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
+    security = subprocess.run(
+        [analyze(), "security", "--offline=true", str(path)], capture_output=True, text=True
+    )
+    level = float(
+        re.search(r"Overall exposure level for edgewatt.service: ([\d.]+)", security.stdout)[1]
+    )  # type: ignore[index]
+    assert level <= 4.5
+    assert "# would run: systemctl enable --now edgewatt" in out.stdout
+
+
+def test_install_into_a_root_never_overwrites_config_and_uninstall(tmp_path: Path) -> None:
+    def cli(*args: str) -> str:
+        result = subprocess.run(
+            [*EDGEWATT, *args, "--root", str(tmp_path)], capture_output=True, text=True, cwd=ROOT
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    out = cli("install-service")
+    unit = tmp_path / "etc/systemd/system/edgewatt.service"
+    config = tmp_path / "etc/edgewatt/config.yaml"
+    assert f"wrote {unit}" in out and f"wrote {config}" in out
+    assert "Type=notify" in unit.read_text() and "WatchdogSec=30" in unit.read_text()
+    assert yaml.safe_load(config.read_text()) is None  # every key commented out
+    config.write_text("interval: 2\n")
+    assert f"kept the existing {config}" in cli("install-service")
+    assert config.read_text() == "interval: 2\n"
+    (tmp_path / "var/lib/edgewatt").mkdir(parents=True)
+    out = cli("uninstall-service")
+    assert not unit.exists() and config.exists() and (tmp_path / "var/lib/edgewatt").exists()
+    cli("install-service")
+    cli("uninstall-service", "--purge")
+    assert not config.parent.exists() and not (tmp_path / "var/lib/edgewatt").exists()
+
+
+def test_config_example_lists_every_key_and_loads() -> None:
+    out = subprocess.run([*EDGEWATT, "config", "example"], capture_output=True, text=True, cwd=ROOT)
+    for key in cfg.KEYS:
+        assert re.search(rf"^# {key}: ", out.stdout, re.M), key
+    uncommented = "\n".join(
+        line[2:] for line in out.stdout.splitlines() if re.match(r"# \w+: ", line)
+    )
+    values = yaml.safe_load(uncommented)
+    values["listen"] = "0.0.0.0:9464"
+    built = cfg.build(None, {}, {k: v for k, v in values.items() if v not in (None, "", {})})
+    assert built.interval == cfg.Config().interval
+
+
+class Listener:
+    """A real AF_UNIX datagram socket standing in for systemd's notify socket."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[tuple[float, dict[str, str]]] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines())
+            self.messages.append((time.monotonic(), fields))
+
+    def with_key(self, key: str) -> list[tuple[float, dict[str, str]]]:
+        return [(t, m) for t, m in self.messages if key in m]
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+        self.sock.close()
+
+
+def test_notify_protocol_with_the_real_daemon(
+    daemon_factory: Any, spawn: Any, tmp_path: Path
+) -> None:
+    listener = Listener(tmp_path / "notify.sock")
+    config = tmp_path / "c.yaml"
+    config.write_text("log_level: info\n")
+    try:
+        daemon: DaemonProcess = daemon_factory(
+            interval=0.2,
+            extra_args=["--config", str(config)],
+            env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1000000"},
+        )
+        time.sleep(0.3)
+        ready = listener.with_key("READY")
+        assert ready and ready[0][1]["STATUS"] == "0 targets"
+        child = spawn("import time; time.sleep(60)")
+        daemon.register(child.pid)
+        time.sleep(3.0)
+        assert any(m.get("STATUS") == "1 target" for _, m in listener.messages)
+        pings = [t for t, _ in listener.with_key("WATCHDOG")]
+        gaps = [b - a for a, b in itertools.pairwise(pings)]
+        assert len(pings) >= 5 and max(gaps) < 1.0  # every half period (0.5 s) or so
+        config.write_text("log_level: debug\n")
+        assert daemon.proc is not None
+        before = len(listener.messages)
+        daemon.proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        after = [m for _, m in listener.messages[before:]]
+        kinds = [k for m in after for k in ("RELOADING", "READY") if k in m]
+        assert kinds[:2] == ["RELOADING", "READY"]
+        assert "configuration reloaded" in daemon.log()
+        daemon.stop()
+        time.sleep(0.3)
+        assert listener.messages[-1][1].get("STOPPING") == "1" or any(
+            "STOPPING" in m for _, m in listener.messages[-3:]
+        )
+    finally:
+        listener.close()
+
+
+class StallableTable(TargetTable):
+    """running() blocks while ``stall`` is set: a sampler stuck on /proc."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.release = threading.Event()
+        self.release.set()
+
+    def running(self) -> list[Any]:
+        self.release.wait()
+        return super().running()
+
+
+def test_a_stalled_sampler_stops_the_watchdog_pings(tmp_path: Path) -> None:
+    listener = Listener(tmp_path / "n.sock")
+    notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "n.sock"), "WATCHDOG_USEC": "200000"})
+    table = StallableTable(
+        boot_time=procfs.boot_time(), clock_ticks=procfs.CLOCK_TICKS, max_targets=5,
+        history_samples=10, exited_retention_s=10,
+    )  # fmt: skip
+    sampler = Sampler(table, interval=0.05, host_name="h", on_pass=lambda s: notifier.watchdog())
+    stop = threading.Event()
+    thread = threading.Thread(target=sampler.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.6)
+        assert len(listener.with_key("WATCHDOG")) >= 4
+        table.release.clear()  # the sampler blocks in its next pass
+        time.sleep(0.2)
+        stalled_from = len(listener.with_key("WATCHDOG"))
+        time.sleep(0.8)
+        assert len(listener.with_key("WATCHDOG")) == stalled_from
+        table.release.set()
+        time.sleep(0.4)
+        assert len(listener.with_key("WATCHDOG")) > stalled_from
+    finally:
+        table.release.set()
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def test_no_notify_socket_means_nothing_is_sent() -> None:
+    notifier = Notifier({})
+    assert not notifier.enabled
+    notifier.ready("x")
+    notifier.watchdog()  # no error, no socket
