@@ -61,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     uninstall.add_argument("--user", action="store_true")
     uninstall.add_argument("--purge", action="store_true", help="also remove config and state")
     uninstall.add_argument("--root", default="/", help=argparse.SUPPRESS)
+    doctor = sub.add_parser("doctor", help="check this machine, one line per finding")
+    doctor.add_argument("--config", metavar="PATH", help="YAML config (default: none)")
+    doctor.add_argument("--socket", metavar="PATH")
+
     config = sub.add_parser("config", help="configuration helpers")
     config.add_argument("what", choices=["example"], help="example: every key, its default")
 
@@ -156,6 +160,21 @@ def _uninstall(args: argparse.Namespace) -> int:
     return uninstall(Path(args.root), args.user, args.purge)
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from exporter import config as config_mod
+    from exporter.doctor import run
+
+    flags = {"socket": args.socket} if args.socket else {}
+    try:
+        config = config_mod.build(args.config, os.environ, flags)
+    except config_mod.ConfigError as exc:
+        print(f"FAIL  config: {exc}")
+        return 1
+    text, code = run(config)
+    print(text)
+    return code
+
+
 def _config(args: argparse.Namespace) -> int:
     from exporter.service import config_example
 
@@ -173,5 +192,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "install-service": _install,
         "uninstall-service": _uninstall,
         "config": _config,
+        "doctor": _doctor,
     }
     return handlers[args.command](args)

@@ -24,7 +24,7 @@ from exporter.sampler import Sampler
 from exporter.sampling import procfs
 from exporter.service import render_unit
 from exporter.targets import TargetTable
-from tests.conftest import ROOT, DaemonProcess
+from tests.conftest import ROOT, DaemonProcess, wait_for
 
 EDGEWATT = [sys.executable, "-m", "exporter"]
 
@@ -220,3 +220,31 @@ def test_no_notify_socket_means_nothing_is_sent() -> None:
     assert not notifier.enabled
     notifier.ready("x")
     notifier.watchdog()  # no error, no socket
+
+
+def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
+    missing = subprocess.run(
+        [*EDGEWATT, "doctor", "--socket", str(tmp_path / "none.sock")],
+        capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "EDGEWATT_LISTEN": "127.0.0.1:0"},
+    )  # fmt: skip
+    assert missing.returncode == 1
+    lines = missing.stdout.splitlines()
+    assert len(lines) == 6
+    assert lines[0].startswith("FAIL  no daemon at") and "systemctl start edgewatt" in lines[0]
+    assert lines[5].startswith("ok    clock ")
+    daemon = daemon_factory(extra_args=["--tegrastats", str(ROOT / "tests" / "bin" / "tegrastats")])
+    wait_for(lambda: daemon.call("GET", "/healthz")[1]["power_sources"] == ["tegrastats"])
+    found = subprocess.run(
+        [*EDGEWATT, "doctor", "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "EDGEWATT_LISTEN": f"127.0.0.1:{daemon.port}",
+             "EDGEWATT_TEGRASTATS": str(ROOT / "tests" / "bin" / "tegrastats")},
+    )  # fmt: skip
+    assert found.returncode == 0, found.stdout
+    lines = found.stdout.splitlines()
+    assert lines[0].startswith(
+        f"ok    daemon answering at {daemon.socket}: 0 targets, power: tegrastats"
+    )
+    assert lines[2] == "ok    power sources: tegrastats; device total from tegrastats"
+    assert lines[3] == f"ok    port {daemon.port} serves edgewatt's /metrics"
