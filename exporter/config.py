@@ -185,46 +185,107 @@ def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return optional
 
 
-# key: (parser, help). The default is the dataclass field's.
+# key: (parser, meaning). The default is the Config field's; the README's table and
+# `edgewatt config example` are both rendered from these (a test keeps the README in step).
 KEYS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
-    "socket": (_path, "Unix socket of the registration API (default: see README)"),
-    "listen": (parse_listen, "HOST:PORT of the Prometheus /metrics endpoint"),
-    "interval": (_seconds(0.05, 3600), "seconds between samples"),
-    "state_dir": (_path, "directory where registrations are persisted"),
-    "max_targets": (_count(1, 100_000), "targets that may run at once; more get HTTP 429"),
-    "history_samples": (_count(1, 1_000_000), "samples kept per target for /samples"),
+    "socket": (
+        _path,
+        "Unix socket of the registration API; unset: /run/edgewatt/edgewatt.sock as root, else "
+        "$XDG_RUNTIME_DIR/edgewatt.sock, else edgewatt-$UID.sock in the temp directory",
+    ),
+    "listen": (
+        parse_listen,
+        "HOST:PORT of the Prometheus /metrics endpoint ([::1]:9464 for IPv6, port 0 picks one)",
+    ),
+    "interval": (
+        _seconds(0.05, 3600),
+        "seconds between samples (0.05 to 3600)",
+    ),
+    "state_dir": (
+        _path,
+        "where registrations are persisted; unset: /var/lib/edgewatt as root, else "
+        "$XDG_STATE_HOME/edgewatt",
+    ),
+    "max_targets": (
+        _count(1, 100_000),
+        "targets that may run at once (more get HTTP 429); also the most exited ones kept",
+    ),
+    "history_samples": (
+        _count(1, 1_000_000),
+        "samples kept per target for /samples",
+    ),
     "exited_retention": (
         _seconds(0, 7 * 86400),
-        "seconds an exited target's summary stays readable (at most max_targets of them)",
+        "seconds an exited target's summary stays readable",
     ),
     "series_rotation": (
         _count(1, 1_000_000),
         "exited targets after which the OTel pipeline is rebuilt, bounding its memory",
     ),
-    "host_name": (_text, "host.name on every series (default: the kernel's hostname)"),
-    "proc_path": (_path, "procfs mount point"),
-    "log_level": (_log_level, "debug, info, warning or error"),
+    "host_name": (
+        _text,
+        "host.name on every series; unset: the kernel's hostname",
+    ),
+    "proc_path": (
+        _path,
+        "procfs mount point (a host's /proc mounted in a container)",
+    ),
+    "log_level": (
+        _log_level,
+        "debug, info, warning or error",
+    ),
     "power_sources": (
         _power_sources,
-        "'auto', or the power sources to use (ina3221, tegrastats, rapl, nvml)",
+        "auto, or the sources to use: a YAML list or comma-separated names of ina3221, "
+        "tegrastats, rapl, nvml",
     ),
-    "tegrastats": (_path, "tegrastats executable, run once for the daemon's lifetime"),
-    "sysfs_path": (_path, "sysfs mount point (INA3221/INA238 monitors, RAPL)"),
+    "tegrastats": (
+        _path,
+        "the tegrastats executable (flag --tegrastats), run once for the daemon's lifetime",
+    ),
+    "sysfs_path": (
+        _path,
+        "sysfs mount point (INA3221/INA238 monitors, RAPL)",
+    ),
     "idle_power_w": (
         _optional(_ranged(float, 0, 100_000, "a number of watts")),
-        "device idle power in W for attribution; unset: the lowest seen in the window",
+        "the device's idle power in W for attribution; unset: the lowest pass-average seen in "
+        "baseline_window",
     ),
     "baseline_window": (
         _seconds(1, 30 * 86400),
-        "seconds over which the idle power is estimated when not configured",
+        "seconds over which idle power is estimated",
     ),
-    "otlp_endpoint": (_endpoint, "OTLP collector URL to push to; empty: no push"),
-    "otlp_protocol": (_protocol, "http/protobuf or grpc"),
-    "otlp_headers": (_headers, "headers sent with each export (auth tokens)"),
-    "otlp_ca_file": (_text, "CA certificate file for TLS to the collector"),
-    "otlp_insecure": (_boolean, "gRPC without TLS (HTTP: use an http:// endpoint)"),
-    "otlp_interval": (_seconds(0.1, 86400), "seconds between OTLP exports"),
-    "otlp_timeout": (_seconds(0.1, 60), "seconds one export may take before it is dropped"),
+    "otlp_endpoint": (
+        _endpoint,
+        "collector URL to push OTLP to (flag --otlp-endpoint, OTEL_EXPORTER_OTLP_ENDPOINT); "
+        "unset: no push",
+    ),
+    "otlp_protocol": (
+        _protocol,
+        "http/protobuf or grpc (flag --otlp-protocol, OTEL_EXPORTER_OTLP_PROTOCOL)",
+    ),
+    "otlp_headers": (
+        _headers,
+        "headers for each export, e.g. auth tokens: a mapping, or k=v,k2=v2 "
+        "(OTEL_EXPORTER_OTLP_HEADERS)",
+    ),
+    "otlp_ca_file": (
+        _text,
+        "CA file for TLS to the collector (OTEL_EXPORTER_OTLP_CERTIFICATE)",
+    ),
+    "otlp_insecure": (
+        _boolean,
+        "gRPC without TLS (OTEL_EXPORTER_OTLP_INSECURE); for HTTP use an http:// URL",
+    ),
+    "otlp_interval": (
+        _seconds(0.1, 86400),
+        "seconds between exports (OTEL_METRIC_EXPORT_INTERVAL, in ms there)",
+    ),
+    "otlp_timeout": (
+        _seconds(0.1, 60),
+        "seconds an export may take before it is dropped (OTEL_EXPORTER_OTLP_TIMEOUT, in ms there)",
+    ),
 }
 
 # The standard OpenTelemetry variables, read like EDGEWATT_* ones (which win over
@@ -290,3 +351,23 @@ def build(yaml_path: str | None, environ: Mapping[str, str], flags: Mapping[str,
     for key, value in flags.items():
         config = _apply(config, {key: value}, f"from --{key.replace('_', '-')}")
     return config.resolved()
+
+
+def shown_default(key: str) -> str:
+    """A key's default as the docs show it."""
+    value = getattr(Config(), key)
+    if key == "listen":
+        return f"{value[0]}:{value[1]}"
+    if value is None or value == "":
+        return "unset"
+    if value == ():
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def markdown_table() -> str:
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{k}` | `{shown_default(k)}` | {meaning} |" for k, (_, meaning) in KEYS.items()]
+    return "\n".join(rows) + "\n"

@@ -10,11 +10,10 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import TextIO
 
-from exporter.config import KEYS, Config
+from exporter.config import KEYS, shown_default
 
 SYSTEM_UNIT = """[Unit]
 Description=edgewatt: what processes cost on this device (CPU, memory, network, power)
@@ -104,7 +103,6 @@ WantedBy=default.target
 
 def config_example() -> str:
     """Every key, commented out at its default, with its meaning above it."""
-    defaults = {f.name: f.default for f in fields(Config)}
     lines = [
         "# edgewatt daemon configuration (YAML). Every key is optional: the values shown,",
         "# commented out, are the defaults. Precedence: this file < OTEL_* < EDGEWATT_<KEY>",
@@ -112,15 +110,8 @@ def config_example() -> str:
         "# and idle_power_w; other keys need a restart.",
     ]
     for key, (_, meaning) in KEYS.items():
-        value = defaults[key]
-        if isinstance(value, tuple) and key == "listen":
-            shown = f"{value[0]}:{value[1]}"
-        elif value in (None, "", ()):
-            shown = "null" if value is None else '""' if value == "" else "{}"
-        elif isinstance(value, bool):
-            shown = "true" if value else "false"
-        else:
-            shown = str(value)
+        shown = shown_default(key)
+        shown = {"unset": "null", "none": "{}"}.get(shown, shown)
         lines += ["", f"# {meaning}", f"# {key}: {shown}"]
     return "\n".join(lines) + "\n"
 
