@@ -108,8 +108,10 @@ def _host_network(s: Snapshot) -> Points:
         yield io.receive, {"network.interface.name": name, "network.io.direction": "receive"}
 
 
-def _one(value: Callable[[Snapshot], float | None]) -> Callable[[Snapshot], Points]:
-    def observe(s: Snapshot) -> Points:
+def _one(value: Callable[[Any], float | None]) -> Callable[[Any], Points]:
+    """One unlabelled point from a snapshot (or, under _power, a power snapshot)."""
+
+    def observe(s: Any) -> Points:
         v = value(s)
         if v is not None:
             yield v, {}
@@ -148,17 +150,6 @@ def _gpu_value(value: Callable[[Gpu], float | None]) -> Callable[[PowerSnapshot]
 def _temperatures(power: PowerSnapshot) -> Points:
     for (source, name), celsius in power.temperatures_c.items():
         yield celsius, {"hw.id": f"{source}:{name}", "hw.name": name, "hw.type": "temperature"}
-
-
-def _host_value(
-    value: Callable[[PowerSnapshot], float | None],
-) -> Callable[[PowerSnapshot], Points]:
-    def observe(power: PowerSnapshot) -> Points:
-        v = value(power)
-        if v is not None:
-            yield v, {}
-
-    return observe
 
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -299,14 +290,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         "W",
         "Whole-device power: the board input rail on Jetson, RAPL plus GPUs elsewhere",
-        _power(_host_value(lambda p: p.host_power_w)),
+        _power(_one(lambda p: p.host_power_w)),
     ),
     MetricSpec(
         "hw.host.energy",
         "counter",
         "J",
         "Whole-device energy since the daemon started",
-        _power(_host_value(lambda p: p.host_energy_j)),
+        _power(_one(lambda p: p.host_energy_j)),
     ),
     MetricSpec(
         "hw.power",

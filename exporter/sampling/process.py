@@ -104,10 +104,14 @@ class ProcessTree:
                         if child is not None:
                             queue.append(child)
 
-        self._carry_departed(live)
-        for pid, member in list(self._members.items()):
-            if pid not in live or live[pid][0].handle is not member.handle:
-                member.handle.close()
+        departed = {
+            pid: m
+            for pid, m in self._members.items()
+            if pid not in live or live[pid][0].handle is not m.handle
+        }
+        self._carry_departed(departed, live)
+        for member in departed.values():
+            member.handle.close()
         self._members = {pid: m for pid, (m, _) in live.items()}
 
         raw = _ZERO
@@ -159,12 +163,9 @@ class ProcessTree:
             return None
         return handle, stat
 
-    def _carry_departed(self, live: dict[int, tuple[_Member, Stat]]) -> None:
-        departed = {
-            pid: m
-            for pid, m in self._members.items()
-            if pid not in live or live[pid][0].handle is not m.handle
-        }
+    def _carry_departed(
+        self, departed: dict[int, _Member], live: dict[int, tuple[_Member, Stat]]
+    ) -> None:
         if not departed:
             return
         lost_by_ancestor: dict[int | None, _Vec] = {}
