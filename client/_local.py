@@ -55,6 +55,7 @@ class LocalSampler:
             power=meter,
             attribution=Attribution(None, 3600.0),
             on_pass=on_snapshot,
+            children_files=True,  # one target inside a busy process: see Sampler
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -1,4 +1,4 @@
-"""Wiring: config -> table -> sampler -> telemetry, the API, signals and shutdown."""
+"""Wiring: config -> table -> sampler -> exposition and OTLP push; the API, signals, shutdown."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from exporter import __version__, power
 from exporter.api import ApiServer
 from exporter.config import Config, ConfigError
+from exporter.exposition import Exposition
 from exporter.notify import Notifier
 from exporter.otlp import OtlpOptions, build_reader
 from exporter.power.attribution import Attribution
@@ -32,7 +33,7 @@ from exporter.sampling.network import NetworkAccounting
 from exporter.snapshot import host_document
 from exporter.statefile import StateFile
 from exporter.targets import SAMPLE_UNITS, TargetError, TargetTable
-from exporter.telemetry import Telemetry
+from exporter.telemetry import OtelPipeline
 
 log = logging.getLogger("edgewatt")
 
@@ -116,11 +117,18 @@ class Daemon:
             proc=proc,
             on_change=self._persist,
         )
-        self.telemetry = Telemetry(
-            build_resource(config),
-            series_rotation=config.series_rotation,
-            max_targets=config.max_targets,
-            push=self._otlp_reader if config.otlp_endpoint else None,
+        resource = build_resource(config)
+        self.exposition = Exposition(resource)
+        # The OTel SDK runs only to push: /metrics is rendered from the snapshot.
+        self.pipeline = (
+            OtelPipeline(
+                resource,
+                lambda: [self._otlp_reader()],
+                series_rotation=config.series_rotation,
+                max_targets=config.max_targets,
+            )
+            if config.otlp_endpoint
+            else None
         )
         self.sampler = Sampler(
             self.table,
@@ -137,7 +145,9 @@ class Daemon:
         self._started = time.time()
 
     def _on_pass(self, snapshot: Any) -> None:
-        self.telemetry.update(snapshot)
+        self.exposition.update(snapshot)
+        if self.pipeline is not None:
+            self.pipeline.update(snapshot)
         # Pinged from the sampling loop itself: a stalled sampler stops the pings.
         self.notifier.watchdog()
         self.notifier.status(self._status(snapshot))
@@ -256,7 +266,7 @@ class Daemon:
         self._start_network()
         self.sampler.sample_once()  # the first scrape already has data
         host, port = self.config.listen
-        self.metrics_port = self.telemetry.serve(host, port)
+        self.metrics_port = self.exposition.serve(host, port)
         self.api = ApiServer(
             self.config.socket,
             self.table,
@@ -290,7 +300,9 @@ class Daemon:
         self.stop_event.set()
         if self.api is not None:
             self.api.close()
-        self.telemetry.shutdown()
+        self.exposition.shutdown()
+        if self.pipeline is not None:
+            self.pipeline.shutdown()
         for thread in self._threads:
             thread.join(timeout=1.0)
         self._persist(self.table.persistent_state())

@@ -40,6 +40,7 @@ class Sampler:
         power: PowerMeter | None = None,
         attribution: Attribution | None = None,
         network: NetworkAccounting | None = None,
+        children_files: bool = False,
     ) -> None:
         self.table = table
         self.interval = interval
@@ -55,7 +56,13 @@ class Sampler:
         self._host_busy_delta: float | None = None
         self._trees: dict[str, ProcessTree] = {}
         self._attributes: dict[str, Mapping[str, str | int]] = {}
-        self._children_files = procfs.has_children_files(proc)
+        # Two ways to find descendants: the parent index (one /proc listing, redone only
+        # after a process was created: cheapest for many targets) or the kernel's
+        # children files (a few reads per member: for one target sampled from inside a
+        # busy process, where every GIL release of a /proc listing costs a thread switch).
+        self._children_files = children_files and procfs.has_children_files(proc)
+        self._parents = procfs.ParentIndex(proc)
+        self._relist = False  # a tree lost members or a target exited: list /proc anew
         self._last_cpu: system.HostCpu | None = None
         self._failed: set[str] = set()
         self._overruns = 0
@@ -137,6 +144,7 @@ class Sampler:
         try:
             reading = tree.sample(children_of)
         except procfs.NoSuchProcess:
+            self._relist = True
             self.table.mark_exited(target.id, time.time())
             self._drop(target.id)
             self._exits += 1
@@ -150,6 +158,7 @@ class Sampler:
                 log.warning("sampling target %s (pid %d) failed: %s", target.id, target.pid, exc)
             return None
         self._failed.discard(target.id)
+        self._relist = self._relist or tree.lost_members
         return reading
 
     def _attribute(
@@ -259,14 +268,15 @@ class Sampler:
     def _children_lookup(self) -> Callable[[int], list[int]]:
         if self._children_files:
             return lambda pid: procfs.child_pids(pid, self.proc)
-        # Without CONFIG_PROC_CHILDREN one scan of /proc per pass serves every target,
-        # and only when some target wants its children.
+        # One parent index per pass serves every target, and only when some target
+        # wants its children.
         table: dict[int, list[int]] | None = None
 
         def lookup(pid: int) -> list[int]:
             nonlocal table
             if table is None:
-                table = procfs.parent_map(self.proc)
+                table = self._parents.children(fresh=self._relist)
+                self._relist = False
             return table.get(pid, [])
 
         return lookup

@@ -1,18 +1,18 @@
-"""OpenTelemetry side: the metric table, the MeterProvider, the Prometheus endpoint.
+"""The metric table and the OTel SDK pipeline that pushes it over OTLP.
 
-``METRICS`` is the single contract for names, kinds, units and attributes; the
-callbacks only read the latest :class:`Snapshot`, never /proc. Thread and descriptor
-counts use the Collector hostmetrics names (``process.threads``,
-``process.open_file_descriptors``) rather than ``process.thread.count``: Prometheus
-reserves the ``_count`` suffix for histograms and summaries, and ``promtool check
-metrics`` rejects a gauge named so.
+``METRICS`` is the single contract for names, kinds, units and attributes; both the
+/metrics endpoint (``exposition.py``) and the OTel instruments read the latest
+:class:`Snapshot` through it, never /proc. Thread and descriptor counts use the
+Collector hostmetrics names (``process.threads``, ``process.open_file_descriptors``)
+rather than ``process.thread.count``: Prometheus reserves the ``_count`` suffix for
+histograms and summaries, and ``promtool check metrics`` rejects a gauge named so.
 
 Bounded memory under process churn: the SDK keeps one aggregation per attribute set
 it has ever seen (field notes: +65 MiB per 50,000 pids), and series of exited targets
 would also eat the cardinality limit. So after ``series_rotation`` targets have left,
-the whole pipeline (provider, reader) is rebuilt and swapped in behind the HTTP
-endpoint in one assignment. Prometheus sees no gap and no reset: the counters are
-observed absolute values, not sums kept by the SDK.
+the whole pipeline (provider, readers) is rebuilt and swapped in one assignment. The
+collector sees no reset: the counters are observed absolute values, not sums kept by
+the SDK.
 """
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry, start_http_server
 
 from exporter.power.meter import PowerSnapshot, RailState
 from exporter.power.source import Gpu
@@ -62,26 +60,55 @@ def _per_process(value: Callable[[ProcessSample], float | None]) -> Callable[[Sn
 def _per_process_split(
     key: str, values: Mapping[str, Callable[[ProcessSample], float | None]]
 ) -> Callable[[Snapshot], Points]:
+    memo: _Memo = {}
+
     def observe(snapshot: Snapshot) -> Points:
+        nonlocal memo
+        seen: _Memo = {}
         for p in snapshot.processes:
             for label, value in values.items():
                 v = value(p)
                 if v is not None:
-                    yield v, {**p.attributes, key: label}
+                    yield v, _extend(memo, seen, p.attributes, key, label)
+        memo = seen
 
     return observe
 
 
 def _phases(running_only: bool) -> Callable[[Snapshot], Points]:
+    memo: _Memo = {}
+
     def observe(snapshot: Snapshot) -> Points:
+        nonlocal memo
+        seen: _Memo = {}
         for p in snapshot.processes:
             for name, running, energy in p.phases:
                 if running_only and running:
-                    yield 1, {**p.attributes, "edgewatt.phase": name}
+                    yield 1, _extend(memo, seen, p.attributes, "edgewatt.phase", name)
                 elif not running_only and energy is not None:
-                    yield energy, {**p.attributes, "edgewatt.phase": name}
+                    yield energy, _extend(memo, seen, p.attributes, "edgewatt.phase", name)
+        memo = seen
 
     return observe
+
+
+# (id of a target's attributes, added value) -> (those attributes, extended copy)
+_Memo = dict[tuple[int, str], tuple[Mapping[str, Any], Mapping[str, Any]]]
+
+
+def _extend(
+    memo: _Memo, seen: _Memo, base: Mapping[str, Any], key: str, value: str
+) -> Mapping[str, Any]:
+    """``{**base, key: value}``, the same object from pass to pass while the target
+    lives: the exposition caches rendered labels by identity. Entries hold ``base``, so
+    its id cannot be reused by another object while remembered; each pass keeps only
+    the entries it used."""
+    k = (id(base), value)
+    hit = memo.get(k)
+    if hit is None or hit[0] is not base:
+        hit = (base, {**base, key: value})
+    seen[k] = hit
+    return hit[1]
 
 
 def _host(observe: Callable[[Snapshot], Points]) -> Callable[[Snapshot], Points]:
@@ -414,29 +441,25 @@ METRICS: tuple[MetricSpec, ...] = (
 )
 
 
-class _Swappable:
-    """What prometheus_client serves: delegates to the current pipeline's registry."""
+class OtelPipeline:
+    """METRICS as OTel observable instruments over the latest snapshot, for OTLP push.
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+    ``readers`` builds the pipeline's metric readers (the OTLP one in the daemon); a
+    rebuilt pipeline gets fresh ones.
+    """
 
-    def collect(self) -> Iterable[Any]:
-        return self.registry.collect()
-
-
-class Telemetry:
     def __init__(
         self,
         resource: Resource,
+        readers: Callable[[], list[MetricReader]],
         *,
         series_rotation: int,
         max_targets: int = 1000,
         metrics: tuple[MetricSpec, ...] = METRICS,
-        push: Callable[[], MetricReader] | None = None,
     ) -> None:
         self._resource = resource
         self._metrics = metrics
-        self._push = push  # builds the OTLP reader; a rebuilt pipeline gets a fresh one
+        self._readers = readers
         self._rotation = series_rotation
         # Per instrument: live and not-yet-rotated targets, two sets each at most
         # (cpu.mode, disk.io.direction), plus host series. The SDK's default of 2000
@@ -445,22 +468,13 @@ class Telemetry:
         self._snapshot: Snapshot | None = None
         self._seen: set[str] = set()
         self._lock = threading.Lock()
-        self._served = _Swappable()
-        self._outer = CollectorRegistry()
-        self._outer.register(self._served)  # type: ignore[arg-type]
         self._provider = self._build()
         self.rotations = 0
-        self._httpd: Any = None
 
     def _build(self) -> MeterProvider:
-        registry = CollectorRegistry()
-        reader = PrometheusMetricReader(registry=registry, scope_info_enabled=False)
-        readers: list[MetricReader] = [reader]
-        if self._push is not None:
-            readers.append(self._push())
         provider = MeterProvider(
             resource=self._resource,
-            metric_readers=readers,
+            metric_readers=self._readers(),
             views=[
                 View(meter_name="edgewatt", aggregation_cardinality_limit=self.cardinality_limit)
             ],
@@ -478,7 +492,6 @@ class Telemetry:
                 unit=spec.unit,
                 description=spec.description,
             )
-        self._served.registry = registry
         return provider
 
     def _callback(self, spec: MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
@@ -505,13 +518,5 @@ class Telemetry:
         old.shutdown(timeout_millis=1000)
         log.info("rebuilt the OTel pipeline to release series of exited targets")
 
-    def serve(self, host: str, port: int) -> int:
-        """Start the /metrics endpoint; returns the bound port."""
-        self._httpd, _ = start_http_server(port, addr=host, registry=self._outer)
-        return int(self._httpd.server_address[1])
-
     def shutdown(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
         self._provider.shutdown(timeout_millis=1000)

@@ -4,6 +4,8 @@ where the behaviour does."""
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sampling import procfs, system
+from tests.conftest import wait_for
 
 # Real /proc/PID/stat of a process whose comm holds a space and a parenthesis.
 STAT = (
@@ -86,15 +89,75 @@ def test_fd_count_follows_open_descriptors() -> None:
     assert procfs.fd_count(os.getpid()) == before
 
 
-def test_children_by_either_discovery_method() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+@pytest.mark.skipif(not procfs.has_children_files(), reason="kernel without CONFIG_PROC_CHILDREN")
+def test_children_files_list_direct_children() -> None:
+    child = subprocess.Popen(["sleep", "30"])
     try:
-        assert child.pid in procfs.parent_map()[os.getpid()]
-        if procfs.has_children_files():
-            assert child.pid in procfs.child_pids(os.getpid())
+        assert child.pid in procfs.child_pids(os.getpid())
+        assert procfs.child_pids(child.pid) == []
     finally:
         child.kill()
         child.wait()
+
+
+def _fake_process(root: Path, pid: int, ppid: int) -> None:
+    (root / str(pid)).mkdir()
+    (root / str(pid) / "stat").write_text(f"{pid} (p{pid}) S {ppid} 1 1 0 -1 0 0 0 0 0 0 0 0\n")
+
+
+def test_parent_index_lists_only_after_a_process_was_created(tmp_path: Path) -> None:
+    (tmp_path / "loadavg").write_text("0.00 0.00 0.00 1/80 101\n")
+    _fake_process(tmp_path, 1, 0)
+    _fake_process(tmp_path, 100, 1)
+    _fake_process(tmp_path, 101, 100)
+    index = procfs.ParentIndex(str(tmp_path))
+    assert index.children() == {0: [1], 1: [100], 100: [101]}
+    assert (index.listings, index.stat_reads) == (1, 3)
+    # No new pid handed out: the last listing stands.
+    assert index.children() == {0: [1], 1: [100], 100: [101]}
+    assert index.listings == 1
+    # 100 exits and its pid is reused at once by a child of 1; 101 is re-parented to 1.
+    # Only the new entry (new inode) and the orphan (its parent's entry changed) are read.
+    _fake_process(tmp_path, 99999, 1)  # made while the old one exists: a new inode
+    shutil.rmtree(tmp_path / "100")
+    (tmp_path / "99999" / "stat").write_text("100 (p100) S 1 1 1 0 -1 0 0 0 0 0 0 0 0\n")
+    (tmp_path / "99999").rename(tmp_path / "100")
+    (tmp_path / "101" / "stat").write_text("101 (p101) S 1 1 1 0 -1 0 0 0 0 0 0 0 0\n")
+    (tmp_path / "loadavg").write_text("0.00 0.00 0.00 1/80 100\n")
+    assert index.children() == {0: [1], 1: [100, 101]}
+    assert (index.listings, index.stat_reads) == (2, 5)
+    # Asked for a fresh listing (a tree lost a member): listed, nothing re-read.
+    assert index.children(fresh=True) == {0: [1], 1: [100, 101]}
+    assert (index.listings, index.stat_reads) == (3, 5)
+
+
+def test_parent_index_follows_reparenting_on_the_live_kernel() -> None:
+    index = procfs.ParentIndex()
+    # A child whose own child outlives it: the grandchild is re-parented to init (or a
+    # subreaper) when the middle process exits.
+    middle = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time;"
+         "p = subprocess.Popen(['sleep', '30']); print(p.pid, flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    grandchild = int(middle.stdout.readline())  # type: ignore[union-attr]
+    try:
+        first = index.children()
+        assert middle.pid in first[os.getpid()]
+        assert first[middle.pid] == [grandchild]
+        middle.kill()
+        middle.wait()
+
+        def new_parent() -> int | None:
+            listing = index.children(fresh=True)
+            return next((p for p, c in listing.items() if grandchild in c), None)
+
+        assert wait_for(new_parent) != middle.pid
+        assert middle.pid not in index.children(fresh=True)
+    finally:
+        middle.kill()
+        middle.wait()
+        os.kill(grandchild, signal.SIGKILL)
 
 
 def test_boot_facts() -> None:

@@ -173,7 +173,7 @@ def test_heflwr_script_runs_unchanged(variant: str, tmp_path: Path) -> None:
         f"from client.{variant} import FileMonitor\n"
         "monitor = FileMonitor(file='./log.txt', interval=0.2)\n"
         "monitor.start()\n"
-        "sum(i * i for i in range(3_000_000))\n"
+        "sum(i * i for i in range(10_000_000))\n"
         "monitor.stop()\n"
         "detail = monitor.stats()\n"
         "summary = monitor.summary()\n"

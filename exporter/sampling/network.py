@@ -19,6 +19,7 @@ not counted at all, and a closing one loses its last interval (measured in
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -47,6 +48,9 @@ class NetworkAccounting:
         self._not_tcp: set[int] = set()
         self._hidden: set[int] = set()  # pids whose fds we may not list (logged once)
         self.dumps = 0  # full dumps so far: the expensive path, for benchmarks
+        # /proc/PID/fd kept open per pid: listing through it skips the path walk, and
+        # fails (ENOENT) rather than show another process once the pid is reused.
+        self._fd_dirs: dict[int, int] = {}
 
     def sample(self, targets: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, int] | None]:
         """(transmit, receive) bytes per target id, None where its sockets are hidden."""
@@ -55,14 +59,17 @@ class NetworkAccounting:
         for target, pids in targets.items():
             inodes: set[int] = set()
             for pid in pids:
-                found = socket_inodes(pid, self.proc)
+                found = self._socket_inodes(pid)
                 if found is None:
                     hidden.add(target)
                     self._say_hidden(pid)
                 else:
                     inodes |= found
             held[target] = inodes
-        self._hidden &= {pid for pids in targets.values() for pid in pids}
+        alive = {pid for pids in targets.values() for pid in pids}
+        self._hidden &= alive
+        for pid in self._fd_dirs.keys() - alive:
+            os.close(self._fd_dirs.pop(pid))
         tracked = {i: s for a in self._accounts.values() for i, s in a.live.items()}
         wanted = set().union(*held.values()) if held else set()
         self._not_tcp &= wanted  # forget inodes no longer held: they may be reused
@@ -92,6 +99,26 @@ class NetworkAccounting:
             result[target] = None if target in hidden and not account.live else account.totals()
         return result
 
+    def _socket_inodes(self, pid: int) -> set[int] | None:
+        """None when the process's fds are not ours to see."""
+        for _ in range(2):  # a second time with a fresh directory if the pid was reused
+            fd_dir = self._fd_dirs.get(pid)
+            if fd_dir is None:
+                try:
+                    fd_dir = os.open(f"{self.proc}/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY)
+                except PermissionError:
+                    return None
+                except OSError:
+                    return set()  # exited: the tree notices on its next pass
+                self._fd_dirs[pid] = fd_dir
+            try:
+                return socket_inodes(fd_dir)
+            except PermissionError:
+                return None
+            except OSError:
+                os.close(self._fd_dirs.pop(pid))
+        return set()
+
     def _say_hidden(self, pid: int) -> None:
         if pid not in self._hidden:
             self._hidden.add(pid)
@@ -105,4 +132,7 @@ class NetworkAccounting:
         self._accounts.pop(target, None)
 
     def close(self) -> None:
+        for fd_dir in self._fd_dirs.values():
+            os.close(fd_dir)
+        self._fd_dirs.clear()
         self.diag.close()

@@ -76,6 +76,7 @@ class ProcessTree:
         self._value: _Vec = _ZERO
         self._last_cpu_time: tuple[float, float] | None = None  # (monotonic, cpu seconds)
         self.io_visible = True
+        self.lost_members = False  # in the last sample: its orphans may be re-parented
 
     def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading:
         root_stat = self.root.stat()  # raises NoSuchProcess: the target has exited
@@ -109,6 +110,7 @@ class ProcessTree:
             for pid, m in self._members.items()
             if pid not in live or live[pid][0].handle is not m.handle
         }
+        self.lost_members = bool(departed)
         self._carry_departed(departed, live)
         for member in departed.values():
             member.handle.close()

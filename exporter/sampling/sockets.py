@@ -159,21 +159,15 @@ class SockDiag:
         self._sock.close()
 
 
-def socket_inodes(pid: int, proc: str = "/proc") -> set[int] | None:
-    """Inodes of the sockets a process holds open; None when its fds are not ours to see."""
-    path = f"{proc}/{pid}/fd"
-    try:
-        names = os.listdir(path)
-    except PermissionError:
-        return None
-    except OSError:
-        return set()
+def socket_inodes(fd_dir: int) -> set[int]:
+    """Inodes of the sockets held open by the process whose /proc/PID/fd directory is
+    open as ``fd_dir``. Raises OSError (ENOENT) once that process has exited."""
     inodes = set()
-    for name in names:
+    for name in os.listdir(fd_dir):
         try:
-            target = os.readlink(f"{path}/{name}")
+            target = os.readlink(name, dir_fd=fd_dir)
         except OSError:
-            continue
+            continue  # closed meanwhile
         if target.startswith("socket:["):
             inodes.add(int(target[8:-1]))
     return inodes

@@ -1,0 +1,355 @@
+"""What monitoring N processes costs: the edgewatt daemon beside prometheus-process-exporter.
+
+Both watch the same N idle processes at the same cadence, one after the other so they
+never compete for the CPU: the daemon samples every `--interval` seconds and is scraped
+once per interval; process-exporter (Debian's `prometheus-process-exporter`, one group
+per pid, `-threads=false -gather-smaps=false` so both report the same kind of figures)
+does its reading at scrape time, so one scrape per interval is the same cadence.
+Figures per exporter: CPU time over the run (from /proc/PID/stat, all threads),
+RSS at the end, /metrics latency p50/p99 (full body read), and the ratio of the two
+CPU costs.
+
+    .venv/bin/python benchmarks/overhead.py [--targets 200] [--duration 60]
+        [--idle-processes 2000] [--sweep 1,10,100,200,500] [--json out.json] [--png out.png]
+
+`--idle-processes K` adds a run of the daemon with K unrelated idle processes on the
+host, to show the cost does not follow the host's process count. `--sweep` repeats the
+comparison for each N and, with the `plot` extra, draws cost versus N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from client import _transport  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+PROCESS_EXPORTER = "prometheus-process-exporter"
+# One group per pid: each target's argv[0] carries its index, and the group is named
+# after it, as `name: "{{.Matches.id}}"` makes process-exporter do.
+PROCESS_EXPORTER_CONFIG = """\
+process_names:
+  - name: "{{.Matches.id}}"
+    cmdline:
+      - '^edgewatt-bench-(?P<id>\\d+)'
+"""
+
+
+@dataclass
+class Result:
+    exporter: str
+    targets: int
+    idle_processes: int
+    duration_s: float
+    cpu_s: float  # CPU time the exporter used over the measured window
+    cpu_share: float  # cpu_s / duration_s: 0.01 = 1 % of one core
+    rss_mib: float
+    scrape_p50_ms: float
+    scrape_p99_ms: float
+    scrape_bytes: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kib / 1024
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@contextmanager
+def idle_processes(count: int, prefix: str) -> Iterator[list[int]]:
+    """``count`` sleeping processes whose argv[0] is ``prefix-<i>``."""
+    procs = [
+        subprocess.Popen([f"{prefix}-{i}", "100000"], executable="/bin/sleep") for i in range(count)
+    ]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def scrape(url: str) -> tuple[float, int]:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=30) as r:
+        body = r.read()
+    return time.perf_counter() - started, len(body)
+
+
+def measure(
+    name: str, pid: int, url: str, targets: int, idle: int, args: argparse.Namespace
+) -> Result:
+    """Scrape once per interval for the duration; CPU and RSS of ``pid`` around it."""
+    for _ in range(3):  # warm up: first scrapes build caches on both sides
+        scrape(url)
+        time.sleep(args.interval)
+    latencies: list[float] = []
+    size = 0
+    cpu_before, started = cpu_seconds(pid), time.monotonic()
+    tick = started
+    while time.monotonic() - started < args.duration:
+        latency, size = scrape(url)
+        latencies.append(latency)
+        tick += args.interval
+        time.sleep(max(0.0, tick - time.monotonic()))
+    elapsed = time.monotonic() - started
+    used = cpu_seconds(pid) - cpu_before
+    return Result(
+        exporter=name,
+        targets=targets,
+        idle_processes=idle,
+        duration_s=round(elapsed, 1),
+        cpu_s=round(used, 3),
+        cpu_share=round(used / elapsed, 5),
+        rss_mib=round(rss_mib(pid), 1),
+        scrape_p50_ms=round(percentile(latencies, 0.5) * 1000, 2),
+        scrape_p99_ms=round(percentile(latencies, 0.99) * 1000, 2),
+        scrape_bytes=size,
+    )
+
+
+@contextmanager
+def daemon(pids: list[int], workdir: Path, args: argparse.Namespace) -> Iterator[tuple[int, str]]:
+    """The edgewatt daemon with every pid registered: yields its pid and /metrics URL."""
+    sock = str(workdir / "edgewatt.sock")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "exporter", "serve", "--socket", sock,
+            "--listen", f"127.0.0.1:{port}", "--state-dir", str(workdir / "state"),
+            "--interval", str(args.interval), "--log-level", "warning",
+        ],
+        cwd=ROOT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if _transport.call(sock, "GET", "/healthz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the daemon did not start")
+            time.sleep(0.05)
+        for i, pid in enumerate(pids):
+            body = {"pid": pid, "labels": {"run": f"bench-{i}"}}
+            status, data = _transport.call(sock, "POST", "/v1/targets", body, timeout=10)
+            if status != 201:
+                raise RuntimeError(f"registering pid {pid}: {status} {data}")
+        yield proc.pid, f"http://127.0.0.1:{port}/metrics"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        shutil.rmtree(workdir / "state", ignore_errors=True)
+
+
+def run_process_exporter(pids: list[int], workdir: Path, args: argparse.Namespace) -> Result | None:
+    binary = shutil.which(PROCESS_EXPORTER)
+    if binary is None:
+        return None
+    config = workdir / "process-exporter.yml"
+    config.write_text(PROCESS_EXPORTER_CONFIG)
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary, "-config.path", str(config), "-web.listen-address", f"127.0.0.1:{port}",
+            "-threads=false", "-gather-smaps=false",
+        ],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                scrape(url)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("process-exporter did not start") from None
+                time.sleep(0.05)
+        return measure("process-exporter", proc.pid, url, len(pids), 0, args)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def compare(targets: int, workdir: Path, args: argparse.Namespace) -> list[Result]:
+    results = []
+    with idle_processes(targets, "edgewatt-bench") as pids:
+        with daemon(pids, workdir, args) as (pid, url):
+            results.append(measure("edgewatt", pid, url, targets, 0, args))
+            if args.idle_processes and targets == args.targets:
+                # Same daemon, A-B-A: with the unrelated processes, then without again,
+                # so drift on the machine shows up rather than passing for an effect.
+                k = args.idle_processes
+                with idle_processes(k, "edgewatt-unrelated"):
+                    results.append(measure("edgewatt", pid, url, targets, k, args))
+                results.append(measure("edgewatt (again)", pid, url, targets, 0, args))
+        other = run_process_exporter(pids, workdir, args)
+        if other is not None:
+            results.append(other)
+    return results
+
+
+def print_table(results: list[Result]) -> None:
+    header = (
+        f"{'exporter':18s} {'N':>4s} {'idle':>5s} {'CPU s':>7s} {'% core':>7s} "
+        f"{'RSS MiB':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'bytes':>8s}"
+    )
+    print(header)
+    for r in results:
+        print(
+            f"{r.exporter:18s} {r.targets:4d} {r.idle_processes:5d} {r.cpu_s:7.2f} "
+            f"{r.cpu_share * 100:7.2f} {r.rss_mib:8.1f} {r.scrape_p50_ms:8.2f} "
+            f"{r.scrape_p99_ms:8.2f} {r.scrape_bytes:8d}"
+        )
+
+
+def ratios(results: list[Result]) -> dict[str, float]:
+    """CPU of the daemon / CPU of process-exporter, per N (no extra idle processes)."""
+    out = {}
+    for n in sorted({r.targets for r in results}):
+        ours = [
+            r
+            for r in results
+            if r.targets == n and r.exporter == "edgewatt" and not r.idle_processes
+        ]
+        theirs = [r for r in results if r.targets == n and r.exporter == "process-exporter"]
+        if ours and theirs and theirs[0].cpu_s > 0:
+            out[str(n)] = round(ours[0].cpu_s / theirs[0].cpu_s, 3)
+    return out
+
+
+def plot(results: list[Result], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("edgewatt", "process-exporter"):
+        points = sorted(
+            (r.targets, r.cpu_share * 100)
+            for r in results
+            if r.exporter == name and not r.idle_processes
+        )
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=name)
+    ax.set_xlabel("monitored processes (N)")
+    ax.set_ylabel("CPU (% of one core)")
+    ax.set_title("Monitoring cost at one sample and one scrape per second")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", type=int, default=200, help="monitored processes (N)")
+    parser.add_argument("--duration", type=float, default=60, help="seconds measured per run")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    parser.add_argument("--idle-processes", type=int, default=0, metavar="K")
+    parser.add_argument(
+        "--sweep", metavar="N,N,...", help="compare at each N (e.g. 1,10,100,200,500)"
+    )
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument(
+        "--png", metavar="PATH", help="cost versus N (needs --sweep and matplotlib)"
+    )
+    args = parser.parse_args()
+
+    sizes = [int(n) for n in args.sweep.split(",")] if args.sweep else [args.targets]
+    if args.targets not in sizes:
+        args.targets = sizes[-1]
+    if shutil.which(PROCESS_EXPORTER) is None:
+        print(
+            f"{PROCESS_EXPORTER} not found, measuring edgewatt alone: "
+            f"apt-get install {PROCESS_EXPORTER}"
+        )
+    workdir = Path(tempfile.mkdtemp(prefix="edgewatt-overhead-"))
+    results: list[Result] = []
+    try:
+        for n in sizes:
+            results += compare(n, workdir, args)
+            print_table([r for r in results if r.targets == n])
+            print(flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    print("Summary")
+    print_table(results)
+    cpu_ratio = ratios(results)
+    for n, ratio in cpu_ratio.items():
+        print(f"CPU ratio edgewatt/process-exporter at N={n}: {ratio:.3f}")
+    idle_change = None
+    base = [
+        r.cpu_s
+        for r in results
+        if r.exporter.startswith("edgewatt") and r.targets == args.targets and not r.idle_processes
+    ]
+    loaded = [r for r in results if r.idle_processes]
+    if loaded:
+        # Against the mean of the runs before and after (same N, same daemon).
+        idle_change = round(loaded[0].cpu_s / statistics.mean(base) - 1, 3)
+        print(
+            f"edgewatt CPU with {loaded[0].idle_processes} unrelated idle processes: "
+            f"{idle_change * 100:+.1f} %"
+        )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "interval_s": args.interval,
+                    "results": [asdict(r) for r in results],
+                    "cpu_ratio": cpu_ratio,
+                    "idle_processes_change": idle_change,
+                },
+                indent=1,
+            )
+        )
+    if args.png:
+        plot(results, args.png)
+        print(f"wrote {args.png}")
+
+
+if __name__ == "__main__":
+    main()

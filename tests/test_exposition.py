@@ -1,0 +1,243 @@
+"""/metrics rendered from the snapshot: the contract's names, and the OTel exporter's
+text for the same snapshot, line for line."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import socket
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.exposition import CONTENT_TYPE, Exposition
+from exporter.sampling import system
+from exporter.snapshot import HostSample, Snapshot
+from exporter.telemetry import METRICS, OtelPipeline
+from tests.snapshots import POWER, process
+
+RESOURCE = Resource.create(
+    {"service.name": "edgewatt", "host.name": "jetson-7", "odd": 'a"b\\c\nd', "count": 3}
+)
+
+# The Prometheus names that dashboards and rules are written against (design.md).
+EXPECTED_FAMILIES = {
+    "process_cpu_time_seconds": "counter",
+    "process_cpu_utilization": "gauge",
+    "process_memory_usage_bytes": "gauge",
+    "process_memory_virtual_bytes": "gauge",
+    "process_disk_io_bytes": "counter",
+    "process_network_io_bytes": "counter",
+    "process_threads": "gauge",
+    "process_open_file_descriptors": "gauge",
+    "edgewatt_process_members": "gauge",
+    "system_cpu_time_seconds": "counter",
+    "system_cpu_utilization": "gauge",
+    "edgewatt_host_logical_cpus": "gauge",
+    "system_memory_usage_bytes": "gauge",
+    "system_memory_limit_bytes": "gauge",
+    "system_network_io_bytes": "counter",
+    "edgewatt_targets": "gauge",
+    "edgewatt_sampler_duration_seconds": "gauge",
+    "edgewatt_sampler_overruns": "counter",
+    "edgewatt_sampler_errors": "counter",
+    "edgewatt_target_exits": "counter",
+    "edgewatt_process_phase": "gauge",
+    "edgewatt_process_phase_energy_joules": "gauge",
+    "edgewatt_process_power_watts": "gauge",
+    "edgewatt_process_energy_joules": "counter",
+    "hw_host_power_watts": "gauge",
+    "hw_host_energy_joules": "counter",
+    "hw_power_watts": "gauge",
+    "hw_energy_joules": "counter",
+    "hw_gpu_utilization": "gauge",
+    "hw_temperature_celsius": "gauge",
+    "edgewatt_host_idle_power_watts": "gauge",
+    "edgewatt_process_gpu_utilization": "gauge",
+    "edgewatt_process_gpu_memory_usage_bytes": "gauge",
+    "hw_gpu_memory_usage_bytes": "gauge",
+    "hw_gpu_memory_limit_bytes": "gauge",
+}
+
+
+def host() -> HostSample:
+    return HostSample(
+        cpu=system.read_cpu(),
+        cpu_utilization=0.2,
+        memory=system.read_memory(),
+        network=system.read_network(),
+    )
+
+
+def families(text: bytes) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text.decode())}
+
+
+def otel_text(snapshot: Snapshot, resource: Resource = RESOURCE) -> bytes:
+    """What the OTel SDK's PrometheusMetricReader serves for this snapshot."""
+    registry = CollectorRegistry()
+    pipeline = OtelPipeline(
+        resource,
+        lambda: [PrometheusMetricReader(registry=registry, scope_info_enabled=False)],
+        series_rotation=1000,
+    )
+    pipeline.update(snapshot)
+    try:
+        return generate_latest(registry)
+    finally:
+        pipeline.shutdown()
+
+
+def fast_text(snapshot: Snapshot, resource: Resource = RESOURCE) -> bytes:
+    exposition = Exposition(resource)
+    exposition.update(snapshot)
+    return exposition.render()
+
+
+def assert_same_lines(fast: bytes, slow: bytes) -> None:
+    # Same lines, same number of each; only the order of points within a family may
+    # differ (the SDK keeps first-seen order, Prometheus does not care).
+    assert sorted(fast.decode().splitlines()) == sorted(slow.decode().splitlines())
+
+
+def test_families_and_types_match_the_contract() -> None:
+    snapshot = Snapshot(
+        time=0.0, sequence=1, host=host(), processes=(process(1),), power=POWER, idle_power_w=4.0
+    )
+    got = {n: f.type for n, f in families(fast_text(snapshot)).items() if n != "target_info"}
+    assert got == EXPECTED_FAMILIES
+    assert len(METRICS) == len(EXPECTED_FAMILIES)
+    (rail,) = families(fast_text(snapshot))["hw_power_watts"].samples
+    assert rail.labels == {
+        "hw_id": "tegrastats:VDD_IN",
+        "hw_name": "VDD_IN",
+        "hw_type": "power_supply",
+    }
+    assert rail.value == 12.0
+
+
+def test_unknown_values_are_absent_not_zero() -> None:
+    snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=(process(1),))
+    disk = families(fast_text(snapshot))["process_disk_io_bytes"]
+    assert [(s.labels["disk_io_direction"], s.value) for s in disk.samples] == [("read", 1.0)]
+
+
+def test_text_equals_the_otel_exporters_for_every_kind_of_figure() -> None:
+    other = process(2)
+    other = dataclasses.replace(
+        other, attributes={**other.attributes, "experiment": 'q"uote\\', "run": "ünïcode"}
+    )
+    snapshot = Snapshot(
+        time=0.0,
+        sequence=1,
+        host=host(),
+        processes=(process(1), other, process(3, cpu=1e9)),
+        power=POWER,
+        idle_power_w=4.0,
+    )
+    fast = fast_text(snapshot)
+    assert_same_lines(fast, otel_text(snapshot))
+    # Label sets differ between targets: both write the union, missing ones as "".
+    rss = families(fast)["process_memory_usage_bytes"].samples
+    assert sorted(s.labels["experiment"] for s in rss) == ["", "", 'q"uote\\']
+    assert b'target_info{count="3",host_name="jetson-7",odd="a\\"b\\\\c\\nd"' in fast
+
+
+def test_text_equals_the_otel_exporters_without_host_or_power() -> None:
+    snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=(process(1),))
+    assert_same_lines(fast_text(snapshot), otel_text(snapshot))
+    empty = Snapshot(time=0.0, sequence=2, host=None)
+    assert_same_lines(fast_text(empty), otel_text(empty))
+
+
+label_keys = st.from_regex(r"[a-z][a-z0-9._-]{0,12}", fullmatch=True)
+label_values = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    labels=st.lists(st.dictionaries(label_keys, label_values, max_size=4), min_size=1, max_size=4),
+    values=st.lists(
+        st.floats(allow_nan=False, min_value=0, max_value=1e20), min_size=4, max_size=4
+    ),
+)
+def test_text_equals_the_otel_exporters_for_any_labels(
+    labels: list[dict[str, str]], values: list[float]
+) -> None:
+    processes = tuple(
+        dataclasses.replace(
+            process(i, cpu=values[i % 4]),
+            memory_rss_bytes=int(values[(i + 1) % 4]),
+            power_w=values[(i + 2) % 4],
+            attributes={**process(i).attributes, **extra},
+        )
+        for i, extra in enumerate(labels)
+    )
+    snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=processes)
+    assert_same_lines(fast_text(snapshot), otel_text(snapshot))
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Exposition, str]]:
+    exposition = Exposition(RESOURCE)
+    port = exposition.serve("127.0.0.1", 0)
+    yield exposition, f"http://127.0.0.1:{port}"
+    exposition.shutdown()
+
+
+def test_endpoint_serves_text_and_gzip_rendered_once_per_snapshot(
+    served: tuple[Exposition, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exposition, url = served
+    renders = []
+    render = exposition._render
+    monkeypatch.setattr(exposition, "_render", lambda s: renders.append(s.sequence) or render(s))
+    snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=(process(1),))
+    exposition.update(snapshot)
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        assert r.headers["Content-Type"] == CONTENT_TYPE
+        plain = r.read()
+    request = urllib.request.Request(f"{url}/metrics", headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=5) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(r.read()) == plain
+    assert plain == fast_text(snapshot)
+    assert renders == [1]  # two scrapes, one render
+    exposition.update(dataclasses.replace(snapshot, sequence=2))
+    urllib.request.urlopen(f"{url}/metrics", timeout=5).read()
+    assert renders == [1, 2]
+
+
+def test_endpoint_answers_other_paths_with_404(served: tuple[Exposition, str]) -> None:
+    _, url = served
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(f"{url}/nothing", timeout=5)
+    assert error.value.code == 404
+    assert b"/metrics" in error.value.read()
+
+
+def test_endpoint_serves_from_a_fixed_set_of_threads(served: tuple[Exposition, str]) -> None:
+    exposition, url = served
+    exposition.update(Snapshot(time=0.0, sequence=1, host=None, processes=(process(1),)))
+    port = int(url.rsplit(":", 1)[1])
+    stalled = socket.create_connection(("127.0.0.1", port))  # sends nothing
+    try:
+        threads = threading.active_count()
+        for _ in range(20):
+            with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+                assert b"process_threads" in r.read()
+        # No thread per scrape: each would hand out a pid and make the parent index
+        # list /proc again.
+        assert threading.active_count() == threads
+    finally:
+        stalled.close()

@@ -1,0 +1,44 @@
+"""The daemon's memory under process churn: the budget is flat RSS (growth under 5 MiB)
+across 5,000 register/exit cycles, with the real daemon scraped as Prometheus would."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+from tests.conftest import wait_for
+
+BATCH = 250
+CYCLES = 5000
+MIB = 2**20
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_rss_is_flat_across_5000_register_exit_cycles(daemon_factory: Any) -> None:
+    interval = 0.1
+    daemon = daemon_factory(interval=interval)
+    rss: dict[int, int] = {}
+    done = 0
+    while done < CYCLES:
+        procs = [subprocess.Popen(["sleep", "60"]) for _ in range(BATCH)]
+        for i, p in enumerate(procs):
+            daemon.register(p.pid, labels={"run": f"churn-{done + i}"})
+        # Sampled and scraped, so their series exist.
+        last, first = f'run="churn-{done + BATCH - 1}"', f'run="churn-{done}"'
+        wait_for(lambda: last in daemon.metrics_text())  # noqa: B023 - used at once
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+        wait_for(lambda: first not in daemon.metrics_text())  # noqa: B023 - exits noticed
+        done += BATCH
+        if done % 1000 == 0:
+            rss[done] = rss_bytes(daemon.proc.pid)
+    growth = rss[CYCLES] - rss[1000]
+    # The first 1,000 cycles fill the allocator's pools and the exited-target table
+    # (bounded by max_targets); from then on nothing may accumulate.
+    assert growth < 5 * MIB, {k: round(v / MIB, 1) for k, v in rss.items()}
