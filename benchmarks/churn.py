@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,18 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.measure import free_port, rss_bytes  # noqa: E402
 from client import _transport  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
 class Daemon:
@@ -51,7 +40,8 @@ class Daemon:
         self.socket = str(workdir / f"{name}.sock")
         self.port = free_port()
         env = {**os.environ, "EDGEWATT_SERIES_ROTATION": str(rotation)}
-        push = ["--otlp-endpoint", otlp, "--otlp-interval", "1"] if otlp else []
+        push = ["--otlp-endpoint", otlp] if otlp else []
+        env["EDGEWATT_OTLP_INTERVAL"] = "1"  # seconds: the SDK collects every second
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "exporter", "serve", "--socket", self.socket,

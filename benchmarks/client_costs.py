@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import client  # noqa: E402
+from benchmarks.measure import percentile  # noqa: E402
 from client import _transport  # noqa: E402
 
 
@@ -40,11 +41,6 @@ def import_cost_ms(statement: str, runs: int) -> float:
 
     base = statistics.median(wall("pass") for _ in range(runs))
     return (statistics.median(wall(statement) for _ in range(runs)) - base) * 1000
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.measure import free_port, percentile, rss_bytes  # noqa: E402
 from client import _transport  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -67,27 +67,10 @@ class Result:
     scrape_bytes: int
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    return kib / 1024
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @contextmanager
@@ -137,7 +120,7 @@ def measure(
         duration_s=round(elapsed, 1),
         cpu_s=round(used, 3),
         cpu_share=round(used / elapsed, 5),
-        rss_mib=round(rss_mib(pid), 1),
+        rss_mib=round(rss_bytes(pid) / 2**20, 1),
         scrape_p50_ms=round(percentile(latencies, 0.5) * 1000, 2),
         scrape_p99_ms=round(percentile(latencies, 0.99) * 1000, 2),
         scrape_bytes=size,

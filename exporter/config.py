@@ -220,7 +220,7 @@ KEYS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
     ),
     "series_rotation": (
         _count(1, 1_000_000),
-        "exited targets after which the OTel pipeline is rebuilt, bounding its memory",
+        "with OTLP push: exited targets after which the OTel pipeline is rebuilt (bounded memory)",
     ),
     "host_name": (
         _text,
