@@ -14,10 +14,14 @@ $(BIN)/edgewatt: pyproject.toml
 run: $(BIN)/edgewatt
 	$(BIN)/edgewatt serve
 
+# The client tests run a second time on the psutil backend (macOS, Windows, BSD).
+CLIENT_TESTS := tests/test_client.py tests/test_monitors.py tests/test_run_report.py tests/test_backends.py
+
 test: $(BIN)/edgewatt
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest
+	EDGEWATT_CLIENT_BACKEND=psutil $(BIN)/pytest $(CLIENT_TESTS)
 
 lint: $(BIN)/edgewatt
 	$(BIN)/ruff check .

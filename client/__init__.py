@@ -21,7 +21,7 @@ import threading
 from typing import Any
 
 from client import _transport
-from client._transport import DaemonError, default_socket
+from client._transport import DaemonError, current_uid, default_socket
 
 __all__ = ["DaemonError", "Registration", "default_socket", "register"]
 
@@ -104,7 +104,7 @@ class Registration:
         return _Phase(self, name)
 
     def _end_phase(self) -> None:
-        self._call("DELETE", "/phase", lambda local: local.table.end_phase(local.id, os.getuid()))
+        self._call("DELETE", "/phase", lambda local: local.table.end_phase(local.id, current_uid()))
 
     def close(self) -> None:
         """Unregister (with a daemon) or stop the local sampler."""

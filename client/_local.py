@@ -8,11 +8,12 @@ stays standard-library only and cheap.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from client._transport import current_uid
 
 log = logging.getLogger("edgewatt.client")
 
@@ -28,27 +29,39 @@ class LocalSampler:
         power: bool = True,
         on_snapshot: Callable[[Any], None] | None = None,
     ) -> None:
+        from client._backend import choose
         from exporter import power as power_sources
         from exporter.power.attribution import Attribution
         from exporter.power.meter import PowerMeter
         from exporter.power.source import PowerOptions
-        from exporter.sampler import Sampler
-        from exporter.sampling import procfs
         from exporter.targets import TargetTable
 
+        self.backend = choose()
+        if self.backend == "psutil":
+            from client import _psutil
+
+            boot_time, ticks, opener = _psutil.boot_time(), _psutil.TICKS, _psutil.PsutilHandle
+            sampler_class: Any = _psutil.PsutilSampler
+        else:
+            from exporter.sampler import Sampler
+            from exporter.sampling import procfs
+
+            boot_time, ticks, opener = procfs.boot_time(), procfs.CLOCK_TICKS, procfs.ProcHandle
+            sampler_class = Sampler
         self.table = TargetTable(
-            boot_time=procfs.boot_time(),
-            clock_ticks=procfs.CLOCK_TICKS,
+            boot_time=boot_time,
+            clock_ticks=ticks,
             max_targets=1,
             history_samples=3600,
             exited_retention_s=float("inf"),
+            open_process=opener,
         )
-        self.target, _ = self.table.register(pid, labels or {}, children, os.getuid())
+        self.target, _ = self.table.register(pid, labels or {}, children, current_uid())
         meter = None
         if power:
             found = power_sources.discover(PowerOptions(interval_s=interval))
             meter = PowerMeter(found, max_gap_s=max(5 * interval, 5.0)) if found else None
-        self.sampler = Sampler(
+        self.sampler = sampler_class(
             self.table,
             interval=interval,
             host_name=socket.gethostname(),
@@ -89,4 +102,4 @@ class LocalSampler:
         return self.table.samples(self.target.id)
 
     def phase(self, name: str) -> None:
-        self.table.start_phase(self.target.id, name, os.getuid())
+        self.table.start_phase(self.target.id, name, current_uid())

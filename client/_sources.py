@@ -76,6 +76,10 @@ class LocalSource:
         from client._local import LocalSampler
 
         self.local = LocalSampler(pid, labels=labels, interval=interval, power=power)
+        # A first pass here, before start() returns to the caller's work: it pays the
+        # one-off costs (opening files, finding descendants) while no busy thread
+        # competes for the GIL.
+        self.local.sampler.sample_once()
 
     def read(self) -> Reading | None:
         snapshot = self.local.sampler.sample_once()

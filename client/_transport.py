@@ -16,13 +16,18 @@ def default_socket() -> str:
     """design.md: EDGEWATT_SOCKET, else /run as root, else XDG_RUNTIME_DIR, else temp."""
     if os.environ.get("EDGEWATT_SOCKET"):
         return os.environ["EDGEWATT_SOCKET"]
-    if os.geteuid() == 0:
+    if current_uid() == 0:
         return "/run/edgewatt/edgewatt.sock"
     if os.environ.get("XDG_RUNTIME_DIR"):
         return os.path.join(os.environ["XDG_RUNTIME_DIR"], "edgewatt.sock")
     import tempfile  # only here: it costs a few ms at import
 
-    return os.path.join(tempfile.gettempdir(), f"edgewatt-{os.getuid()}.sock")
+    return os.path.join(tempfile.gettempdir(), f"edgewatt-{current_uid()}.sock")
+
+
+def current_uid() -> int:
+    """This process's user id; 0 where the OS has none (Windows: one user per client)."""
+    return os.getuid() if hasattr(os, "getuid") else 0
 
 
 class DaemonError(Exception):
@@ -48,6 +53,8 @@ def _connection(path: str, timeout: float) -> Any:
 def _connect(path: str, timeout: float | None) -> socket.socket:
     limit = min(CONNECT_TIMEOUT_S, timeout or CONNECT_TIMEOUT_S)
     deadline = time.monotonic() + limit
+    if not hasattr(socket, "AF_UNIX"):  # Windows builds of Python: no daemon to find
+        raise OSError(f"Unix sockets are not available here, so no daemon at {path}")
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from exporter.power.attribution import Attribution, PassEnergy, Usage
 from exporter.power.meter import PowerMeter, PowerSnapshot
@@ -54,7 +55,7 @@ class Sampler:
         self._last_target_cpu: dict[str, float] = {}
         self._last_energy: tuple[float, float, dict[str, float]] | None = None
         self._host_busy_delta: float | None = None
-        self._trees: dict[str, ProcessTree] = {}
+        self._trees: dict[str, Any] = {}  # ProcessTree, or a subclass's equivalent
         self._attributes: dict[str, Mapping[str, str | int]] = {}
         # Two ways to find descendants: the parent index (one /proc listing, redone only
         # after a process was created: cheapest for many targets) or the kernel's
@@ -69,7 +70,7 @@ class Sampler:
         self._errors = 0
         self._exits = 0
         self._sequence = 0
-        self.logical_cpus = system.read_cpu(proc).logical_cpus
+        self.logical_cpus = self._logical_cpus()
         self.snapshot = Snapshot(time=time.time(), sequence=0, host=None)
 
     def run(self, stop: threading.Event) -> None:
@@ -134,12 +135,7 @@ class Sampler:
         if tree is None:
             if target.handle is None:
                 return None
-            tree = ProcessTree(
-                target.handle,
-                children=target.children,
-                logical_cpus=self.logical_cpus,
-                proc=self.proc,
-            )
+            tree = self._new_tree(target)
             self._trees[target.id] = tree
         try:
             reading = tree.sample(children_of)
@@ -160,6 +156,25 @@ class Sampler:
         self._failed.discard(target.id)
         self._relist = self._relist or tree.lost_members
         return reading
+
+    # The platform seams: a subclass that reads elsewhere than /proc (client/_psutil.py)
+    # overrides these three and keeps everything else.
+
+    def _logical_cpus(self) -> int:
+        return system.read_cpu(self.proc).logical_cpus
+
+    def _new_tree(self, target: Target) -> ProcessTree:
+        assert target.handle is not None
+        return ProcessTree(
+            target.handle, children=target.children, logical_cpus=self.logical_cpus, proc=self.proc
+        )
+
+    def _read_host(self) -> tuple[system.HostCpu, system.HostMemory, dict[str, Any]]:
+        return (
+            system.read_cpu(self.proc),
+            system.read_memory(self.proc),
+            system.read_network(self.proc),
+        )
 
     def _attribute(
         self,
@@ -250,9 +265,7 @@ class Sampler:
 
     def _sample_host(self) -> HostSample | None:
         try:
-            cpu = system.read_cpu(self.proc)
-            memory = system.read_memory(self.proc)
-            network = system.read_network(self.proc)
+            cpu, memory, network = self._read_host()
         except (OSError, ValueError, KeyError) as exc:
             log.warning("reading host figures failed: %s", exc)
             return None

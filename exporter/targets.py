@@ -241,7 +241,11 @@ class TargetTable:
         exited_retention_s: float,
         proc: str = "/proc",
         on_change: Callable[[list[dict[str, Any]]], None] | None = None,
+        open_process: Callable[..., Any] = ProcHandle,
     ) -> None:
+        # open_process(pid, proc, expect_start=...) pins a process's identity: /proc
+        # here, psutil in the client where /proc is absent (client/_psutil.py).
+        self._open = open_process
         self._lock = threading.Lock()
         self._targets: dict[str, Target] = {}
         self._by_identity: dict[tuple[int, int], str] = {}
@@ -268,7 +272,7 @@ class TargetTable:
     ) -> tuple[Target, bool]:
         """Register a live process; returns (target, created)."""
         try:
-            handle = ProcHandle(pid, self._proc, expect_start=expect_start)
+            handle = self._open(pid, self._proc, expect_start=expect_start)
         except NoSuchProcess as exc:
             raise TargetError("no such process", f"pid {pid} does not exist") from exc
         with self._lock:

@@ -61,6 +61,20 @@ def _sub_floor(a: _Vec, b: _Vec) -> _Vec:
     return (max(0, a[0] - b[0]), max(0, a[1] - b[1]), max(0, a[2] - b[2]), max(0, a[3] - b[3]))
 
 
+class CpuRate:
+    """CPU seconds over wall seconds between two reads, as a share of all logical CPUs."""
+
+    def __init__(self, logical_cpus: int) -> None:
+        self._cpus = max(logical_cpus, 1)
+        self._last: tuple[float, float] | None = None  # (monotonic, cpu seconds)
+
+    def update(self, now: float, cpu_seconds: float) -> float | None:
+        last, self._last = self._last, (now, cpu_seconds)
+        if last is None or now <= last[0]:
+            return None
+        return max(0.0, (cpu_seconds - last[1]) / ((now - last[0]) * self._cpus))
+
+
 class ProcessTree:
     """Samples one target; :meth:`sample` raises NoSuchProcess once the target is gone."""
 
@@ -70,11 +84,10 @@ class ProcessTree:
         self.root = root
         self.children = children
         self.proc = proc
-        self._logical_cpus = max(logical_cpus, 1)
+        self._rate = CpuRate(logical_cpus)
         self._members: dict[int, _Member] = {}
         self._carried: _Vec = _ZERO
         self._value: _Vec = _ZERO
-        self._last_cpu_time: tuple[float, float] | None = None  # (monotonic, cpu seconds)
         self.io_visible = True
         self.lost_members = False  # in the last sample: its orphans may be re-parented
 
@@ -135,7 +148,7 @@ class ProcessTree:
             time=read_at,
             cpu_user_s=cpu_user,
             cpu_system_s=cpu_system,
-            cpu_utilization=self._utilization(read_at_monotonic, cpu_user + cpu_system),
+            cpu_utilization=self._rate.update(read_at_monotonic, cpu_user + cpu_system),
             rss_bytes=sum(s.rss_pages for s in stats) * PAGE_SIZE,
             vms_bytes=sum(s.vsize for s in stats),
             read_bytes=self._value[2] if self.io_visible else None,
@@ -197,12 +210,6 @@ class ProcessTree:
                 return None
             ppid = departed[ppid].ppid
         return None
-
-    def _utilization(self, now: float, cpu_seconds: float) -> float | None:
-        last, self._last_cpu_time = self._last_cpu_time, (now, cpu_seconds)
-        if last is None or now <= last[0]:
-            return None
-        return max(0.0, (cpu_seconds - last[1]) / ((now - last[0]) * self._logical_cpus))
 
     def close(self) -> None:
         for member in self._members.values():

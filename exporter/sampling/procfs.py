@@ -13,8 +13,10 @@ import errno
 import os
 from typing import NamedTuple
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+# Importable where os.sysconf is missing (Windows): the client's psutil backend shares
+# the bookkeeping modules that import these; nothing here reads /proc at import.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 _GONE = (errno.ESRCH, errno.ENOENT)
 
