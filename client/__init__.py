@@ -21,9 +21,10 @@ import threading
 from typing import Any
 
 from client import _transport
+from client._track import Measurement, track
 from client._transport import DaemonError, current_uid, default_socket
 
-__all__ = ["DaemonError", "Registration", "default_socket", "register"]
+__all__ = ["DaemonError", "Measurement", "Registration", "default_socket", "register", "track"]
 
 log = logging.getLogger("edgewatt.client")
 

@@ -31,11 +31,13 @@ class LocalSampler:
     ) -> None:
         from client._backend import choose
         from exporter import power as power_sources
+        from exporter.carbon import from_environment
         from exporter.power.attribution import Attribution
         from exporter.power.meter import PowerMeter
         from exporter.power.source import PowerOptions
         from exporter.targets import TargetTable
 
+        carbon = from_environment()
         self.backend = choose()
         if self.backend == "psutil":
             from client import _psutil
@@ -55,6 +57,7 @@ class LocalSampler:
             history_samples=3600,
             exited_retention_s=float("inf"),
             open_process=opener,
+            carbon=carbon,
         )
         self.target, _ = self.table.register(pid, labels or {}, children, current_uid())
         meter = None
@@ -69,6 +72,7 @@ class LocalSampler:
             attribution=Attribution(None, 3600.0),
             on_pass=on_snapshot,
             children_files=True,  # one target inside a busy process: see Sampler
+            carbon=carbon,
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

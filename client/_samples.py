@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+J_PER_KWH = 3.6e6
+
 # heflwr's rail keys and the tegrastats / INA3221 rails they are read from. The
 # board input has a different name per board: the device total stands for it.
 HEFLWR_RAILS = {"power_vdd_cpu_gpu_cv": "VDD_CPU_GPU_CV", "power_vdd_soc": "VDD_SOC"}
@@ -48,6 +50,7 @@ class Reading:
     energy_j: float | None = None  # the device's energy counter
     rails_w: dict[str, float] = field(default_factory=dict)
     process_energy_j: float | None = None  # attributed to the monitored process
+    carbon_g_per_kwh: float | None = None  # the grid intensity, only when one is configured
 
     @property
     def cpu_time_s(self) -> float:
@@ -149,6 +152,11 @@ class Recorder:
             and first.process_energy_j is not None
         ):
             result["process_energy_j"] = last.process_energy_j - first.process_energy_j
+        energy = result.get("energy_j", result.get("energy_vdd_in_j"))
+        if last.carbon_g_per_kwh is not None and energy is not None:
+            # CodeCarbon's rule, on the device's energy over the run.
+            result["carbon_intensity_g_per_kwh"] = last.carbon_g_per_kwh
+            result["total_carbon_g"] = energy / J_PER_KWH * last.carbon_g_per_kwh
         return result
 
 

@@ -44,6 +44,7 @@ class DaemonSource:
             {n: (v["receive_bytes"], v["transmit_bytes"]) for n, v in host["network"].items()}
         )
         power = host.get("power") or {}
+        carbon = host.get("carbon") or {}  # present only when the daemon has an intensity
         return Reading(
             time=latest["time"],
             cpu_user_s=latest["cpu_user_s"],
@@ -60,6 +61,7 @@ class DaemonSource:
                 if v["power_w"] is not None
             },
             process_energy_j=latest.get("energy_j"),
+            carbon_g_per_kwh=carbon.get("intensity_g_per_kwh"),
         )
 
     def close(self) -> None:
@@ -103,6 +105,7 @@ class LocalSource:
             if power
             else {},
             process_energy_j=p.energy_j,
+            carbon_g_per_kwh=snapshot.carbon.g_per_kwh if snapshot.carbon else None,
         )
 
     def close(self) -> None:

@@ -37,6 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--tegrastats", metavar="PATH", help="tegrastats executable (default /usr/bin/tegrastats)"
     )
+    serve.add_argument(
+        "--carbon-intensity-g-per-kwh",
+        metavar="G",
+        help="grid carbon intensity in gCO2e/kWh (default: none, no carbon figures)",
+    )
 
     run = sub.add_parser(
         "run",
@@ -89,6 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
             "tegrastats",
             "otlp_endpoint",
             "otlp_protocol",
+            "carbon_intensity_g_per_kwh",
         )
         if getattr(args, key) is not None
     }

@@ -48,6 +48,8 @@ class Config:
     sysfs_path: str = "/sys"
     idle_power_w: float | None = None  # None: estimated from the measurements
     baseline_window: float = 3600.0
+    carbon_intensity_g_per_kwh: float | None = None  # None: no carbon figures
+    carbon_country: str = ""  # "" means none; ISO 3166-1 code of the shipped table
     otlp_endpoint: str = ""  # "" means no OTLP push
     otlp_protocol: str = "http/protobuf"
     otlp_headers: tuple[tuple[str, str], ...] = ()
@@ -171,6 +173,15 @@ def _boolean(value: Any) -> bool:
     raise ValueError(f"must be true or false, got {value!r}")
 
 
+def _country(value: Any) -> str:
+    from exporter.carbon import country
+
+    text = _text(value).strip()
+    if text:
+        country(text)  # ValueError naming the codes the table has
+    return text
+
+
 def _endpoint(value: Any) -> str:
     text = _text(value).strip()
     if text and "://" not in text:
@@ -255,6 +266,16 @@ KEYS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
     "baseline_window": (
         _seconds(1, 30 * 86400),
         "seconds over which idle power is estimated",
+    ),
+    "carbon_intensity_g_per_kwh": (
+        _optional(_ranged(float, 0, 5000, "gCO2e per kWh")),
+        "grid carbon intensity in gCO2e/kWh (flag --carbon-intensity-g-per-kwh); unset: no carbon "
+        "figure anywhere, unless carbon_country is set",
+    ),
+    "carbon_country": (
+        _country,
+        "ISO 3166-1 code (DE, USA, ...) whose yearly average from the shipped table "
+        "(exporter/data/carbon_intensity.json) is used when no intensity is set",
     ),
     "otlp_endpoint": (
         _endpoint,

@@ -20,6 +20,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from exporter import __version__, power
 from exporter.api import ApiServer
+from exporter.carbon import CarbonIntensity, resolve_carbon
 from exporter.config import Config, ConfigError
 from exporter.exposition import Exposition
 from exporter.notify import Notifier
@@ -86,7 +87,7 @@ def device_facts(proc: str = "/proc", etc: str = "/etc") -> dict[str, str]:
     return facts
 
 
-def build_resource(config: Config) -> Resource:
+def build_resource(config: Config, carbon: CarbonIntensity | None = None) -> Resource:
     machine = platform.machine()
     defaults: dict[str, Any] = {
         "service.name": "edgewatt",
@@ -97,6 +98,9 @@ def build_resource(config: Config) -> Resource:
         "os.type": "linux",
         **device_facts(config.proc_path),
     }
+    if carbon is not None:
+        defaults["edgewatt.carbon.intensity"] = carbon.g_per_kwh  # gCO2e/kWh
+        defaults["edgewatt.carbon.intensity.source"] = carbon.source
     # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over the defaults.
     return Resource.create(defaults).merge(OTELResourceDetector().detect())
 
@@ -106,6 +110,7 @@ class Daemon:
         self.config = config
         self.stop_event = threading.Event()
         proc = config.proc_path
+        self.carbon = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
         Path(config.state_dir).mkdir(parents=True, exist_ok=True)
         self.statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc))
         self.table = TargetTable(
@@ -116,8 +121,9 @@ class Daemon:
             exited_retention_s=config.exited_retention,
             proc=proc,
             on_change=self._persist,
+            carbon=self.carbon,
         )
-        resource = build_resource(config)
+        resource = build_resource(config, self.carbon)
         self.exposition = Exposition(resource)
         # The OTel SDK runs only to push: /metrics is rendered from the snapshot.
         self.pipeline = (
@@ -137,6 +143,7 @@ class Daemon:
             proc=proc,
             on_pass=self._on_pass,
             attribution=Attribution(config.idle_power_w, config.baseline_window),
+            carbon=self.carbon,
         )
         self.notifier = Notifier()
         self.api: ApiServer | None = None
@@ -168,7 +175,15 @@ class Daemon:
         self.sampler.attribution.set_idle(config.idle_power_w)
         kept = [
             k
-            for k in ("socket", "listen", "state_dir", "otlp_endpoint", "power_sources")
+            for k in (
+                "socket",
+                "listen",
+                "state_dir",
+                "otlp_endpoint",
+                "power_sources",
+                "carbon_intensity_g_per_kwh",
+                "carbon_country",
+            )
             if getattr(config, k) != getattr(self.config, k)
         ]
         if kept:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from client import _transport
+from exporter.carbon import resolve_carbon
 from exporter.config import Config
 from exporter.sampling import procfs
 
@@ -100,6 +101,16 @@ def otlp_endpoint(config: Config) -> tuple[str, str]:
     return "ok", f"OTLP endpoint {config.otlp_endpoint} reachable"
 
 
+def carbon_intensity(config: Config) -> tuple[str, str]:
+    chosen = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
+    if chosen is None:
+        return "ok", (
+            "no carbon intensity configured: no gCO2e figures (optional: "
+            "carbon_intensity_g_per_kwh: 350, or carbon_country: DE)"
+        )
+    return "ok", f"carbon intensity {chosen.g_per_kwh:g} gCO2e/kWh, {chosen.source}"
+
+
 def clock(config: Config) -> tuple[str, str]:
     now = time.time()
     boot = procfs.boot_time(config.proc_path)
@@ -117,6 +128,7 @@ CHECKS: tuple[Check, ...] = (
     power_sources,
     metrics_port,
     otlp_endpoint,
+    carbon_intensity,
     clock,
 )
 

@@ -36,6 +36,14 @@ def summary_table(summary: dict[str, Any], title: str) -> str:
     if summary.get("process_energy_j") is not None:
         mine = summary["process_energy_j"]
         rows.append(("attributed energy", f"{mine:.1f} J ({mine / 3600:.4f} Wh) above idle"))
+    if summary.get("total_carbon_g") is not None:
+        rows.append(
+            (
+                "carbon",
+                f"{summary['total_carbon_g']:.4f} gCO2e of the device energy "
+                f"(at {summary['carbon_intensity_g_per_kwh']:g} gCO2e/kWh)",
+            )
+        )
     if energy is None:
         rows.append(("energy", "unknown: no power source on this device"))
     rows.append(("samples", str(summary.get("samples", 0))))

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from exporter.carbon import CarbonIntensity
 from exporter.power.attribution import Attribution, PassEnergy, Usage
 from exporter.power.meter import PowerMeter, PowerSnapshot
 from exporter.power.source import Gpu
@@ -42,8 +43,10 @@ class Sampler:
         attribution: Attribution | None = None,
         network: NetworkAccounting | None = None,
         children_files: bool = False,
+        carbon: CarbonIntensity | None = None,
     ) -> None:
         self.table = table
+        self.carbon = carbon
         self.interval = interval
         self.host_name = host_name
         self.proc = proc
@@ -116,6 +119,7 @@ class Sampler:
             processes=tuple(samples),
             power=power,
             idle_power_w=self.attribution.idle_w_in_use if power is not None else None,
+            carbon=self.carbon,
             stats=SamplerStats(
                 duration_s=time.monotonic() - started,
                 overruns=self._overruns,

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.carbon import CarbonIntensity
 from exporter.power.meter import PowerSnapshot
 from exporter.sampling.system import HostCpu, HostMemory, InterfaceBytes
 
@@ -71,6 +72,7 @@ class Snapshot:
     processes: tuple[ProcessSample, ...] = ()
     power: PowerSnapshot | None = None
     idle_power_w: float | None = None  # the attribution baseline in use
+    carbon: CarbonIntensity | None = None  # None: no carbon figure anywhere
     stats: SamplerStats = field(default_factory=lambda: SamplerStats(0.0, 0, 0))
 
 
@@ -78,7 +80,7 @@ def host_document(snapshot: Snapshot) -> dict[str, Any]:
     """The host part of a snapshot as JSON for GET /v1/host (units in the key names)."""
     host = snapshot.host
     power = snapshot.power
-    return {
+    document: dict[str, Any] = {
         "time": snapshot.time,
         "logical_cpus": host.cpu.logical_cpus if host else None,
         "cpu_utilization": host.cpu_utilization if host else None,
@@ -101,3 +103,12 @@ def host_document(snapshot: Snapshot) -> dict[str, Any]:
             },
         },
     }
+    carbon = snapshot.carbon
+    if carbon is not None:  # absent, not null, when no intensity is configured
+        energy = power.host_energy_j if power else None
+        document["carbon"] = {
+            "intensity_g_per_kwh": carbon.g_per_kwh,
+            "source": carbon.source,
+            "host_g": None if energy is None else carbon.grams(energy),
+        }
+    return document

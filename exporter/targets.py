@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.carbon import CarbonIntensity
 from exporter.sampling.procfs import NoSuchProcess, ProcHandle
 from exporter.snapshot import ProcessSample
 
@@ -178,7 +179,8 @@ class Target:
             "latest": dict(zip(SAMPLE_FIELDS, latest, strict=True)) if latest else None,
         }
 
-    def summary(self, logical_cpus: int) -> dict[str, Any]:
+    def summary(self, logical_cpus: int, carbon: CarbonIntensity | None = None) -> dict[str, Any]:
+        """Totals and per-phase figures; gCO2e beside each energy only when ``carbon``."""
         h = self.history
         result: dict[str, Any] = {
             "id": self.id,
@@ -189,20 +191,25 @@ class Target:
             "exited_at": self.exited_at,
             "samples": h.count,
         }
-        result.update(_span(h.first, h.last, logical_cpus))
+        result.update(_span(h.first, h.last, logical_cpus, carbon))
         result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
         result["memory_rss_avg_bytes"] = round(h.rss_sum / h.count) if h.count else None
         phases = []
         for phase in h.phases:
             item = {"name": phase.name, "started_at": phase.started_at, "ended_at": phase.ended_at}
-            item.update(_span(phase.first, phase.last, logical_cpus))
+            item.update(_span(phase.first, phase.last, logical_cpus, carbon))
             item["memory_rss_peak_bytes"] = phase.rss_peak if phase.first else None
             phases.append(item)
         result["phases"] = phases
+        if carbon is not None:
+            result["carbon_intensity_g_per_kwh"] = carbon.g_per_kwh
+            result["carbon_intensity_source"] = carbon.source
         return result
 
 
-def _span(first: tuple | None, last: tuple | None, logical_cpus: int) -> dict[str, Any]:
+def _span(
+    first: tuple | None, last: tuple | None, logical_cpus: int, carbon: CarbonIntensity | None
+) -> dict[str, Any]:
     """Differences between two samples: what the target consumed in between."""
 
     def delta(name: str) -> Any:
@@ -215,7 +222,7 @@ def _span(first: tuple | None, last: tuple | None, logical_cpus: int) -> dict[st
     user, system, energy = delta("cpu_user_s"), delta("cpu_system_s"), delta("energy_j")
     cpu = None if user is None or system is None else user + system
     per_second = duration > 0 and cpu is not None
-    return {
+    span = {
         "duration_s": round(duration, 3),
         "cpu_user_s": None if user is None else round(user, 3),
         "cpu_system_s": None if system is None else round(system, 3),
@@ -228,6 +235,9 @@ def _span(first: tuple | None, last: tuple | None, logical_cpus: int) -> dict[st
         "energy_j": None if energy is None else round(energy, 3),
         "power_avg_w": round(energy / duration, 3) if energy is not None and duration > 0 else None,
     }
+    if carbon is not None:  # of the energy as reported, so that the product is exact
+        span["carbon_g"] = None if energy is None else carbon.grams(span["energy_j"])
+    return span
 
 
 class TargetTable:
@@ -242,10 +252,12 @@ class TargetTable:
         proc: str = "/proc",
         on_change: Callable[[list[dict[str, Any]]], None] | None = None,
         open_process: Callable[..., Any] = ProcHandle,
+        carbon: CarbonIntensity | None = None,
     ) -> None:
         # open_process(pid, proc, expect_start=...) pins a process's identity: /proc
         # here, psutil in the client where /proc is absent (client/_psutil.py).
         self._open = open_process
+        self._carbon = carbon
         self._lock = threading.Lock()
         self._targets: dict[str, Target] = {}
         self._by_identity: dict[tuple[int, int], str] = {}
@@ -371,7 +383,7 @@ class TargetTable:
 
     def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
         with self._lock:
-            return self._get(target_id).summary(logical_cpus)
+            return self._get(target_id).summary(logical_cpus, self._carbon)
 
     def samples(self, target_id: str, since: float | None = None) -> list[dict[str, Any]]:
         with self._lock:
@@ -390,7 +402,7 @@ class TargetTable:
                 return ()
             result = []
             for phase in target.history.phases[-count:]:
-                energy = _span(phase.first, phase.last, 1)["energy_j"]
+                energy = _span(phase.first, phase.last, 1, None)["energy_j"]
                 result.append((phase.name, phase.ended_at is None, energy))
             return tuple(result)
 

@@ -154,6 +154,20 @@ def _power(observe: Callable[[PowerSnapshot], Points]) -> Callable[[Snapshot], P
     return guarded
 
 
+def _process_carbon(snapshot: Snapshot) -> Points:
+    carbon = snapshot.carbon
+    if carbon is not None:
+        for p in snapshot.processes:
+            if p.energy_j is not None:
+                yield carbon.grams(p.energy_j), p.attributes
+
+
+def _host_carbon(snapshot: Snapshot) -> Points:
+    carbon, power = snapshot.carbon, snapshot.power
+    if carbon is not None and power is not None and power.host_energy_j is not None:
+        yield carbon.grams(power.host_energy_j), {}
+
+
 def _rails(value: Callable[[RailState], float | None]) -> Callable[[PowerSnapshot], Points]:
     def observe(power: PowerSnapshot) -> Points:
         for rail in power.rails:
@@ -271,6 +285,14 @@ METRICS: tuple[MetricSpec, ...] = (
         _per_process(lambda p: p.energy_j),
     ),
     MetricSpec(
+        "edgewatt.process.carbon",
+        "counter",
+        "g",
+        "gCO2e of the target's attributed energy at the configured grid carbon intensity "
+        "(only when one is configured)",
+        _process_carbon,
+    ),
+    MetricSpec(
         "edgewatt.process.gpu.utilization",
         "gauge",
         "1",
@@ -325,6 +347,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "J",
         "Whole-device energy since the daemon started",
         _power(_one(lambda p: p.host_energy_j)),
+    ),
+    MetricSpec(
+        "edgewatt.host.carbon",
+        "counter",
+        "g",
+        "gCO2e of the whole device's energy since the daemon started, at the configured grid "
+        "carbon intensity (only when one is configured)",
+        _host_carbon,
     ),
     MetricSpec(
         "hw.power",

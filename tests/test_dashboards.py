@@ -91,7 +91,7 @@ def substitute(expr: str, values: dict[str, str]) -> str:
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_every_query_parses(path: Path) -> None:
     board = load(path)
-    values = {"device": ".*", "run": ".*", "target": ".*"}
+    values = {"device": ".*", "run": ".*", "target": ".*", "carbon": ".*"}
     for _title, expr in exprs(board):
         promql_parser.parse(substitute(expr, values))  # raises on a syntax error
     for variable in board["templating"]["list"]:
@@ -99,6 +99,17 @@ def test_every_query_parses(path: Path) -> None:
             inner = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", variable["definition"])
             if inner:
                 promql_parser.parse(substitute(inner[1], values))
+
+
+@pytest.mark.parametrize("name", ["fleet.json", "run.json"])
+def test_carbon_panels_are_drawn_only_where_carbon_series_exist(name: str) -> None:
+    board = load(next(p for p in DASHBOARDS if p.name == name))
+    carbon = [p for p in board["panels"] if "carbon" in p["title"].lower()]
+    assert len(carbon) == 1 and carbon[0]["repeat"] == "carbon"
+    assert carbon[0]["fieldConfig"]["defaults"]["unit"] == "massg"
+    (variable,) = [v for v in board["templating"]["list"] if v["name"] == "carbon"]
+    # Hidden, and listing only devices that export carbon: none, no panel.
+    assert variable["hide"] == 2 and "carbon_grams_total" in variable["definition"]
 
 
 def label_values(url: str, label: str, match: str) -> list[str]:
@@ -118,7 +129,11 @@ def test_every_panel_returns_data_from_a_real_prometheus(
     daemon: DaemonProcess = daemon_factory(
         interval=0.5,
         extra_args=["--tegrastats", str(ROOT / "tests" / "bin" / "tegrastats")],
-        env={"EDGEWATT_IDLE_POWER_W": "4", "EDGEWATT_POWER_SOURCES": "tegrastats"},
+        env={
+            "EDGEWATT_IDLE_POWER_W": "4",
+            "EDGEWATT_POWER_SOURCES": "tegrastats",
+            "EDGEWATT_CARBON_INTENSITY_G_PER_KWH": "350",  # the carbon panels' series
+        },
     )
     url = prometheus_factory(daemon)
     worker = spawn("while True: pass")
@@ -134,7 +149,7 @@ def test_every_panel_returns_data_from_a_real_prometheus(
         url, "run", f'process_cpu_time_seconds_total{{instance=~"{instance}"}}'
     ) == ["dash"]
     # Grafana puts the selected value into the regex matcher as it is.
-    values = {"device": instance, "run": "dash", "target": tid}
+    values = {"device": instance, "run": "dash", "target": tid, "carbon": instance}
     empty = []
     for path in DASHBOARDS:
         for title, expr in exprs(load(path)):

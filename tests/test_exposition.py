@@ -20,6 +20,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.carbon import CarbonIntensity
 from exporter.exposition import CONTENT_TYPE, Exposition
 from exporter.sampling import system
 from exporter.snapshot import HostSample, Snapshot
@@ -67,7 +68,10 @@ EXPECTED_FAMILIES = {
     "edgewatt_process_gpu_memory_usage_bytes": "gauge",
     "hw_gpu_memory_usage_bytes": "gauge",
     "hw_gpu_memory_limit_bytes": "gauge",
+    "edgewatt_process_carbon_grams": "counter",
+    "edgewatt_host_carbon_grams": "counter",
 }
+CARBON = CarbonIntensity(350.0, "configured (carbon_intensity_g_per_kwh)")
 
 
 def host() -> HostSample:
@@ -112,7 +116,13 @@ def assert_same_lines(fast: bytes, slow: bytes) -> None:
 
 def test_families_and_types_match_the_contract() -> None:
     snapshot = Snapshot(
-        time=0.0, sequence=1, host=host(), processes=(process(1),), power=POWER, idle_power_w=4.0
+        time=0.0,
+        sequence=1,
+        host=host(),
+        processes=(process(1),),
+        power=POWER,
+        idle_power_w=4.0,
+        carbon=CARBON,
     )
     got = {n: f.type for n, f in families(fast_text(snapshot)).items() if n != "target_info"}
     assert got == EXPECTED_FAMILIES
@@ -124,6 +134,20 @@ def test_families_and_types_match_the_contract() -> None:
         "hw_type": "power_supply",
     }
     assert rail.value == 12.0
+
+
+def test_carbon_is_intensity_times_energy_and_absent_without_an_intensity() -> None:
+    with_carbon = Snapshot(
+        time=0.0, sequence=1, host=None, processes=(process(1),), power=POWER, carbon=CARBON
+    )
+    found = families(fast_text(with_carbon))
+    (mine,) = found["edgewatt_process_carbon_grams"].samples
+    (device,) = found["edgewatt_host_carbon_grams"].samples
+    # process(1) was attributed 10 J, the device 100 J: 350 g/kWh x J / 3.6e6 J/kWh.
+    assert mine.value == pytest.approx(350 * 10 / 3.6e6, rel=1e-12)
+    assert device.value == pytest.approx(350 * 100 / 3.6e6, rel=1e-12)
+    without = fast_text(dataclasses.replace(with_carbon, carbon=None)).decode()
+    assert "carbon" not in without
 
 
 def test_unknown_values_are_absent_not_zero() -> None:
@@ -144,6 +168,7 @@ def test_text_equals_the_otel_exporters_for_every_kind_of_figure() -> None:
         processes=(process(1), other, process(3, cpu=1e9)),
         power=POWER,
         idle_power_w=4.0,
+        carbon=CARBON,
     )
     fast = fast_text(snapshot)
     assert_same_lines(fast, otel_text(snapshot))

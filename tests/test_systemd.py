@@ -230,16 +230,18 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
     )  # fmt: skip
     assert missing.returncode == 1
     lines = missing.stdout.splitlines()
-    assert len(lines) == 6
+    assert len(lines) == 7
     assert lines[0].startswith("FAIL  no daemon at") and "systemctl start edgewatt" in lines[0]
-    assert lines[5].startswith("ok    clock ")
+    assert lines[5].startswith("ok    no carbon intensity configured: no gCO2e figures")
+    assert lines[6].startswith("ok    clock ")
     daemon = daemon_factory(extra_args=["--tegrastats", str(ROOT / "tests" / "bin" / "tegrastats")])
     wait_for(lambda: daemon.call("GET", "/healthz")[1]["power_sources"] == ["tegrastats"])
     found = subprocess.run(
         [*EDGEWATT, "doctor", "--socket", daemon.socket],
         capture_output=True, text=True, cwd=ROOT,
         env={**os.environ, "EDGEWATT_LISTEN": f"127.0.0.1:{daemon.port}",
-             "EDGEWATT_TEGRASTATS": str(ROOT / "tests" / "bin" / "tegrastats")},
+             "EDGEWATT_TEGRASTATS": str(ROOT / "tests" / "bin" / "tegrastats"),
+             "EDGEWATT_CARBON_COUNTRY": "de"},
     )  # fmt: skip
     assert found.returncode == 0, found.stdout
     lines = found.stdout.splitlines()
@@ -248,3 +250,4 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
     )
     assert lines[2] == "ok    power sources: tegrastats; device total from tegrastats"
     assert lines[3] == f"ok    port {daemon.port} serves edgewatt's /metrics"
+    assert lines[5].startswith("ok    carbon intensity 365.477 gCO2e/kWh, Germany 2021 average")

@@ -72,7 +72,9 @@ class Layout:
         return panel
 
 
-def query_variable(name: str, label: str, query: str, include_all: bool = True) -> dict[str, Any]:
+def query_variable(
+    name: str, label: str, query: str, include_all: bool = True, hide: int = 0
+) -> dict[str, Any]:
     return {
         "name": name,
         "label": label,
@@ -86,7 +88,31 @@ def query_variable(name: str, label: str, query: str, include_all: bool = True) 
         "allValue": ".*",
         "current": {},
         "sort": 1,
+        "hide": hide,
     }
+
+
+def carbon_variable(metric: str, selector: str) -> dict[str, Any]:
+    """A hidden variable listing the devices that export ``metric``: a panel repeated
+    over it is not drawn at all where no carbon intensity is configured (and so no
+    carbon series exist), rather than drawn empty or as a made-up 0."""
+    return query_variable(
+        "carbon", "Carbon", f"label_values({metric}{{{selector}}}, instance)", hide=2
+    )
+
+
+def carbon_panel(lay: Layout, title: str, expr: str) -> dict[str, Any]:
+    return lay.panel(
+        "stat",
+        title,
+        "massg",  # grams; the title says CO2e
+        [target(expr, "gCO2e")],
+        w=12,
+        repeat="carbon",
+        repeatDirection="h",
+        description="gCO2e = grid carbon intensity (carbon_intensity_g_per_kwh or "
+        "carbon_country, shown in target_info) x energy. Shown only where one is configured.",
+    )
 
 
 DATASOURCE_VARIABLE = {
@@ -171,7 +197,17 @@ def fleet() -> dict[str, Any]:
             w=24,
         ),
     ]
-    variables = [query_variable("device", "Device", "label_values(edgewatt_targets, instance)")]
+    panels.append(
+        carbon_panel(
+            lay,
+            "Device carbon over the range (gCO2e), $carbon",
+            'sum(increase(edgewatt_host_carbon_grams_total{instance=~"$carbon"}[$__range]))',
+        )
+    )
+    variables = [
+        query_variable("device", "Device", "label_values(edgewatt_targets, instance)"),
+        carbon_variable("edgewatt_host_carbon_grams_total", by_device),
+    ]
     return dashboard("edgewatt-fleet", "edgewatt: fleet overview", variables, panels)
 
 
@@ -327,7 +363,16 @@ def run() -> dict[str, Any]:
             'label_values(process_cpu_time_seconds_total{instance=~"$device", run=~"$run"}, '
             "edgewatt_target_id)",
         ),
+        carbon_variable("edgewatt_process_carbon_grams_total", t),
     ]
+    panels.append(
+        carbon_panel(
+            lay,
+            "Attributed carbon over the range (gCO2e), $carbon",
+            "sum(increase(edgewatt_process_carbon_grams_total"
+            f'{{{t}, instance=~"$carbon"}}[$__range]))',
+        )
+    )
     return dashboard("edgewatt-run", "edgewatt: process / run", variables, panels)
 
 

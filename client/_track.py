@@ -1,0 +1,113 @@
+"""``client.track``: energy, carbon and duration per call of a function or block.
+
+Built on the phase API (each call is one phase of this process's registration), as
+CodeCarbon's ``track_emissions`` and Zeus's measurement windows are used:
+
+    @client.track("train_step")
+    def train_step(batch): ...
+
+    with client.track("evaluate") as t:
+        evaluate()
+    print(t.last)  # Measurement(name='evaluate', duration_s=..., energy_j=..., carbon_g=...)
+
+The energy is what the daemon attributes to this process during the call (J above
+the device's idle power, docs/attribution.md); carbon is present only when a grid
+intensity is configured. A call shorter than the sampling interval has no energy
+figure (None). Leaving the call waits for the sample that closes the phase (at most
+a few intervals, bounded by ``wait_s``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
+
+log = logging.getLogger("edgewatt.client")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# One registration for every track() of the process that is given none, created on
+# first use: a process is one target, and its phases follow each other.
+_shared: dict[str, Any] = {}
+_shared_lock = threading.Lock()
+
+
+def _shared_registration() -> Any:
+    with _shared_lock:
+        if "registration" not in _shared:
+            from client import register
+
+            _shared["registration"] = register(labels={})
+        return _shared["registration"]
+
+
+class Measurement(NamedTuple):  # a NamedTuple: dataclasses would cost `import client` ~6 ms
+    name: str
+    duration_s: float  # wall time of the call
+    energy_j: float | None  # energy attributed to the process during the call
+    carbon_g: float | None  # gCO2e of that energy; None without a configured intensity
+
+
+class track:  # lower case: it reads as a decorator, like functools.wraps
+    """Measure each call of a function (decorator) or each run of a block (``with``)."""
+
+    def __init__(self, name: str, registration: Any = None, wait_s: float = 5.0) -> None:
+        if not isinstance(name, str) or not name or len(name) > 128:
+            raise ValueError("track name must be a string of 1 to 128 characters")
+        self.name = name
+        self.registration = registration
+        self.wait_s = wait_s
+        self.measurements: deque[Measurement] = deque(maxlen=1000)
+        self._started = 0.0
+
+    @property
+    def last(self) -> Measurement | None:
+        return self.measurements[-1] if self.measurements else None
+
+    def __enter__(self) -> track:
+        if self.registration is None:
+            self.registration = _shared_registration()
+        self.registration.phase(self.name)
+        self._started = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        duration = time.monotonic() - self._started
+        registration = self.registration
+        before = registration.summary().get("samples", 0)
+        registration._end_phase()
+        # The phase's figures are final once a sample after its end has been taken.
+        deadline = time.monotonic() + self.wait_s
+        summary = registration.summary()
+        while summary.get("samples", 0) <= before and time.monotonic() < deadline:
+            time.sleep(0.05)
+            summary = registration.summary()
+        phase = next((p for p in reversed(summary.get("phases", [])) if p["name"] == self.name), {})
+        measurement = Measurement(
+            name=self.name,
+            duration_s=round(duration, 6),
+            energy_j=phase.get("energy_j"),
+            carbon_g=phase.get("carbon_g"),
+        )
+        self.measurements.append(measurement)
+        log.info(
+            "edgewatt: %s took %.3f s, %s J, %s gCO2e",
+            self.name,
+            duration,
+            measurement.energy_j,
+            measurement.carbon_g,
+        )
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        wrapper.track = self  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]

@@ -1,0 +1,77 @@
+"""Carbon beside energy: emissions = grid carbon intensity x energy (CodeCarbon's rule).
+
+An intensity is only ever one the user chose: a value (``carbon_intensity_g_per_kwh``)
+or a country whose yearly average the shipped table holds (``carbon_country``, ISO
+3166-1 alpha-2 or alpha-3). Without either there is no carbon figure anywhere, never
+a default one. Standard library only: the client uses it too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("edgewatt.carbon")
+
+J_PER_KWH = 3.6e6
+TABLE = Path(__file__).with_name("data") / "carbon_intensity.json"
+
+
+@dataclass(frozen=True)
+class CarbonIntensity:
+    g_per_kwh: float  # gCO2e per kWh
+    source: str  # where the figure comes from, shown next to it
+
+    def grams(self, energy_j: float) -> float:
+        """gCO2e of ``energy_j`` joules."""
+        return energy_j / J_PER_KWH * self.g_per_kwh
+
+
+@cache
+def countries() -> dict[str, dict[str, Any]]:
+    """The shipped table, by alpha-3 code: name, alpha2, g_per_kwh, year, source."""
+    return json.loads(TABLE.read_text())["countries"]
+
+
+def country(code: str) -> CarbonIntensity:
+    """The table's figure for an ISO 3166-1 alpha-2 or alpha-3 code; ValueError names
+    the codes it knows when it has none for this one."""
+    wanted = code.strip().upper()
+    for alpha3, entry in countries().items():
+        if wanted in (alpha3, entry["alpha2"]):
+            return CarbonIntensity(
+                entry["g_per_kwh"],
+                f"{entry['name']} {entry['year']} average, {entry['source']}",
+            )
+    known = ", ".join(sorted(e["alpha2"] for e in countries().values()))
+    raise ValueError(f"no carbon intensity for country {code!r} (the table has {known})")
+
+
+def resolve_carbon(g_per_kwh: float | None, country_code: str | None) -> CarbonIntensity | None:
+    """The configured value wins over the country's; None when neither is set."""
+    if g_per_kwh is not None:
+        return CarbonIntensity(g_per_kwh, "configured (carbon_intensity_g_per_kwh)")
+    if country_code:
+        return country(country_code)
+    return None
+
+
+def from_environment(environ: Mapping[str, str] = os.environ) -> CarbonIntensity | None:
+    """The intensity the daemon's variables set (EDGEWATT_CARBON_INTENSITY_G_PER_KWH,
+    EDGEWATT_CARBON_COUNTRY), for the client's in-process sampling. A bad value is
+    logged and ignored: monitoring never raises into the caller."""
+    value = environ.get("EDGEWATT_CARBON_INTENSITY_G_PER_KWH", "").strip()
+    try:
+        g_per_kwh = float(value) if value else None
+        if g_per_kwh is not None and not 0 <= g_per_kwh <= 5000:
+            raise ValueError(f"must be between 0 and 5000 gCO2e/kWh, got {value}")
+        return resolve_carbon(g_per_kwh, environ.get("EDGEWATT_CARBON_COUNTRY", "").strip())
+    except ValueError as exc:
+        log.warning("edgewatt: no carbon figures: %s", exc)
+        return None
