@@ -41,7 +41,7 @@ sleep 3
 say status; edgewatt status; systemctl show edgewatt -p StatusText
 say watchdog; kill -STOP "$(systemctl show -p MainPID --value edgewatt)"; sleep 40
 systemctl show edgewatt -p ActiveState -p SubState -p NRestarts
-journalctl -u edgewatt --no-pager | grep -E "Watchdog timeout|restart counter" || true
+journalctl -b -u edgewatt --no-pager | grep -E "Watchdog timeout|restart counter" || true
 say security; systemd-analyze security edgewatt --no-pager | tail -1
 say uninstall; edgewatt uninstall-service; echo "after uninstall: $(systemctl is-active edgewatt)"
 systemctl poweroff
