@@ -6,6 +6,7 @@ read by both. One lock guards the table; every operation under it is short.
 
 from __future__ import annotations
 
+import operator
 import secrets
 import threading
 import time
@@ -86,8 +87,8 @@ class TooMany(TargetError):
     status = 429
 
 
-def _row(sample: ProcessSample) -> tuple:
-    return tuple(getattr(sample, name) for name in SAMPLE_FIELDS)
+_row: Callable[[ProcessSample], tuple] = operator.attrgetter(*SAMPLE_FIELDS)
+"""A sample as the history keeps it: the SAMPLE_FIELDS in order."""
 
 
 @dataclass(slots=True)

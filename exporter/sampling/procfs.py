@@ -77,8 +77,14 @@ def parse_stat(text: str) -> Stat:
 
 def parse_io(text: str) -> tuple[int, int]:
     """(read_bytes, write_bytes) from /proc/PID/io: bytes that reached storage."""
-    fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
-    return int(fields["read_bytes"]), int(fields["write_bytes"])
+    tokens = text.split()  # "name:", value pairs, read for every process every pass
+    try:
+        return (
+            int(tokens[tokens.index("read_bytes:") + 1]),
+            int(tokens[tokens.index("write_bytes:") + 1]),
+        )
+    except (ValueError, IndexError):
+        raise ValueError(f"no read_bytes/write_bytes in /proc/PID/io: {text[:80]!r}") from None
 
 
 class ProcHandle:
