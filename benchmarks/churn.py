@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measure import free_port, rss_bytes  # noqa: E402
+from benchmarks.measure import free_port, rss_bytes, wait_healthy  # noqa: E402
 from client import _transport  # noqa: E402
 
 
@@ -50,16 +50,7 @@ class Daemon:
             ],
             cwd=ROOT, env=env,
         )  # fmt: skip
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                if _transport.call(self.socket, "GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("daemon did not start")
-            time.sleep(0.05)
+        wait_healthy(self.socket, timeout=15)
 
     def register(self, pid: int, i: int) -> None:
         body = {"pid": pid, "labels": {"run": f"churn-{i}"}}

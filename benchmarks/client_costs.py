@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import statistics
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import client  # noqa: E402
-from benchmarks.measure import percentile  # noqa: E402
+from benchmarks.measure import percentile, wait_healthy  # noqa: E402
 from client import _transport  # noqa: E402
 
 
@@ -62,9 +61,7 @@ def main() -> None:
         cwd=ROOT,
     )  # fmt: skip
     try:
-        while not os.path.exists(sock):
-            time.sleep(0.05)
-        time.sleep(0.3)
+        wait_healthy(sock)
         register_ms, health_ms = [], []
         for _ in range(args.calls):
             started = time.perf_counter()

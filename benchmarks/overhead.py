@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measure import free_port, percentile, rss_bytes  # noqa: E402
+from benchmarks.measure import free_port, percentile, rss_bytes, wait_healthy  # noqa: E402
 from client import _transport  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -141,16 +141,7 @@ def daemon(pids: list[int], workdir: Path, args: argparse.Namespace) -> Iterator
         cwd=ROOT,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if _transport.call(sock, "GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the daemon did not start")
-            time.sleep(0.05)
+        wait_healthy(sock)
         for i, pid in enumerate(pids):
             body = {"pid": pid, "labels": {"run": f"bench-{i}"}}
             status, data = _transport.call(sock, "POST", "/v1/targets", body, timeout=10)
