@@ -64,14 +64,17 @@ def resolve_carbon(g_per_kwh: float | None, country_code: str | None) -> CarbonI
 
 def from_environment(environ: Mapping[str, str] = os.environ) -> CarbonIntensity | None:
     """The intensity the daemon's variables set (EDGEWATT_CARBON_INTENSITY_G_PER_KWH,
-    EDGEWATT_CARBON_COUNTRY), for the client's in-process sampling. A bad value is
-    logged and ignored: monitoring never raises into the caller."""
-    value = environ.get("EDGEWATT_CARBON_INTENSITY_G_PER_KWH", "").strip()
+    EDGEWATT_CARBON_COUNTRY), checked by the daemon's own parsers, for the client's
+    in-process sampling. A bad value is logged and ignored: monitoring never raises
+    into the caller."""
+    from exporter.config import KEYS
+
     try:
-        g_per_kwh = float(value) if value else None
-        if g_per_kwh is not None and not 0 <= g_per_kwh <= 5000:
-            raise ValueError(f"must be between 0 and 5000 gCO2e/kWh, got {value}")
-        return resolve_carbon(g_per_kwh, environ.get("EDGEWATT_CARBON_COUNTRY", "").strip())
+        g_per_kwh = KEYS["carbon_intensity_g_per_kwh"][0](
+            environ.get("EDGEWATT_CARBON_INTENSITY_G_PER_KWH", "").strip()
+        )
+        country_code = KEYS["carbon_country"][0](environ.get("EDGEWATT_CARBON_COUNTRY", ""))
+        return resolve_carbon(g_per_kwh, country_code)
     except ValueError as exc:
         log.warning("edgewatt: no carbon figures: %s", exc)
         return None
