@@ -69,10 +69,11 @@ def _read(process: psutil.Process) -> tuple[tuple[float, float, int, int], dict[
     """((user s, system s, read B, write B) with reaped children's where the OS adds
     them, other figures and when the CPU was read) of one process."""
     with process.oneshot():
-        cpu = process.cpu_times()
-        # Rates divide by the time between two reads: stamp the CPU read itself, not
-        # the end of reads that may each wait for the GIL in a busy process.
+        # Rates divide by the time between two reads: stamp just before the CPU read.
+        # The thread holds the GIL until the read's syscall; after it, each GIL
+        # release (open, read, close) may wait a switch interval in a busy process.
         stamp = (time.time(), time.monotonic())
+        cpu = process.cpu_times()
         memory = process.memory_info()
         threads = process.num_threads()
         try:

@@ -92,10 +92,11 @@ class ProcessTree:
         self.lost_members = False  # in the last sample: its orphans may be re-parented
 
     def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading:
-        root_stat = self.root.stat()  # raises NoSuchProcess: the target has exited
-        # Rates divide by the time between two reads of the counters: stamp the read
-        # itself, not the end of a pass that may wait for the GIL or scan /proc.
+        # Rates divide by the time between two reads of the counters: stamp just before
+        # the read. The thread holds the GIL until pread's syscall; after it, taking
+        # the GIL back may wait a switch interval behind a busy thread.
         read_at, read_at_monotonic = time.time(), time.monotonic()
+        root_stat = self.root.stat()  # raises NoSuchProcess: the target has exited
         live: dict[int, tuple[_Member, Stat]] = {}
         queue: list[tuple[ProcHandle, Stat]] = [(self.root, root_stat)]
         while queue:
