@@ -20,6 +20,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from math import copysign
 from typing import Any
 
 from opentelemetry.exporter.prometheus._mapping import (
@@ -44,6 +45,7 @@ class _Family:
     spec: MetricSpec
     sample_name: str  # counters end in _total here, as prometheus_client writes them
     header: str  # the HELP and TYPE lines
+    negative_zero: str  # how -0.0 reads: the SDK's sums add it to 0, gauges keep it
 
 
 def _family(spec: MetricSpec) -> _Family:
@@ -58,7 +60,10 @@ def _family(spec: MetricSpec) -> _Family:
         sample_name, kind = family.name, "gauge"
     help_text = spec.description.replace("\\", r"\\").replace("\n", r"\n")
     return _Family(
-        spec, sample_name, f"# HELP {sample_name} {help_text}\n# TYPE {sample_name} {kind}\n"
+        spec,
+        sample_name,
+        f"# HELP {sample_name} {help_text}\n# TYPE {sample_name} {kind}\n",
+        "-0.0" if spec.kind == "gauge" else "0.0",
     )
 
 
@@ -80,14 +85,13 @@ class Exposition:
 
     def __init__(self, resource: Resource, metrics: tuple[MetricSpec, ...] = METRICS) -> None:
         self._families = [_family(spec) for spec in metrics]
-        info = _labels(resource.attributes)
+        self._labels = _LabelCache()
+        info = self._labels.miss(resource.attributes)
         self._target_info = (
             "# HELP target_info Target metadata\n# TYPE target_info gauge\n"
             f"target_info{info.braced} 1.0\n"
         )
-        # id(attributes) -> (attributes, labels): the entry holds the attributes, so
-        # the id stays theirs; target attributes are the same object every pass.
-        self._label_cache: dict[int, tuple[Mapping[str, Any], _Labels]] = {}
+        self._numbers: dict[float, str] = {}  # value -> text, as of the last render
         self._snapshot: Snapshot | None = None
         self._rendered: tuple[int, bytes, bytes | None] | None = None  # sequence, text, gzip
         self._lock = threading.Lock()
@@ -116,42 +120,43 @@ class Exposition:
 
     def _render(self, snapshot: Snapshot) -> bytes:
         out = [self._target_info]
-        cache = self._label_cache
-        numbers: dict[float, str] = {}  # counts and sizes repeat across targets
-        used: dict[int, tuple[Mapping[str, Any], _Labels]] = {}
+        # Label sets and numbers are cached from render to render (an idle target's
+        # figures repeat), keeping only what this render used: exited targets leave.
+        cache = self._labels
+        used = cache.start_render()
+        numbers_of = self._numbers
+        numbers: dict[float, str] = {}
         for family in self._families:
-            points = []
+            name = family.sample_name
+            lines = []
             keys: tuple[str, ...] | None = None
             mixed = False
             for value, attributes in family.spec.observe(snapshot):
-                key = id(attributes)
-                hit = used.get(key)
-                if hit is None or hit[0] is not attributes:
-                    hit = cache.get(key)
-                    if hit is None or hit[0] is not attributes:
-                        hit = (attributes, _labels(attributes))
-                    used[key] = hit
-                labels = hit[1]
+                hit = used.get(id(attributes))
+                labels = (
+                    hit[1] if hit is not None and hit[0] is attributes else cache.miss(attributes)
+                )
                 if labels.keys is not keys:
                     mixed = mixed or (keys is not None and labels.keys != keys)
                     keys = labels.keys
-                points.append((value, labels))
-            if not points:
+                if not value:  # 0.0 and -0.0 would be one key: two texts
+                    number = _number(value, family)
+                else:
+                    number = numbers.get(value)
+                    if number is None:
+                        number = numbers_of.get(value) or floatToGoString(value)
+                        numbers[value] = number
+                lines.append(f"{name}{labels.braced} {number}\n")
+            if not lines:
                 continue
+            out.append(family.header)
             if mixed:
                 # Label sets differ between points: like the OTel exporter, write the
-                # union of keys on every point, missing ones as "".
-                keysets = {labels.keys for _, labels in points}
-                points = [(v, _backfill(labels, keysets)) for v, labels in points]
-            out.append(family.header)
-            name = family.sample_name
-            for value, labels in points:
-                number = numbers.get(value) if value else None  # 0.0 and -0.0 differ
-                if number is None:
-                    number = numbers[value] = floatToGoString(value)
-                out.append(f"{name}{labels.braced} {number}\n")
-        # Keep only label sets seen in this pass: exited targets leave the cache.
-        self._label_cache = used
+                # union of keys on every point, missing ones as "" (rare: observed again).
+                out.extend(_backfilled(family, snapshot, cache))
+            else:
+                out.extend(lines)
+        self._numbers = numbers
         return "".join(out).encode()
 
     def serve(self, host: str, port: int) -> int:
@@ -166,12 +171,67 @@ class Exposition:
             self._httpd.server_close()
 
 
-def _labels(attributes: Mapping[str, Any]) -> _Labels:
-    labels: dict[str, str] = {}
-    for key, value in attributes.items():
-        labels[sanitize_attribute(key)] = _label_value(value)
-    keys = tuple(sorted(labels))
-    return _make_labels(keys, tuple(labels[k] for k in keys))
+class _LabelCache:
+    """Rendered label sets, looked up by the identity of the attribute mapping (a
+    target's is the same object every pass, so a dict lookup finds it) and, when that
+    misses, by content (the small mappings of host figures are built afresh each
+    pass). A render keeps only the entries it used: exited targets leave."""
+
+    def __init__(self) -> None:
+        # id(attributes) -> (attributes, labels): the entry holds the attributes, so
+        # the id stays theirs while it is kept.
+        self._by_id: dict[int, tuple[Mapping[str, Any], _Labels]] = {}
+        self._used_ids: dict[int, tuple[Mapping[str, Any], _Labels]] = {}
+        self._by_content: dict[tuple[tuple[str, Any], ...], _Labels] = {}
+        self._used_content: dict[tuple[tuple[str, Any], ...], _Labels] = {}
+        # One tuple object per distinct key set: points of one family compare keys
+        # by identity first.
+        self._keysets: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+    def start_render(self) -> dict[int, tuple[Mapping[str, Any], _Labels]]:
+        """Begin a render; returns the by-identity entries it has used so far, for
+        the renderer's own first lookup (a method call per point would cost more)."""
+        self._by_id, self._used_ids = self._used_ids or self._by_id, {}
+        self._by_content, self._used_content = self._used_content or self._by_content, {}
+        return self._used_ids
+
+    def miss(self, attributes: Mapping[str, Any]) -> _Labels:
+        key = id(attributes)
+        hit = self._by_id.get(key)
+        if hit is None or hit[0] is not attributes:
+            content = tuple(attributes.items())
+            labels = self._used_content.get(content) or self._by_content.get(content)
+            if labels is None:
+                labels = self._render(attributes)
+            self._used_content[content] = labels
+            hit = (attributes, labels)
+        self._used_ids[key] = hit
+        return hit[1]
+
+    def _render(self, attributes: Mapping[str, Any]) -> _Labels:
+        labels: dict[str, str] = {}
+        for key, value in attributes.items():
+            labels[sanitize_attribute(key)] = _label_value(value)
+        keys = tuple(sorted(labels))
+        if len(self._keysets) > 1000:  # bounded whatever label names clients send
+            self._keysets.clear()
+        keys = self._keysets.setdefault(keys, keys)
+        return _make_labels(keys, tuple(labels[k] for k in keys))
+
+
+def _backfilled(family: _Family, snapshot: Snapshot, cache: _LabelCache) -> list[str]:
+    points = [(value, cache.miss(a)) for value, a in family.spec.observe(snapshot)]
+    keysets = {labels.keys for _, labels in points}
+    return [
+        f"{family.sample_name}{_backfill(labels, keysets).braced} {_number(value, family)}\n"
+        for value, labels in points
+    ]
+
+
+def _number(value: float, family: _Family) -> str:
+    if not value:
+        return family.negative_zero if copysign(1.0, value) < 0 else "0.0"
+    return floatToGoString(value)
 
 
 def _backfill(labels: _Labels, keysets: set[tuple[str, ...]]) -> _Labels:

@@ -185,6 +185,30 @@ def test_text_equals_the_otel_exporters_without_host_or_power() -> None:
     assert_same_lines(fast_text(empty), otel_text(empty))
 
 
+def test_successive_renders_equal_the_otel_exporters_text() -> None:
+    """One Exposition across passes, as in the daemon: its caches (label sets by
+    identity and by content, numbers by value) must never serve a stale line."""
+    exposition = Exposition(RESOURCE)
+    steady, leaving = process(1), process(2)
+    passes = [
+        (steady, leaving),
+        # Same objects, new values; 0.0 and -0.0 are equal keys with different texts.
+        (
+            dataclasses.replace(steady, cpu_user_s=0.0, energy_j=-0.0, memory_rss_bytes=0),
+            dataclasses.replace(leaving, cpu_user_s=2.5, power_w=0.0),
+        ),
+        (dataclasses.replace(steady, cpu_user_s=-0.0, energy_j=0.0, power_w=2.5),),
+        # A new target whose attributes equal the departed one's, in a fresh mapping.
+        (steady, dataclasses.replace(leaving, attributes=dict(leaving.attributes))),
+        # The same mapping object, its contents changed between passes: a new label set.
+        (dataclasses.replace(steady, attributes={**steady.attributes, "run": "y"}),),
+    ]
+    for sequence, processes in enumerate(passes, start=1):
+        snapshot = Snapshot(time=0.0, sequence=sequence, host=host(), processes=processes)
+        exposition.update(snapshot)
+        assert_same_lines(exposition.render(), otel_text(snapshot))
+
+
 label_keys = st.from_regex(r"[a-z][a-z0-9._-]{0,12}", fullmatch=True)
 label_values = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 
