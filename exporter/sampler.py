@@ -225,7 +225,10 @@ class Sampler:
         if self.network is None:
             return
         try:
-            self._network_bytes = self.network.sample({t.id: r.pids for t, r in readings})
+            self._network_bytes = self.network.sample(
+                {t.id: r.pids for t, r in readings},
+                idle=frozenset().union(*(r.idle_pids for _, r in readings)),
+            )
         except OSError as exc:  # netlink refused this pass: figures absent, retried next
             self._errors += 1
             self._network_bytes = {}

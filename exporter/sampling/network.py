@@ -2,7 +2,8 @@
 counters read from the kernel with sock_diag (``sockets.py``).
 
 Cost follows the targets' sockets, not the host's: each pass lists the fds of the
-targets' processes and looks up each of their known TCP sockets by its 4-tuple and
+targets' processes (except those that have not run since the last pass: their fds
+cannot have changed) and looks up each of their known TCP sockets by its 4-tuple and
 cookie. A full dump of the host's TCP sockets happens only in a pass where a target
 holds a socket inode never seen before, and even then only the wanted entries are
 decoded. Inodes that turn out not to be TCP (Unix, UDP, netlink) are remembered, so
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from exporter.sampling.sockets import SockDiag, TcpSocket, socket_inodes
@@ -51,23 +53,35 @@ class NetworkAccounting:
         # /proc/PID/fd kept open per pid: listing through it skips the path walk, and
         # fails (ENOENT) rather than show another process once the pid is reused.
         self._fd_dirs: dict[int, int] = {}
+        self._by_pid: dict[int, set[int] | None] = {}  # socket inodes found last pass
 
-    def sample(self, targets: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, int] | None]:
-        """(transmit, receive) bytes per target id, None where its sockets are hidden."""
+    def sample(
+        self, targets: Mapping[str, tuple[int, ...]], idle: AbstractSet[int] = frozenset()
+    ) -> dict[str, tuple[int, int] | None]:
+        """(transmit, receive) bytes per target id, None where its sockets are hidden.
+
+        ``idle``: pids that have not run since the previous pass (``TreeReading``); their
+        descriptors cannot have changed, so the sockets found then are taken as held.
+        """
         held: dict[str, set[int]] = {}
         hidden: set[str] = set()
+        found_by_pid: dict[int, set[int] | None] = {}
         for target, pids in targets.items():
             inodes: set[int] = set()
             for pid in pids:
-                found = self._socket_inodes(pid)
+                found = self._by_pid.get(pid) if pid in idle else None
+                if found is None:
+                    found = self._socket_inodes(pid)
+                found_by_pid[pid] = found
                 if found is None:
                     hidden.add(target)
                     self._say_hidden(pid)
                 else:
                     inodes |= found
             held[target] = inodes
-        alive = {pid for pids in targets.values() for pid in pids}
-        self._hidden &= alive
+        self._by_pid = found_by_pid
+        alive = found_by_pid.keys()
+        self._hidden.intersection_update(alive)
         for pid in self._fd_dirs.keys() - alive:
             os.close(self._fd_dirs.pop(pid))
         tracked = {i: s for a in self._accounts.values() for i, s in a.live.items()}

@@ -11,6 +11,13 @@ what it last saw of it, minus whatever re-appeared in its nearest live ancestor'
 reaped-children figures, so the carried amount can only err low: the total never
 exceeds the kernel's own count. Work done by a descendant in the last interval before
 it exits unreaped-by-the-tree is lost (at most one interval of it).
+
+Most members of most trees wait (a launcher waiting on its child, idle workers). A
+single-threaded member whose scheduler counters (/proc/PID/schedstat) have not moved
+since the last reading has not run, so its storage bytes, descriptors and sockets are
+as they were: they are carried over instead of read again (``TreeReading.idle_pids``
+tells socket discovery). Its stat is still read each time: the kernel can reclaim its
+pages, and its parent can change, without it running.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from exporter.sampling.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, Proc
 # Channels accounted as counters: user ticks, system ticks, read bytes, write bytes.
 _Vec = tuple[int, int, int, int]
 _ZERO: _Vec = (0, 0, 0, 0)
+# Every this many readings, idle members are read in full all the same: a safety net
+# should a kernel show no scheduler activity for a thread that ran.
+RECHECK_EVERY = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +49,9 @@ class TreeReading:
     threads: int
     open_fds: int | None
     pids: tuple[int, ...]  # the target and its live descendants
+    # Members that did not run since the previous reading: their descriptors are as
+    # they were then, so socket discovery may skip them.
+    idle_pids: frozenset[int] = frozenset()
 
     @property
     def processes(self) -> int:
@@ -51,6 +64,10 @@ class _Member:
     ppid: int
     totals: _Vec  # own + reaped-children figures, as last seen
     reaped: _Vec  # the reaped-children part alone (where a reaped child's totals land)
+    io: tuple[int, int] | None  # as last read
+    fds: int | None
+    activity: bytes | None  # scheduler counters when io and fds were read
+    idle: bool  # did not run since the previous reading: io and fds carried over
 
 
 def _add(a: _Vec, b: _Vec) -> _Vec:
@@ -88,6 +105,7 @@ class ProcessTree:
         self._members: dict[int, _Member] = {}
         self._carried: _Vec = _ZERO
         self._value: _Vec = _ZERO
+        self._passes = 0
         self.io_visible = True
         self.lost_members = False  # in the last sample: its orphans may be re-parented
 
@@ -97,21 +115,16 @@ class ProcessTree:
         # the GIL back may wait a switch interval behind a busy thread.
         read_at, read_at_monotonic = time.time(), time.monotonic()
         root_stat = self.root.stat()  # raises NoSuchProcess: the target has exited
+        self._passes += 1
+        recheck = self._passes % RECHECK_EVERY == 0
         live: dict[int, tuple[_Member, Stat]] = {}
         queue: list[tuple[ProcHandle, Stat]] = [(self.root, root_stat)]
         while queue:
             handle, stat = queue.pop()
-            io = handle.io()
-            if handle is self.root:
-                self.io_visible = io is not None
-            read, write = io if io is not None else (0, 0)
-            if self.children:
-                reaped: _Vec = (stat.cutime, stat.cstime, read, write)
-                totals: _Vec = (stat.utime + stat.cutime, stat.stime + stat.cstime, read, write)
-            else:
-                reaped = _ZERO
-                totals = (stat.utime, stat.stime, read, write)
-            live[handle.pid] = (_Member(handle, stat.ppid, totals, reaped), stat)
+            member = self._read_member(handle, stat, recheck)
+            if member is None:
+                continue  # a descendant that exited since its stat was read
+            live[handle.pid] = (member, stat)
             if self.children:
                 for pid in children_of(handle.pid):
                     if pid not in live:
@@ -130,34 +143,82 @@ class ProcessTree:
             member.handle.close()
         self._members = {pid: m for pid, (m, _) in live.items()}
 
-        raw = _ZERO
-        for member in self._members.values():
-            raw = _add(raw, member.totals)
-        combined = _add(raw, self._carried)
-        self._value = (
-            max(self._value[0], combined[0]),
-            max(self._value[1], combined[1]),
-            max(self._value[2], combined[2]),
-            max(self._value[3], combined[3]),
+        user = system = read = write = rss = vms = threads = fds = 0
+        fds_known = True
+        for member, stat in live.values():
+            totals = member.totals
+            user += totals[0]
+            system += totals[1]
+            read += totals[2]
+            write += totals[3]
+            rss += stat.rss_pages
+            vms += stat.vsize
+            threads += stat.num_threads
+            if member.fds is None:
+                fds_known = False
+            else:
+                fds += member.fds
+        carried, value = self._carried, self._value
+        self._value = value = (
+            max(value[0], user + carried[0]),
+            max(value[1], system + carried[1]),
+            max(value[2], read + carried[2]),
+            max(value[3], write + carried[3]),
         )
-
-        stats = [s for _, s in live.values()]
-        fds = [m.handle.fd_count() for m, _ in live.values()]
-        cpu_user = self._value[0] / CLOCK_TICKS
-        cpu_system = self._value[1] / CLOCK_TICKS
+        cpu_user = value[0] / CLOCK_TICKS
+        cpu_system = value[1] / CLOCK_TICKS
         return TreeReading(
             time=read_at,
             cpu_user_s=cpu_user,
             cpu_system_s=cpu_system,
             cpu_utilization=self._rate.update(read_at_monotonic, cpu_user + cpu_system),
-            rss_bytes=sum(s.rss_pages for s in stats) * PAGE_SIZE,
-            vms_bytes=sum(s.vsize for s in stats),
-            read_bytes=self._value[2] if self.io_visible else None,
-            write_bytes=self._value[3] if self.io_visible else None,
-            threads=sum(s.num_threads for s in stats),
-            open_fds=None if None in fds else sum(f for f in fds if f is not None),
+            rss_bytes=rss * PAGE_SIZE,
+            vms_bytes=vms,
+            read_bytes=value[2] if self.io_visible else None,
+            write_bytes=value[3] if self.io_visible else None,
+            threads=threads,
+            open_fds=fds if fds_known else None,
             pids=tuple(live),
+            idle_pids=frozenset(pid for pid, (m, _) in live.items() if m.idle),
         )
+
+    def _read_member(self, handle: ProcHandle, stat: Stat, recheck: bool) -> _Member | None:
+        """One member's figures; io and the descriptor count are carried over from the
+        previous reading when its only thread has not run since (one read instead of
+        three, and socket discovery skips it: most members of most trees wait)."""
+        before = self._members.get(handle.pid)
+        if before is not None and before.handle is not handle:
+            before = None
+        try:
+            # Read before io and fds: a run after this read shows in the next one.
+            activity = handle.activity() if stat.num_threads == 1 else None
+            idle = (
+                not recheck
+                and activity is not None
+                and before is not None
+                and activity == before.activity
+            )
+            if idle:
+                assert before is not None
+                io, fds = before.io, before.fds
+            else:
+                io, fds = handle.io(), handle.fd_count()
+        except NoSuchProcess:
+            if handle is self.root:
+                raise
+            if before is None:
+                handle.close()  # opened this pass: no one else holds it
+            return None
+        if handle is self.root:
+            self.io_visible = io is not None
+        read, write = io if io is not None else (0, 0)
+        if self.children:
+            reaped: _Vec = (stat.cutime, stat.cstime, read, write)
+            totals: _Vec = (stat.utime + stat.cutime, stat.stime + stat.cstime, read, write)
+        else:
+            reaped = _ZERO
+            totals = (stat.utime, stat.stime, read, write)
+        return _Member(handle, stat.ppid, totals, reaped, io, fds, activity, idle)
 
     def _child_handle(self, pid: int, parent: int) -> tuple[ProcHandle, Stat] | None:
         known = self._members.get(pid)

@@ -95,12 +95,13 @@ class ProcHandle:
     pid has been reused: the handle can never report a stranger.
     """
 
-    __slots__ = ("_io_fd", "_stat_fd", "executable", "pid", "proc", "start_ticks")
+    __slots__ = ("_io_fd", "_sched_fd", "_stat_fd", "executable", "pid", "proc", "start_ticks")
 
     def __init__(self, pid: int, proc: str = "/proc", expect_start: int | None = None) -> None:
         self.pid = pid
         self.proc = proc
         self._io_fd: int | None = None
+        self._sched_fd: int | None = None  # opened on first use: threaded processes never ask
         try:
             self._stat_fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
@@ -144,12 +145,32 @@ class ProcHandle:
     def fd_count(self) -> int | None:
         return fd_count(self.pid, self.proc)
 
+    def activity(self) -> bytes | None:
+        """The main thread's scheduler counters (/proc/PID/schedstat: nanoseconds run,
+        nanoseconds waited, times scheduled). Two equal readings mean the thread did
+        not run in between: the kernel adds to them whenever it takes the thread off
+        a CPU, and at every tick while it runs. None where the kernel keeps none
+        (without CONFIG_SCHED_INFO it shows "0 0 0")."""
+        if self._sched_fd is None:
+            try:
+                self._sched_fd = os.open(f"{self.proc}/{self.pid}/schedstat", os.O_RDONLY)
+            except OSError:
+                self._sched_fd = -1
+        if self._sched_fd < 0:
+            return None
+        try:
+            data = os.pread(self._sched_fd, 128, 0)
+        except OSError as exc:
+            raise NoSuchProcess(self.pid) from exc
+        return None if data.startswith(b"0 ") else data
+
     def close(self) -> None:
-        for fd in (self._stat_fd, self._io_fd):
-            if fd is not None:
+        for fd in (self._stat_fd, self._io_fd, self._sched_fd):
+            if fd is not None and fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._io_fd = None
+        self._sched_fd = None
         self._stat_fd = -1
 
     def __repr__(self) -> str:
