@@ -103,12 +103,13 @@ class Sampler:
         readings = [(t, r) for t in running if (r := self._read_target(t, children_of)) is not None]
         self._attribute(started, power, readings)
         self._count_network(readings)
-        samples = []
-        for target, reading in readings:
-            sample = self._sample(target, reading, power)
-            self.table.record(sample)
-            phases = self.table.recent_phases(target.id, EXPORTED_PHASES)
-            samples.append(dataclasses.replace(sample, phases=phases) if phases else sample)
+        samples = [self._sample(target, reading, power) for target, reading in readings]
+        phases = self.table.record(samples, EXPORTED_PHASES)
+        if phases:
+            samples = [
+                dataclasses.replace(s, phases=phases[s.target_id]) if s.target_id in phases else s
+                for s in samples
+            ]
         self._forget_missing({t.id for t in running})
         self.table.purge_exited(time.time())
         self._sequence += 1
@@ -247,6 +248,8 @@ class Sampler:
                 **target.labels,
             }
             self._attributes[target.id] = attributes
+        network = self._network_bytes.get(target.id) or (None, None)
+        gpu = _gpu_totals(power, reading)
         return ProcessSample(
             target_id=target.id,
             pid=target.pid,
@@ -265,9 +268,10 @@ class Sampler:
             processes=reading.processes,
             power_w=self.attribution.power_w.get(target.id) if self.power else None,
             energy_j=self.attribution.energy_j.get(target.id, 0.0) if self.power else None,
-            network_transmit_bytes=(self._network_bytes.get(target.id) or (None, None))[0],
-            network_receive_bytes=(self._network_bytes.get(target.id) or (None, None))[1],
-            **_gpu_totals(power, reading),
+            network_transmit_bytes=network[0],
+            network_receive_bytes=network[1],
+            gpu_utilization=gpu[0],
+            gpu_memory_bytes=gpu[1],
         )
 
     def _sample_host(self) -> HostSample | None:
@@ -340,13 +344,13 @@ def _gpu_use(power: PowerSnapshot, reading: TreeReading) -> list[tuple[Gpu, floa
     return result
 
 
-def _gpu_totals(power: PowerSnapshot | None, reading: TreeReading) -> dict[str, float | int | None]:
-    """A target's GPU load (summed over GPUs) and memory, where some GPU reports them."""
+def _gpu_totals(
+    power: PowerSnapshot | None, reading: TreeReading
+) -> tuple[float | None, int | None]:
+    """A target's GPU load (summed over GPUs) and memory bytes, where some GPU reports
+    per-process figures."""
     if power is None or not any(g.processes for g in power.gpus):
-        return {"gpu_utilization": None, "gpu_memory_bytes": None}
+        return None, None
     use = _gpu_use(power, reading)
     sizes = [m for _, _, m in use if m is not None]
-    return {
-        "gpu_utilization": sum(load for _, load, _ in use),
-        "gpu_memory_bytes": sum(sizes) if sizes else 0,
-    }
+    return sum(load for _, load, _ in use), sum(sizes) if sizes else 0

@@ -15,9 +15,13 @@ from exporter.power.meter import PowerSnapshot
 from exporter.sampling.system import HostCpu, HostMemory, InterfaceBytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProcessSample:
-    """One target (its descendants included unless registered with children=false)."""
+    """One target (its descendants included unless registered with children=false).
+
+    Not frozen, though nothing changes a sample once it is in a snapshot: one is built
+    per target per pass, and a frozen dataclass's __init__ costs four times as much.
+    """
 
     target_id: str
     pid: int

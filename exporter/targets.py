@@ -393,27 +393,27 @@ class TargetTable:
             dict(zip(SAMPLE_FIELDS, r, strict=True)) for r in rows if since is None or r[0] > since
         ]
 
-    def recent_phases(
-        self, target_id: str, count: int
-    ) -> tuple[tuple[str, bool, float | None], ...]:
-        """(name, running, energy J) of a target's last ``count`` phases, for export."""
-        with self._lock:
-            target = self._targets.get(target_id)
-            if target is None:
-                return ()
-            result = []
-            for phase in target.history.phases[-count:]:
-                energy = _span(phase.first, phase.last, 1, None)["energy_j"]
-                result.append((phase.name, phase.ended_at is None, energy))
-            return tuple(result)
-
     # -- sampler side -------------------------------------------------------------
 
-    def record(self, sample: ProcessSample) -> None:
+    def record(
+        self, samples: list[ProcessSample], phases: int
+    ) -> dict[str, tuple[tuple[str, bool, float | None], ...]]:
+        """Add one pass's samples to the targets' histories (one lock for the pass);
+        returns (name, running, energy J) of the last ``phases`` phases of each target
+        that has any, for export."""
+        recent = {}
         with self._lock:
-            target = self._targets.get(sample.target_id)
-            if target is not None:
+            for sample in samples:
+                target = self._targets.get(sample.target_id)
+                if target is None:
+                    continue
                 target.history.add(_row(sample))
+                if target.history.phases:
+                    recent[target.id] = tuple(
+                        (p.name, p.ended_at is None, _span(p.first, p.last, 1, None)["energy_j"])
+                        for p in target.history.phases[-phases:]
+                    )
+        return recent
 
     def mark_exited(self, target_id: str, when: float) -> None:
         with self._lock:

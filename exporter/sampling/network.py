@@ -37,6 +37,8 @@ class _Account:
     closed_rx: int = 0
 
     def totals(self) -> tuple[int, int]:
+        if not self.live:
+            return self.closed_tx, self.closed_rx
         tx = self.closed_tx + sum(s.bytes_acked for s in self.live.values())
         rx = self.closed_rx + sum(s.bytes_received for s in self.live.values())
         return tx, rx
@@ -99,9 +101,12 @@ class NetworkAccounting:
             if now is not None:
                 current[known.inode] = now
         result: dict[str, tuple[int, int] | None] = {}
+        in_kernel = current.keys()
         for target in targets:
-            account = self._accounts.setdefault(target, _Account())
-            for inode in held.get(target, set()) & set(current):
+            account = self._accounts.get(target)
+            if account is None:
+                account = self._accounts[target] = _Account()
+            for inode in held[target] & in_kernel:
                 account.live[inode] = current[inode]
             for inode in list(account.live):
                 if inode in current:

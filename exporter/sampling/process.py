@@ -36,7 +36,7 @@ _ZERO: _Vec = (0, 0, 0, 0)
 RECHECK_EVERY = 10
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per target per pass (see ProcessSample)
 class TreeReading:
     time: float  # unix seconds when the target's own counters were read
     cpu_user_s: float
@@ -114,11 +114,23 @@ class ProcessTree:
         # the read. The thread holds the GIL until pread's syscall; after it, taking
         # the GIL back may wait a switch interval behind a busy thread.
         read_at, read_at_monotonic = time.time(), time.monotonic()
-        root_stat = self.root.stat()  # raises NoSuchProcess: the target has exited
+        root = self.root
+        root_stat = root.stat()  # raises NoSuchProcess: the target has exited
         self._passes += 1
         recheck = self._passes % RECHECK_EVERY == 0
+        members = self._members
+        root_children = children_of(root.pid) if self.children else []
+        if not root_children and (not members or (len(members) == 1 and root.pid in members)):
+            # Alone, as before: most targets, and every pass's bookkeeping of departed
+            # members is moot. (_read_member raises NoSuchProcess for the root.)
+            member = self._read_member(root, root_stat, recheck)
+            assert member is not None
+            self._members = {root.pid: member}
+            self.lost_members = False
+            return self._reading(read_at, read_at_monotonic, {root.pid: (member, root_stat)})
+
         live: dict[int, tuple[_Member, Stat]] = {}
-        queue: list[tuple[ProcHandle, Stat]] = [(self.root, root_stat)]
+        queue: list[tuple[ProcHandle, Stat]] = [(root, root_stat)]
         while queue:
             handle, stat = queue.pop()
             member = self._read_member(handle, stat, recheck)
@@ -126,7 +138,7 @@ class ProcessTree:
                 continue  # a descendant that exited since its stat was read
             live[handle.pid] = (member, stat)
             if self.children:
-                for pid in children_of(handle.pid):
+                for pid in root_children if handle is root else children_of(handle.pid):
                     if pid not in live:
                         child = self._child_handle(pid, handle.pid)
                         if child is not None:
@@ -134,7 +146,7 @@ class ProcessTree:
 
         departed = {
             pid: m
-            for pid, m in self._members.items()
+            for pid, m in members.items()
             if pid not in live or live[pid][0].handle is not m.handle
         }
         self.lost_members = bool(departed)
@@ -142,7 +154,11 @@ class ProcessTree:
         for member in departed.values():
             member.handle.close()
         self._members = {pid: m for pid, (m, _) in live.items()}
+        return self._reading(read_at, read_at_monotonic, live)
 
+    def _reading(
+        self, read_at: float, read_at_monotonic: float, live: dict[int, tuple[_Member, Stat]]
+    ) -> TreeReading:
         user = system = read = write = rss = vms = threads = fds = 0
         fds_known = True
         for member, stat in live.values():
