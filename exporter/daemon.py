@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
 import re
+import select
 import signal
 import threading
 import time
@@ -13,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from resource import RLIM_INFINITY, RLIMIT_NOFILE, getrlimit, setrlimit
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricReader
@@ -324,12 +327,43 @@ class Daemon:
         log.info("edgewatt stopped")
 
 
+# The most descriptors asked for when the hard limit is unlimited (the kernel's
+# default nr_open).
+MAX_OPEN_FILES = 1 << 20
+
+
+def raise_open_files_limit() -> int:
+    """Lift the soft limit on open files to the hard one; returns the soft limit now.
+
+    Each target keeps up to four /proc files open (stat, io, schedstat, fd directory),
+    plus some for its descendants: max_targets (1000) of them need more than the 1024
+    that systemd and most shells give by default, while the hard limit is far higher.
+    """
+    soft, hard = getrlimit(RLIMIT_NOFILE)
+    wanted = MAX_OPEN_FILES if hard == RLIM_INFINITY else hard
+    if soft != RLIM_INFINITY and soft < wanted:
+        try:
+            setrlimit(RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open files limit from %d: %s", soft, exc)
+    return soft
+
+
 def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:
     """Run until SIGTERM/SIGINT; on SIGHUP, ``reload()`` gives the new configuration."""
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    open_files = raise_open_files_limit()
+    if open_files < 4 * config.max_targets:
+        log.warning(
+            "open files limit %d is below 4 per target for max_targets %d: "
+            "raise LimitNOFILE (systemd) or ulimit -n",
+            open_files,
+            config.max_targets,
+        )
     try:
         daemon = Daemon(config)
         daemon.start()
@@ -337,27 +371,33 @@ def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:
         log.error("cannot start: %s", exc)
         return 1
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("received %s, stopping", signal.Signals(signum).name)
-        daemon.stop_event.set()
-
-    reload_requested = threading.Event()
-
-    def on_hangup(_signum: int, _frame: Any) -> None:
-        reload_requested.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, on_hangup)
-    while not daemon.stop_event.wait(0.2):
-        if reload_requested.is_set():
-            reload_requested.clear()
-            if reload is None:
-                continue
-            try:
-                daemon.reload(reload())
-            except ConfigError as exc:
-                log.error("reload refused, keeping the running configuration: %s", exc)
-                daemon.notifier.ready(daemon._status(daemon.sampler.snapshot))
+    # The handlers only note the signal: a handler runs between two bytecodes of the
+    # main thread and must take no lock (it may hold the very one). The wakeup fd
+    # wakes the main thread's select, so nothing polls while nothing happens.
+    received: list[int] = []
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda signum, _frame: received.append(signum))
+    while not daemon.stop_event.is_set():
+        select.select([wake_r], [], [], 5.0)  # the timeout only as a backstop
+        with contextlib.suppress(BlockingIOError):
+            os.read(wake_r, 512)
+        while received:
+            signum = received.pop(0)
+            if signum != signal.SIGHUP:
+                log.info("received %s, stopping", signal.Signals(signum).name)
+                daemon.stop_event.set()
+            elif reload is not None:
+                try:
+                    daemon.reload(reload())
+                except ConfigError as exc:
+                    log.error("reload refused, keeping the running configuration: %s", exc)
+                    daemon.notifier.ready(daemon._status(daemon.sampler.snapshot))
+    signal.set_wakeup_fd(-1)
+    os.close(wake_r)
+    os.close(wake_w)
     daemon.stop()
     return 0

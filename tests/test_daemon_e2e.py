@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from exporter.daemon import MAX_OPEN_FILES
 from tests.conftest import ROOT, DaemonProcess, kernel_cpu_seconds, wait_for
 
 BURN = "import time\nwhile True: pass"
@@ -249,6 +251,23 @@ def test_signals_stop_cleanly_within_two_seconds(daemon_factory: Any, sig: int) 
     assert daemon.proc is not None and daemon.proc.returncode == 0
     assert not os.path.exists(daemon.socket)
     assert "edgewatt stopped" in daemon.log()
+
+
+def test_open_files_limit_lifted_to_the_hard_limit(daemon_factory: Any) -> None:
+    # A few /proc files per target: max_targets of them need more than the usual 1024.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        daemon = daemon_factory()  # max_targets 1000 by default
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert daemon.proc is not None
+    with open(f"/proc/{daemon.proc.pid}/limits") as f:
+        line = next(line for line in f if line.startswith("Max open files"))
+    soft_now, hard_now = line.split()[3:5]
+    assert hard_now == ("unlimited" if hard == resource.RLIM_INFINITY else str(hard))
+    assert soft_now == (str(MAX_OPEN_FILES) if hard == resource.RLIM_INFINITY else str(hard))
+    assert "open files limit" not in daemon.log()
 
 
 def test_children_false_counts_only_the_process(daemon: DaemonProcess, spawn: Any) -> None:
