@@ -1,15 +1,17 @@
 """What monitoring N processes costs: the edgewatt daemon beside prometheus-process-exporter.
 
-Both watch the same N idle processes at the same cadence, one after the other so they
-never compete for the CPU: the daemon samples every `--interval` seconds and is scraped
-once per interval; process-exporter (Debian's `prometheus-process-exporter`, one group
-per pid, `-threads=false -gather-smaps=false` so both report the same kind of figures)
-does its reading at scrape time, so one scrape per interval is the same cadence.
-Figures per exporter: CPU time over the run (from /proc/PID/stat, all threads),
-RSS at the end, /metrics latency p50/p99 (full body read), and the ratio of the two
-CPU costs.
+Both watch the same N idle processes at the same cadence: the daemon samples every
+`--interval` seconds and is scraped once per interval; process-exporter (Debian's
+`prometheus-process-exporter`, one group per pid, `-threads=false -gather-smaps=false`
+so both report the same kind of figures) does its reading at scrape time, so one
+scrape per interval is the same cadence. Both run for the whole comparison but never
+at once: the one not measured is stopped (SIGSTOP), and they take turns in
+`--windows` windows each (A B B A A B ...), so a change in the machine's speed during
+the run (on a shared VM, +-20 % from minute to minute) falls on both alike. Figures
+per exporter: CPU time over its windows (from /proc/PID/stat, all threads), RSS at the
+end, /metrics latency p50/p99 (full body read), and the ratio of the two CPU costs.
 
-    .venv/bin/python benchmarks/overhead.py [--targets 200] [--duration 60]
+    .venv/bin/python benchmarks/overhead.py [--targets 200] [--duration 60] [--windows 6]
         [--idle-processes 2000] [--sweep 1,10,100,200,500] [--json out.json] [--png out.png]
 
 `--idle-processes K` adds a run of the daemon with K unrelated idle processes on the
@@ -32,7 +34,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,36 +97,57 @@ def scrape(url: str) -> tuple[float, int]:
     return time.perf_counter() - started, len(body)
 
 
-def measure(
-    name: str, pid: int, url: str, targets: int, idle: int, args: argparse.Namespace
-) -> Result:
-    """Scrape once per interval for the duration; CPU and RSS of ``pid`` around it."""
-    for _ in range(3):  # warm up: first scrapes build caches on both sides
-        scrape(url)
-        time.sleep(args.interval)
-    latencies: list[float] = []
-    size = 0
-    cpu_before, started = cpu_seconds(pid), time.monotonic()
-    tick = started
-    while time.monotonic() - started < args.duration:
-        latency, size = scrape(url)
-        latencies.append(latency)
-        tick += args.interval
-        time.sleep(max(0.0, tick - time.monotonic()))
-    elapsed = time.monotonic() - started
-    used = cpu_seconds(pid) - cpu_before
-    return Result(
-        exporter=name,
-        targets=targets,
-        idle_processes=idle,
-        duration_s=round(elapsed, 1),
-        cpu_s=round(used, 3),
-        cpu_share=round(used / elapsed, 5),
-        rss_mib=round(rss_bytes(pid) / 2**20, 1),
-        scrape_p50_ms=round(percentile(latencies, 0.5) * 1000, 2),
-        scrape_p99_ms=round(percentile(latencies, 0.99) * 1000, 2),
-        scrape_bytes=size,
-    )
+@dataclass
+class Exporter:
+    """One running exporter and what its measured windows add up to."""
+
+    name: str
+    pid: int
+    url: str
+    cpu_s: float = 0.0
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    size: int = 0
+
+    def window(self, seconds: float, interval: float) -> None:
+        """Scrape once per interval for ``seconds``; adds the CPU time used meanwhile."""
+        cpu_before, started = cpu_seconds(self.pid), time.monotonic()
+        tick = started
+        while time.monotonic() - started < seconds:
+            latency, self.size = scrape(self.url)
+            self.latencies.append(latency)
+            tick += interval
+            time.sleep(max(0.0, tick - time.monotonic()))
+        self.seconds += time.monotonic() - started
+        self.cpu_s += cpu_seconds(self.pid) - cpu_before
+
+    def result(self, targets: int, idle: int, name: str | None = None) -> Result:
+        return Result(
+            exporter=name or self.name,
+            targets=targets,
+            idle_processes=idle,
+            duration_s=round(self.seconds, 1),
+            cpu_s=round(self.cpu_s, 3),
+            cpu_share=round(self.cpu_s / self.seconds, 5),
+            rss_mib=round(rss_bytes(self.pid) / 2**20, 1),
+            scrape_p50_ms=round(percentile(self.latencies, 0.5) * 1000, 2),
+            scrape_p99_ms=round(percentile(self.latencies, 0.99) * 1000, 2),
+            scrape_bytes=self.size,
+        )
+
+
+@contextmanager
+def alone(running: Exporter, exporters: list[Exporter]) -> Iterator[None]:
+    """``running`` continued and every other exporter stopped: they never compete."""
+    for other in exporters:
+        if other is not running:
+            os.kill(other.pid, signal.SIGSTOP)
+    os.kill(running.pid, signal.SIGCONT)
+    try:
+        yield
+    finally:
+        for other in exporters:
+            os.kill(other.pid, signal.SIGCONT)
 
 
 @contextmanager
@@ -150,14 +173,18 @@ def daemon(pids: list[int], workdir: Path, args: argparse.Namespace) -> Iterator
         yield proc.pid, f"http://127.0.0.1:{port}/metrics"
     finally:
         proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only then
         proc.wait(timeout=10)
         shutil.rmtree(workdir / "state", ignore_errors=True)
 
 
-def run_process_exporter(pids: list[int], workdir: Path, args: argparse.Namespace) -> Result | None:
+@contextmanager
+def process_exporter(workdir: Path) -> Iterator[tuple[int, str] | None]:
+    """Debian's process-exporter, one group per benchmark process; None if absent."""
     binary = shutil.which(PROCESS_EXPORTER)
     if binary is None:
-        return None
+        yield None
+        return
     config = workdir / "process-exporter.yml"
     config.write_text(PROCESS_EXPORTER_CONFIG)
     port = free_port()
@@ -179,27 +206,43 @@ def run_process_exporter(pids: list[int], workdir: Path, args: argparse.Namespac
                 if time.monotonic() > deadline:
                     raise RuntimeError("process-exporter did not start") from None
                 time.sleep(0.05)
-        return measure("process-exporter", proc.pid, url, len(pids), 0, args)
+        yield proc.pid, url
     finally:
         proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGCONT)
         proc.wait(timeout=10)
 
 
 def compare(targets: int, workdir: Path, args: argparse.Namespace) -> list[Result]:
-    results = []
-    with idle_processes(targets, "edgewatt-bench") as pids:
-        with daemon(pids, workdir, args) as (pid, url):
-            results.append(measure("edgewatt", pid, url, targets, 0, args))
-            if args.idle_processes and targets == args.targets:
-                # Same daemon, A-B-A: with the unrelated processes, then without again,
-                # so drift on the machine shows up rather than passing for an effect.
-                k = args.idle_processes
-                with idle_processes(k, "edgewatt-unrelated"):
-                    results.append(measure("edgewatt", pid, url, targets, k, args))
-                results.append(measure("edgewatt (again)", pid, url, targets, 0, args))
-        other = run_process_exporter(pids, workdir, args)
+    with (
+        idle_processes(targets, "edgewatt-bench") as pids,
+        daemon(pids, workdir, args) as (pid, url),
+        process_exporter(workdir) as other,
+    ):
+        exporters = [Exporter("edgewatt", pid, url)]
         if other is not None:
-            results.append(other)
+            exporters.append(Exporter("process-exporter", *other))
+        for exporter in exporters:
+            with alone(exporter, exporters):
+                for _ in range(3):  # first scrapes build caches on both sides
+                    scrape(exporter.url)
+                    time.sleep(args.interval)
+        for turn in range(args.windows):
+            for exporter in exporters if turn % 2 == 0 else exporters[::-1]:
+                with alone(exporter, exporters):
+                    exporter.window(args.duration / args.windows, args.interval)
+        results = [e.result(targets, 0) for e in exporters]
+        if args.idle_processes and targets == args.targets:
+            # Same daemon, A-B-A: with the unrelated processes, then without again,
+            # so drift on the machine shows up rather than passing for an effect.
+            k = args.idle_processes
+            with alone(exporters[0], exporters):
+                with idle_processes(k, "edgewatt-unrelated"):
+                    loaded = Exporter("edgewatt", pid, url)
+                    loaded.window(args.duration, args.interval)
+                again = Exporter("edgewatt", pid, url)
+                again.window(args.duration, args.interval)
+            results += [loaded.result(targets, k), again.result(targets, 0, "edgewatt (again)")]
     return results
 
 
@@ -261,6 +304,9 @@ def main() -> None:
     parser.add_argument("--targets", type=int, default=200, help="monitored processes (N)")
     parser.add_argument("--duration", type=float, default=60, help="seconds measured per run")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    parser.add_argument(
+        "--windows", type=int, default=6, help="turns each exporter takes within --duration"
+    )
     parser.add_argument("--idle-processes", type=int, default=0, metavar="K")
     parser.add_argument(
         "--sweep", metavar="N,N,...", help="compare at each N (e.g. 1,10,100,200,500)"

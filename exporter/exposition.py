@@ -191,8 +191,8 @@ class _LabelCache:
     def start_render(self) -> dict[int, tuple[Mapping[str, Any], _Labels]]:
         """Begin a render; returns the by-identity entries it has used so far, for
         the renderer's own first lookup (a method call per point would cost more)."""
-        self._by_id, self._used_ids = self._used_ids or self._by_id, {}
-        self._by_content, self._used_content = self._used_content or self._by_content, {}
+        self._by_id, self._used_ids = self._used_ids, {}
+        self._by_content, self._used_content = self._used_content, {}
         return self._used_ids
 
     def miss(self, attributes: Mapping[str, Any]) -> _Labels:
