@@ -113,16 +113,15 @@ def test_a_member_that_ran_is_read_again(waiter: subprocess.Popen, reads: Counte
 
 
 def test_a_threaded_member_is_always_read(reads: Counter) -> None:
-    # This process runs pytest's threads or not; one with two threads for certain:
     code = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start()"
-    child = subprocess.Popen([sys.executable, "-c", code])
+    child = subprocess.Popen([sys.executable, "-c", code])  # two threads, both waiting
     try:
         tree = tree_of(child.pid)
-        while tree.sample(no_children).threads != 2:
-            pass
+        wait_for(lambda: tree.sample(no_children).threads == 2, step=0.01)
+        before = reads["io", child.pid]
         readings = [tree.sample(no_children) for _ in range(3)]
         assert all(r.idle_pids == frozenset() for r in readings)
-        assert reads["io", child.pid] >= 4
+        assert reads["io", child.pid] == before + 3
         tree.close()
     finally:
         child.kill()
