@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measure import free_port, rss_bytes, wait_healthy  # noqa: E402
+from benchmarks.measure import free_port, rss_bytes, start_daemon  # noqa: E402
 from client import _transport  # noqa: E402
 
 
@@ -42,15 +42,10 @@ class Daemon:
         env = {**os.environ, "EDGEWATT_SERIES_ROTATION": str(rotation)}
         push = ["--otlp-endpoint", otlp] if otlp else []
         env["EDGEWATT_OTLP_INTERVAL"] = "1"  # seconds: the SDK collects every second
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "exporter", "serve", "--socket", self.socket,
-                "--listen", f"127.0.0.1:{self.port}", "--state-dir", str(workdir / name),
-                "--interval", str(interval), "--log-level", "warning", *push,
-            ],
-            cwd=ROOT, env=env,
+        self.proc = start_daemon(
+            self.socket, workdir / name, "--listen", f"127.0.0.1:{self.port}",
+            "--interval", str(interval), *push, env=env, timeout=15,
         )  # fmt: skip
-        wait_healthy(self.socket, timeout=15)
 
     def register(self, pid: int, i: int) -> None:
         body = {"pid": pid, "labels": {"run": f"churn-{i}"}}

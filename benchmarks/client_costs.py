@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import client  # noqa: E402
-from benchmarks.measure import percentile, wait_healthy  # noqa: E402
+from benchmarks.measure import percentile, start_daemon  # noqa: E402
 from client import _transport  # noqa: E402
 
 
@@ -55,13 +55,8 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="edgewatt-bench-"))
     sock = str(workdir / "ew.sock")
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--socket", sock, "--listen", "127.0.0.1:0",
-         "--state-dir", str(workdir / "state"), "--log-level", "warning"],
-        cwd=ROOT,
-    )  # fmt: skip
+    daemon = start_daemon(sock, workdir / "state", "--listen", "127.0.0.1:0")
     try:
-        wait_healthy(sock)
         register_ms, health_ms = [], []
         for _ in range(args.calls):
             started = time.perf_counter()

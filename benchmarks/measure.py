@@ -1,12 +1,18 @@
-"""Helpers the benchmarks share: a free port, a process's RSS, percentiles, waiting
-for a daemon."""
+"""Helpers the benchmarks share: a free port, a process's RSS, percentiles, starting
+and waiting for a daemon."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Mapping
+from pathlib import Path
 
 from client import _transport
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -38,3 +44,28 @@ def wait_healthy(socket_path: str, timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"no daemon answered at {socket_path} within {timeout:g} s")
         time.sleep(0.05)
+
+
+def start_daemon(
+    socket_path: str,
+    state_dir: Path,
+    *flags: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 20.0,
+) -> subprocess.Popen:
+    """`edgewatt serve` from this checkout on its own socket and state directory,
+    logging warnings only, with further ``flags``; returns once it answers."""
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "exporter", "serve", "--socket", socket_path,
+            "--state-dir", str(state_dir), "--log-level", "warning", *flags,
+        ],
+        cwd=ROOT, env=env,
+    )  # fmt: skip
+    try:
+        wait_healthy(socket_path, timeout)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc

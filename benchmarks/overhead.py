@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measure import free_port, percentile, rss_bytes, wait_healthy  # noqa: E402
+from benchmarks.measure import free_port, percentile, rss_bytes, start_daemon  # noqa: E402
 from client import _transport  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -155,16 +155,10 @@ def daemon(pids: list[int], workdir: Path, args: argparse.Namespace) -> Iterator
     """The edgewatt daemon with every pid registered: yields its pid and /metrics URL."""
     sock = str(workdir / "edgewatt.sock")
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "exporter", "serve", "--socket", sock,
-            "--listen", f"127.0.0.1:{port}", "--state-dir", str(workdir / "state"),
-            "--interval", str(args.interval), "--log-level", "warning",
-        ],
-        cwd=ROOT,
-    )  # fmt: skip
+    proc = start_daemon(
+        sock, workdir / "state", "--listen", f"127.0.0.1:{port}", "--interval", str(args.interval)
+    )
     try:
-        wait_healthy(sock)
         for i, pid in enumerate(pids):
             body = {"pid": pid, "labels": {"run": f"bench-{i}"}}
             status, data = _transport.call(sock, "POST", "/v1/targets", body, timeout=10)
