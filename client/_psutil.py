@@ -210,9 +210,7 @@ class PsutilSampler(Sampler):
             "system": times.system,
             "idle": times.idle,
             "iowait": getattr(times, "iowait", 0.0),
-            "interrupt": sum(
-                getattr(times, k, 0.0) for k in ("irq", "softirq", "interrupt", "dpc")
-            ),
+            "interrupt": sum(getattr(times, k, 0.0) for k in _INTERRUPT_FIELDS),
             "steal": getattr(times, "steal", 0.0),
         }
         memory = psutil.virtual_memory()

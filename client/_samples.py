@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.carbon import J_PER_KWH
+from exporter.carbon import CarbonIntensity
 
 # heflwr's rail keys and the tegrastats / INA3221 rails they are read from. The
 # board input has a different name per board: the device total stands for it.
@@ -50,7 +50,7 @@ class Reading:
     energy_j: float | None = None  # the device's energy counter
     rails_w: dict[str, float] = field(default_factory=dict)
     process_energy_j: float | None = None  # attributed to the monitored process
-    carbon_g_per_kwh: float | None = None  # the grid intensity, only when one is configured
+    carbon: CarbonIntensity | None = None  # the grid intensity, only when one is configured
 
     @property
     def cpu_time_s(self) -> float:
@@ -153,10 +153,10 @@ class Recorder:
         ):
             result["process_energy_j"] = last.process_energy_j - first.process_energy_j
         energy = result.get("energy_j", result.get("energy_vdd_in_j"))
-        if last.carbon_g_per_kwh is not None and energy is not None:
+        if last.carbon is not None and energy is not None:
             # CodeCarbon's rule, on the device's energy over the run.
-            result["carbon_intensity_g_per_kwh"] = last.carbon_g_per_kwh
-            result["total_carbon_g"] = energy / J_PER_KWH * last.carbon_g_per_kwh
+            result["carbon_intensity_g_per_kwh"] = last.carbon.g_per_kwh
+            result["total_carbon_g"] = last.carbon.grams(energy)
         return result
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from client import _transport
 from client._samples import Reading
+from exporter.carbon import CarbonIntensity
 
 log = logging.getLogger("edgewatt.client")
 
@@ -61,7 +62,9 @@ class DaemonSource:
                 if v["power_w"] is not None
             },
             process_energy_j=latest.get("energy_j"),
-            carbon_g_per_kwh=carbon.get("intensity_g_per_kwh"),
+            carbon=CarbonIntensity(carbon["intensity_g_per_kwh"], carbon["source"])
+            if carbon
+            else None,
         )
 
     def close(self) -> None:
@@ -105,7 +108,7 @@ class LocalSource:
             if power
             else {},
             process_energy_j=p.energy_j,
-            carbon_g_per_kwh=snapshot.carbon.g_per_kwh if snapshot.carbon else None,
+            carbon=snapshot.carbon,
         )
 
     def close(self) -> None:
