@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.measure import rss_bytes
 from exporter.daemon import MAX_OPEN_FILES
 from tests.conftest import ROOT, DaemonProcess, kernel_cpu_seconds, wait_for
 
@@ -61,9 +62,7 @@ def test_rss_of_a_200_mb_child_within_5_percent(daemon: DaemonProcess, spawn: An
     wait_for(lambda: daemon.value("process_memory_usage_bytes", edgewatt_target_id=tid))
     time.sleep(daemon.interval * 2)
     exported = daemon.value("process_memory_usage_bytes", edgewatt_target_id=tid)
-    with open(f"/proc/{child.pid}/status") as f:
-        vmrss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-    assert exported == pytest.approx(vmrss, rel=0.05)
+    assert exported == pytest.approx(rss_bytes(child.pid), rel=0.05)
     assert exported > 200 * 1024 * 1024
     virtual = daemon.value("process_memory_virtual_bytes", edgewatt_target_id=tid)
     assert virtual is not None and virtual >= exported

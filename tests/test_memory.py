@@ -6,16 +6,12 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
+from benchmarks.measure import rss_bytes
 from tests.conftest import wait_for
 
 BATCH = 250
 CYCLES = 5000
 MIB = 2**20
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
 def test_rss_is_flat_across_5000_register_exit_cycles(daemon_factory: Any) -> None:
