@@ -330,13 +330,15 @@ class Daemon:
 # The most descriptors asked for when the hard limit is unlimited (the kernel's
 # default nr_open).
 MAX_OPEN_FILES = 1 << 20
+# /proc files a lone target keeps open: stat, io, schedstat and its fd directory.
+FILES_PER_TARGET = 4
 
 
 def raise_open_files_limit() -> int:
     """Lift the soft limit on open files to the hard one; returns the soft limit now.
 
-    Each target keeps up to four /proc files open (stat, io, schedstat, fd directory),
-    plus some for its descendants: max_targets (1000) of them need more than the 1024
+    Each target keeps FILES_PER_TARGET /proc files open, plus some for its
+    descendants: max_targets (1000) of them need more than the 1024
     that systemd and most shells give by default, while the hard limit is far higher.
     """
     soft, hard = getrlimit(RLIMIT_NOFILE)
@@ -357,11 +359,12 @@ def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     open_files = raise_open_files_limit()
-    if open_files < 4 * config.max_targets:
+    if open_files < FILES_PER_TARGET * config.max_targets:
         log.warning(
-            "open files limit %d is below 4 per target for max_targets %d: "
+            "open files limit %d is below %d per target for max_targets %d: "
             "raise LimitNOFILE (systemd) or ulimit -n",
             open_files,
+            FILES_PER_TARGET,
             config.max_targets,
         )
     try:
