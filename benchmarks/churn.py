@@ -7,7 +7,8 @@ pushes with rotation disabled (the plain OTel SDK behaviour, which keeps every a
 set it has seen). Each cycle is one short-lived process registered with all three,
 sampled, scraped and killed.
 
-    .venv/bin/python benchmarks/churn.py [--cycles 5000] [--batch 100] [--json out.json]
+    .venv/bin/python benchmarks/churn.py [--cycles 5000] [--batch 100] [--rotation N]
+                                         [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.measure import free_port, rss_bytes, start_daemon  # noqa: E402
 from client import _transport  # noqa: E402
+from exporter.config import Config  # noqa: E402
 
 
 class Daemon:
     def __init__(
-        self, workdir: Path, name: str, interval: float, otlp: str | None, rotation: int = 1000
+        self, workdir: Path, name: str, interval: float, otlp: str | None, rotation: int
     ) -> None:
         self.socket = str(workdir / f"{name}.sock")
         self.port = free_port()
@@ -79,6 +81,9 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=5000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--interval", type=float, default=0.1)
+    parser.add_argument(
+        "--rotation", type=int, default=Config.series_rotation, help="the rotating daemon's"
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
 
@@ -87,9 +92,13 @@ def main() -> None:
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     otlp = f"http://127.0.0.1:{receiver.server_address[1]}"
     daemons = {
-        "/metrics only (default)": Daemon(workdir, "default", args.interval, None),
-        "+ OTLP, rotation 1000": Daemon(workdir, "rotating", args.interval, otlp),
-        "+ OTLP, no rotation": Daemon(workdir, "plain", args.interval, otlp, rotation=10**6),
+        "/metrics only (default)": Daemon(
+            workdir, "default", args.interval, None, Config.series_rotation
+        ),
+        f"+ OTLP, rotation {args.rotation}": Daemon(
+            workdir, "rotating", args.interval, otlp, args.rotation
+        ),
+        "+ OTLP, no rotation": Daemon(workdir, "plain", args.interval, otlp, 10**6),
     }
     rows: list[dict[str, float]] = []
     started = time.monotonic()

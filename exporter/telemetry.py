@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -499,6 +500,7 @@ class OtelPipeline:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self._provider = self._build()
+        self._retiring: list[threading.Thread] = []
         self.rotations = 0
 
     def _build(self) -> MeterProvider:
@@ -545,8 +547,20 @@ class OtelPipeline:
             self._provider = self._build()
             self._seen = set(live)
             self.rotations += 1
-        old.shutdown(timeout_millis=1000)
+            # The old pipeline's last export waits on the collector (up to the
+            # exporter's timeout when it is down): never on the sampling thread.
+            self._retiring = [t for t in self._retiring if t.is_alive()]
+            retire = threading.Thread(target=old.shutdown, name="otel-retire", daemon=True)
+            self._retiring.append(retire)
+            retire.start()
         log.info("rebuilt the OTel pipeline to release series of exited targets")
 
-    def shutdown(self) -> None:
-        self._provider.shutdown(timeout_millis=1000)
+    def shutdown(self, timeout_s: float = 1.0) -> None:
+        """Last exports: pipelines still retiring share ``timeout_s``, then the current
+        one gets as much."""
+        with self._lock:
+            retiring, self._retiring = self._retiring, []
+        deadline = time.monotonic() + timeout_s
+        for thread in retiring:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._provider.shutdown(timeout_millis=timeout_s * 1000)

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import gc
+import threading
 from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics._internal.aggregation import _Aggregation
-from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
@@ -42,6 +49,9 @@ def _churn(rotation: int, cycles: int) -> tuple[OtelPipeline, int]:
         # One long-lived target and one that lives for a single pass.
         t.update(Snapshot(time=0.0, sequence=i, host=None, processes=(process(0), process(i + 1))))
         scrape(registries)
+    for thread in threading.enumerate():  # old pipelines still handing in their last export
+        if thread.name == "otel-retire":
+            thread.join(10)
     return t, _aggregations()
 
 
@@ -82,3 +92,48 @@ def test_many_live_targets_never_fold_into_overflow() -> None:
     assert len(rss) == 2100
     assert not any("otel_metric_overflow" in s.labels for s in rss)
     t.shutdown()
+
+
+class _StalledCollector(MetricExporter):
+    """An exporter whose every export hangs until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exporting = threading.Event()
+        self.release = threading.Event()
+        self.shut = threading.Event()
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        self.exporting.set()
+        self.release.wait(10)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.shut.set()
+
+
+def test_rotation_never_waits_for_the_old_pipelines_last_export() -> None:
+    exporters: list[_StalledCollector] = []
+
+    def readers() -> list[MetricReader]:
+        exporters.append(_StalledCollector())
+        return [PeriodicExportingMetricReader(exporters[-1], export_interval_millis=600_000)]
+
+    t = OtelPipeline(Resource.create({}), readers, series_rotation=1)
+    t.update(Snapshot(time=0.0, sequence=1, host=None, processes=(process(0), process(1))))
+    t.update(Snapshot(time=0.0, sequence=2, host=None, processes=(process(0),)))
+    assert t.rotations == 1
+    old = exporters[0]
+    # update() came back while the old pipeline's final export still hangs.
+    assert old.exporting.wait(10)
+    assert not old.shut.is_set()
+    old.release.set()
+    assert old.shut.wait(10)  # then the old pipeline finished shutting down
+    exporters[1].release.set()
+    t.shutdown()
+    assert exporters[1].shut.is_set()
