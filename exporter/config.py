@@ -39,7 +39,7 @@ class Config:
     max_targets: int = 1000
     history_samples: int = 300
     exited_retention: float = 600.0
-    series_rotation: int = 1000
+    series_rotation: int = 200
     host_name: str = ""  # "" means the kernel's hostname
     proc_path: str = "/proc"
     log_level: str = "info"

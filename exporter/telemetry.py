@@ -10,13 +10,15 @@ histograms and summaries, and ``promtool check metrics`` rejects a gauge named s
 Bounded memory under process churn: the SDK keeps one aggregation per attribute set
 it has ever seen (field notes: +65 MiB per 50,000 pids), and series of exited targets
 would also eat the cardinality limit. So after ``series_rotation`` targets have left,
-the whole pipeline (provider, readers) is rebuilt and swapped in one assignment. The
+the whole pipeline (provider, readers) is rebuilt and swapped in one assignment, and
+the old one is retired on its own thread (last export, then its state freed). The
 collector sees no reset: the counters are observed absolute values, not sums kept by
 the SDK.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -543,14 +545,14 @@ class OtelPipeline:
             self._seen |= live
             if len(self._seen) - len(live) < self._rotation:
                 return
-            old = self._provider
+            old = [self._provider]  # handed over, not held here: see _retire
             self._provider = self._build()
             self._seen = set(live)
             self.rotations += 1
             # The old pipeline's last export waits on the collector (up to the
             # exporter's timeout when it is down): never on the sampling thread.
             self._retiring = [t for t in self._retiring if t.is_alive()]
-            retire = threading.Thread(target=old.shutdown, name="otel-retire", daemon=True)
+            retire = threading.Thread(target=_retire, args=(old,), name="otel-retire", daemon=True)
             self._retiring.append(retire)
             retire.start()
         log.info("rebuilt the OTel pipeline to release series of exited targets")
@@ -564,3 +566,14 @@ class OtelPipeline:
         for thread in retiring:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._provider.shutdown(timeout_millis=timeout_s * 1000)
+
+
+def _retire(box: list[MeterProvider]) -> None:
+    """Shut the provider in ``box`` down, then free its series state.
+
+    The SDK's periodic reader sits in a reference cycle that keeps the old pipeline's
+    every aggregation alive until the next full collection, which under churn comes
+    late. The provider travels in a list so that no frame still holds it then.
+    """
+    box.pop().shutdown()
+    gc.collect()
