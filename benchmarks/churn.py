@@ -2,10 +2,10 @@
 
 Three daemons run side by side on the same processes: the default one (Prometheus
 endpoint only, rendered from the snapshot, no OTel SDK state), one that also pushes
-OTLP every second to a local receiver with the default `series_rotation`, and one that
-pushes with rotation disabled (the plain OTel SDK behaviour, which keeps every attribute
-set it has seen). Each cycle is one short-lived process registered with all three,
-sampled, scraped and killed.
+OTLP every second to a local receiver with `series_rotation` N (`--rotation`, by
+default the daemon's default), and one that pushes with rotation disabled (the plain
+OTel SDK behaviour, which keeps every attribute set it has seen). Each cycle is one
+short-lived process registered with all three, sampled, scraped and killed.
 
     .venv/bin/python benchmarks/churn.py [--cycles 5000] [--batch 100] [--rotation N]
                                          [--json out.json]
@@ -21,16 +21,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measure import free_port, rss_bytes, start_daemon  # noqa: E402
+from benchmarks.measure import free_port, otlp_sink, rss_bytes, start_daemon  # noqa: E402
 from client import _transport  # noqa: E402
 from exporter.config import Config  # noqa: E402
 
@@ -63,19 +61,6 @@ class Daemon:
         self.proc.wait(timeout=10)
 
 
-class _Accept(BaseHTTPRequestHandler):
-    """An OTLP/HTTP receiver that takes every export and keeps nothing."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=5000)
@@ -88,8 +73,7 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="edgewatt-churn-"))
-    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Accept)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    receiver = otlp_sink()
     otlp = f"http://127.0.0.1:{receiver.server_address[1]}"
     daemons = {
         "/metrics only (default)": Daemon(

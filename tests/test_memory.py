@@ -5,14 +5,12 @@ both on its own and pushing OTLP (where the SDK's per-series state is what could
 from __future__ import annotations
 
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-from benchmarks.measure import rss_bytes
+from benchmarks.measure import otlp_sink, rss_bytes
 from tests.conftest import wait_for
 
 BATCH = 250
@@ -20,22 +18,9 @@ CYCLES = 5000
 MIB = 2**20
 
 
-class _Discard(BaseHTTPRequestHandler):
-    """An OTLP/HTTP receiver that accepts every export and keeps nothing."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None: ...
-
-
 @pytest.fixture
 def otlp_receiver() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Discard)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = otlp_sink()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
