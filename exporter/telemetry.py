@@ -11,9 +11,9 @@ Bounded memory under process churn: the SDK keeps one aggregation per attribute 
 it has ever seen (field notes: +65 MiB per 50,000 pids), and series of exited targets
 would also eat the cardinality limit. So after ``series_rotation`` targets have left,
 the whole pipeline (provider, readers) is rebuilt and swapped in one assignment, and
-the old one is retired on its own thread (last export, then its state freed). The
-collector sees no reset: the counters are observed absolute values, not sums kept by
-the SDK.
+the old one is retired on its own thread (last export, then its state freed). No
+value goes back at a rebuild, only the points' start time moves: the counters are
+observed absolute values, not sums kept by the SDK.
 """
 
 from __future__ import annotations
