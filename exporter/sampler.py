@@ -69,6 +69,7 @@ class Sampler:
         self._relist = False  # a tree lost members or a target exited: list /proc anew
         self._last_cpu: system.HostCpu | None = None
         self._failed: set[str] = set()
+        self._exited: dict[str, float] = {}  # found exited this pass: target id -> when
         self._overruns = 0
         self._errors = 0
         self._exits = 0
@@ -129,8 +130,15 @@ class Sampler:
             ),
         )
         self.snapshot = snapshot
-        if self._on_pass is not None:
-            self._on_pass(snapshot)
+        try:
+            if self._on_pass is not None:
+                self._on_pass(snapshot)
+        finally:
+            # Marked only now, so a target the API calls exited is already gone from
+            # what the exporters serve.
+            for target_id, when in self._exited.items():
+                self.table.mark_exited(target_id, when)
+            self._exited.clear()
         return snapshot
 
     def _read_target(
@@ -146,7 +154,7 @@ class Sampler:
             reading = tree.sample(children_of)
         except procfs.NoSuchProcess:
             self._relist = True
-            self.table.mark_exited(target.id, time.time())
+            self._exited.setdefault(target.id, time.time())
             self._drop(target.id)
             self._exits += 1
             log.info("target %s (pid %d) exited", target.id, target.pid)

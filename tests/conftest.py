@@ -22,6 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from client import _transport
+from exporter.sampling import procfs
+from exporter.targets import TargetTable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -255,3 +257,17 @@ def prometheus_factory(tmp_path: Path) -> Iterator[Any]:
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+
+
+def table_with(pid: int) -> TargetTable:
+    """A target table with ``pid`` registered (descendants included), for in-process
+    sampler tests."""
+    table = TargetTable(
+        boot_time=procfs.boot_time(),
+        clock_ticks=procfs.CLOCK_TICKS,
+        max_targets=10,
+        history_samples=100,
+        exited_retention_s=60,
+    )
+    table.register(pid, {}, True, os.getuid())
+    return table

@@ -3,7 +3,6 @@ pid of a child: the figures reach the target's sample."""
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,8 +13,7 @@ from exporter.power.attribution import Attribution
 from exporter.power.meter import PowerMeter
 from exporter.power.source import Gpu, GpuProcess, PowerReading, Rail
 from exporter.sampler import Sampler
-from exporter.sampling import procfs
-from exporter.targets import TargetTable
+from tests.conftest import table_with
 
 
 @dataclass
@@ -60,18 +58,6 @@ class ClockedGpu:
         )
 
     def close(self) -> None: ...
-
-
-def table_with(pid: int) -> TargetTable:
-    table = TargetTable(
-        boot_time=procfs.boot_time(),
-        clock_ticks=procfs.CLOCK_TICKS,
-        max_targets=10,
-        history_samples=100,
-        exited_retention_s=60,
-    )
-    table.register(pid, {}, True, os.getuid())
-    return table
 
 
 def test_gpu_user_gets_gpu_energy_memory_and_load(spawn: Any) -> None:
