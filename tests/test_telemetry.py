@@ -20,7 +20,6 @@ from prometheus_client import CollectorRegistry
 
 from exporter.snapshot import Snapshot
 from exporter.telemetry import METRICS, OtelPipeline
-from tests.conftest import wait_for
 from tests.snapshots import process
 
 
@@ -148,12 +147,16 @@ def test_rotation_never_waits_for_the_old_pipelines_last_export() -> None:
 def test_a_retired_pipeline_frees_its_series_without_waiting_for_a_full_gc() -> None:
     # The old pipeline's reader sits in a reference cycle; without an explicit
     # collection its ~18 aggregations per target would live until the next full one.
-    exporters: list[_StalledCollector] = []
+    made: list[PeriodicExportingMetricReader] = []
 
     def readers() -> list[MetricReader]:
-        exporters.append(_StalledCollector())
-        exporters[-1].release.set()
-        return [PeriodicExportingMetricReader(exporters[-1], export_interval_millis=50)]
+        exporter = _StalledCollector()
+        exporter.release.set()
+        # The reader's thread sleeps: gc.get_objects() while another thread builds a
+        # tuple can break that thread (SystemError in _PyTuple_Resize), so this test
+        # collects itself and counts only while no other thread allocates.
+        made.append(PeriodicExportingMetricReader(exporter, export_interval_millis=600_000))
+        return [made[-1]]
 
     t = OtelPipeline(Resource.create({}), readers, series_rotation=300)
     gc.collect()
@@ -162,8 +165,8 @@ def test_a_retired_pipeline_frees_its_series_without_waiting_for_a_full_gc() -> 
         t.update(
             Snapshot(time=0.0, sequence=1, host=None, processes=tuple(map(process, range(300))))
         )
-        # Collected by the reader's thread: the 300 targets' state exists.
-        wait_for(lambda: _live_aggregations() >= 300 * 18)
+        made.pop().collect()  # popped: the test must not keep the old reader alive
+        assert _live_aggregations() >= 300 * 18
         t.update(Snapshot(time=0.0, sequence=2, host=None))
         assert t.rotations == 1
         for thread in threading.enumerate():
