@@ -21,14 +21,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measure import free_port, otlp_sink, rss_bytes, start_daemon  # noqa: E402
+from benchmarks.measure import free_port, rss_bytes, start_daemon  # noqa: E402
 from client import _transport  # noqa: E402
 from exporter.config import Config  # noqa: E402
 
@@ -59,6 +62,25 @@ class Daemon:
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=10)
+
+
+class _Discard(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def otlp_sink() -> ThreadingHTTPServer:
+    """An OTLP/HTTP receiver, serving in a thread, that accepts every export and keeps
+    nothing; its endpoint is ``http://127.0.0.1:{server.server_address[1]}``."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Discard)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def main() -> None:

@@ -1,17 +1,14 @@
 """Helpers the benchmarks share: a free port, a process's RSS, percentiles, starting
-and waiting for a daemon, an OTLP receiver that discards what it gets."""
+and waiting for a daemon."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 from client import _transport
 
@@ -72,22 +69,3 @@ def start_daemon(
         proc.wait()
         raise
     return proc
-
-
-class _Discard(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-def otlp_sink() -> ThreadingHTTPServer:
-    """An OTLP/HTTP receiver, serving in a thread, that accepts every export and keeps
-    nothing; its endpoint is ``http://127.0.0.1:{server.server_address[1]}``."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Discard)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
