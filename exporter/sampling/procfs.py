@@ -153,7 +153,9 @@ class ProcHandle:
         (without CONFIG_SCHED_INFO it shows "0 0 0")."""
         if self._sched_fd is None:
             try:
-                self._sched_fd = os.open(f"{self.proc}/{self.pid}/schedstat", os.O_RDONLY)
+                self._sched_fd = os.open(
+                    f"{self.proc}/{self.pid}/schedstat", os.O_RDONLY | os.O_CLOEXEC
+                )
             except OSError:
                 self._sched_fd = -1
         if self._sched_fd < 0:
