@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.measure import free_port, rss_bytes, start_daemon  # noqa: E402
-from client import _transport  # noqa: E402
-from exporter.config import Config  # noqa: E402
+from edgewatt.core import transport  # noqa: E402
+from edgewatt.exporter.config import Config  # noqa: E402
 
 
 class Daemon:
@@ -52,7 +52,7 @@ class Daemon:
 
     def register(self, pid: int, i: int) -> None:
         body = {"pid": pid, "labels": {"run": f"churn-{i}"}}
-        status, data = _transport.call(self.socket, "POST", "/v1/targets", body, timeout=5)
+        status, data = transport.call(self.socket, "POST", "/v1/targets", body, timeout=5)
         assert status == 201, data
 
     def scrape(self) -> None:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import client  # noqa: E402
 from benchmarks.measure import percentile, start_daemon  # noqa: E402
-from client import _transport  # noqa: E402
+from edgewatt.core import transport  # noqa: E402
 
 
 def import_cost_ms(statement: str, runs: int) -> float:
@@ -64,7 +64,7 @@ def main() -> None:
             register_ms.append((time.perf_counter() - started) * 1000)
             reg.close()
             started = time.perf_counter()
-            _transport.call(sock, "GET", "/healthz")
+            transport.call(sock, "GET", "/healthz")
             health_ms.append((time.perf_counter() - started) * 1000)
     finally:
         daemon.send_signal(signal.SIGTERM)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from client import _transport
+from edgewatt.core import transport
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +37,7 @@ def wait_healthy(socket_path: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if _transport.call(socket_path, "GET", "/healthz")[0] == 200:
+            if transport.call(socket_path, "GET", "/healthz")[0] == 200:
                 return
         except OSError:
             pass
@@ -57,7 +57,7 @@ def start_daemon(
     logging warnings only, with further ``flags``; returns once it answers."""
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "exporter", "serve", "--socket", socket_path,
+            sys.executable, "-m", "edgewatt.cli", "serve", "--socket", socket_path,
             "--state-dir", str(state_dir), "--log-level", "warning", *flags,
         ],
         cwd=ROOT, env=env,

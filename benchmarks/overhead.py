@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.measure import free_port, percentile, rss_bytes, start_daemon  # noqa: E402
-from client import _transport  # noqa: E402
+from edgewatt.core import transport  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PROCESS_EXPORTER = "prometheus-process-exporter"
@@ -161,7 +161,7 @@ def daemon(pids: list[int], workdir: Path, args: argparse.Namespace) -> Iterator
     try:
         for i, pid in enumerate(pids):
             body = {"pid": pid, "labels": {"run": f"bench-{i}"}}
-            status, data = _transport.call(sock, "POST", "/v1/targets", body, timeout=10)
+            status, data = transport.call(sock, "POST", "/v1/targets", body, timeout=10)
             if status != 201:
                 raise RuntimeError(f"registering pid {pid}: {status} {data}")
         yield proc.pid, f"http://127.0.0.1:{port}/metrics"

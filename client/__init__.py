@@ -1,6 +1,6 @@
 """edgewatt client: register the calling process with the local edgewatt daemon.
 
-    import client
+    from edgewatt import client
     with client.register(labels={"run": "resnet-42"}) as reg:
         with reg.phase("epoch-1"):
             train_one_epoch()
@@ -20,13 +20,13 @@ import os
 import threading
 from typing import Any
 
-from client import _transport
-from client._track import Measurement, track
-from client._transport import DaemonError, current_uid, default_socket
+from edgewatt.client._track import Measurement, track
+from edgewatt.core import transport
+from edgewatt.core.transport import DaemonError, current_uid, default_socket
 
 __all__ = ["DaemonError", "Measurement", "Registration", "default_socket", "register", "track"]
 
-log = logging.getLogger("edgewatt.client")
+log = logging.getLogger(__name__)
 
 FALLBACKS = ("auto", "never", "always")
 
@@ -143,7 +143,7 @@ class Registration:
     ) -> Any:
         path = f"/v1/targets/{self.info['id']}{sub}"
         try:
-            return _transport.call_ok(self.socket, method, path, body)
+            return transport.call_ok(self.socket, method, path, body)
         except DaemonError as exc:
             log.warning("edgewatt: %s %s refused: %s", method, path, exc)
         except OSError as exc:
@@ -162,7 +162,7 @@ class Registration:
         with self._lock:
             if self._local is not None:
                 return
-            from client._local import LocalSampler
+            from edgewatt.client._local import LocalSampler
 
             try:
                 self._local = LocalSampler(
@@ -205,7 +205,7 @@ def register(
         if target_pid != os.getpid():
             body["pid"] = target_pid
         try:
-            info = _transport.call_ok(path, "POST", "/v1/targets", body)
+            info = transport.call_ok(path, "POST", "/v1/targets", body)
         except DaemonError as exc:
             if exc.status == 400 and exc.body.get("error") == "invalid labels":
                 raise ValueError(exc.body.get("detail")) from None

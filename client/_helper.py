@@ -12,7 +12,7 @@ import json
 import sys
 import threading
 
-from client._monitor import sampling_loop
+from edgewatt.client._monitor import sampling_loop
 
 
 def main() -> int:

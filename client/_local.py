@@ -13,9 +13,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from client._transport import current_uid
+from edgewatt.core.transport import current_uid
 
-log = logging.getLogger("edgewatt.client")
+log = logging.getLogger(__name__)
 
 
 class LocalSampler:
@@ -29,24 +29,24 @@ class LocalSampler:
         power: bool = True,
         on_snapshot: Callable[[Any], None] | None = None,
     ) -> None:
-        from client._backend import choose
-        from exporter import power as power_sources
-        from exporter.carbon import from_environment
-        from exporter.power.attribution import Attribution
-        from exporter.power.meter import PowerMeter
-        from exporter.power.source import PowerOptions
-        from exporter.targets import TargetTable
+        from edgewatt.core import power as power_sources
+        from edgewatt.core.carbon import from_environment
+        from edgewatt.core.platforms import choose
+        from edgewatt.core.power.attribution import Attribution
+        from edgewatt.core.power.meter import PowerMeter
+        from edgewatt.core.power.source import PowerOptions
+        from edgewatt.core.targets import TargetTable
 
         carbon = from_environment()
         self.backend = choose()
         if self.backend == "psutil":
-            from client import _psutil
+            from edgewatt.core.platforms import portable
 
-            boot_time, ticks, opener = _psutil.boot_time(), _psutil.TICKS, _psutil.PsutilHandle
-            sampler_class: Any = _psutil.PsutilSampler
+            boot_time, ticks, opener = portable.boot_time(), portable.TICKS, portable.PsutilHandle
+            sampler_class: Any = portable.PsutilSampler
         else:
-            from exporter.sampler import Sampler
-            from exporter.sampling import procfs
+            from edgewatt.core.sampler import Sampler
+            from edgewatt.core.sampling import procfs
 
             boot_time, ticks, opener = procfs.boot_time(), procfs.CLOCK_TICKS, procfs.ProcHandle
             sampler_class = Sampler

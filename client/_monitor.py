@@ -24,11 +24,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from client._samples import Reading, Recorder
-from client._sinks import FileSink, NullSink, PrometheusSink, RemoteSink, header
-from client._transport import default_socket
+from edgewatt.client._samples import Reading, Recorder
+from edgewatt.client._sinks import FileSink, NullSink, PrometheusSink, RemoteSink, header
+from edgewatt.core.transport import default_socket
 
-log = logging.getLogger("edgewatt.client")
+log = logging.getLogger(__name__)
 
 METRICS = ("cpu", "memory", "network", "power")
 
@@ -47,7 +47,7 @@ def sampling_loop(
 ) -> None:
     """Open the source and the sink, then read every interval until ``stop`` is set.
     The sink is left in ``shared["sink"]`` for phase marks from other threads."""
-    from client._sources import Source
+    from edgewatt.client._sources import Source
 
     try:
         source = Source(
@@ -179,14 +179,12 @@ class Monitor:
         self._started(worker, *outcome[0])
 
     def _start_process(self) -> None:
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        path = os.environ.get("PYTHONPATH")
+        # The same interpreter, so the same installed edgewatt; nothing is forked.
         helper = subprocess.Popen(
-            [sys.executable, "-m", "client._helper"],
+            [sys.executable, "-m", "edgewatt.client._helper"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")},
         )
         assert helper.stdin is not None and helper.stdout is not None
         helper.stdin.write(json.dumps(self._spec()) + "\n")

@@ -24,7 +24,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 )
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from client._samples import Reading
+from edgewatt.client._samples import Reading
 
 _START_NS = time.time_ns()
 _CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.carbon import CarbonIntensity
+from edgewatt.core.carbon import CarbonIntensity
 
 # heflwr's rail keys and the tegrastats / INA3221 rails they are read from. The
 # board input has a different name per board: the device total stands for it.

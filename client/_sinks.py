@@ -15,9 +15,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from client._samples import UNITS, Reading
+from edgewatt.client._samples import UNITS, Reading
 
-log = logging.getLogger("edgewatt.client")
+log = logging.getLogger(__name__)
 
 
 class FileSink:
@@ -157,7 +157,7 @@ class RemoteSink:
 
     def _encode(self, sample: dict[str, Any], reading: Reading) -> tuple[bytes, str, str]:
         if self.protocol == "otlp":
-            from client._otlp import encode
+            from edgewatt.client._otlp import encode
 
             body = encode(reading, self._pid_labels)
             return body, _url(self.host, "/v1/metrics"), "application/x-protobuf"

@@ -9,11 +9,11 @@ import logging
 import os
 from typing import Any
 
-from client import _transport
-from client._samples import Reading
-from exporter.carbon import CarbonIntensity
+from edgewatt.client._samples import Reading
+from edgewatt.core import transport
+from edgewatt.core.carbon import CarbonIntensity
 
-log = logging.getLogger("edgewatt.client")
+log = logging.getLogger(__name__)
 
 
 def _network_totals(interfaces: dict[str, tuple[int, int]]) -> tuple[int, int]:
@@ -33,11 +33,11 @@ class DaemonSource:
         body = {"labels": labels, "children": True}
         if pid != os.getpid():
             body["pid"] = pid
-        self.target = _transport.call_ok(socket_path, "POST", "/v1/targets", body)["id"]
+        self.target = transport.call_ok(socket_path, "POST", "/v1/targets", body)["id"]
 
     def read(self) -> Reading | None:
-        target = _transport.call_ok(self.socket, "GET", f"/v1/targets/{self.target}")
-        host = _transport.call_ok(self.socket, "GET", "/v1/host")
+        target = transport.call_ok(self.socket, "GET", f"/v1/targets/{self.target}")
+        host = transport.call_ok(self.socket, "GET", "/v1/host")
         latest = target.get("latest")
         if not latest or not host.get("memory_total_bytes"):
             return None
@@ -69,7 +69,7 @@ class DaemonSource:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            _transport.call(self.socket, "DELETE", f"/v1/targets/{self.target}")
+            transport.call(self.socket, "DELETE", f"/v1/targets/{self.target}")
 
 
 class LocalSource:
@@ -78,7 +78,7 @@ class LocalSource:
     kind = "local"
 
     def __init__(self, pid: int, labels: dict[str, str], interval: float, power: bool) -> None:
-        from client._local import LocalSampler
+        from edgewatt.client._local import LocalSampler
 
         self.local = LocalSampler(pid, labels=labels, interval=interval, power=power)
         # A first pass here, before start() returns to the caller's work: it pays the
@@ -125,7 +125,7 @@ class Source:
         self.current: Any
         try:
             self.current = DaemonSource(socket_path, pid, labels)
-        except (OSError, _transport.DaemonError) as exc:
+        except (OSError, transport.DaemonError) as exc:
             log.warning("edgewatt: no daemon at %s (%s); sampling in-process", socket_path, exc)
             self.current = LocalSource(pid, labels, interval, power)
 
@@ -136,7 +136,7 @@ class Source:
     def read(self) -> Reading | None:
         try:
             return self.current.read()
-        except (OSError, _transport.DaemonError) as exc:
+        except (OSError, transport.DaemonError) as exc:
             if self.current.kind != "daemon":
                 raise
             log.warning("edgewatt: the daemon stopped answering (%s); sampling in-process", exc)

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
-log = logging.getLogger("edgewatt.client")
+log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,7 +40,7 @@ _shared_lock = threading.Lock()
 def _shared_registration() -> Any:
     with _shared_lock:
         if "registration" not in _shared:
-            from client import register
+            from edgewatt.client import register
 
             _shared["registration"] = register(labels={})
         return _shared["registration"]

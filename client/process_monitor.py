@@ -3,7 +3,7 @@
 Sampling runs in a helper process started with "spawn" (no fork of this process).
 """
 
-from client import _monitor
+from edgewatt.client import _monitor
 
 
 class FileMonitor(_monitor.FileMonitor):

@@ -1,3 +1,2 @@
-"""edgewatt daemon: samples registered processes and power sensors, exports OpenTelemetry."""
-
-__version__ = "0.1.0"
+"""The edgewatt daemon: the registration API, /metrics and OTLP push over the core's
+sampler. Imports edgewatt.core only, never edgewatt.client."""

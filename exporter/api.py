@@ -24,9 +24,9 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from exporter.labels import LabelError, validate_labels
-from exporter.sampling import procfs
-from exporter.targets import TargetError, TargetTable
+from edgewatt.core.labels import LabelError, validate_labels
+from edgewatt.core.sampling import procfs
+from edgewatt.core.targets import TargetError, TargetTable
 
 log = logging.getLogger(__name__)
 

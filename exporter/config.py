@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from client._transport import default_socket
+from edgewatt.core import carbon
+from edgewatt.core.transport import default_socket
 
 
 class ConfigError(ValueError):
@@ -126,7 +127,7 @@ def _log_level(value: Any) -> str:
 
 
 def _power_sources(value: Any) -> tuple[str, ...] | None:
-    from exporter.power import SOURCES
+    from edgewatt.core.power import SOURCES
 
     if value == "auto":
         return None
@@ -171,15 +172,6 @@ def _boolean(value: Any) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
         return value.lower() in ("true", "1", "yes")
     raise ValueError(f"must be true or false, got {value!r}")
-
-
-def _country(value: Any) -> str:
-    from exporter.carbon import country
-
-    text = _text(value).strip()
-    if text:
-        country(text)  # ValueError naming the codes the table has
-    return text
 
 
 def _endpoint(value: Any) -> str:
@@ -268,14 +260,14 @@ KEYS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
         "seconds over which idle power is estimated",
     ),
     "carbon_intensity_g_per_kwh": (
-        _optional(_ranged(float, 0, 5000, "gCO2e per kWh")),
+        carbon.parse_intensity,
         "grid carbon intensity in gCO2e/kWh (flag --carbon-intensity-g-per-kwh); unset: no carbon "
         "figure anywhere, unless carbon_country is set",
     ),
     "carbon_country": (
-        _country,
+        carbon.parse_country,
         "ISO 3166-1 code (DE, USA, ...) whose yearly average from the shipped table "
-        "(exporter/data/carbon_intensity.json) is used when no intensity is set",
+        "(core/data/carbon_intensity.json) is used when no intensity is set",
     ),
     "otlp_endpoint": (
         _endpoint,

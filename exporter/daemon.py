@@ -21,25 +21,25 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
-from exporter import __version__, power
-from exporter.api import ApiServer
-from exporter.carbon import CarbonIntensity, resolve_carbon
-from exporter.config import Config, ConfigError
-from exporter.exposition import Exposition
-from exporter.notify import Notifier
-from exporter.otlp import OtlpOptions, build_reader
-from exporter.power.attribution import Attribution
-from exporter.power.meter import PowerMeter
-from exporter.power.source import PowerOptions
-from exporter.sampler import Sampler
-from exporter.sampling import procfs
-from exporter.sampling.network import NetworkAccounting
-from exporter.snapshot import host_document
-from exporter.statefile import StateFile
-from exporter.targets import SAMPLE_UNITS, TargetError, TargetTable
-from exporter.telemetry import OtelPipeline
+from edgewatt.core import __version__, power
+from edgewatt.core.carbon import CarbonIntensity, resolve_carbon
+from edgewatt.core.power.attribution import Attribution
+from edgewatt.core.power.meter import PowerMeter
+from edgewatt.core.power.source import PowerOptions
+from edgewatt.core.sampler import Sampler
+from edgewatt.core.sampling import procfs
+from edgewatt.core.sampling.network import NetworkAccounting
+from edgewatt.core.snapshot import host_document
+from edgewatt.core.targets import SAMPLE_UNITS, TargetError, TargetTable
+from edgewatt.exporter.api import ApiServer
+from edgewatt.exporter.config import Config, ConfigError
+from edgewatt.exporter.exposition import Exposition
+from edgewatt.exporter.notify import Notifier
+from edgewatt.exporter.otlp import OtlpOptions, build_reader
+from edgewatt.exporter.statefile import StateFile
+from edgewatt.exporter.telemetry import OtelPipeline
 
-log = logging.getLogger("edgewatt")
+log = logging.getLogger(__name__)
 
 
 def instance_id(state_dir: Path) -> str:

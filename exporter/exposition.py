@@ -32,8 +32,8 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from exporter.snapshot import Snapshot
-from exporter.telemetry import METRICS, MetricSpec
+from edgewatt.core.snapshot import Snapshot
+from edgewatt.exporter.telemetry import METRICS, MetricSpec
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Small: rendering is what costs, and Prometheus asks for gzip on every scrape.

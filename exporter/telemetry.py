@@ -32,9 +32,9 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
-from exporter.power.meter import PowerSnapshot, RailState
-from exporter.power.source import Gpu
-from exporter.snapshot import ProcessSample, Snapshot
+from edgewatt.core.power.meter import PowerSnapshot, RailState
+from edgewatt.core.power.source import Gpu
+from edgewatt.core.snapshot import ProcessSample, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,23 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from client import _transport
-from exporter.sampling import procfs
-from exporter.targets import TargetTable
+from edgewatt.core import transport
+from edgewatt.core.sampling import procfs
+from edgewatt.core.targets import TargetTable
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def copy_package(into: Path) -> None:
+    """Lay the source folders out as the installed package ``into/edgewatt/...``,
+    readable by every user: for tests that run code as another user with the system
+    Python (PYTHONPATH=into)."""
+    for folder in ("core", "client", "exporter", "cli"):
+        shutil.copytree(
+            ROOT / folder, into / "edgewatt" / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    for p in into.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
 
 
 def free_port() -> int:
@@ -64,7 +76,7 @@ class DaemonProcess:
             [
                 sys.executable,
                 "-m",
-                "exporter",
+                "edgewatt.cli",
                 "serve",
                 "--socket",
                 self.socket,
@@ -110,7 +122,7 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace")
 
     def call(self, method: str, path: str, body: Any = None, timeout: float = 5.0) -> Any:
-        return _transport.call(self.socket, method, path, body, timeout=timeout)
+        return transport.call(self.socket, method, path, body, timeout=timeout)
 
     def register(self, pid: int, **body: Any) -> dict[str, Any]:
         status, data = self.call("POST", "/v1/targets", {"pid": pid, **body})

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from exporter.power.meter import PowerSnapshot, RailState
-from exporter.power.source import Gpu
-from exporter.snapshot import ProcessSample
+from edgewatt.core.power.meter import PowerSnapshot, RailState
+from edgewatt.core.power.source import Gpu
+from edgewatt.core.snapshot import ProcessSample
 
 
 def process(i: int, cpu: float = 1.5) -> ProcessSample:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, DaemonProcess
+from tests.conftest import ROOT, DaemonProcess, copy_package
 
 NOBODY = 65534
 # The venv's interpreter may live under /root; any python3 runs the stdlib-only client.
@@ -163,8 +163,8 @@ def test_unknown_pid_is_named(daemon: DaemonProcess) -> None:
 
 def test_registration_defaults_to_the_caller(daemon: DaemonProcess, spawn: Any) -> None:
     code = (
-        "import json, sys; from client import _transport;"
-        f"print(json.dumps(_transport.call({daemon.socket!r}, 'POST', '/v1/targets', {{}})))"
+        "import json, sys; from edgewatt.core import transport;"
+        f"print(json.dumps(transport.call({daemon.socket!r}, 'POST', '/v1/targets', {{}})))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
@@ -252,9 +252,7 @@ def public_dir() -> Iterator[Path]:
     """A directory any user can enter (pytest's tmp_path is private to root)."""
     path = Path(tempfile.mkdtemp(prefix="edgewatt-test-"))
     path.chmod(0o755)
-    shutil.copytree(ROOT / "client", path / "client")
-    for p in path.rglob("*"):
-        p.chmod(0o755 if p.is_dir() else 0o644)
+    copy_package(path)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -262,8 +260,8 @@ def public_dir() -> Iterator[Path]:
 def _as_nobody(public: Path, sock_path: str, method: str, path: str, body: Any = None) -> Any:
     """Call the API from a process running as uid/gid nobody (the stdlib-only client)."""
     code = (
-        "import json; from client import _transport;"
-        f"print(json.dumps(_transport.call({sock_path!r}, {method!r}, {path!r}, {body!r})))"
+        "import json; from edgewatt.core import transport;"
+        f"print(json.dumps(transport.call({sock_path!r}, {method!r}, {path!r}, {body!r})))"
     )
     out = subprocess.run(
         [SYSTEM_PYTHON, "-c", code],

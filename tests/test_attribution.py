@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.power.attribution import Attribution, Baseline, PassEnergy, Usage, split
+from edgewatt.core.power.attribution import Attribution, Baseline, PassEnergy, Usage, split
 
 
 def test_dynamic_power_split_by_cpu_share() -> None:

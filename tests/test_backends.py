@@ -16,21 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from client import _backend
+from edgewatt.core import platforms
 from tests.conftest import ROOT
 
 
 def test_a_forced_backend_wins_and_a_bad_one_is_named(caplog: pytest.LogCaptureFixture) -> None:
-    assert _backend.choose({"EDGEWATT_CLIENT_BACKEND": "psutil"}) == "psutil"
-    assert _backend.choose({"EDGEWATT_CLIENT_BACKEND": " PROCFS "}) == "procfs"
-    with caplog.at_level(logging.WARNING, logger="edgewatt.client"):
-        assert _backend.choose({"EDGEWATT_CLIENT_BACKEND": "bsd"}) == "procfs"
+    assert platforms.choose({"EDGEWATT_CLIENT_BACKEND": "psutil"}) == "psutil"
+    assert platforms.choose({"EDGEWATT_CLIENT_BACKEND": " PROCFS "}) == "procfs"
+    with caplog.at_level(logging.WARNING, logger="edgewatt"):
+        assert platforms.choose({"EDGEWATT_CLIENT_BACKEND": "bsd"}) == "procfs"
     assert "EDGEWATT_CLIENT_BACKEND='bsd' is not one of" in caplog.text
 
 
 def test_without_proc_the_chooser_takes_psutil(tmp_path: Path) -> None:
-    assert _backend.choose({}) == "procfs"  # this is Linux with /proc
-    assert _backend.choose({"EDGEWATT_PROC_PATH": str(tmp_path)}) == "psutil"
+    assert platforms.choose({}) == "procfs"  # this is Linux with /proc
+    assert platforms.choose({"EDGEWATT_PROC_PATH": str(tmp_path)}) == "psutil"
 
 
 def _client_script(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -39,7 +39,7 @@ def _client_script(code: str, env: dict[str, str]) -> subprocess.CompletedProces
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env},
+        env={"PATH": "/usr/bin:/bin", **env},
         timeout=60,
     )
 
@@ -47,7 +47,7 @@ def _client_script(code: str, env: dict[str, str]) -> subprocess.CompletedProces
 def test_import_client_and_sampling_with_proc_unavailable(tmp_path: Path) -> None:
     # The chooser sees no /proc: the psutil backend samples, same keys as procfs.
     code = (
-        "import json, time, client\n"
+        "import json, time\nfrom edgewatt import client\n"
         "r = client.register(fallback='always')\n"
         "time.sleep(0.3)\n"
         "print(json.dumps({'backend': r._local.backend, 'summary': r.summary()}))\n"
@@ -66,7 +66,7 @@ def test_import_client_works_with_proc_hidden_from_the_process() -> None:
     # /proc really gone (tmpfs over it in a private mount namespace): importing and
     # registering must not raise; with no way to sample, the registration is inactive.
     code = (
-        "import client\n"
+        "from edgewatt import client\n"
         "r = client.register(fallback='auto', socket='/nonexistent.sock')\n"
         "print(r.mode)\n"
     )
@@ -82,7 +82,7 @@ def test_import_client_works_with_proc_hidden_from_the_process() -> None:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        env={"PATH": "/usr/bin:/bin"},
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
@@ -110,14 +110,14 @@ def test_no_unix_only_module_on_import_or_on_the_psutil_path() -> None:
     code = (
         "import json, sys, time\n"
         "before = set(sys.modules)\n"
-        "import client\n"
+        "from edgewatt import client\n"
         "at_import = {m.split('.')[0] for m in set(sys.modules) - before}\n"
         "r = client.register(fallback='always')\n"
         "time.sleep(0.2)\n"
         "r.summary()\n"
         "r.close()\n"
         "ours = [m.__file__ for n, m in sys.modules.items()\n"
-        "        if n.split('.')[0] in ('client', 'exporter')]\n"
+        "        if n.startswith('edgewatt.') and getattr(m, '__file__', None)]\n"
         "print(json.dumps({'at_import': sorted(at_import), 'ours': ours}))\n"
     )
     result = _client_script(code, {"EDGEWATT_CLIENT_BACKEND": "psutil"})
@@ -125,14 +125,14 @@ def test_no_unix_only_module_on_import_or_on_the_psutil_path() -> None:
     out = json.loads(result.stdout)
     assert not set(out["at_import"]) & UNIX_ONLY
     loaded = [Path(f) for f in out["ours"]]
-    assert ROOT / "client" / "_psutil.py" in loaded
+    assert ROOT / "core" / "platforms" / "portable.py" in loaded
     for path in loaded:
         assert not _imported_names(path) & UNIX_ONLY, path
 
 
 WORKLOAD = """
 import json, sys, time
-from client.process_monitor import FileMonitor
+from edgewatt.client.process_monitor import FileMonitor
 monitor = FileMonitor(file=sys.argv[1], interval=0.25)
 monitor.start()
 held = bytearray(200 * 2**20)  # touched: 200 MiB resident
@@ -158,7 +158,6 @@ def test_both_backends_report_the_same_figures_for_the_same_script(tmp_path: Pat
             cwd=tmp_path,
             env={
                 "PATH": "/usr/bin:/bin",
-                "PYTHONPATH": str(ROOT),
                 "EDGEWATT_SOCKET": str(tmp_path / "none.sock"),
                 "EDGEWATT_CLIENT_BACKEND": backend,
             },

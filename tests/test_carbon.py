@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exporter import carbon
+from edgewatt.core import carbon
 from tests.conftest import ROOT, DaemonProcess, wait_for
 
 STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
@@ -101,7 +101,8 @@ def test_nothing_carbon_related_without_an_intensity(daemon_factory: Any, spawn:
 
 
 TRACKED = """
-import json, time, client
+import json, time
+from edgewatt import client
 
 @client.track("work")
 def work(seconds):
@@ -128,7 +129,7 @@ def test_track_reports_duration_energy_and_carbon_per_call(
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "EDGEWATT_SOCKET": daemon.socket},
+        env={"PATH": "/usr/bin:/bin", "EDGEWATT_SOCKET": daemon.socket},
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
@@ -156,8 +157,8 @@ def test_edgewatt_run_prints_carbon_only_when_configured(
     daemon = device(daemon_factory, **env)
     out = tmp_path / "run.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "run", "--socket", daemon.socket, "--interval", "0.2",
-         "--output", str(out), "--", sys.executable, "-c", BURN],
+        [sys.executable, "-m", "edgewatt.cli", "run", "--socket", daemon.socket,
+         "--interval", "0.2", "--output", str(out), "--", sys.executable, "-c", BURN],
         capture_output=True, text=True, cwd=ROOT, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import client
+from edgewatt import client
 from tests.conftest import ROOT, DaemonProcess
 
 
@@ -32,7 +32,8 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_with_daemon_the_daemon_samples_and_no_thread_starts(daemon: DaemonProcess) -> None:
     code = (
-        "import client, json, threading, time\n"
+        "import json, threading, time\n"
+        "from edgewatt import client\n"
         "before = threading.active_count()\n"
         "with client.register(labels={'run': 'ctx'}) as reg:\n"
         "    threads = threading.active_count() - before\n"
@@ -59,7 +60,8 @@ def test_with_daemon_the_daemon_samples_and_no_thread_starts(daemon: DaemonProce
 
 def test_without_daemon_same_keys_one_warning(daemon: DaemonProcess, tmp_path: Path) -> None:
     code = (
-        "import client, json, logging, time\n"
+        "import json, logging, time\n"
+        "from edgewatt import client\n"
         "logging.basicConfig(level=logging.WARNING, format='WARN %(message)s')\n"
         "reg = client.register(labels={'run': 'x'}, socket=SOCK)\n"
         "with reg.phase('p'):\n"
@@ -148,9 +150,16 @@ def test_import_client_uses_only_the_standard_library() -> None:
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import client\n"
-        "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
-        "print(sorted(new - set(sys.stdlib_module_names) - {'client'}))\n"
+        "from edgewatt import client\n"
+        "new = set(sys.modules) - before\n"
+        "print(sorted({m.split('.')[0] for m in new} - set(sys.stdlib_module_names)))\n"
+        "print(sorted(m for m in new if m.startswith('edgewatt')))\n"
     )
     out = run_python(code)
-    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    third_party, ours = out.stdout.splitlines()
+    assert third_party == "['edgewatt']", out.stdout + out.stderr
+    # Of edgewatt itself, only the client and the stdlib-only transport it talks through.
+    assert ours == (
+        "['edgewatt', 'edgewatt.client', 'edgewatt.client._track', 'edgewatt.core', "
+        "'edgewatt.core.transport']"
+    )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import config as cfg
+from edgewatt.exporter import config as cfg
 from tests.conftest import ROOT
 
 
@@ -76,7 +76,7 @@ def test_missing_config_file_is_named(tmp_path: Path) -> None:
 )
 def test_cli_rejects_bad_flags_with_nonzero_exit(args: list[str], message: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "exporter", "serve", *args],
+        [sys.executable, "-m", "edgewatt.cli", "serve", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -88,7 +88,7 @@ def test_cli_rejects_bad_flags_with_nonzero_exit(args: list[str], message: str) 
 
 def test_cli_rejects_unknown_flag() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "exporter", "serve", "--bogus"],
+        [sys.executable, "-m", "edgewatt.cli", "serve", "--bogus"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -101,7 +101,7 @@ def test_second_daemon_on_a_live_socket_refuses(daemon_factory, tmp_path: Path) 
     first = daemon_factory()
     out = subprocess.run(
         [
-            sys.executable, "-m", "exporter", "serve", "--socket", first.socket,
+            sys.executable, "-m", "edgewatt.cli", "serve", "--socket", first.socket,
             "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "other"),
         ],
         capture_output=True, text=True, cwd=ROOT, timeout=30,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from benchmarks.measure import rss_bytes
-from exporter.daemon import MAX_OPEN_FILES
+from edgewatt.exporter.daemon import MAX_OPEN_FILES
 from tests.conftest import ROOT, DaemonProcess, kernel_cpu_seconds, wait_for
 
 BURN = "import time\nwhile True: pass"
@@ -293,7 +293,7 @@ def test_status_command_prints_a_table_and_json(daemon: DaemonProcess, spawn: An
     child = spawn("import time; time.sleep(60)")
     tid = daemon.register(child.pid, labels={"run": "table"})["id"]
     time.sleep(daemon.interval * 3)
-    cmd = [sys.executable, "-m", "exporter", "status", "--socket", daemon.socket]
+    cmd = [sys.executable, "-m", "edgewatt.cli", "status", "--socket", daemon.socket]
     table = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True).stdout
     header, row = table.splitlines()[:2]
     assert header.split() == [
@@ -314,7 +314,7 @@ def test_status_command_prints_a_table_and_json(daemon: DaemonProcess, spawn: An
 def test_status_without_daemon_says_so(tmp_path: Any) -> None:
     missing = str(tmp_path / "none.sock")
     out = subprocess.run(
-        [sys.executable, "-m", "exporter", "status", "--socket", missing],
+        [sys.executable, "-m", "edgewatt.cli", "status", "--socket", missing],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -57,7 +57,7 @@ def test_promtool_test_rules_covers_every_alert() -> None:
 
 
 def test_rules_use_metrics_the_daemon_exports() -> None:
-    from exporter.telemetry import METRICS
+    from edgewatt.exporter.telemetry import METRICS
 
     names = set()
     for spec in METRICS:

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from exporter.power.meter import Counter, Integrator, PowerMeter
-from exporter.power.source import PowerReading, Rail
+from edgewatt.core.power.meter import Counter, Integrator, PowerMeter
+from edgewatt.core.power.source import PowerReading, Rail
 
 
 def integrate(trace: list[tuple[float, float]], max_gap_s: float = 10.0) -> float:

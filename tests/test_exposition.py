@@ -20,11 +20,11 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.carbon import CarbonIntensity
-from exporter.exposition import CONTENT_TYPE, Exposition
-from exporter.sampling import system
-from exporter.snapshot import HostSample, Snapshot
-from exporter.telemetry import METRICS, OtelPipeline
+from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.sampling import system
+from edgewatt.core.snapshot import HostSample, Snapshot
+from edgewatt.exporter.exposition import CONTENT_TYPE, Exposition
+from edgewatt.exporter.telemetry import METRICS, OtelPipeline
 from tests.snapshots import POWER, process
 
 RESOURCE = Resource.create(

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.labels import LabelError, validate_labels
+from edgewatt.core.labels import LabelError, validate_labels
 
 
 def test_valid_labels_pass_through() -> None:

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from client import process_monitor, thread_monitor
+from edgewatt.client import process_monitor, thread_monitor
 from tests.conftest import free_port, wait_for
 
 VARIANTS = [thread_monitor, process_monitor]

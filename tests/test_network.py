@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from exporter.sampling.network import NetworkAccounting
-from tests.conftest import ROOT, DaemonProcess, wait_for
+from edgewatt.core.sampling.network import NetworkAccounting
+from tests.conftest import DaemonProcess, copy_package, wait_for
 
 N = 3_000_000
 
@@ -247,9 +247,7 @@ def test_unprivileged_accounting_counts_own_processes_and_says_what_it_cannot_se
     public = Path(tempfile.mkdtemp(prefix="edgewatt-net-"))
     try:
         public.chmod(0o755)
-        shutil.copytree(ROOT / "exporter", public / "exporter")
-        for p in public.rglob("*"):
-            p.chmod(0o755 if p.is_dir() else 0o644)
+        copy_package(public)
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen()
@@ -259,7 +257,7 @@ def test_unprivileged_accounting_counts_own_processes_and_says_what_it_cannot_se
             f"""
             import json, logging, os, socket, sys
             logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
-            from exporter.sampling.network import NetworkAccounting
+            from edgewatt.core.sampling.network import NetworkAccounting
             mine = socket.create_connection(("127.0.0.1", {port}))
             mine.sendall(b"n" * 5000)
             import time; time.sleep(0.3)

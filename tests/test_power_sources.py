@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from exporter import power
-from exporter.power import ina3221, nvml, rapl
-from exporter.power.source import NoData, PowerOptions
+from edgewatt.core import power
+from edgewatt.core.power import ina3221, nvml, rapl
+from edgewatt.core.power.source import NoData, PowerOptions
 
 
 def write(root: Path, files: dict[str, str]) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sampling import procfs
-from exporter.sampling.network import NetworkAccounting
-from exporter.sampling.process import RECHECK_EVERY, ProcessTree, TreeReading
+from edgewatt.core.sampling import procfs
+from edgewatt.core.sampling.network import NetworkAccounting
+from edgewatt.core.sampling.process import RECHECK_EVERY, ProcessTree, TreeReading
 from tests.conftest import wait_for
 
 # A single-threaded process that waits on stdin; each line it reads makes it open

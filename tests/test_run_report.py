@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-EDGEWATT = [sys.executable, "-m", "exporter"]
+EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
 STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
 
 WORK = (
@@ -127,7 +127,7 @@ def test_run_through_the_daemon_reports_energy(daemon_factory: Any, tmp_path: Pa
 def _monitor_file(tmp_path: Path) -> Path:
     code = (
         "import time\n"
-        "from client.thread_monitor import FileMonitor\n"
+        "from edgewatt.client.thread_monitor import FileMonitor\n"
         f"m = FileMonitor({str(tmp_path / 'm.jsonl')!r}, 0.1, socket={str(tmp_path / 'x')!r})\n"
         "m.start()\n"
         "m.phase('load')\n"
@@ -170,7 +170,7 @@ def test_heflwr_script_runs_unchanged(variant: str, tmp_path: Path) -> None:
     # heflwr's quick start, with only the import changed; no __main__ guard.
     script = tmp_path / "train.py"
     script.write_text(
-        f"from client.{variant} import FileMonitor\n"
+        f"from edgewatt.client.{variant} import FileMonitor\n"
         "monitor = FileMonitor(file='./log.txt', interval=0.2)\n"
         "monitor.start()\n"
         "sum(i * i for i in range(10_000_000))\n"
@@ -180,14 +180,12 @@ def test_heflwr_script_runs_unchanged(variant: str, tmp_path: Path) -> None:
         "print(sorted(detail))\n"
         "print(sorted(summary))\n"
     )
-    env_path = f"{ROOT}"
     result = subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         env={
-            "PYTHONPATH": env_path,
             "PATH": "/usr/bin:/bin",
             "EDGEWATT_SOCKET": str(tmp_path / "x"),
         },

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from exporter.sampler import Sampler
-from exporter.snapshot import Snapshot
+from edgewatt.core.sampler import Sampler
+from edgewatt.core.snapshot import Snapshot
 from tests.conftest import table_with
 
 

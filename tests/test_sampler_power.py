@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from exporter.power.attribution import Attribution
-from exporter.power.meter import PowerMeter
-from exporter.power.source import Gpu, GpuProcess, PowerReading, Rail
-from exporter.sampler import Sampler
+from edgewatt.core.power.attribution import Attribution
+from edgewatt.core.power.meter import PowerMeter
+from edgewatt.core.power.source import Gpu, GpuProcess, PowerReading, Rail
+from edgewatt.core.sampler import Sampler
 from tests.conftest import table_with
 
 

@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter import config as cfg
-from exporter.notify import Notifier
-from exporter.sampler import Sampler
-from exporter.sampling import procfs
-from exporter.service import render_unit
-from exporter.targets import TargetTable
+from edgewatt.cli.service import render_unit
+from edgewatt.core.sampler import Sampler
+from edgewatt.core.sampling import procfs
+from edgewatt.core.targets import TargetTable
+from edgewatt.exporter import config as cfg
+from edgewatt.exporter.notify import Notifier
 from tests.conftest import ROOT, DaemonProcess, wait_for
 
-EDGEWATT = [sys.executable, "-m", "exporter"]
+EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
 
 
 def analyze() -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exporter.power.tegrastats import TegrastatsSample, parse_line
+from edgewatt.core.power.tegrastats import TegrastatsSample, parse_line
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tegrastats-samples.txt"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from exporter.power.tegrastats import TegrastatsReader, TegrastatsSource
+from edgewatt.core.power.tegrastats import TegrastatsReader, TegrastatsSource
 from tests.conftest import wait_for
 
 STAND_IN = Path(__file__).parent / "bin" / "tegrastats"

@@ -18,8 +18,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
-from exporter.snapshot import Snapshot
-from exporter.telemetry import METRICS, OtelPipeline
+from edgewatt.core.snapshot import Snapshot
+from edgewatt.exporter.telemetry import METRICS, OtelPipeline
 from tests.snapshots import process
 
 

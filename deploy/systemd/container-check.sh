@@ -36,7 +36,7 @@ sleep 10
 say unit; systemctl show edgewatt -p Type -p ActiveState -p SubState -p WatchdogUSec -p NRestarts -p StatusText -p User
 say doctor; edgewatt doctor
 sleep 300 & TARGET=$!
-say register; /opt/edgewatt/bin/python -c "import client; r = client.register(pid=$TARGET, fallback='never'); print(r.mode)"
+say register; /opt/edgewatt/bin/python -c "from edgewatt import client; r = client.register(pid=$TARGET, fallback='never'); print(r.mode)"
 sleep 3
 say status; edgewatt status; systemctl show edgewatt -p StatusText
 say watchdog; kill -STOP "$(systemctl show -p MainPID --value edgewatt)"; sleep 40

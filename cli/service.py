@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from exporter.config import KEYS, shown_default
+from edgewatt.exporter.config import KEYS, shown_default
 
 SYSTEM_UNIT = """[Unit]
 Description=edgewatt: what processes cost on this device (CPU, memory, network, power)

@@ -23,11 +23,11 @@ from typing import Any
 
 import psutil
 
-from exporter.sampler import Sampler
-from exporter.sampling.process import CpuRate, TreeReading
-from exporter.sampling.procfs import NoSuchProcess
-from exporter.sampling.system import HostCpu, HostMemory, InterfaceBytes
-from exporter.targets import Target
+from edgewatt.core.sampler import Sampler
+from edgewatt.core.sampling.process import CpuRate, TreeReading
+from edgewatt.core.sampling.procfs import NoSuchProcess
+from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
+from edgewatt.core.targets import Target
 
 # Resolution of the start time that, with the pid, names a process: psutil gives the
 # creation time in seconds; the target table counts it in ticks since boot.

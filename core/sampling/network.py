@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from exporter.sampling.sockets import SockDiag, TcpSocket, socket_inodes
+from edgewatt.core.sampling.sockets import SockDiag, TcpSocket, socket_inodes
 
 log = logging.getLogger(__name__)
 

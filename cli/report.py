@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from exporter.status import human_bytes
+from edgewatt.cli.status import human_bytes
 
 
 def summary_table(summary: dict[str, Any], title: str) -> str:

@@ -15,8 +15,8 @@ import subprocess
 import sys
 from typing import Any
 
-from client._monitor import FileMonitor
-from exporter.report import summary_table
+from edgewatt.cli.report import summary_table
+from edgewatt.client._monitor import FileMonitor
 
 FORWARDED = (
     signal.SIGINT,

@@ -7,18 +7,18 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from client import _transport
-from exporter.carbon import resolve_carbon
-from exporter.config import Config
-from exporter.sampling import procfs
+from edgewatt.core import transport
+from edgewatt.core.carbon import resolve_carbon
+from edgewatt.core.sampling import procfs
+from edgewatt.exporter.config import Config
 
 Check = Callable[[Config], tuple[str, str]]  # (ok | warn | FAIL, explanation)
 
 
 def daemon_answers(config: Config) -> tuple[str, str]:
     try:
-        health = _transport.call_ok(config.socket, "GET", "/healthz", timeout=1.0)
-    except (OSError, _transport.DaemonError) as exc:
+        health = transport.call_ok(config.socket, "GET", "/healthz", timeout=1.0)
+    except (OSError, transport.DaemonError) as exc:
         return "FAIL", (
             f"no daemon at {config.socket} ({exc}); start it: sudo systemctl start edgewatt, "
             "or edgewatt serve"
@@ -40,8 +40,8 @@ def other_users_visible(config: Config) -> tuple[str, str]:
 
 
 def power_sources(config: Config) -> tuple[str, str]:
-    from exporter import power
-    from exporter.power.source import PowerOptions
+    from edgewatt.core import power
+    from edgewatt.core.power.source import PowerOptions
 
     found = power.discover(
         PowerOptions(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.sampling.procfs import CLOCK_TICKS
+from edgewatt.core.sampling.procfs import CLOCK_TICKS
 
 # /proc/stat "cpu" columns mapped to OTel semconv cpu.mode values; guest time is
 # already included in user and nice, so it is not counted twice.

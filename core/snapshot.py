@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.carbon import CarbonIntensity
-from exporter.power.meter import PowerSnapshot
-from exporter.sampling.system import HostCpu, HostMemory, InterfaceBytes
+from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.power.meter import PowerSnapshot
+from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from exporter import __version__
+from edgewatt.core import __version__
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,8 +80,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from exporter import config as config_mod
-    from exporter.daemon import serve
+    from edgewatt.exporter import config as config_mod
+    from edgewatt.exporter.daemon import serve
 
     flags = {
         key: getattr(args, key)
@@ -108,14 +108,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from client import _transport
-    from exporter.status import render
+    from edgewatt.cli.status import render
+    from edgewatt.core import transport
 
-    path = args.socket or _transport.default_socket()
+    path = args.socket or transport.default_socket()
     try:
-        targets = _transport.call_ok(path, "GET", "/v1/targets")["targets"]
-        health = _transport.call_ok(path, "GET", "/healthz")
-    except (OSError, _transport.DaemonError) as exc:
+        targets = transport.call_ok(path, "GET", "/v1/targets")["targets"]
+        health = transport.call_ok(path, "GET", "/healthz")
+    except (OSError, transport.DaemonError) as exc:
         print(f"edgewatt: no daemon answering at {path}: {exc}", file=sys.stderr)
         return 1
     if args.json:
@@ -126,7 +126,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from exporter.run import parse_labels, run
+    from edgewatt.cli.run import parse_labels, run
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     try:
@@ -140,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from exporter.report import report
+    from edgewatt.cli.report import report
 
     try:
         print(report(args.file, args.plot))
@@ -153,7 +153,7 @@ def _report(args: argparse.Namespace) -> int:
 def _install(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from exporter.service import install
+    from edgewatt.cli.service import install
 
     return install(Path(args.root), args.user, args.dry_run)
 
@@ -161,14 +161,14 @@ def _install(args: argparse.Namespace) -> int:
 def _uninstall(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from exporter.service import uninstall
+    from edgewatt.cli.service import uninstall
 
     return uninstall(Path(args.root), args.user, args.purge)
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from exporter import config as config_mod
-    from exporter.doctor import run
+    from edgewatt.cli.doctor import run
+    from edgewatt.exporter import config as config_mod
 
     flags = {"socket": args.socket} if args.socket else {}
     try:
@@ -182,7 +182,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from exporter.service import config_example
+    from edgewatt.cli.service import config_example
 
     print(config_example(), end="")
     return 0

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from exporter.power import ina3221, nvml, rapl, tegrastats
-from exporter.power.source import NoData, PowerOptions, PowerSource
+from edgewatt.core.power import ina3221, nvml, rapl, tegrastats
+from edgewatt.core.power.source import NoData, PowerOptions, PowerSource
 
 log = logging.getLogger(__name__)
 

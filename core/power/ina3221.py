@@ -19,7 +19,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exporter.power.source import NoData, PowerOptions, PowerReading, Rail, board_total, rail_type
+from edgewatt.core.power.source import (
+    NoData,
+    PowerOptions,
+    PowerReading,
+    Rail,
+    board_total,
+    rail_type,
+)
 
 
 def _read_int(path: str) -> int:

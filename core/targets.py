@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.carbon import CarbonIntensity
-from exporter.sampling.procfs import NoSuchProcess, ProcHandle
-from exporter.snapshot import ProcessSample
+from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle
+from edgewatt.core.snapshot import ProcessSample
 
 SAMPLE_FIELDS = (
     "time",

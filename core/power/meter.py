@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exporter.power.source import Gpu, PowerReading, PowerSource
+from edgewatt.core.power.source import Gpu, PowerReading, PowerSource
 
 log = logging.getLogger(__name__)
 

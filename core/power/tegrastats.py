@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from exporter.power.source import (
+from edgewatt.core.power.source import (
     Gpu,
     NoData,
     PowerOptions,

@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from exporter.power.source import NoData, PowerOptions, PowerReading, Rail
+from edgewatt.core.power.source import NoData, PowerOptions, PowerReading, Rail
 
 
 @dataclass

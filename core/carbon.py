@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("edgewatt.carbon")
+log = logging.getLogger(__name__)
 
 J_PER_KWH = 3.6e6
 TABLE = Path(__file__).with_name("data") / "carbon_intensity.json"
@@ -62,18 +62,43 @@ def resolve_carbon(g_per_kwh: float | None, country_code: str | None) -> CarbonI
     return None
 
 
+MAX_G_PER_KWH = 5000.0  # above any grid's yearly average
+
+
+def parse_intensity(value: Any) -> float | None:
+    """The ``carbon_intensity_g_per_kwh`` setting: gCO2e/kWh in [0, 5000], or None when
+    unset ("", "none", "auto"). ValueError says what is wrong."""
+    if value is None or value in ("", "none", "auto"):
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"must be gCO2e per kWh, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"must be gCO2e per kWh, got {value!r}") from None
+    if not 0 <= number <= MAX_G_PER_KWH:
+        raise ValueError(f"must be between 0 and {MAX_G_PER_KWH:g}, got {number:g}")
+    return number
+
+
+def parse_country(value: Any) -> str:
+    """The ``carbon_country`` setting: "" (none) or a code the shipped table has."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string, got {value!r}")
+    text = value.strip()
+    if text:
+        country(text)  # ValueError naming the codes the table has
+    return text
+
+
 def from_environment(environ: Mapping[str, str] = os.environ) -> CarbonIntensity | None:
     """The intensity the daemon's variables set (EDGEWATT_CARBON_INTENSITY_G_PER_KWH,
     EDGEWATT_CARBON_COUNTRY), checked by the daemon's own parsers, for the client's
     in-process sampling. A bad value is logged and ignored: monitoring never raises
     into the caller."""
-    from exporter.config import KEYS
-
     try:
-        g_per_kwh = KEYS["carbon_intensity_g_per_kwh"][0](
-            environ.get("EDGEWATT_CARBON_INTENSITY_G_PER_KWH", "").strip()
-        )
-        country_code = KEYS["carbon_country"][0](environ.get("EDGEWATT_CARBON_COUNTRY", ""))
+        g_per_kwh = parse_intensity(environ.get("EDGEWATT_CARBON_INTENSITY_G_PER_KWH", "").strip())
+        country_code = parse_country(environ.get("EDGEWATT_CARBON_COUNTRY", ""))
         return resolve_carbon(g_per_kwh, country_code)
     except ValueError as exc:
         log.warning("edgewatt: no carbon figures: %s", exc)

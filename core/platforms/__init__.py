@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-log = logging.getLogger("edgewatt.client")
+log = logging.getLogger(__name__)
 
 ENV = "EDGEWATT_CLIENT_BACKEND"
 BACKENDS = ("procfs", "psutil")

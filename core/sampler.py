@@ -13,15 +13,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from exporter.carbon import CarbonIntensity
-from exporter.power.attribution import Attribution, PassEnergy, Usage
-from exporter.power.meter import PowerMeter, PowerSnapshot
-from exporter.power.source import Gpu
-from exporter.sampling import procfs, system
-from exporter.sampling.network import NetworkAccounting
-from exporter.sampling.process import ProcessTree, TreeReading
-from exporter.snapshot import HostSample, ProcessSample, SamplerStats, Snapshot
-from exporter.targets import Target, TargetTable
+from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.power.attribution import Attribution, PassEnergy, Usage
+from edgewatt.core.power.meter import PowerMeter, PowerSnapshot
+from edgewatt.core.power.source import Gpu
+from edgewatt.core.sampling import procfs, system
+from edgewatt.core.sampling.network import NetworkAccounting
+from edgewatt.core.sampling.process import ProcessTree, TreeReading
+from edgewatt.core.snapshot import HostSample, ProcessSample, SamplerStats, Snapshot
+from edgewatt.core.targets import Target, TargetTable
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-from exporter.power.source import Gpu, GpuProcess, NoData, PowerOptions, PowerReading, Rail
+from edgewatt.core.power.source import Gpu, GpuProcess, NoData, PowerOptions, PowerReading, Rail
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,3 @@
+from edgewatt.cli.main import main
+
+raise SystemExit(main())

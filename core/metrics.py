@@ -1,0 +1,351 @@
+"""The metric table: every metric's name, instrument, unit, description and attributes,
+declared once.
+
+/metrics (edgewatt.exporter.exposition), the OTLP pipeline (edgewatt.exporter.telemetry),
+the client's Prometheus and OTLP sinks and the README's metric table are all derived
+from it. It imports no OpenTelemetry: the client reads it without the SDK.
+
+Thread and descriptor counts use the Collector hostmetrics names (``process.threads``,
+``process.open_file_descriptors``) rather than ``process.thread.count``: Prometheus
+reserves the ``_count`` suffix for histograms and summaries, and ``promtool check
+metrics`` rejects a gauge named so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# What every per-process point carries besides its own attributes (the user's labels too).
+PROCESS_ATTRIBUTES = ("process.pid", "process.executable.name", "edgewatt.target.id", "host.name")
+INSTRUMENTS = ("counter", "updowncounter", "gauge")  # all observable
+# The suffix the OTel Prometheus exporter appends per unit; annotations ({thread}) and
+# "1" get none in Python (field notes: the Collector adds _ratio to unit 1).
+_UNIT_SUFFIX = {
+    "s": "seconds",
+    "By": "bytes",
+    "W": "watts",
+    "J": "joules",
+    "Cel": "celsius",
+    "g": "grams",
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    instrument: str  # one of INSTRUMENTS
+    unit: str  # UCUM, as OTel writes it
+    description: str
+    attributes: tuple[str, ...] = ()  # the metric's own, beyond the subject's
+    subject: str = "process"  # "process": one series set per target; "host": per device
+
+    @property
+    def prometheus_name(self) -> str:
+        """The sample name the OTel Prometheus exporter gives it (counters end in _total)."""
+        base = re.sub(r"[^a-zA-Z0-9_:]", "_", self.name)
+        suffix = _UNIT_SUFFIX.get(self.unit, "")
+        if suffix and not base.endswith("_" + suffix):
+            base += "_" + suffix
+        return base + "_total" if self.instrument == "counter" else base
+
+    def prometheus_label(self, attribute: str) -> str:
+        return re.sub(r"[^a-zA-Z0-9_]", "_", attribute)
+
+
+_P = "process"
+_H = "host"
+
+TABLE: tuple[Metric, ...] = (
+    Metric(
+        "process.cpu.time",
+        "counter",
+        "s",
+        "CPU time of the target and its descendants (reaped ones included), by mode",
+        ("cpu.mode",),
+    ),
+    Metric(
+        "process.cpu.utilization",
+        "gauge",
+        "1",
+        "CPU time over the last interval as a share of all logical CPUs (0..1)",
+    ),
+    Metric(
+        "process.memory.usage",
+        "updowncounter",
+        "By",
+        "Resident set size of the target and its live descendants (shared pages counted each)",
+    ),
+    Metric(
+        "process.memory.virtual",
+        "updowncounter",
+        "By",
+        "Virtual memory size of the target and its live descendants",
+    ),
+    Metric(
+        "process.disk.io",
+        "counter",
+        "By",
+        "Bytes the target and its descendants caused to be read from or written to storage",
+        ("disk.io.direction",),
+    ),
+    Metric(
+        "process.network.io",
+        "counter",
+        "By",
+        "TCP bytes of the target and its descendants (sent = acknowledged by the peer), "
+        "IPv4 and IPv6, from sock_diag; UDP and Unix sockets are not counted",
+        ("network.io.direction",),
+    ),
+    Metric(
+        "process.threads",
+        "updowncounter",
+        "{thread}",
+        "Threads of the target and its live descendants",
+    ),
+    Metric(
+        "process.open_file_descriptors",
+        "updowncounter",
+        "{file_descriptor}",
+        "Open file descriptors of the target and its live descendants",
+    ),
+    Metric(
+        "edgewatt.process.members",
+        "updowncounter",
+        "{process}",
+        "Processes counted in the target: itself and its live descendants",
+    ),
+    Metric(
+        "edgewatt.process.power",
+        "gauge",
+        "W",
+        "Device power above idle attributed to the target over the last interval "
+        "(docs/attribution.md)",
+    ),
+    Metric(
+        "edgewatt.process.energy",
+        "counter",
+        "J",
+        "Device energy above idle attributed to the target since it was registered",
+    ),
+    Metric(
+        "edgewatt.process.carbon",
+        "counter",
+        "g",
+        "gCO2e of the target's attributed energy at the configured grid carbon intensity "
+        "(only when one is configured)",
+    ),
+    Metric(
+        "edgewatt.process.gpu.utilization",
+        "gauge",
+        "1",
+        "SM load of the target's processes, summed over GPUs (NVML; 1 = one GPU fully busy)",
+    ),
+    Metric(
+        "edgewatt.process.gpu.memory.usage",
+        "updowncounter",
+        "By",
+        "GPU memory held by the target's processes, summed over GPUs (NVML)",
+    ),
+    Metric(
+        "edgewatt.process.phase",
+        "gauge",
+        "1",
+        "1 while the named phase of the target runs (POST /v1/targets/{id}/phase)",
+        ("edgewatt.phase",),
+    ),
+    Metric(
+        "edgewatt.process.phase.energy",
+        "gauge",
+        "J",
+        "Energy attributed to the target in each of its last 10 phases",
+        ("edgewatt.phase",),
+    ),
+    Metric(
+        "hw.gpu.memory.usage",
+        "updowncounter",
+        "By",
+        "GPU memory in use",
+        ("hw.id", "hw.name", "hw.type"),
+        _H,
+    ),
+    Metric(
+        "hw.gpu.memory.limit",
+        "updowncounter",
+        "By",
+        "GPU memory in total",
+        ("hw.id", "hw.name", "hw.type"),
+        _H,
+    ),
+    Metric(
+        "hw.host.power",
+        "gauge",
+        "W",
+        "Whole-device power: the board input rail on Jetson, RAPL plus GPUs elsewhere",
+        (),
+        _H,
+    ),
+    Metric(
+        "hw.host.energy",
+        "counter",
+        "J",
+        "Whole-device energy since the daemon started",
+        (),
+        _H,
+    ),
+    Metric(
+        "edgewatt.host.carbon",
+        "counter",
+        "g",
+        "gCO2e of the whole device's energy since the daemon started, at the configured grid "
+        "carbon intensity (only when one is configured)",
+        (),
+        _H,
+    ),
+    Metric(
+        "hw.power",
+        "gauge",
+        "W",
+        "Power of one rail, zone or GPU",
+        ("hw.id", "hw.name", "hw.type"),
+        _H,
+    ),
+    Metric(
+        "hw.energy",
+        "counter",
+        "J",
+        "Energy of one rail, zone or GPU since the daemon started",
+        ("hw.id", "hw.name", "hw.type"),
+        _H,
+    ),
+    Metric(
+        "hw.gpu.utilization",
+        "gauge",
+        "1",
+        "GPU load (0..1): GR3D on Jetson, NVML elsewhere",
+        ("hw.id", "hw.name", "hw.type"),
+        _H,
+    ),
+    Metric(
+        "hw.temperature",
+        "gauge",
+        "Cel",
+        "Temperature sensors reported by the power sources",
+        ("hw.id", "hw.name", "hw.type"),
+        _H,
+    ),
+    Metric(
+        "edgewatt.host.idle_power",
+        "gauge",
+        "W",
+        "Idle power the attribution subtracts: configured, or the lowest seen in the window",
+        (),
+        _H,
+    ),
+    Metric(
+        "system.cpu.time",
+        "counter",
+        "s",
+        "Host CPU time summed over all logical CPUs, by mode",
+        ("cpu.mode",),
+        _H,
+    ),
+    Metric(
+        "system.cpu.utilization",
+        "gauge",
+        "1",
+        "Host CPU busy share over the last interval (0..1; idle and iowait excluded)",
+        (),
+        _H,
+    ),
+    Metric(
+        "edgewatt.host.logical_cpus",
+        "updowncounter",
+        "{cpu}",
+        "Logical CPUs of the host",
+        (),
+        _H,
+    ),
+    Metric(
+        "system.memory.usage",
+        "updowncounter",
+        "By",
+        "Host memory by state (used, free, buffers, cached); the states add up to the limit",
+        ("system.memory.state",),
+        _H,
+    ),
+    Metric(
+        "system.memory.limit",
+        "updowncounter",
+        "By",
+        "Total host memory",
+        (),
+        _H,
+    ),
+    Metric(
+        "system.network.io",
+        "counter",
+        "By",
+        "Bytes per network interface of the daemon's network namespace",
+        ("network.interface.name", "network.io.direction"),
+        _H,
+    ),
+    Metric(
+        "edgewatt.targets",
+        "updowncounter",
+        "{target}",
+        "Targets sampled in the last pass",
+        (),
+        _H,
+    ),
+    Metric(
+        "edgewatt.sampler.duration",
+        "gauge",
+        "s",
+        "Wall time the last sampling pass took",
+        (),
+        _H,
+    ),
+    Metric(
+        "edgewatt.sampler.overruns",
+        "counter",
+        "{pass}",
+        "Sampling passes that took longer than the interval",
+        (),
+        _H,
+    ),
+    Metric(
+        "edgewatt.target.exits",
+        "counter",
+        "{target}",
+        "Targets that exited while still registered (a clean run unregisters first)",
+        (),
+        _H,
+    ),
+    Metric(
+        "edgewatt.sampler.errors",
+        "counter",
+        "{error}",
+        "Target reads that failed for a reason other than the target's exit",
+        (),
+        _H,
+    ),
+)
+
+BY_NAME: Mapping[str, Metric] = {m.name: m for m in TABLE}
+
+
+def markdown_table() -> str:
+    """The README's metric table."""
+    rows = ["| OTel name | instrument, unit | Prometheus | attributes | meaning |"]
+    rows.append("|---|---|---|---|---|")
+    for m in TABLE:
+        own = ", ".join(f"`{a}`" for a in m.attributes)
+        who = "per target" if m.subject == "process" else "per device"
+        attrs = f"{who}; {own}" if own else who
+        rows.append(
+            f"| `{m.name}` | {m.instrument}, `{m.unit}` | `{m.prometheus_name}` | {attrs} "
+            f"| {m.description} |"
+        )
+    return "\n".join(rows) + "\n"
