@@ -29,34 +29,26 @@ class LocalSampler:
         power: bool = True,
         on_snapshot: Callable[[Any], None] | None = None,
     ) -> None:
+        from edgewatt.core import platforms
         from edgewatt.core import power as power_sources
         from edgewatt.core.carbon import from_environment
-        from edgewatt.core.platforms import choose
         from edgewatt.core.power.attribution import Attribution
         from edgewatt.core.power.meter import PowerMeter
         from edgewatt.core.power.source import PowerOptions
+        from edgewatt.core.sampler import Sampler
         from edgewatt.core.targets import TargetTable
 
         carbon = from_environment()
-        self.backend = choose()
-        if self.backend == "psutil":
-            from edgewatt.core.platforms import portable
-
-            boot_time, ticks, opener = portable.boot_time(), portable.TICKS, portable.PsutilHandle
-            sampler_class: Any = portable.PsutilSampler
-        else:
-            from edgewatt.core.sampler import Sampler
-            from edgewatt.core.sampling import procfs
-
-            boot_time, ticks, opener = procfs.boot_time(), procfs.CLOCK_TICKS, procfs.ProcHandle
-            sampler_class = Sampler
+        self.backend = platforms.choose()
+        # One target inside a busy process: the kernel's children files (see LinuxPlatform).
+        platform = platforms.create(self.backend, children_files=True)
         self.table = TargetTable(
-            boot_time=boot_time,
-            clock_ticks=ticks,
+            boot_time=platform.boot_time(),
+            clock_ticks=platform.clock_ticks,
             max_targets=1,
             history_samples=3600,
             exited_retention_s=float("inf"),
-            open_process=opener,
+            open_process=platform.open_process,
             carbon=carbon,
         )
         self.target, _ = self.table.register(pid, labels or {}, children, current_uid())
@@ -64,14 +56,14 @@ class LocalSampler:
         if power:
             found = power_sources.discover(PowerOptions(interval_s=interval))
             meter = PowerMeter(found, max_gap_s=max(5 * interval, 5.0)) if found else None
-        self.sampler = sampler_class(
+        self.sampler = Sampler(
             self.table,
             interval=interval,
             host_name=socket.gethostname(),
+            platform=platform,
             power=meter,
             attribution=Attribution(None, 3600.0),
             on_pass=on_snapshot,
-            children_files=True,  # one target inside a busy process: see Sampler
             carbon=carbon,
         )
         self._stop = threading.Event()

@@ -25,6 +25,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from edgewatt.client._samples import Reading
+from edgewatt.core.metrics import BY_NAME
 
 _START_NS = time.time_ns()
 _CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -43,11 +44,22 @@ def _point(value: float, t_ns: int, attrs: dict[str, str]) -> NumberDataPoint:
     )
 
 
-def _sum(name: str, unit: str, points: list[NumberDataPoint], monotonic: bool) -> Metric:
+def _metric(name: str, points: list[NumberDataPoint]) -> Metric:
+    """A metric of the table (name, unit, description, instrument) with these points."""
+    spec = BY_NAME[name]
+    if spec.instrument == "gauge":
+        return Metric(
+            name=name, unit=spec.unit, description=spec.description, gauge=Gauge(data_points=points)
+        )
     return Metric(
         name=name,
-        unit=unit,
-        sum=Sum(data_points=points, aggregation_temporality=_CUMULATIVE, is_monotonic=monotonic),
+        unit=spec.unit,
+        description=spec.description,
+        sum=Sum(
+            data_points=points,
+            aggregation_temporality=_CUMULATIVE,
+            is_monotonic=spec.instrument == "counter",
+        ),
     )
 
 
@@ -55,46 +67,34 @@ def encode(reading: Reading, labels: dict[str, str]) -> bytes:
     t = int(reading.time * 1e9)
     host = {"host.name": labels.get("host.name", "")}
     metrics = [
-        _sum(
+        _metric(
             "process.cpu.time",
-            "s",
             [
                 _point(reading.cpu_user_s, t, {**labels, "cpu.mode": "user"}),
                 _point(reading.cpu_system_s, t, {**labels, "cpu.mode": "system"}),
             ],
-            monotonic=True,
         ),
-        _sum("process.memory.usage", "By", [_point(reading.memory_rss_bytes, t, labels)], False),
+        _metric("process.memory.usage", [_point(reading.memory_rss_bytes, t, labels)]),
     ]
     if reading.net_sent_total is not None:
         metrics.append(
-            _sum(
+            _metric(
                 "system.network.io",
-                "By",
                 [
                     _point(reading.net_sent_total, t, {**host, "network.io.direction": "transmit"}),
                     _point(
                         reading.net_recv_total or 0, t, {**host, "network.io.direction": "receive"}
                     ),
                 ],
-                monotonic=True,
             )
         )
     if reading.power_w is not None:
-        metrics.append(
-            Metric(
-                name="hw.host.power",
-                unit="W",
-                gauge=Gauge(data_points=[_point(reading.power_w, t, host)]),
-            )
-        )
+        metrics.append(_metric("hw.host.power", [_point(reading.power_w, t, host)]))
     if reading.energy_j is not None:
-        metrics.append(_sum("hw.host.energy", "J", [_point(reading.energy_j, t, host)], True))
+        metrics.append(_metric("hw.host.energy", [_point(reading.energy_j, t, host)]))
     if reading.process_energy_j is not None:
         metrics.append(
-            _sum(
-                "edgewatt.process.energy", "J", [_point(reading.process_energy_j, t, labels)], True
-            )
+            _metric("edgewatt.process.energy", [_point(reading.process_energy_j, t, labels)])
         )
     request = ExportMetricsServiceRequest(
         resource_metrics=[

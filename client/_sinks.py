@@ -16,6 +16,7 @@ import urllib.request
 from typing import Any
 
 from edgewatt.client._samples import UNITS, Reading
+from edgewatt.core.metrics import BY_NAME
 
 log = logging.getLogger(__name__)
 
@@ -283,46 +284,47 @@ class PrometheusSink:
             self._httpd.server_close()
 
     def collect(self) -> list[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         r = self._latest
         if r is None:
             return []
         names = list(self._labels)
         values = list(self._labels.values())
-        cpu = CounterMetricFamily(
-            "process_cpu_time_seconds", "CPU time of the process and its descendants",
-            labels=[*names, "cpu_mode"],
-        )  # fmt: skip
+        host = [self._labels["host_name"]]
+        cpu = _family("process.cpu.time", [*names, "cpu_mode"])
         cpu.add_metric([*values, "user"], r.cpu_user_s)
         cpu.add_metric([*values, "system"], r.cpu_system_s)
-        rss = GaugeMetricFamily("process_memory_usage_bytes", "Resident set size", labels=names)
+        rss = _family("process.memory.usage", names)
         rss.add_metric(values, r.memory_rss_bytes)
         families = [cpu, rss]
         if r.net_sent_total is not None:
-            net = CounterMetricFamily(
-                "system_network_io_bytes", "Host bytes, loopback excluded",
-                labels=["host_name", "network_io_direction"],
-            )  # fmt: skip
-            net.add_metric([self._labels["host_name"], "transmit"], r.net_sent_total)
-            net.add_metric([self._labels["host_name"], "receive"], r.net_recv_total or 0)
+            # Host-wide and loopback excluded, as heflwr counts it: one interface, "all".
+            net = _family("system.network.io", ["host_name", "network_io_direction"])
+            net.add_metric([*host, "transmit"], r.net_sent_total)
+            net.add_metric([*host, "receive"], r.net_recv_total or 0)
             families.append(net)
         if r.power_w is not None:
-            power = GaugeMetricFamily("hw_host_power_watts", "Device input power")
-            power.add_metric([], r.power_w)
+            power = _family("hw.host.power", ["host_name"])
+            power.add_metric(host, r.power_w)
             families.append(power)
         if r.energy_j is not None:
-            energy = CounterMetricFamily("hw_host_energy_joules", "Device energy")
-            energy.add_metric([], r.energy_j)
+            energy = _family("hw.host.energy", ["host_name"])
+            energy.add_metric(host, r.energy_j)
             families.append(energy)
         if r.process_energy_j is not None:
-            mine = CounterMetricFamily(
-                "edgewatt_process_energy_joules", "Energy attributed to the process",
-                labels=names,
-            )  # fmt: skip
+            mine = _family("edgewatt.process.energy", names)
             mine.add_metric(values, r.process_energy_j)
             families.append(mine)
         return families
+
+
+def _family(name: str, labels: list[str]) -> Any:
+    """A prometheus_client family for a metric of the table: its name, unit, HELP."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    metric = BY_NAME[name]
+    family_name = metric.prometheus_name.removesuffix("_total")
+    kind = CounterMetricFamily if metric.instrument == "counter" else GaugeMetricFamily
+    return kind(family_name, metric.description, labels=labels)
 
 
 def header(

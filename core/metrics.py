@@ -149,20 +149,6 @@ TABLE: tuple[Metric, ...] = (
         "GPU memory held by the target's processes, summed over GPUs (NVML)",
     ),
     Metric(
-        "edgewatt.process.phase",
-        "gauge",
-        "1",
-        "1 while the named phase of the target runs (POST /v1/targets/{id}/phase)",
-        ("edgewatt.phase",),
-    ),
-    Metric(
-        "edgewatt.process.phase.energy",
-        "gauge",
-        "J",
-        "Energy attributed to the target in each of its last 10 phases",
-        ("edgewatt.phase",),
-    ),
-    Metric(
         "hw.gpu.memory.usage",
         "updowncounter",
         "By",
@@ -177,6 +163,20 @@ TABLE: tuple[Metric, ...] = (
         "GPU memory in total",
         ("hw.id", "hw.name", "hw.type"),
         _H,
+    ),
+    Metric(
+        "edgewatt.process.phase",
+        "gauge",
+        "1",
+        "1 while the named phase of the target runs (POST /v1/targets/{id}/phase)",
+        ("edgewatt.phase",),
+    ),
+    Metric(
+        "edgewatt.process.phase.energy",
+        "gauge",
+        "J",
+        "Energy attributed to the target in each of its last 10 phases",
+        ("edgewatt.phase",),
     ),
     Metric(
         "hw.host.power",

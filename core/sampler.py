@@ -11,15 +11,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.platforms import Platform, Tree
+from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution, PassEnergy, Usage
 from edgewatt.core.power.meter import PowerMeter, PowerSnapshot
 from edgewatt.core.power.source import Gpu
 from edgewatt.core.sampling import procfs, system
 from edgewatt.core.sampling.network import NetworkAccounting
-from edgewatt.core.sampling.process import ProcessTree, TreeReading
+from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.snapshot import HostSample, ProcessSample, SamplerStats, Snapshot
 from edgewatt.core.targets import Target, TargetTable
 
@@ -37,19 +38,18 @@ class Sampler:
         *,
         interval: float,
         host_name: str,
-        proc: str = "/proc",
+        platform: Platform | None = None,
         on_pass: Callable[[Snapshot], None] | None = None,
         power: PowerMeter | None = None,
         attribution: Attribution | None = None,
         network: NetworkAccounting | None = None,
-        children_files: bool = False,
         carbon: CarbonIntensity | None = None,
     ) -> None:
         self.table = table
         self.carbon = carbon
         self.interval = interval
         self.host_name = host_name
-        self.proc = proc
+        self.platform: Platform = platform or LinuxPlatform()
         self._on_pass = on_pass
         self.power = power
         self.network = network
@@ -58,14 +58,8 @@ class Sampler:
         self._last_target_cpu: dict[str, float] = {}
         self._last_energy: tuple[float, float, dict[str, float]] | None = None
         self._host_busy_delta: float | None = None
-        self._trees: dict[str, Any] = {}  # ProcessTree, or a subclass's equivalent
+        self._trees: dict[str, Tree] = {}
         self._attributes: dict[str, Mapping[str, str | int]] = {}
-        # Two ways to find descendants: the parent index (one /proc listing, redone only
-        # after a process was created: cheapest for many targets) or the kernel's
-        # children files (a few reads per member: for one target sampled from inside a
-        # busy process, where every GIL release of a /proc listing costs a thread switch).
-        self._children_files = children_files and procfs.has_children_files(proc)
-        self._parents = procfs.ParentIndex(proc)
         self._relist = False  # a tree lost members or a target exited: list /proc anew
         self._last_cpu: system.HostCpu | None = None
         self._failed: set[str] = set()
@@ -74,7 +68,7 @@ class Sampler:
         self._errors = 0
         self._exits = 0
         self._sequence = 0
-        self.logical_cpus = self._logical_cpus()
+        self.logical_cpus = self.platform.logical_cpus()
         self.snapshot = Snapshot(time=time.time(), sequence=0, host=None)
 
     def run(self, stop: threading.Event) -> None:
@@ -99,7 +93,7 @@ class Sampler:
         started = time.monotonic()
         host = self._sample_host()
         power = self.power.read(started) if self.power is not None else None
-        children_of = self._children_lookup()
+        children_of = self.platform.descendants(self._take_relist)
         running = self.table.running()
         readings = [(t, r) for t in running if (r := self._read_target(t, children_of)) is not None]
         self._attribute(started, power, readings)
@@ -148,7 +142,9 @@ class Sampler:
         if tree is None:
             if target.handle is None:
                 return None
-            tree = self._new_tree(target)
+            tree = self.platform.process_tree(
+                target.handle, children=target.children, logical_cpus=self.logical_cpus
+            )
             self._trees[target.id] = tree
         try:
             reading = tree.sample(children_of)
@@ -169,25 +165,6 @@ class Sampler:
         self._failed.discard(target.id)
         self._relist = self._relist or tree.lost_members
         return reading
-
-    # The platform seams: a subclass that reads elsewhere than /proc (client/_psutil.py)
-    # overrides these three and keeps everything else.
-
-    def _logical_cpus(self) -> int:
-        return system.read_cpu(self.proc).logical_cpus
-
-    def _new_tree(self, target: Target) -> ProcessTree:
-        assert target.handle is not None
-        return ProcessTree(
-            target.handle, children=target.children, logical_cpus=self.logical_cpus, proc=self.proc
-        )
-
-    def _read_host(self) -> tuple[system.HostCpu, system.HostMemory, dict[str, Any]]:
-        return (
-            system.read_cpu(self.proc),
-            system.read_memory(self.proc),
-            system.read_network(self.proc),
-        )
 
     def _attribute(
         self,
@@ -284,7 +261,7 @@ class Sampler:
 
     def _sample_host(self) -> HostSample | None:
         try:
-            cpu, memory, network = self._read_host()
+            cpu, memory, network = self.platform.read_host()
         except (OSError, ValueError, KeyError) as exc:
             log.warning("reading host figures failed: %s", exc)
             return None
@@ -297,21 +274,9 @@ class Sampler:
             utilization = min(1.0, busy / (cpu.total_seconds - last.total_seconds))
         return HostSample(cpu=cpu, cpu_utilization=utilization, memory=memory, network=network)
 
-    def _children_lookup(self) -> Callable[[int], list[int]]:
-        if self._children_files:
-            return lambda pid: procfs.child_pids(pid, self.proc)
-        # One parent index per pass serves every target, and only when some target
-        # wants its children.
-        table: dict[int, list[int]] | None = None
-
-        def lookup(pid: int) -> list[int]:
-            nonlocal table
-            if table is None:
-                table = self._parents.children(fresh=self._relist)
-                self._relist = False
-            return table.get(pid, [])
-
-        return lookup
+    def _take_relist(self) -> bool:
+        relist, self._relist = self._relist, False
+        return relist
 
     def _forget_missing(self, running_ids: set[str]) -> None:
         for target_id in list(self._trees):

@@ -23,6 +23,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from edgewatt.core import __version__, power
 from edgewatt.core.carbon import CarbonIntensity, resolve_carbon
+from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.power.source import PowerOptions
@@ -143,7 +144,7 @@ class Daemon:
             self.table,
             interval=config.interval,
             host_name=config.host_name,
-            proc=proc,
+            platform=LinuxPlatform(proc),
             on_pass=self._on_pass,
             attribution=Attribution(config.idle_power_w, config.baseline_window),
             carbon=self.carbon,

@@ -1,11 +1,9 @@
-"""The metric table and the OTel SDK pipeline that pushes it over OTLP.
+"""The OTel side of the metric table, and the SDK pipeline that pushes it over OTLP.
 
-``METRICS`` is the single contract for names, kinds, units and attributes; both the
-/metrics endpoint (``exposition.py``) and the OTel instruments read the latest
-:class:`Snapshot` through it, never /proc. Thread and descriptor counts use the
-Collector hostmetrics names (``process.threads``, ``process.open_file_descriptors``)
-rather than ``process.thread.count``: Prometheus reserves the ``_count`` suffix for
-histograms and summaries, and ``promtool check metrics`` rejects a gauge named so.
+The table itself (names, instruments, units, descriptions, attributes) lives in
+``edgewatt.core.metrics``; here each metric gets the function that reads its points off
+the latest :class:`Snapshot` (``OBSERVERS``). Both the /metrics endpoint
+(``exposition.py``) and the OTel instruments read through ``METRICS``, never /proc.
 
 Bounded memory under process churn: the SDK keeps one aggregation per attribute set
 it has ever seen (field notes: +65 MiB per 50,000 pids), and series of exited targets
@@ -32,6 +30,7 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
+from edgewatt.core.metrics import TABLE, Metric
 from edgewatt.core.power.meter import PowerSnapshot, RailState
 from edgewatt.core.power.source import Gpu
 from edgewatt.core.snapshot import ProcessSample, Snapshot
@@ -43,11 +42,26 @@ Points = Iterator[tuple[float, Mapping[str, Any]]]
 
 @dataclass(frozen=True)
 class MetricSpec:
-    name: str
-    kind: str  # "counter", "updowncounter" or "gauge" (all observable)
-    unit: str
-    description: str
+    """A metric of the table (edgewatt.core.metrics) and how to observe it."""
+
+    metric: Metric
     observe: Callable[[Snapshot], Points]
+
+    @property
+    def name(self) -> str:
+        return self.metric.name
+
+    @property
+    def kind(self) -> str:  # "counter", "updowncounter" or "gauge" (all observable)
+        return self.metric.instrument
+
+    @property
+    def unit(self) -> str:
+        return self.metric.unit
+
+    @property
+    def description(self) -> str:
+        return self.metric.description
 
 
 def _per_process(value: Callable[[ProcessSample], float | None]) -> Callable[[Snapshot], Points]:
@@ -196,282 +210,60 @@ def _temperatures(power: PowerSnapshot) -> Points:
         yield celsius, {"hw.id": f"{source}:{name}", "hw.name": name, "hw.type": "temperature"}
 
 
-METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec(
-        "process.cpu.time",
-        "counter",
-        "s",
-        "CPU time of the target and its descendants (reaped ones included), by mode",
-        _per_process_split(
-            "cpu.mode", {"user": lambda p: p.cpu_user_s, "system": lambda p: p.cpu_system_s}
-        ),
+# How each metric of the table is read off a snapshot: (value, attributes) points.
+OBSERVERS: Mapping[str, Callable[[Snapshot], Points]] = {
+    "process.cpu.time": _per_process_split(
+        "cpu.mode", {"user": lambda p: p.cpu_user_s, "system": lambda p: p.cpu_system_s}
     ),
-    MetricSpec(
-        "process.cpu.utilization",
-        "gauge",
-        "1",
-        "CPU time over the last interval as a share of all logical CPUs (0..1)",
-        _per_process(lambda p: p.cpu_utilization),
+    "process.cpu.utilization": _per_process(lambda p: p.cpu_utilization),
+    "process.memory.usage": _per_process(lambda p: p.memory_rss_bytes),
+    "process.memory.virtual": _per_process(lambda p: p.memory_virtual_bytes),
+    "process.disk.io": _per_process_split(
+        "disk.io.direction",
+        {"read": lambda p: p.disk_read_bytes, "write": lambda p: p.disk_write_bytes},
     ),
-    MetricSpec(
-        "process.memory.usage",
-        "updowncounter",
-        "By",
-        "Resident set size of the target and its live descendants (shared pages counted each)",
-        _per_process(lambda p: p.memory_rss_bytes),
+    "process.network.io": _per_process_split(
+        "network.io.direction",
+        {
+            "transmit": lambda p: p.network_transmit_bytes,
+            "receive": lambda p: p.network_receive_bytes,
+        },
     ),
-    MetricSpec(
-        "process.memory.virtual",
-        "updowncounter",
-        "By",
-        "Virtual memory size of the target and its live descendants",
-        _per_process(lambda p: p.memory_virtual_bytes),
-    ),
-    MetricSpec(
-        "process.disk.io",
-        "counter",
-        "By",
-        "Bytes the target and its descendants caused to be read from or written to storage",
-        _per_process_split(
-            "disk.io.direction",
-            {"read": lambda p: p.disk_read_bytes, "write": lambda p: p.disk_write_bytes},
-        ),
-    ),
-    MetricSpec(
-        "process.network.io",
-        "counter",
-        "By",
-        "TCP bytes of the target and its descendants (sent = acknowledged by the peer), "
-        "IPv4 and IPv6, from sock_diag; UDP and Unix sockets are not counted",
-        _per_process_split(
-            "network.io.direction",
-            {
-                "transmit": lambda p: p.network_transmit_bytes,
-                "receive": lambda p: p.network_receive_bytes,
-            },
-        ),
-    ),
-    MetricSpec(
-        "process.threads",
-        "updowncounter",
-        "{thread}",
-        "Threads of the target and its live descendants",
-        _per_process(lambda p: p.threads),
-    ),
-    MetricSpec(
-        "process.open_file_descriptors",
-        "updowncounter",
-        "{file_descriptor}",
-        "Open file descriptors of the target and its live descendants",
-        _per_process(lambda p: p.open_fds),
-    ),
-    MetricSpec(
-        "edgewatt.process.members",
-        "updowncounter",
-        "{process}",
-        "Processes counted in the target: itself and its live descendants",
-        _per_process(lambda p: p.processes),
-    ),
-    MetricSpec(
-        "edgewatt.process.power",
-        "gauge",
-        "W",
-        "Device power above idle attributed to the target over the last interval "
-        "(docs/attribution.md)",
-        _per_process(lambda p: p.power_w),
-    ),
-    MetricSpec(
-        "edgewatt.process.energy",
-        "counter",
-        "J",
-        "Device energy above idle attributed to the target since it was registered",
-        _per_process(lambda p: p.energy_j),
-    ),
-    MetricSpec(
-        "edgewatt.process.carbon",
-        "counter",
-        "g",
-        "gCO2e of the target's attributed energy at the configured grid carbon intensity "
-        "(only when one is configured)",
-        _process_carbon,
-    ),
-    MetricSpec(
-        "edgewatt.process.gpu.utilization",
-        "gauge",
-        "1",
-        "SM load of the target's processes, summed over GPUs (NVML; 1 = one GPU fully busy)",
-        _per_process(lambda p: p.gpu_utilization),
-    ),
-    MetricSpec(
-        "edgewatt.process.gpu.memory.usage",
-        "updowncounter",
-        "By",
-        "GPU memory held by the target's processes, summed over GPUs (NVML)",
-        _per_process(lambda p: p.gpu_memory_bytes),
-    ),
-    MetricSpec(
-        "hw.gpu.memory.usage",
-        "updowncounter",
-        "By",
-        "GPU memory in use",
-        _power(_gpu_value(lambda g: g.memory_used_bytes)),
-    ),
-    MetricSpec(
-        "hw.gpu.memory.limit",
-        "updowncounter",
-        "By",
-        "GPU memory in total",
-        _power(_gpu_value(lambda g: g.memory_total_bytes)),
-    ),
-    MetricSpec(
-        "edgewatt.process.phase",
-        "gauge",
-        "1",
-        "1 while the named phase of the target runs (POST /v1/targets/{id}/phase)",
-        _phases(running_only=True),
-    ),
-    MetricSpec(
-        "edgewatt.process.phase.energy",
-        "gauge",
-        "J",
-        "Energy attributed to the target in each of its last 10 phases",
-        _phases(running_only=False),
-    ),
-    MetricSpec(
-        "hw.host.power",
-        "gauge",
-        "W",
-        "Whole-device power: the board input rail on Jetson, RAPL plus GPUs elsewhere",
-        _power(_one(lambda p: p.host_power_w)),
-    ),
-    MetricSpec(
-        "hw.host.energy",
-        "counter",
-        "J",
-        "Whole-device energy since the daemon started",
-        _power(_one(lambda p: p.host_energy_j)),
-    ),
-    MetricSpec(
-        "edgewatt.host.carbon",
-        "counter",
-        "g",
-        "gCO2e of the whole device's energy since the daemon started, at the configured grid "
-        "carbon intensity (only when one is configured)",
-        _host_carbon,
-    ),
-    MetricSpec(
-        "hw.power",
-        "gauge",
-        "W",
-        "Power of one rail, zone or GPU",
-        _power(_rails(lambda r: r.power_w)),
-    ),
-    MetricSpec(
-        "hw.energy",
-        "counter",
-        "J",
-        "Energy of one rail, zone or GPU since the daemon started",
-        _power(_rails(lambda r: r.energy_j)),
-    ),
-    MetricSpec(
-        "hw.gpu.utilization",
-        "gauge",
-        "1",
-        "GPU load (0..1): GR3D on Jetson, NVML elsewhere",
-        _power(_gpu_value(lambda g: g.utilization)),
-    ),
-    MetricSpec(
-        "hw.temperature",
-        "gauge",
-        "Cel",
-        "Temperature sensors reported by the power sources",
-        _power(_temperatures),
-    ),
-    MetricSpec(
-        "edgewatt.host.idle_power",
-        "gauge",
-        "W",
-        "Idle power the attribution subtracts: configured, or the lowest seen in the window",
-        _one(lambda s: s.idle_power_w),
-    ),
-    MetricSpec(
-        "system.cpu.time",
-        "counter",
-        "s",
-        "Host CPU time summed over all logical CPUs, by mode",
-        _host(_host_cpu_time),
-    ),
-    MetricSpec(
-        "system.cpu.utilization",
-        "gauge",
-        "1",
-        "Host CPU busy share over the last interval (0..1; idle and iowait excluded)",
-        _host(_one(lambda s: s.host.cpu_utilization)),  # type: ignore[union-attr]
-    ),
-    MetricSpec(
-        "edgewatt.host.logical_cpus",
-        "updowncounter",
-        "{cpu}",
-        "Logical CPUs of the host",
-        _host(_one(lambda s: s.host.cpu.logical_cpus)),  # type: ignore[union-attr]
-    ),
-    MetricSpec(
-        "system.memory.usage",
-        "updowncounter",
-        "By",
-        "Host memory by state (used, free, buffers, cached); the states add up to the limit",
-        _host(_host_memory),
-    ),
-    MetricSpec(
-        "system.memory.limit",
-        "updowncounter",
-        "By",
-        "Total host memory",
-        _host(_one(lambda s: s.host.memory.total_bytes)),  # type: ignore[union-attr]
-    ),
-    MetricSpec(
-        "system.network.io",
-        "counter",
-        "By",
-        "Bytes per network interface of the daemon's network namespace",
-        _host(_host_network),
-    ),
-    MetricSpec(
-        "edgewatt.targets",
-        "updowncounter",
-        "{target}",
-        "Targets sampled in the last pass",
-        _one(lambda s: len(s.processes)),
-    ),
-    MetricSpec(
-        "edgewatt.sampler.duration",
-        "gauge",
-        "s",
-        "Wall time the last sampling pass took",
-        _one(lambda s: s.stats.duration_s),
-    ),
-    MetricSpec(
-        "edgewatt.sampler.overruns",
-        "counter",
-        "{pass}",
-        "Sampling passes that took longer than the interval",
-        _one(lambda s: s.stats.overruns),
-    ),
-    MetricSpec(
-        "edgewatt.target.exits",
-        "counter",
-        "{target}",
-        "Targets that exited while still registered (a clean run unregisters first)",
-        _one(lambda s: s.stats.exits),
-    ),
-    MetricSpec(
-        "edgewatt.sampler.errors",
-        "counter",
-        "{error}",
-        "Target reads that failed for a reason other than the target's exit",
-        _one(lambda s: s.stats.errors),
-    ),
-)
+    "process.threads": _per_process(lambda p: p.threads),
+    "process.open_file_descriptors": _per_process(lambda p: p.open_fds),
+    "edgewatt.process.members": _per_process(lambda p: p.processes),
+    "edgewatt.process.power": _per_process(lambda p: p.power_w),
+    "edgewatt.process.energy": _per_process(lambda p: p.energy_j),
+    "edgewatt.process.carbon": _process_carbon,
+    "edgewatt.process.gpu.utilization": _per_process(lambda p: p.gpu_utilization),
+    "edgewatt.process.gpu.memory.usage": _per_process(lambda p: p.gpu_memory_bytes),
+    "hw.gpu.memory.usage": _power(_gpu_value(lambda g: g.memory_used_bytes)),
+    "hw.gpu.memory.limit": _power(_gpu_value(lambda g: g.memory_total_bytes)),
+    "edgewatt.process.phase": _phases(running_only=True),
+    "edgewatt.process.phase.energy": _phases(running_only=False),
+    "hw.host.power": _power(_one(lambda p: p.host_power_w)),
+    "hw.host.energy": _power(_one(lambda p: p.host_energy_j)),
+    "edgewatt.host.carbon": _host_carbon,
+    "hw.power": _power(_rails(lambda r: r.power_w)),
+    "hw.energy": _power(_rails(lambda r: r.energy_j)),
+    "hw.gpu.utilization": _power(_gpu_value(lambda g: g.utilization)),
+    "hw.temperature": _power(_temperatures),
+    "edgewatt.host.idle_power": _one(lambda s: s.idle_power_w),
+    "system.cpu.time": _host(_host_cpu_time),
+    "system.cpu.utilization": _host(_one(lambda s: s.host.cpu_utilization)),  # type: ignore[union-attr],
+    "edgewatt.host.logical_cpus": _host(_one(lambda s: s.host.cpu.logical_cpus)),  # type: ignore[union-attr],
+    "system.memory.usage": _host(_host_memory),
+    "system.memory.limit": _host(_one(lambda s: s.host.memory.total_bytes)),  # type: ignore[union-attr],
+    "system.network.io": _host(_host_network),
+    "edgewatt.targets": _one(lambda s: len(s.processes)),
+    "edgewatt.sampler.duration": _one(lambda s: s.stats.duration_s),
+    "edgewatt.sampler.overruns": _one(lambda s: s.stats.overruns),
+    "edgewatt.target.exits": _one(lambda s: s.stats.exits),
+    "edgewatt.sampler.errors": _one(lambda s: s.stats.errors),
+}
+
+# In the table's order; a metric of the table without an observer fails at import.
+METRICS: tuple[MetricSpec, ...] = tuple(MetricSpec(m, OBSERVERS[m.name]) for m in TABLE)
 
 
 class OtelPipeline:

@@ -57,14 +57,9 @@ def test_promtool_test_rules_covers_every_alert() -> None:
 
 
 def test_rules_use_metrics_the_daemon_exports() -> None:
-    from edgewatt.exporter.telemetry import METRICS
+    from edgewatt.core.metrics import TABLE
 
-    names = set()
-    for spec in METRICS:
-        base = spec.name.replace(".", "_")
-        unit = {"s": "_seconds", "By": "_bytes", "W": "_watts", "J": "_joules", "Cel": "_celsius"}
-        base += unit.get(spec.unit, "")
-        names.add(base + ("_total" if spec.kind == "counter" else ""))
+    names = {m.prometheus_name for m in TABLE}
     text = "\n".join(
         rule["expr"]
         for name in ("alerts.yml", "recording.yml")

@@ -1,8 +1,12 @@
-"""Which in-process sampler runs when no daemon answers: procfs (Linux, the daemon's
-own reader) or psutil (wherever /proc is absent: macOS, Windows, BSD).
+"""The operating-system seam: what the sampler needs from a platform, and which one runs.
 
-``EDGEWATT_CLIENT_BACKEND=procfs|psutil`` forces one (the test suite runs the client
-tests under both). Standard library only: imported by client/_local.py when needed.
+Two implementations, each a small class with the same few methods (:class:`Platform`):
+``linux.py`` reads /proc (the daemon's, and the client's on Linux) and ``portable.py``
+reads through psutil (wherever /proc is absent: macOS, Windows, BSD). The sampler is
+given one; it never subclasses.
+
+``EDGEWATT_CLIENT_BACKEND=procfs|psutil`` forces the client's choice (the test suite
+runs the client tests under both). Standard library only at import.
 """
 
 from __future__ import annotations
@@ -10,12 +14,47 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from edgewatt.core.sampling.process import TreeReading
+    from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
 
 log = logging.getLogger(__name__)
 
 ENV = "EDGEWATT_CLIENT_BACKEND"
 BACKENDS = ("procfs", "psutil")
+
+
+class Tree(Protocol):
+    """A target and (by default) its descendants, read once per pass."""
+
+    lost_members: bool  # in the last sample: orphans may be re-parented, list anew
+
+    def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading: ...
+
+    def close(self) -> None: ...
+
+
+class Platform(Protocol):
+    name: str  # "procfs" or "psutil"
+    clock_ticks: int  # resolution of a process's start time, which names it with the pid
+
+    def boot_time(self) -> float: ...
+
+    def open_process(self, pid: int, proc: str = ..., expect_start: int | None = None) -> Any:
+        """A handle that pins the process's identity; NoSuchProcess when it is gone."""
+
+    def logical_cpus(self) -> int: ...
+
+    def process_tree(self, handle: Any, *, children: bool, logical_cpus: int) -> Tree: ...
+
+    def read_host(self) -> tuple[HostCpu, HostMemory, dict[str, InterfaceBytes]]: ...
+
+    def descendants(self, fresh: Callable[[], bool]) -> Callable[[int], list[int]]:
+        """A lookup pid -> child pids for one pass; ``fresh()`` says (once, when the
+        lookup is first used) whether cached knowledge must be dropped."""
 
 
 def choose(environ: Mapping[str, str] = os.environ) -> str:
@@ -28,3 +67,14 @@ def choose(environ: Mapping[str, str] = os.environ) -> str:
     proc = environ.get("EDGEWATT_PROC_PATH") or "/proc"
     linux = sys.platform.startswith("linux")
     return "procfs" if linux and os.path.exists(os.path.join(proc, "self", "stat")) else "psutil"
+
+
+def create(backend: str, **options: Any) -> Platform:
+    """The platform named ``backend`` (see :func:`choose`)."""
+    if backend == "psutil":
+        from edgewatt.core.platforms.portable import PsutilPlatform
+
+        return PsutilPlatform()
+    from edgewatt.core.platforms.linux import LinuxPlatform
+
+    return LinuxPlatform(**options)

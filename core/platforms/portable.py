@@ -1,6 +1,7 @@
-"""The in-process sampler where /proc is absent (macOS, Windows, BSD): psutil in place
-of procfs, everything else (target table, history, summaries, phases, attribution)
-the daemon's own code. Imported only when that backend is chosen (client/_backend.py).
+"""The psutil platform, where /proc is absent (macOS, Windows, BSD): psutil in place of
+procfs behind the platform seam; everything else (sampler, target table, history,
+summaries, phases, attribution) is the daemon's own code. Imported only when that
+backend is chosen (edgewatt.core.platforms.choose).
 
 Same keys, units and meaning as the procfs backend. Where an OS cannot give a figure
 it is absent (None), never 0:
@@ -19,15 +20,14 @@ it is absent (None), never 0:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
 
-from edgewatt.core.sampler import Sampler
 from edgewatt.core.sampling.process import CpuRate, TreeReading
 from edgewatt.core.sampling.procfs import NoSuchProcess
 from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
-from edgewatt.core.targets import Target
 
 # Resolution of the start time that, with the pid, names a process: psutil gives the
 # creation time in seconds; the target table counts it in ticks since boot.
@@ -37,10 +37,6 @@ _REAPED_IN_PARENT = psutil.LINUX
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 # Host CPU time in interrupts: irq + softirq on Linux, interrupt + dpc on Windows.
 _INTERRUPT_FIELDS = ("irq", "softirq", "interrupt", "dpc")
-
-
-def boot_time() -> float:
-    return psutil.boot_time()
 
 
 class PsutilHandle:
@@ -192,17 +188,30 @@ class PsutilTree:
         pass
 
 
-class PsutilSampler(Sampler):
-    """The daemon's sampling pass with psutil at the three platform seams."""
+class PsutilPlatform:
+    """The platform seam (edgewatt.core.platforms.Platform) through psutil."""
 
-    def _logical_cpus(self) -> int:
+    name = "psutil"
+    clock_ticks = TICKS
+
+    def boot_time(self) -> float:
+        return psutil.boot_time()
+
+    def open_process(self, pid: int, proc: str = "", expect_start: int | None = None) -> Any:
+        return PsutilHandle(pid, proc, expect_start)
+
+    def logical_cpus(self) -> int:
         return psutil.cpu_count() or 1
 
-    def _new_tree(self, target: Target) -> PsutilTree:
-        assert isinstance(target.handle, PsutilHandle)
-        return PsutilTree(target.handle, children=target.children, logical_cpus=self.logical_cpus)
+    def process_tree(self, handle: Any, *, children: bool, logical_cpus: int) -> PsutilTree:
+        assert isinstance(handle, PsutilHandle)
+        return PsutilTree(handle, children=children, logical_cpus=logical_cpus)
 
-    def _read_host(self) -> tuple[HostCpu, HostMemory, dict[str, InterfaceBytes]]:
+    def descendants(self, fresh: Callable[[], bool]) -> Callable[[int], list[int]]:
+        # A PsutilTree follows its own descendants (see its docstring).
+        return lambda pid: []
+
+    def read_host(self) -> tuple[HostCpu, HostMemory, dict[str, InterfaceBytes]]:
         times = psutil.cpu_times()
         modes = {
             "user": times.user,
@@ -223,4 +232,4 @@ class PsutilSampler(Sampler):
             name: InterfaceBytes(receive=io.bytes_recv, transmit=io.bytes_sent)
             for name, io in psutil.net_io_counters(pernic=True).items()
         }
-        return HostCpu(modes, self.logical_cpus), HostMemory(memory.total, states), network
+        return HostCpu(modes, self.logical_cpus()), HostMemory(memory.total, states), network

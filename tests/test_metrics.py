@@ -1,0 +1,126 @@
+"""The metric table (edgewatt.core.metrics) is the one declaration: /metrics, the OTLP
+pipeline, the client's sinks and the README are derived from it."""
+
+from __future__ import annotations
+
+import ast
+
+from opentelemetry.exporter.prometheus._mapping import map_unit, sanitize_full_name
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+
+from edgewatt.client._otlp import encode
+from edgewatt.client._samples import Reading
+from edgewatt.client._sinks import PrometheusSink
+from edgewatt.core.metrics import BY_NAME, INSTRUMENTS, TABLE, markdown_table
+from edgewatt.exporter.telemetry import METRICS, OBSERVERS
+from tests.conftest import ROOT
+
+
+def test_the_table_imports_no_opentelemetry() -> None:
+    tree = ast.parse((ROOT / "core" / "metrics.py").read_text())
+    imported = {
+        (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert not {name for name in imported if name.startswith(("opentelemetry", "prometheus"))}
+
+
+def test_every_metric_is_well_formed_and_observed_once() -> None:
+    assert len(BY_NAME) == len(TABLE)  # no name twice
+    assert all(m.instrument in INSTRUMENTS and m.unit and m.description for m in TABLE)
+    assert set(OBSERVERS) == set(BY_NAME)
+    assert [s.name for s in METRICS] == [m.name for m in TABLE]
+
+
+def test_prometheus_names_are_the_otel_exporters() -> None:
+    # The table's own derivation against the OTel Prometheus exporter's mapping.
+    for m in TABLE:
+        expected = sanitize_full_name(m.name)
+        unit = map_unit(m.unit)
+        if unit and not expected.endswith("_" + unit):
+            expected += "_" + unit
+        if m.instrument == "counter":
+            expected += "_total"
+        assert m.prometheus_name == expected, m.name
+    assert BY_NAME["process.cpu.time"].prometheus_name == "process_cpu_time_seconds_total"
+    assert BY_NAME["hw.host.power"].prometheus_name == "hw_host_power_watts"
+    assert BY_NAME["process.threads"].prometheus_name == "process_threads"
+
+
+def test_the_readme_metric_table_is_rendered_from_the_table() -> None:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("<!-- metric-table")
+    block = readme[readme.index("\n", start) + 1 : readme.index("<!-- /metric-table -->")]
+    assert block == markdown_table()
+    assert all(f"`{m.name}`" in block for m in TABLE)
+
+
+READING = Reading(
+    time=1_800_000_000.5,
+    cpu_user_s=1.25,
+    cpu_system_s=0.5,
+    memory_rss_bytes=123_456,
+    memory_total_bytes=8 * 2**30,
+    net_sent_total=1000,
+    net_recv_total=2000,
+    power_w=7.5,
+    energy_j=30.0,
+    rails_w={},
+    process_energy_j=4.0,
+    carbon=None,
+)
+
+
+def test_the_client_prometheus_sink_takes_names_and_help_from_the_table() -> None:
+    sink = PrometheusSink(port=0)
+    sink._labels = {"process_pid": "42", "host_name": "jetson-a"}
+    sink._latest = READING
+    families = {f.name: f for f in sink.collect()}
+    for name in (
+        "process.cpu.time",
+        "process.memory.usage",
+        "system.network.io",
+        "hw.host.power",
+        "hw.host.energy",
+        "edgewatt.process.energy",
+    ):
+        metric = BY_NAME[name]
+        family = families[metric.prometheus_name.removesuffix("_total")]
+        assert family.documentation == metric.description
+        assert family.type == ("counter" if metric.instrument == "counter" else "gauge")
+        for sample in family.samples:
+            assert sample.labels["host_name"] == "jetson-a"
+    cpu = families["process_cpu_time_seconds"].samples
+    assert {(s.name, s.labels["cpu_mode"], s.value) for s in cpu} == {
+        ("process_cpu_time_seconds_total", "user", 1.25),
+        ("process_cpu_time_seconds_total", "system", 0.5),
+    }
+
+
+def test_the_client_otlp_request_takes_names_units_and_kinds_from_the_table() -> None:
+    request = ExportMetricsServiceRequest.FromString(
+        encode(READING, {"host.name": "jetson-a", "process.pid": "42"})
+    )
+    (metrics,) = [s.metrics for r in request.resource_metrics for s in r.scope_metrics]
+    assert [m.name for m in metrics] == [
+        "process.cpu.time",
+        "process.memory.usage",
+        "system.network.io",
+        "hw.host.power",
+        "hw.host.energy",
+        "edgewatt.process.energy",
+    ]
+    for m in metrics:
+        spec = BY_NAME[m.name]
+        assert (m.unit, m.description) == (spec.unit, spec.description)
+        kind = m.WhichOneof("data")
+        if spec.instrument == "gauge":
+            assert kind == "gauge"
+        else:
+            assert kind == "sum" and m.sum.is_monotonic == (spec.instrument == "counter")
+    energy = metrics[-1].sum.data_points[0]
+    assert energy.as_double == 4.0
