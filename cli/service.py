@@ -109,7 +109,7 @@ def config_example() -> str:
         "# environment variables < command-line flags. SIGHUP reloads log_level, interval",
         "# and idle_power_w; other keys need a restart.",
     ]
-    for key, (_, meaning) in KEYS.items():
+    for key, meaning in ((k, spec.meaning) for k, spec in KEYS.items()):
         shown = shown_default(key)
         shown = {"unset": "null", "none": "{}"}.get(shown, shown)
         lines += ["", f"# {meaning}", f"# {key}: {shown}"]

@@ -9,8 +9,10 @@
 Importing this package costs only the standard library. With a daemon answering,
 the daemon is the only sampler and no thread is started here. With none (or when it
 disappears), the process samples itself with the daemon's own code: same figures,
-same keys, one warning. Monitoring never raises into the caller; only wrong
-arguments do (TypeError/ValueError), because those are the caller's bug.
+same keys, one warning. The heflwr-style monitors read through the same
+:class:`Registration`, so there is one rule for both (see Registration). Monitoring
+never raises into the caller; only wrong arguments do (TypeError/ValueError),
+because those are the caller's bug.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from edgewatt.client._track import Measurement, track
@@ -48,8 +51,14 @@ class _Phase:
 class Registration:
     """One registered process. Use as a context manager, or call close() when done.
 
-    ``mode`` is "daemon" (the daemon samples it), "local" (this process samples it
-    in a thread) or "inactive" (nothing samples it: no daemon and fallback="never").
+    ``mode`` is "daemon" (the daemon samples it), "local" (this process samples it)
+    or "inactive" (nothing samples it: no daemon and fallback="never").
+
+    The one rule for losing the daemon: when its socket stops answering, or it no
+    longer knows the target (404), the registration switches to in-process sampling
+    once (fallback="auto"; with "never" it goes inactive), with one warning, and stays
+    there: the summary then covers the time since the switch. A new registration
+    looks for the daemon again.
     """
 
     def __init__(
@@ -60,6 +69,10 @@ class Registration:
         children: bool,
         fallback: str,
         info: dict[str, Any] | None,
+        *,
+        interval: float = 1.0,
+        power: bool = True,
+        sample_on_read: bool = False,
     ) -> None:
         self.socket = socket_path
         self.pid = pid
@@ -67,9 +80,14 @@ class Registration:
         self.children = children
         self.fallback = fallback
         self.info = info or {}
+        self.interval = interval
+        self.power = power
+        # In-process: a sampling thread at ``interval`` (register()), or one pass per
+        # reading() (a monitor, whose own loop keeps the cadence).
+        self.sample_on_read = sample_on_read
         self._local: Any = None
         self._lock = threading.Lock()
-        self._warned = False
+        self._failing: set[str] = set()  # calls whose failure was already logged
 
     @property
     def mode(self) -> str:
@@ -89,23 +107,44 @@ class Registration:
 
     def stats(self) -> dict[str, Any]:
         """The latest sample of this process (units: README, "Registration API")."""
-        described = self._call("GET", "", lambda local: {"latest": local.stats()})
+        described = self._call(
+            "stats", lambda: self._daemon("GET", ""), lambda local: {"latest": local.stats()}
+        )
         return (described or {}).get("latest") or {}
 
     def summary(self) -> dict[str, Any]:
         """What the process consumed while registered, and per phase."""
-        return self._call("GET", "/summary", lambda local: local.summary()) or {}
+        return self._call("summary", lambda: self._daemon("GET", "/summary"), _summary) or {}
+
+    def reading(self) -> Any:
+        """The latest raw reading (a monitor's input), or None when there is none yet."""
+        from edgewatt.client._readings import reading_from_api, reading_from_snapshot
+
+        def daemon() -> Any:
+            target = self._daemon("GET", "")
+            host = transport.call_ok(self.socket, "GET", "/v1/host")
+            return reading_from_api(target, host)
+
+        def local(sampler: Any) -> Any:
+            snapshot = sampler.sample() if self.sample_on_read else sampler.snapshot()
+            return reading_from_snapshot(snapshot)
+
+        return self._call("reading", daemon, local)
 
     def phase(self, name: str) -> _Phase:
         """Start a named phase (an epoch, a round); it ends when the next one starts, or
         at the end of a ``with`` block."""
         if not isinstance(name, str) or not name or len(name) > 128:
             raise ValueError("phase name must be a string of 1 to 128 characters")
-        self._call("POST", "/phase", lambda local: local.phase(name), {"name": name})
+        self._call(
+            "phase",
+            lambda: self._daemon("POST", "/phase", {"name": name}),
+            lambda local: local.phase(name),
+        )
         return _Phase(self, name)
 
     def _end_phase(self) -> None:
-        self._call("DELETE", "/phase", lambda local: local.table.end_phase(local.id, current_uid()))
+        self._call("phase", lambda: self._daemon("DELETE", "/phase"), _end_phase)
 
     def close(self) -> None:
         """Unregister (with a daemon) or stop the local sampler."""
@@ -114,7 +153,10 @@ class Registration:
         if local is not None:
             local.stop()
         elif self.info.get("id"):
-            self._daemon("DELETE", "")
+            try:
+                self._daemon("DELETE", "")
+            except (OSError, DaemonError) as exc:
+                log.warning("edgewatt: unregistering %s failed: %s", self.info["id"], exc)
         self.info = {}
 
     def __enter__(self) -> Registration:
@@ -125,35 +167,38 @@ class Registration:
 
     # -- plumbing -------------------------------------------------------------------
 
-    def _call(self, method: str, sub: str, local_call: Any, body: Any = None) -> Any:
+    def _call(self, what: str, daemon: Callable[[], Any], local: Callable[[Any], Any]) -> Any:
+        """``daemon()`` while the daemon samples, ``local(sampler)`` once this process
+        does; the switch between them is the one rule in the class docstring."""
         try:
             if self._local is None and self.info.get("id"):
                 try:
-                    return self._daemon(method, sub, body, raise_unreachable=True)
+                    result = daemon()
                 except OSError as exc:
-                    self._lost_daemon(exc)
-            local = self._local
-            return local_call(local) if local is not None else None
+                    self._lost_daemon(f"stopped answering ({exc})")
+                except DaemonError as exc:
+                    if exc.status != 404:
+                        raise
+                    self._lost_daemon("no longer knows the target")
+                else:
+                    self._failing.discard(what)
+                    return result
+            sampler = self._local
+            result = local(sampler) if sampler is not None else None
+            self._failing.discard(what)
+            return result
         except Exception as exc:  # monitoring must never break the caller
-            log.warning("edgewatt: %s failed: %s", method + " " + (sub or "/"), exc)
+            if what not in self._failing:  # once per run of failures
+                self._failing.add(what)
+                log.warning("edgewatt: %s failed: %s", what, exc)
             return None
 
-    def _daemon(
-        self, method: str, sub: str, body: Any = None, *, raise_unreachable: bool = False
-    ) -> Any:
+    def _daemon(self, method: str, sub: str, body: Any = None) -> Any:
         path = f"/v1/targets/{self.info['id']}{sub}"
-        try:
-            return transport.call_ok(self.socket, method, path, body)
-        except DaemonError as exc:
-            log.warning("edgewatt: %s %s refused: %s", method, path, exc)
-        except OSError as exc:
-            if raise_unreachable:
-                raise
-            log.warning("edgewatt: %s %s failed: %s", method, path, exc)
-        return None
+        return transport.call_ok(self.socket, method, path, body)
 
-    def _lost_daemon(self, exc: OSError) -> None:
-        log.warning("edgewatt: the daemon at %s stopped answering (%s)", self.socket, exc)
+    def _lost_daemon(self, why: str) -> None:
+        log.warning("edgewatt: the daemon at %s %s", self.socket, why)
         self.info = {}
         if self.fallback == "auto":
             self._start_local()
@@ -165,13 +210,26 @@ class Registration:
             from edgewatt.client._local import LocalSampler
 
             try:
-                self._local = LocalSampler(
-                    self.pid, labels=self.labels, children=self.children
-                ).start()
+                local = LocalSampler(
+                    self.pid,
+                    labels=self.labels,
+                    children=self.children,
+                    interval=self.interval,
+                    power=self.power,
+                )
+                self._local = local.start(thread=not self.sample_on_read)
             except Exception as exc:  # e.g. the pid has exited: stay inactive
                 log.warning("edgewatt: in-process monitoring unavailable: %s", exc)
                 return
         log.warning("edgewatt: monitoring pid %d in-process (no daemon)", self.pid)
+
+
+def _summary(local: Any) -> dict[str, Any]:
+    return local.summary()
+
+
+def _end_phase(local: Any) -> None:
+    local.table.end_phase(local.id, current_uid())
 
 
 def register(
@@ -186,6 +244,19 @@ def register(
     fallback: "auto" samples in-process when no daemon answers, "never" stays
     inactive instead, "always" never asks a daemon.
     """
+    return _register(labels, pid, children, socket, fallback)
+
+
+def _register(
+    labels: dict[str, str] | None,
+    pid: int | None,
+    children: bool,
+    socket: str | None,
+    fallback: str,
+    **local_options: Any,
+) -> Registration:
+    """register(), with the in-process options a monitor sets (interval, power,
+    sample_on_read)."""
     if labels is not None and (
         not isinstance(labels, dict)
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
@@ -213,7 +284,9 @@ def register(
         except OSError as exc:
             if fallback == "never":
                 log.warning("edgewatt: no daemon at %s (%s); not monitored", path, exc)
-    registration = Registration(path, target_pid, labels or {}, children, fallback, info)
+    registration = Registration(
+        path, target_pid, labels or {}, children, fallback, info, **local_options
+    )
     if info is None and fallback in ("auto", "always"):
         registration._start_local()
     return registration

@@ -11,9 +11,12 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.transport import current_uid
+
+if TYPE_CHECKING:
+    from edgewatt.core.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +76,24 @@ class LocalSampler:
     def id(self) -> str:
         return self.target.id
 
-    def start(self) -> LocalSampler:
-        self.sampler.sample_once()  # a first reading: the next one has a rate
-        self._thread = threading.Thread(
-            target=self.sampler.run, args=(self._stop,), name="edgewatt-sampler", daemon=True
-        )
-        self._thread.start()
+    def start(self, thread: bool = True) -> LocalSampler:
+        """A first reading (the next one has a rate), then a sampling thread, or none
+        when the caller samples (:meth:`sample`) at its own cadence."""
+        self.sampler.sample_once()
+        if thread:
+            self._thread = threading.Thread(
+                target=self.sampler.run, args=(self._stop,), name="edgewatt-sampler", daemon=True
+            )
+            self._thread.start()
         return self
+
+    def sample(self) -> Snapshot:
+        """One pass now."""
+        return self.sampler.sample_once()
+
+    def snapshot(self) -> Snapshot:
+        """The latest pass."""
+        return self.sampler.snapshot
 
     def stop(self) -> None:
         self._stop.set()

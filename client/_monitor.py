@@ -45,22 +45,34 @@ def sampling_loop(
     ready: Callable[[str | None, dict[str, Any]], None],
     shared: dict[str, Any] | None = None,
 ) -> None:
-    """Open the source and the sink, then read every interval until ``stop`` is set.
-    The sink is left in ``shared["sink"]`` for phase marks from other threads."""
-    from edgewatt.client._sources import Source
+    """Register the pid (the daemon samples it, else this process does, through the
+    same Registration as register()), open the sink, then read every interval until
+    ``stop`` is set. The sink is left in ``shared["sink"]`` for phase marks from other
+    threads."""
+    from edgewatt.client import _register
 
     try:
-        source = Source(
-            spec["pid"], spec["labels"], spec["interval"], spec["metrics"]["power"], spec["socket"]
+        source = _register(
+            spec["labels"],
+            spec["pid"],
+            True,
+            spec["socket"],
+            "auto",
+            interval=spec["interval"],
+            power=spec["metrics"]["power"],
+            sample_on_read=True,
         )
-    except Exception as exc:  # the monitored process may already be gone
+    except Exception as exc:  # bad labels: the caller's start() raises it
         ready(f"cannot monitor pid {spec['pid']}: {exc}", {})
+        return
+    if not source.active:  # the monitored process is already gone
+        ready(f"cannot monitor pid {spec['pid']}: it is neither registered nor readable", {})
         return
     recorder = Recorder(spec["metrics"])
     try:
         sink = make_sink(spec["sink"], spec["sink_options"])
         sink.start(
-            header(spec["pid"], spec["labels"], spec["interval"], spec["metrics"], source.kind)
+            header(spec["pid"], spec["labels"], spec["interval"], spec["metrics"], source.mode)
         )
     except Exception as exc:  # reported to start(), which raises it in the caller
         source.close()
@@ -68,8 +80,7 @@ def sampling_loop(
         return
     if shared is not None:
         shared["sink"] = sink
-    ready(None, {"port": getattr(sink, "port", None), "source": source.kind})
-    failed = False
+    ready(None, {"port": getattr(sink, "port", None), "source": source.mode})
     deadline = last_read = time.monotonic()
     first = True
     while True:
@@ -78,15 +89,8 @@ def sampling_loop(
         if stop.is_set() and not first and time.monotonic() - last_read < spec["interval"] / 2:
             break
         first, last_read = False, time.monotonic()
-        try:
-            reading = source.read()
-        except Exception as exc:  # never let sampling die; say it once
-            reading = None
-            if not failed:
-                failed = True
-                log.warning("edgewatt: sampling pid %d failed: %s", spec["pid"], exc)
+        reading = source.reading()  # never raises; a failure is logged once
         if reading is not None:
-            failed = False
             sample = recorder.observe(reading)
             emit(reading)
             if sample is not None:

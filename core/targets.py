@@ -270,6 +270,17 @@ class TargetTable:
         self._proc = proc
         self._on_change = on_change
 
+    def set_limits(
+        self, *, max_targets: int, history_samples: int, exited_retention_s: float
+    ) -> None:
+        """A reload changed the limits: they hold for what comes next (a smaller
+        max_targets refuses new registrations, it ends no running target; a new
+        history length holds for targets registered from now on)."""
+        with self._lock:
+            self._max_targets = max_targets
+            self._history_samples = history_samples
+            self._retention = exited_retention_s
+
     # -- registration -------------------------------------------------------------
 
     def register(

@@ -188,116 +188,137 @@ def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return optional
 
 
-# key: (parser, meaning). The default is the Config field's; the README's table and
-# `edgewatt config example` are both rendered from these (a test keeps the README in step).
-KEYS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
-    "socket": (
+@dataclass(frozen=True)
+class Key:
+    parse: Callable[[Any], Any]  # raises ValueError saying what is wrong
+    meaning: str
+    live: bool = False  # a SIGHUP applies it; else a change waits for a restart
+
+
+# The default is the Config field's; the README's table and `edgewatt config example` are
+# both rendered from these (a test keeps the README in step), and SIGHUP reads `live`.
+KEYS: Mapping[str, Key] = {
+    "socket": Key(
         _path,
         "Unix socket of the registration API; unset: /run/edgewatt/edgewatt.sock as root, else "
         "$XDG_RUNTIME_DIR/edgewatt.sock, else edgewatt-$UID.sock in the temp directory",
     ),
-    "listen": (
+    "listen": Key(
         parse_listen,
         "HOST:PORT of the Prometheus /metrics endpoint ([::1]:9464 for IPv6, port 0 picks one)",
     ),
-    "interval": (
+    "interval": Key(
         _seconds(0.05, 3600),
         "seconds between samples (0.05 to 3600)",
+        live=True,
     ),
-    "state_dir": (
+    "state_dir": Key(
         _path,
         "where registrations are persisted; unset: /var/lib/edgewatt as root, else "
         "$XDG_STATE_HOME/edgewatt",
     ),
-    "max_targets": (
+    "max_targets": Key(
         _count(1, 100_000),
         "targets that may run at once (more get HTTP 429); also the most exited ones kept",
+        live=True,
     ),
-    "history_samples": (
+    "history_samples": Key(
         _count(1, 1_000_000),
         "samples kept per target for /samples",
+        live=True,
     ),
-    "exited_retention": (
+    "exited_retention": Key(
         _seconds(0, 7 * 86400),
         "seconds an exited target's summary stays readable",
+        live=True,
     ),
-    "series_rotation": (
+    "series_rotation": Key(
         _count(1, 1_000_000),
         "with OTLP push: exited targets after which the OTel pipeline is rebuilt (bounded memory)",
+        live=True,
     ),
-    "host_name": (
+    "host_name": Key(
         _text,
         "host.name on every series; unset: the kernel's hostname",
     ),
-    "proc_path": (
+    "proc_path": Key(
         _path,
         "procfs mount point (a host's /proc mounted in a container)",
     ),
-    "log_level": (
+    "log_level": Key(
         _log_level,
         "debug, info, warning or error",
+        live=True,
     ),
-    "power_sources": (
+    "power_sources": Key(
         _power_sources,
         "auto, or the sources to use: a YAML list or comma-separated names of ina3221, "
         "tegrastats, rapl, nvml",
     ),
-    "tegrastats": (
+    "tegrastats": Key(
         _path,
         "the tegrastats executable (flag --tegrastats), run once for the daemon's lifetime",
     ),
-    "sysfs_path": (
+    "sysfs_path": Key(
         _path,
         "sysfs mount point (INA3221/INA238 monitors, RAPL)",
     ),
-    "idle_power_w": (
+    "idle_power_w": Key(
         _optional(_ranged(float, 0, 100_000, "a number of watts")),
         "the device's idle power in W for attribution; unset: the lowest pass-average seen in "
         "baseline_window",
+        live=True,
     ),
-    "baseline_window": (
+    "baseline_window": Key(
         _seconds(1, 30 * 86400),
         "seconds over which idle power is estimated",
+        live=True,
     ),
-    "carbon_intensity_g_per_kwh": (
+    "carbon_intensity_g_per_kwh": Key(
         carbon.parse_intensity,
         "grid carbon intensity in gCO2e/kWh (flag --carbon-intensity-g-per-kwh); unset: no carbon "
         "figure anywhere, unless carbon_country is set",
     ),
-    "carbon_country": (
+    "carbon_country": Key(
         carbon.parse_country,
         "ISO 3166-1 code (DE, USA, ...) whose yearly average from the shipped table "
         "(core/data/carbon_intensity.json) is used when no intensity is set",
     ),
-    "otlp_endpoint": (
+    "otlp_endpoint": Key(
         _endpoint,
         "collector URL to push OTLP to (flag --otlp-endpoint, OTEL_EXPORTER_OTLP_ENDPOINT); "
         "unset: no push",
     ),
-    "otlp_protocol": (
+    "otlp_protocol": Key(
         _protocol,
         "http/protobuf or grpc (flag --otlp-protocol, OTEL_EXPORTER_OTLP_PROTOCOL)",
+        live=True,
     ),
-    "otlp_headers": (
+    "otlp_headers": Key(
         _headers,
         "headers for each export, e.g. auth tokens: a mapping, or k=v,k2=v2 "
         "(OTEL_EXPORTER_OTLP_HEADERS)",
+        live=True,
     ),
-    "otlp_ca_file": (
+    "otlp_ca_file": Key(
         _text,
         "CA file for TLS to the collector (OTEL_EXPORTER_OTLP_CERTIFICATE)",
+        live=True,
     ),
-    "otlp_insecure": (
+    "otlp_insecure": Key(
         _boolean,
         "gRPC without TLS (OTEL_EXPORTER_OTLP_INSECURE); for HTTP use an http:// URL",
+        live=True,
     ),
-    "otlp_interval": (
+    "otlp_interval": Key(
         _seconds(0.1, 86400),
         "seconds between exports (OTEL_METRIC_EXPORT_INTERVAL, in ms there)",
+        live=True,
     ),
-    "otlp_timeout": (
+    "otlp_timeout": Key(
         _seconds(0.1, 60),
         "seconds an export may take before it is dropped (OTEL_EXPORTER_OTLP_TIMEOUT, in ms there)",
+        live=True,
     ),
 }
 
@@ -319,9 +340,8 @@ def _apply(config: Config, values: Mapping[str, Any], source: str) -> Config:
     for key, value in values.items():
         if key not in KEYS:
             raise ConfigError(f"{key}: unknown key ({source}); known keys: {', '.join(KEYS)}")
-        parse, _ = KEYS[key]
         try:
-            changes[key] = parse(value)
+            changes[key] = KEYS[key].parse(value)
         except ValueError as exc:
             raise ConfigError(f"{key}: {exc} ({source})") from None
     return replace(config, **changes)
@@ -381,6 +401,9 @@ def shown_default(key: str) -> str:
 
 
 def markdown_table() -> str:
-    rows = ["| key | default | meaning |", "|---|---|---|"]
-    rows += [f"| `{k}` | `{shown_default(k)}` | {meaning} |" for k, (_, meaning) in KEYS.items()]
+    rows = ["| key | default | on SIGHUP | meaning |", "|---|---|---|---|"]
+    rows += [
+        f"| `{k}` | `{shown_default(k)}` | {'applied' if key.live else 'restart'} | {key.meaning} |"
+        for k, key in KEYS.items()
+    ]
     return "\n".join(rows) + "\n"

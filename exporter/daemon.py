@@ -33,7 +33,7 @@ from edgewatt.core.sampling.network import NetworkAccounting
 from edgewatt.core.snapshot import host_document
 from edgewatt.core.targets import SAMPLE_UNITS, TargetError, TargetTable
 from edgewatt.exporter.api import ApiServer
-from edgewatt.exporter.config import Config, ConfigError
+from edgewatt.exporter.config import KEYS, Config, ConfigError
 from edgewatt.exporter.exposition import Exposition
 from edgewatt.exporter.notify import Notifier
 from edgewatt.exporter.otlp import OtlpOptions, build_reader
@@ -172,34 +172,66 @@ class Daemon:
         )
 
     def reload(self, config: Config) -> None:
-        """Apply what a SIGHUP may change live: log level, interval, idle power."""
+        """SIGHUP: apply every changed key the key table marks live; name the others,
+        which keep their running values until a restart, in one warning."""
         self.notifier.reloading()
-        logging.getLogger().setLevel(config.log_level.upper())
-        self.sampler.interval = config.interval
-        self.sampler.attribution.set_idle(config.idle_power_w)
-        kept = [
-            k
-            for k in (
-                "socket",
-                "listen",
-                "state_dir",
-                "otlp_endpoint",
-                "power_sources",
-                "carbon_intensity_g_per_kwh",
-                "carbon_country",
+        changed = [k for k in KEYS if getattr(config, k) != getattr(self.config, k)]
+        live = [k for k in changed if KEYS[k].live]
+        later = [k for k in changed if not KEYS[k].live]
+        self.config = replace(self.config, **{k: getattr(config, k) for k in live})
+        appliers = self._appliers()
+        for apply in dict.fromkeys(a for k in live for a in appliers[k]):  # each once
+            apply()
+        if later:
+            log.warning(
+                "reload: %s changed but take%s effect only after a restart",
+                ", ".join(later),
+                "s" if len(later) == 1 else "",
             )
-            if getattr(config, k) != getattr(self.config, k)
-        ]
-        if kept:
-            log.warning("reload: %s change(s) need a restart", ", ".join(kept))
-        self.config = replace(
-            self.config,
-            log_level=config.log_level,
-            interval=config.interval,
-            idle_power_w=config.idle_power_w,
-        )
         self.notifier.ready(self._status(self.sampler.snapshot))
-        log.info("configuration reloaded")
+        log.info("configuration reloaded%s", f": applied {', '.join(live)}" if live else "")
+
+    def _appliers(self) -> dict[str, tuple[Callable[[], None], ...]]:
+        """The actions that bring each live key (read from self.config) into the running
+        daemon; an action shared by several changed keys runs once."""
+        c = self.config
+
+        def log_level() -> None:
+            logging.getLogger().setLevel(c.log_level.upper())
+
+        def interval() -> None:
+            self.sampler.interval = c.interval
+
+        def idle() -> None:
+            self.sampler.attribution.set_idle(c.idle_power_w)
+
+        def window() -> None:
+            self.sampler.attribution.set_window(c.baseline_window)
+
+        def limits() -> None:
+            self.table.set_limits(
+                max_targets=c.max_targets,
+                history_samples=c.history_samples,
+                exited_retention_s=c.exited_retention,
+            )
+
+        def otlp() -> None:
+            if self.pipeline is not None:  # push off: kept for when a restart turns it on
+                self.pipeline.reconfigure(
+                    series_rotation=c.series_rotation, max_targets=c.max_targets
+                )
+
+        table: dict[str, tuple[Callable[[], None], ...]] = {
+            "log_level": (log_level,),
+            "interval": (interval,),
+            "idle_power_w": (idle,),
+            "baseline_window": (window,),
+            "max_targets": (limits, otlp),  # the pipeline's cardinality limit follows it
+            "history_samples": (limits,),
+            "exited_retention": (limits,),
+        }
+        otlp_keys = [k for k in KEYS if k.startswith("otlp_") or k == "series_rotation"]
+        return table | {k: (otlp,) for k in otlp_keys if KEYS[k].live}
 
     def _otlp_reader(self) -> MetricReader:
         c = self.config

@@ -337,17 +337,30 @@ class OtelPipeline:
             self._seen |= live
             if len(self._seen) - len(live) < self._rotation:
                 return
-            old = [self._provider]  # handed over, not held here: see _retire
-            self._provider = self._build()
+            self._swap()
             self._seen = set(live)
             self.rotations += 1
-            # The old pipeline's last export waits on the collector (up to the
-            # exporter's timeout when it is down): never on the sampling thread.
-            self._retiring = [t for t in self._retiring if t.is_alive()]
-            retire = threading.Thread(target=_retire, args=(old,), name="otel-retire", daemon=True)
-            self._retiring.append(retire)
-            retire.start()
         log.info("rebuilt the OTel pipeline to release series of exited targets")
+
+    def reconfigure(self, *, series_rotation: int, max_targets: int) -> None:
+        """A reload changed the exporter's settings (``readers`` reads them) or the
+        limits: rebuild now, so the next export uses them."""
+        with self._lock:
+            self._rotation = series_rotation
+            self.cardinality_limit = 2 * (max_targets + series_rotation) + 1000
+            self._swap()
+        log.info("rebuilt the OTel pipeline with the reloaded settings")
+
+    def _swap(self) -> None:
+        """A new pipeline in one assignment; the old one retires on its own thread: its
+        last export waits on the collector (up to the exporter's timeout when it is
+        down), never on the sampling thread. Called with the lock held."""
+        old = [self._provider]  # handed over, not held here: see _retire
+        self._provider = self._build()
+        self._retiring = [t for t in self._retiring if t.is_alive()]
+        retire = threading.Thread(target=_retire, args=(old,), name="otel-retire", daemon=True)
+        self._retiring.append(retire)
+        retire.start()
 
     def shutdown(self, timeout_s: float = 1.0) -> None:
         """Last exports: pipelines still retiring share ``timeout_s``, then the current

@@ -133,6 +133,12 @@ class Attribution:
         self.idle_w = idle_w
         self._baseline.configured = idle_w
 
+    def set_window(self, window_s: float) -> None:
+        """A reload changed the window over which idle power is estimated."""
+        self.window_s = window_s
+        for baseline in (self._baseline, *self._gpu_baselines.values()):
+            baseline.window_s = window_s
+
     @property
     def idle_w_in_use(self) -> float | None:
         return self._baseline.value

@@ -1,0 +1,69 @@
+"""Readings for the monitors: the daemon's API answers or an in-process snapshot, as
+one raw :class:`Reading` (cumulative counters, instantaneous gauges)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from edgewatt.client._samples import Reading
+from edgewatt.core.carbon import CarbonIntensity
+
+if TYPE_CHECKING:
+    from edgewatt.core.snapshot import Snapshot
+
+
+def _network_totals(interfaces: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """(sent, received) over every interface but loopback, from (receive, transmit)."""
+    sent = sum(tx for name, (_, tx) in interfaces.items() if name != "lo")
+    recv = sum(rx for name, (rx, _) in interfaces.items() if name != "lo")
+    return sent, recv
+
+
+def reading_from_api(target: dict[str, Any], host: dict[str, Any]) -> Reading | None:
+    """A reading from the daemon's answers to GET /v1/targets/{id} and GET /v1/host."""
+    latest = target.get("latest")
+    if not latest or not host.get("memory_total_bytes"):
+        return None
+    sent, recv = _network_totals(
+        {n: (v["receive_bytes"], v["transmit_bytes"]) for n, v in host["network"].items()}
+    )
+    power = host.get("power") or {}
+    carbon = host.get("carbon") or {}  # present only when the daemon has an intensity
+    return Reading(
+        time=latest["time"],
+        cpu_user_s=latest["cpu_user_s"],
+        cpu_system_s=latest["cpu_system_s"],
+        memory_rss_bytes=latest["memory_rss_bytes"],
+        memory_total_bytes=host["memory_total_bytes"],
+        net_sent_total=sent,
+        net_recv_total=recv,
+        power_w=power.get("host_power_w"),
+        energy_j=power.get("host_energy_j"),
+        rails_w={
+            k: v["power_w"] for k, v in power.get("rails", {}).items() if v["power_w"] is not None
+        },
+        process_energy_j=latest.get("energy_j"),
+        carbon=CarbonIntensity(carbon["intensity_g_per_kwh"], carbon["source"]) if carbon else None,
+    )
+
+
+def reading_from_snapshot(snapshot: Snapshot) -> Reading | None:
+    """A reading from an in-process sampler's snapshot of its one target."""
+    if not snapshot.processes or snapshot.host is None:
+        return None
+    p, host, power = snapshot.processes[0], snapshot.host, snapshot.power
+    sent, recv = _network_totals({n: (io.receive, io.transmit) for n, io in host.network.items()})
+    return Reading(
+        time=p.time,
+        cpu_user_s=p.cpu_user_s,
+        cpu_system_s=p.cpu_system_s,
+        memory_rss_bytes=p.memory_rss_bytes,
+        memory_total_bytes=host.memory.total_bytes,
+        net_sent_total=sent,
+        net_recv_total=recv,
+        power_w=power.host_power_w if power else None,
+        energy_j=power.host_energy_j if power else None,
+        rails_w={r.name: r.power_w for r in power.rails if r.power_w is not None} if power else {},
+        process_energy_j=p.energy_j,
+        carbon=snapshot.carbon,
+    )
