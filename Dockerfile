@@ -5,6 +5,8 @@ WORKDIR /opt/edgewatt
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
 COPY client ./client
+COPY core ./core
+COPY cli ./cli
 RUN pip install --no-cache-dir .
 EXPOSE 9464
 HEALTHCHECK --interval=15s --timeout=3s CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=2)"

@@ -1,8 +1,8 @@
 """What the client costs a training process: import time and register() round trip.
 
 Side by side in one run:
-- ``import client`` against ``import psutil`` (what heflwr.monitor imports first), both
-  measured as a fresh interpreter's extra wall time over ``python -c pass``;
+- ``from edgewatt import client`` against ``import psutil`` (what heflwr.monitor imports
+  first), both measured as a fresh interpreter's extra wall time over ``python -c pass``;
 - ``client.register()`` + ``close()`` against a bare ``GET /healthz`` on the same
   daemon socket (the floor any request pays).
 
@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import client  # noqa: E402
 from benchmarks.measure import percentile, start_daemon  # noqa: E402
+from edgewatt import client  # noqa: E402
 from edgewatt.core import transport  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
 
     results: dict[str, float] = {}
-    results["import_client_ms"] = import_cost_ms("import client", args.runs)
+    results["import_client_ms"] = import_cost_ms("from edgewatt import client", args.runs)
     results["import_psutil_ms"] = import_cost_ms("import psutil", args.runs)
 
     workdir = Path(tempfile.mkdtemp(prefix="edgewatt-bench-"))
