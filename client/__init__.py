@@ -25,7 +25,7 @@ from typing import Any
 
 from edgewatt.client._track import Measurement, track
 from edgewatt.core import transport
-from edgewatt.core.transport import DaemonError, current_uid, default_socket
+from edgewatt.core.transport import DaemonError, default_socket
 
 __all__ = ["DaemonError", "Measurement", "Registration", "default_socket", "register", "track"]
 
@@ -143,8 +143,14 @@ class Registration:
         )
         return _Phase(self, name)
 
-    def _end_phase(self) -> None:
-        self._call("phase", lambda: self._daemon("DELETE", "/phase"), _end_phase)
+    def _end_phase(self) -> dict[str, Any] | None:
+        """End the running phase; its figures (the summary's phase item), or None."""
+        ended = self._call(
+            "phase",
+            lambda: self._daemon("DELETE", "/phase").get("phase"),
+            lambda local: local.end_phase(),
+        )
+        return ended if isinstance(ended, dict) else None
 
     def close(self) -> None:
         """Unregister (with a daemon) or stop the local sampler."""
@@ -226,10 +232,6 @@ class Registration:
 
 def _summary(local: Any) -> dict[str, Any]:
     return local.summary()
-
-
-def _end_phase(local: Any) -> None:
-    local.table.end_phase(local.id, current_uid())
 
 
 def register(

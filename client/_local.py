@@ -88,16 +88,19 @@ class LocalSampler:
         return self
 
     def sample(self) -> Snapshot:
-        """One pass now."""
-        return self.sampler.sample_once()
+        """One pass now (by the thread when it runs, so passes never overlap)."""
+        return self.sampler.sample_now()
 
     def snapshot(self) -> Snapshot:
         """The latest pass."""
         return self.sampler.snapshot
 
     def stop(self) -> None:
+        """A last pass (the summary then ends at the call), then stop."""
+        self.sampler.sample_now()
         self._stop.set()
         if self._thread is not None:
+            self.sampler.wake()
             self._thread.join(timeout=5)
         else:
             self.sampler.close()
@@ -112,4 +115,14 @@ class LocalSampler:
         return self.table.samples(self.target.id)
 
     def phase(self, name: str) -> None:
+        """Start a phase; its edge is a pass taken now, as the daemon does."""
         self.table.start_phase(self.target.id, name, current_uid())
+        self.sampler.sample_now()
+
+    def end_phase(self) -> dict[str, Any] | None:
+        """End the running phase with a pass now; its figures, or None if none ran."""
+        ended = self.table.end_phase(self.target.id, current_uid())
+        if ended is None:
+            return None
+        self.sampler.sample_now()
+        return self.table.phase_summary(self.target.id, ended, self.sampler.logical_cpus)

@@ -12,9 +12,10 @@ CodeCarbon's ``track_emissions`` and Zeus's measurement windows are used:
 
 The energy is what the daemon attributes to this process during the call (J above
 the device's idle power, docs/attribution.md); carbon is present only when a grid
-intensity is configured. A call shorter than the sampling interval has no energy
-figure (None). Leaving the call waits for the sample that closes the phase (at most
-a few intervals, bounded by ``wait_s``).
+intensity is configured. Entering and leaving a call each take one sample (a pass
+the daemon runs at once, a few ms), so a call shorter than the sampling interval
+still gets its CPU time exactly and its share of the device energy measured up to
+each edge; nothing waits for the next regular pass.
 """
 
 from __future__ import annotations
@@ -46,22 +47,22 @@ def _shared_registration() -> Any:
         return _shared["registration"]
 
 
-class Measurement(NamedTuple):  # a NamedTuple: dataclasses would cost `import client` ~6 ms
+class Measurement(NamedTuple):  # a NamedTuple: dataclasses would cost the import ~6 ms
     name: str
     duration_s: float  # wall time of the call
     energy_j: float | None  # energy attributed to the process during the call
     carbon_g: float | None  # gCO2e of that energy; None without a configured intensity
+    cpu_s: float | None = None  # CPU seconds (user + system) of the process in the call
 
 
 class track:  # lower case: it reads as a decorator, like functools.wraps
     """Measure each call of a function (decorator) or each run of a block (``with``)."""
 
-    def __init__(self, name: str, registration: Any = None, wait_s: float = 5.0) -> None:
+    def __init__(self, name: str, registration: Any = None) -> None:
         if not isinstance(name, str) or not name or len(name) > 128:
             raise ValueError("track name must be a string of 1 to 128 characters")
         self.name = name
         self.registration = registration
-        self.wait_s = wait_s
         self.measurements: deque[Measurement] = deque(maxlen=1000)
         self._started = 0.0
 
@@ -78,27 +79,21 @@ class track:  # lower case: it reads as a decorator, like functools.wraps
 
     def __exit__(self, *exc: object) -> None:
         duration = time.monotonic() - self._started
-        registration = self.registration
-        before = registration.summary().get("samples", 0)
-        registration._end_phase()
-        # The phase's figures are final once a sample after its end has been taken.
-        deadline = time.monotonic() + self.wait_s
-        summary = registration.summary()
-        while summary.get("samples", 0) <= before and time.monotonic() < deadline:
-            time.sleep(0.05)
-            summary = registration.summary()
-        phase = next((p for p in reversed(summary.get("phases", [])) if p["name"] == self.name), {})
+        phase = self.registration._end_phase() or {}  # its figures, from the closing sample
+        user, system = phase.get("cpu_user_s"), phase.get("cpu_system_s")
         measurement = Measurement(
             name=self.name,
             duration_s=round(duration, 6),
             energy_j=phase.get("energy_j"),
             carbon_g=phase.get("carbon_g"),
+            cpu_s=None if user is None or system is None else round(user + system, 6),
         )
         self.measurements.append(measurement)
         log.info(
-            "edgewatt: %s took %.3f s, %s J, %s gCO2e",
+            "edgewatt: %s took %.3f s, %s s CPU, %s J, %s gCO2e",
             self.name,
             duration,
+            measurement.cpu_s,
             measurement.energy_j,
             measurement.carbon_g,
         )

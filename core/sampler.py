@@ -70,24 +70,71 @@ class Sampler:
         self._sequence = 0
         self.logical_cpus = self.platform.logical_cpus()
         self.snapshot = Snapshot(time=time.time(), sequence=0, host=None)
+        # Passes on demand (sample_now): counted as started and done under _edge.
+        self._pass_lock = threading.Lock()
+        self._edge = threading.Condition()
+        self._wake = threading.Event()
+        self._started = self._done = 0
+        self._looping = False
 
     def run(self, stop: threading.Event) -> None:
-        """Sample at a fixed cadence until ``stop`` is set."""
+        """Sample at a fixed cadence until ``stop`` is set (then call :meth:`wake`),
+        and at once whenever :meth:`sample_now` asks."""
         deadline = time.monotonic()
-        while not stop.is_set():
+        with self._edge:
+            self._looping = True
+        try:
+            while not stop.is_set():
+                self._wake.clear()  # asks from now on want the pass after this one
+                self._counted_pass()
+                if self._wake.is_set():
+                    continue  # an edge asked during the pass: its own pass, at once
+                deadline += self.interval
+                delay = deadline - time.monotonic()
+                if delay < 0:
+                    self._overruns += 1
+                    deadline = time.monotonic()  # skip missed ticks rather than burst
+                    delay = 0
+                self._wake.wait(delay)
+        finally:
+            with self._edge:
+                self._looping = False
+                self._edge.notify_all()
+            self.close()
+
+    def wake(self) -> None:
+        """End the wait between passes now (for :meth:`sample_now`, or to stop)."""
+        self._wake.set()
+
+    def sample_now(self, timeout_s: float = 2.0) -> Snapshot:
+        """A pass that starts after this call, and its snapshot: the edge of a
+        registration, a phase or a monitor's read is then a sample, not the nearest
+        pass. Asks that come together share one pass. Without the loop running (an
+        in-process sampler read at the caller's cadence), the pass runs here."""
+        with self._edge:
+            if not self._looping:
+                return self._counted_pass()
+            wanted = self._started + 1
+            self._wake.set()
+            self._edge.wait_for(
+                lambda: self._done >= wanted or not self._looping, timeout=timeout_s
+            )
+            return self.snapshot
+
+    def _counted_pass(self) -> Snapshot:
+        with self._pass_lock:  # one pass at a time, whoever runs it
+            with self._edge:
+                self._started += 1
             try:
-                self.sample_once()
+                return self.sample_once()
             except Exception:
                 # A bug in one pass must not end sampling for good; the log says what.
                 log.exception("sampling pass failed")
-            deadline += self.interval
-            delay = deadline - time.monotonic()
-            if delay < 0:
-                self._overruns += 1
-                deadline = time.monotonic()  # skip missed ticks rather than burst
-                delay = 0
-            stop.wait(delay)
-        self.close()
+                return self.snapshot
+            finally:
+                with self._edge:
+                    self._done += 1
+                    self._edge.notify_all()
 
     def sample_once(self) -> Snapshot:
         started = time.monotonic()

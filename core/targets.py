@@ -195,17 +195,18 @@ class Target:
         result.update(_span(h.first, h.last, logical_cpus, carbon))
         result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
         result["memory_rss_avg_bytes"] = round(h.rss_sum / h.count) if h.count else None
-        phases = []
-        for phase in h.phases:
-            item = {"name": phase.name, "started_at": phase.started_at, "ended_at": phase.ended_at}
-            item.update(_span(phase.first, phase.last, logical_cpus, carbon))
-            item["memory_rss_peak_bytes"] = phase.rss_peak if phase.first else None
-            phases.append(item)
-        result["phases"] = phases
+        result["phases"] = [_phase_item(p, logical_cpus, carbon) for p in h.phases]
         if carbon is not None:
             result["carbon_intensity_g_per_kwh"] = carbon.g_per_kwh
             result["carbon_intensity_source"] = carbon.source
         return result
+
+
+def _phase_item(phase: Phase, logical_cpus: int, carbon: CarbonIntensity | None) -> dict[str, Any]:
+    item = {"name": phase.name, "started_at": phase.started_at, "ended_at": phase.ended_at}
+    item.update(_span(phase.first, phase.last, logical_cpus, carbon))
+    item["memory_rss_peak_bytes"] = phase.rss_peak if phase.first else None
+    return item
 
 
 def _span(
@@ -396,6 +397,12 @@ class TargetTable:
     def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
         with self._lock:
             return self._get(target_id).summary(logical_cpus, self._carbon)
+
+    def phase_summary(self, target_id: str, phase: Phase, logical_cpus: int) -> dict[str, Any]:
+        """One phase's figures, as the summary lists them."""
+        with self._lock:
+            self._get(target_id)
+            return _phase_item(phase, logical_cpus, self._carbon)
 
     def samples(self, target_id: str, since: float | None = None) -> list[dict[str, Any]]:
         with self._lock:

@@ -160,13 +160,23 @@ class _Handler(BaseHTTPRequestHandler):
                 return 200, table.delete(target_id, self.peer_uid).describe()
             return 200, table.describe(target_id)
         if sub == "phase":
+            # A phase's edges are samples: the pass taken here closes the phase that
+            # ends and opens the one that starts, so adjacent phases add up.
             if self._allow("POST", "DELETE") == "DELETE":
                 self._read_body()
                 ended = table.end_phase(target_id, self.peer_uid)
-                return 200, {"target": target_id, "ended": ended.name if ended else None}
+                if ended is None:
+                    return 200, {"target": target_id, "ended": None, "phase": None}
+                self.server.sample_now()
+                return 200, {
+                    "target": target_id,
+                    "ended": ended.name,
+                    "phase": table.phase_summary(target_id, ended, self.server.logical_cpus),
+                }
             body = self._read_json()
             _reject_unknown(body, {"name"})
             phase = table.start_phase(target_id, body.get("name"), self.peer_uid)
+            self.server.sample_now()
             return 201, {"target": target_id, "name": phase.name, "started_at": phase.started_at}
         self._allow("GET")
         if sub == "summary":
@@ -241,6 +251,10 @@ class _Handler(BaseHTTPRequestHandler):
                 detail = f"pid {pid} belongs to uid {owner}, you are uid {self.peer_uid}"
                 raise ApiError(403, "not your process", detail)
         target, created = self.server.table.register(pid, labels, children, self.peer_uid)
+        if created:
+            # Registration is a sample: the summary's baseline is read now, so what the
+            # process did before is excluded and nothing after it is lost.
+            self.server.sample_now()
         info = target.describe()
         return (201 if created else 200), {
             "id": info["id"],
@@ -283,8 +297,10 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         host: Callable[[], dict[str, Any]],
         sample_units: dict[str, str],
         proc: str = "/proc",
+        sample_now: Callable[[], Any] = lambda: None,
     ) -> None:
         self.table = table
+        self.sample_now = sample_now  # a pass that starts after the call, waited for
         self.logical_cpus = logical_cpus
         self.health = health
         self.host = host

@@ -326,6 +326,7 @@ class Daemon:
             host=lambda: host_document(self.sampler.snapshot),
             sample_units=SAMPLE_UNITS,
             proc=self.config.proc_path,
+            sample_now=self.sampler.sample_now,
         )
         self._spawn("api", self.api.serve_forever, 0.2)
         self._spawn("sampler", self.sampler.run, self.stop_event)
@@ -349,6 +350,7 @@ class Daemon:
     def stop(self) -> None:
         self.notifier.stopping()
         self.stop_event.set()
+        self.sampler.wake()
         if self.api is not None:
             self.api.close()
         self.exposition.shutdown()

@@ -27,8 +27,8 @@ def _headers_seen(received: Received, since: int) -> list[str]:
 
 def test_a_rotated_otlp_token_is_used_from_the_next_export(
     daemon_factory: Any,
-    http_receiver: tuple[str, Received],
-    tmp_path: Path,  # noqa: F811
+    http_receiver: tuple[str, Received],  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
 ) -> None:
     url, received = http_receiver
     config = tmp_path / "edgewatt.yaml"
