@@ -30,6 +30,21 @@ def daemon_answers(config: Config) -> tuple[str, str]:
     )
 
 
+def exact_exits(config: Config) -> tuple[str, str]:
+    try:
+        health = transport.call_ok(config.socket, "GET", "/healthz", timeout=1.0)
+    except (OSError, transport.DaemonError):
+        return "ok", "exact exit figures: checked once a daemon answers"
+    if health.get("exit_figures") == "exact":
+        return "ok", "exact exit figures: a target's summary ends at its exit (CAP_NET_ADMIN)"
+    return "warn", (
+        "no exact exit figures: the daemon lacks CAP_NET_ADMIN, so what a target does after "
+        "the last pass before its exit (CPU, disk, a closing connection's last bytes) is lost "
+        "and summaries say exit: last-sample; the systemd unit grants it "
+        "(edgewatt install-service), or run the daemon as root"
+    )
+
+
 def other_users_visible(config: Config) -> tuple[str, str]:
     if procfs.sees_other_users(config.proc_path):
         return "ok", "other users' /proc/PID/io and fds are readable"
@@ -124,6 +139,7 @@ def clock(config: Config) -> tuple[str, str]:
 
 CHECKS: tuple[Check, ...] = (
     daemon_answers,
+    exact_exits,
     other_users_visible,
     power_sources,
     metrics_port,

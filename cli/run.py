@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 from edgewatt.cli.report import summary_table
@@ -51,6 +52,7 @@ def run(
     if output is None:
         monitor.sink = "none"
     monitor.set_metrics(power=True)
+    started = time.monotonic()
     try:
         child = subprocess.Popen(command)
     except OSError as exc:
@@ -70,16 +72,44 @@ def run(
     except OSError as exc:
         print(f"edgewatt run: monitoring unavailable: {exc}", file=sys.stderr)
     try:
-        code = child.wait()
+        code, usage = _wait(child)
     finally:
         monitor.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    wall_s = time.monotonic() - started
     status = 128 - code if code < 0 else code
     shown = " ".join(shlex.join(command).split())
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     title = f"edgewatt run: {shown} (exit status {status}, monitored via {monitor.source})"
-    print(summary_table(monitor.summary(), title), file=sys.stderr)
+    print(summary_table(_exact(monitor.summary(), usage, wall_s), title), file=sys.stderr)
     if output:
         print(f"  samples written to {output}", file=sys.stderr)
     return status
+
+
+def _wait(child: subprocess.Popen[bytes]) -> tuple[int, os.struct_rusage | None]:
+    """The command's exit code and its resource usage as the kernel counted it for
+    its parent (wait4): every CPU second of it and of its reaped descendants, up to
+    the last, which no sampling can see."""
+    try:
+        _, status, usage = os.wait4(child.pid, 0)  # PEP 475: retried across signals
+    except ChildProcessError:  # reaped elsewhere (cannot happen here; be safe)
+        return child.wait(), None
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return child.returncode, usage
+
+
+def _exact(summary: dict[str, Any], usage: os.struct_rusage | None, wall_s: float) -> dict:
+    """The monitor's summary with the kernel's own figures for the whole command: CPU
+    time and peak RSS from wait4, duration from start to exit."""
+    if usage is None:
+        return summary
+    cpu_s = usage.ru_utime + usage.ru_stime
+    exact = {**summary, "duration_s": wall_s, "cpu_time_s": cpu_s}
+    exact["avg_cpu_usage"] = cpu_s / wall_s * 100 if wall_s > 0 else 0.0
+    # ru_maxrss: KiB, the largest of the command and its descendants, one at a time.
+    exact["memory_rss_peak_bytes"] = max(
+        summary.get("memory_rss_peak_bytes") or 0, usage.ru_maxrss * 1024
+    )
+    return exact

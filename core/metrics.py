@@ -324,6 +324,15 @@ TABLE: tuple[Metric, ...] = (
         _H,
     ),
     Metric(
+        "edgewatt.exit.overflows",
+        "counter",
+        "{drain}",
+        "Drains of an exit listener (taskstats, tcp_destroy) that found notifications lost "
+        "to a full socket buffer: exits in that window end at their last sample",
+        ("edgewatt.listener",),
+        _H,
+    ),
+    Metric(
         "edgewatt.sampler.errors",
         "counter",
         "{error}",

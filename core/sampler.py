@@ -21,6 +21,7 @@ from edgewatt.core.power.source import Gpu
 from edgewatt.core.sampling import procfs, system
 from edgewatt.core.sampling.network import NetworkAccounting
 from edgewatt.core.sampling.process import TreeReading
+from edgewatt.core.sampling.taskstats import TaskExits
 from edgewatt.core.snapshot import HostSample, ProcessSample, SamplerStats, Snapshot
 from edgewatt.core.targets import Target, TargetTable
 
@@ -43,6 +44,7 @@ class Sampler:
         power: PowerMeter | None = None,
         attribution: Attribution | None = None,
         network: NetworkAccounting | None = None,
+        exits: TaskExits | None = None,
         carbon: CarbonIntensity | None = None,
     ) -> None:
         self.table = table
@@ -53,6 +55,7 @@ class Sampler:
         self._on_pass = on_pass
         self.power = power
         self.network = network
+        self.exits = exits  # the kernel's exit records: exact figures at a target's exit
         self._network_bytes: dict[str, tuple[int, int] | None] = {}
         self.attribution = attribution or Attribution(None, 3600.0)
         self._last_target_cpu: dict[str, float] = {}
@@ -64,6 +67,8 @@ class Sampler:
         self._last_cpu: system.HostCpu | None = None
         self._failed: set[str] = set()
         self._exited: dict[str, float] = {}  # found exited this pass: target id -> when
+        # ... and how exact their exit sample is: ("exact" | "last-sample", peak RSS)
+        self._exit_modes: dict[str, tuple[str, int | None]] = {}
         self._overruns = 0
         self._errors = 0
         self._exits = 0
@@ -86,16 +91,16 @@ class Sampler:
         try:
             while not stop.is_set():
                 self._wake.clear()  # asks from now on want the pass after this one
+                scheduled = time.monotonic() >= deadline  # else an edge woke the loop
                 self._counted_pass()
+                if scheduled:  # passes on demand leave the cadence as it was
+                    deadline += self.interval
+                    if deadline < time.monotonic():
+                        self._overruns += 1
+                        deadline = time.monotonic()  # skip missed ticks rather than burst
                 if self._wake.is_set():
                     continue  # an edge asked during the pass: its own pass, at once
-                deadline += self.interval
-                delay = deadline - time.monotonic()
-                if delay < 0:
-                    self._overruns += 1
-                    deadline = time.monotonic()  # skip missed ticks rather than burst
-                    delay = 0
-                self._wake.wait(delay)
+                self._wake.wait(max(0.0, deadline - time.monotonic()))
         finally:
             with self._edge:
                 self._looping = False
@@ -138,6 +143,8 @@ class Sampler:
 
     def sample_once(self) -> Snapshot:
         started = time.monotonic()
+        if self.exits is not None:
+            self.exits.update()
         host = self._sample_host()
         power = self.power.read(started) if self.power is not None else None
         children_of = self.platform.descendants(self._take_relist)
@@ -147,6 +154,8 @@ class Sampler:
         self._count_network(readings)
         samples = [self._sample(target, reading, power) for target, reading in readings]
         phases = self.table.record(samples, EXPORTED_PHASES)
+        for target_id in self._exited:  # their exit sample is taken: let them go
+            self._drop(target_id)
         if phases:
             samples = [
                 dataclasses.replace(s, phases=phases[s.target_id]) if s.target_id in phases else s
@@ -168,6 +177,7 @@ class Sampler:
                 overruns=self._overruns,
                 errors=self._errors,
                 exits=self._exits,
+                overflows=self._overflows(),
             ),
         )
         self.snapshot = snapshot
@@ -178,7 +188,8 @@ class Sampler:
             # Marked only now, so a target the API calls exited is already gone from
             # what the exporters serve.
             for target_id, when in self._exited.items():
-                self.table.mark_exited(target_id, when)
+                mode, rss_peak = self._exit_modes.pop(target_id, ("last-sample", None))
+                self.table.mark_exited(target_id, when, exit_mode=mode, rss_peak_bytes=rss_peak)
             self._exited.clear()
         return snapshot
 
@@ -198,10 +209,9 @@ class Sampler:
         except procfs.NoSuchProcess:
             self._relist = True
             self._exited.setdefault(target.id, time.time())
-            self._drop(target.id)
             self._exits += 1
             log.info("target %s (pid %d) exited", target.id, target.pid)
-            return None
+            return self._exit_reading(target, tree)
         except (OSError, ValueError) as exc:
             # One failing target never stops the others; say so once per target.
             self._errors += 1
@@ -211,7 +221,49 @@ class Sampler:
             return None
         self._failed.discard(target.id)
         self._relist = self._relist or tree.lost_members
+        tree.generation = self.exits.generation if self.exits is not None else 0
         return reading
+
+    def _overflows(self) -> dict[str, int]:
+        counts = {}
+        if self.exits is not None:
+            counts["taskstats"] = self.exits.overflows
+        if self.network is not None and self.network.destroyed is not None:
+            counts["tcp_destroy"] = self.network.overflows
+        return counts
+
+    def _exit_reading(self, target: Target, tree: Tree) -> TreeReading | None:
+        """The target's last reading, at its exit: from the kernel's exit records where
+        they are complete ("exact"), else as the last pass saw it ("last-sample").
+        Recorded like any sample, so the summary ends at the exit, and the pass's
+        network accounting and attribution count it (its sockets' final bytes, its
+        share of the energy up to the exit)."""
+        last = tree.last
+        if last is None:
+            return None
+        figures = None
+        if self.exits is not None:
+            self.exits.update()  # an exit since this pass began
+            figures = tree.exit_figures(self.exits)
+        exact = figures is not None and (self.network is None or self.network.exact)
+        self._exit_modes[target.id] = (
+            "exact" if exact else "last-sample",
+            figures.rss_peak_bytes if figures is not None else None,
+        )
+        if figures is None:
+            return dataclasses.replace(last, cpu_utilization=None, pids=(), idle_pids=frozenset())
+        read, write = last.read_bytes, last.write_bytes
+        return dataclasses.replace(
+            last,
+            time=max(last.time, figures.time),
+            cpu_user_s=max(last.cpu_user_s, figures.cpu_user_s),
+            cpu_system_s=max(last.cpu_system_s, figures.cpu_system_s),
+            cpu_utilization=None,
+            read_bytes=None if read is None else max(read, figures.read_bytes),
+            write_bytes=None if write is None else max(write, figures.write_bytes),
+            pids=(),
+            idle_pids=frozenset(),
+        )
 
     def _attribute(
         self,
@@ -348,6 +400,8 @@ class Sampler:
             self.power.close()
         if self.network is not None:
             self.network.close()
+        if self.exits is not None:
+            self.exits.close()
 
 
 def _gpu_use(power: PowerSnapshot, reading: TreeReading) -> list[tuple[Gpu, float, int | None]]:

@@ -66,6 +66,9 @@ class SamplerStats:
     overruns: int  # passes that took longer than the interval, since start
     errors: int  # per-target read failures other than exit, since start
     exits: int = 0  # targets that exited while registered, since start
+    # Netlink listeners for exact exits (absent: not running): drains that found
+    # notifications lost to a full socket buffer, since start.
+    overflows: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

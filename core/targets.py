@@ -160,6 +160,7 @@ class Target:
     handle: ProcHandle | None = None  # None once exited (or restored without one)
     executable: str = ""
     exited_at: float | None = None
+    exit_mode: str | None = None  # once exited: "exact" or "last-sample"
 
     @property
     def state(self) -> str:
@@ -190,6 +191,9 @@ class Target:
             "state": self.state,
             "registered_at": round(self.registered_at, 3),
             "exited_at": self.exited_at,
+            # How the figures end: at the kernel's exit records ("exact"), or at the
+            # last pass before the exit ("last-sample"); None while running.
+            "exit": self.exit_mode,
             "samples": h.count,
         }
         result.update(_span(h.first, h.last, logical_cpus, carbon))
@@ -433,12 +437,25 @@ class TargetTable:
                     )
         return recent
 
-    def mark_exited(self, target_id: str, when: float) -> None:
+    def mark_exited(
+        self,
+        target_id: str,
+        when: float,
+        *,
+        exit_mode: str = "last-sample",
+        rss_peak_bytes: int | None = None,
+    ) -> None:
+        """The target is gone; its last sample (taken at the exit, see Sampler) ends
+        its history. ``exit_mode`` says how exact that sample is; ``rss_peak_bytes`` is
+        the kernel's peak RSS of a one-process target, which no sample can miss."""
         with self._lock:
             target = self._targets.get(target_id)
             if target is None or target.exited_at is not None:
                 return
             target.exited_at = when
+            target.exit_mode = exit_mode
+            if rss_peak_bytes is not None:
+                target.history.rss_peak = max(target.history.rss_peak, rss_peak_bytes)
             target.handle = None
             for phase in target.history.phases:
                 if phase.ended_at is None:

@@ -30,6 +30,8 @@ from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.sampler import Sampler
 from edgewatt.core.sampling import procfs
 from edgewatt.core.sampling.network import NetworkAccounting
+from edgewatt.core.sampling.sockets import DestroyListener
+from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
 from edgewatt.core.snapshot import host_document
 from edgewatt.core.targets import SAMPLE_UNITS, TargetError, TargetTable
 from edgewatt.exporter.api import ApiServer
@@ -283,7 +285,14 @@ class Daemon:
             "interval_s": self.config.interval,
             "logical_cpus": self.sampler.logical_cpus,
             "power_sources": list(snapshot.power.sources) if snapshot.power else [],
+            # Whether a target's figures end at its exit (the kernel's exit records and
+            # TCP destroy notifications, CAP_NET_ADMIN) or at the last pass before it.
+            "exit_figures": "exact" if self._exact_exits() else "last-sample",
         }
+
+    def _exact_exits(self) -> bool:
+        network = self.sampler.network
+        return self.sampler.exits is not None and (network is None or network.destroyed is not None)
 
     def _start_power(self) -> None:
         options = PowerOptions(
@@ -298,10 +307,36 @@ class Daemon:
             gap = max(5 * self.config.interval, 5.0)
             self.sampler.power = PowerMeter(sources, max_gap_s=gap)
 
+    def _start_exits(self) -> None:
+        """The kernel's exit records (taskstats): a target's figures end at its exit,
+        not at the last pass. Needs CAP_NET_ADMIN, as the TCP destroy listener does."""
+        try:
+            # Kept for a few passes: an exit is matched at the pass after it.
+            keep_s = max(10.0, 5 * self.config.interval)
+            self.sampler.exits = TaskExits(TaskstatsSocket(), keep_s=keep_s)
+        except OSError as exc:
+            log.warning(
+                "exact exit figures unavailable (taskstats: %s): a target's summary ends "
+                "at the last pass before its exit; grant CAP_NET_ADMIN for exact ones",
+                exc.strerror or exc,
+            )
+
     def _start_network(self) -> None:
         try:
-            self.sampler.network = NetworkAccounting(self.config.proc_path)
+            destroyed: DestroyListener | None = DestroyListener()
         except OSError as exc:
+            destroyed = None
+            log.warning(
+                "final TCP counts of closed connections unavailable (sock_diag destroy "
+                "groups: %s): a connection's bytes after the last pass that saw it are "
+                "lost; grant CAP_NET_ADMIN to count them",
+                exc.strerror or exc,
+            )
+        try:
+            self.sampler.network = NetworkAccounting(self.config.proc_path, destroyed=destroyed)
+        except OSError as exc:
+            if destroyed is not None:
+                destroyed.close()
             log.warning("per-process network bytes unavailable (sock_diag: %s)", exc)
             return
         if not procfs.sees_other_users(self.config.proc_path):
@@ -314,6 +349,7 @@ class Daemon:
     def start(self) -> None:
         restored = self.restore()
         self._start_power()
+        self._start_exits()
         self._start_network()
         self.sampler.sample_once()  # the first scrape already has data
         host, port = self.config.listen

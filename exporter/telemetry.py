@@ -185,6 +185,11 @@ def _host_carbon(snapshot: Snapshot) -> Points:
         yield carbon.grams(power.host_energy_j), {}
 
 
+def _overflows(snapshot: Snapshot) -> Points:
+    for listener, count in snapshot.stats.overflows.items():
+        yield count, {"edgewatt.listener": listener}
+
+
 def _rails(value: Callable[[RailState], float | None]) -> Callable[[PowerSnapshot], Points]:
     def observe(power: PowerSnapshot) -> Points:
         for rail in power.rails:
@@ -259,6 +264,7 @@ OBSERVERS: Mapping[str, Callable[[Snapshot], Points]] = {
     "edgewatt.sampler.duration": _one(lambda s: s.stats.duration_s),
     "edgewatt.sampler.overruns": _one(lambda s: s.stats.overruns),
     "edgewatt.target.exits": _one(lambda s: s.stats.exits),
+    "edgewatt.exit.overflows": _overflows,
     "edgewatt.sampler.errors": _one(lambda s: s.stats.errors),
 }
 

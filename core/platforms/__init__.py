@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from edgewatt.core.sampling.process import TreeReading
+    from edgewatt.core.sampling.process import ExitFigures, TreeReading
     from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
+    from edgewatt.core.sampling.taskstats import TaskExits
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,13 @@ class Tree(Protocol):
     """A target and (by default) its descendants, read once per pass."""
 
     lost_members: bool  # in the last sample: orphans may be re-parented, list anew
+    last: TreeReading | None  # the last reading
+    generation: int  # the exit records' update number at the last reading
 
     def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading: ...
+
+    def exit_figures(self, exits: TaskExits) -> ExitFigures | None:
+        """The counters at the root's exit from the kernel's records, when complete."""
 
     def close(self) -> None: ...
 

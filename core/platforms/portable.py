@@ -110,6 +110,11 @@ class PsutilTree:
         self._carried = (0.0, 0.0, 0, 0)
         self._value = (0.0, 0.0, 0, 0)
         self.lost_members = False
+        self.last: TreeReading | None = None
+        self.generation = 0
+
+    def exit_figures(self, exits: Any) -> None:
+        return None  # taskstats is Linux's: the daemon's
 
     def sample(self, children_of: Any) -> TreeReading:
         try:
@@ -137,7 +142,7 @@ class PsutilTree:
         figures = [m[1] for m in members.values()]
         io_known = root[1]["io"] is not None
         fds = [f["fds"] for f in figures]
-        return TreeReading(
+        self.last = TreeReading(
             time=read_at,
             cpu_user_s=user,
             cpu_system_s=system,
@@ -150,6 +155,7 @@ class PsutilTree:
             open_fds=None if None in fds else sum(fds),
             pids=tuple(pid for pid, _ in members),
         )
+        return self.last
 
     def _discover(self) -> None:
         pids = set(psutil.pids())

@@ -11,9 +11,12 @@ they cause no further dumps.
 
 Counting: a socket, once seen held by a target, is followed until the kernel no
 longer knows it (its last bytes after close() included); its last counts then stay in
-the target's total, so totals never go backwards. What a connection carries after the
-last pass that saw it is lost: a connection opened and closed between two passes is
-not counted at all, and a closing one loses its last interval (measured in
+the target's total, so totals never go backwards. With a :class:`DestroyListener`
+(CAP_NET_ADMIN) those last counts are the kernel's final ones, sent when it destroyed
+the socket, matched by cookie: a connection that closes right after its last transfer
+is counted to its last byte (``exact``). Without it, what a connection carries after
+the last pass that saw it is lost (its last interval). Either way a connection opened
+and closed between two passes is never seen, so not counted (measured in
 ``tests/test_network.py``). UDP and Unix sockets are not counted by this method.
 """
 
@@ -25,7 +28,13 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from edgewatt.core.sampling.sockets import SockDiag, TcpSocket, socket_inodes
+from edgewatt.core.sampling.sockets import (
+    DestroyListener,
+    SockDiag,
+    TcpSocket,
+    cookie,
+    socket_inodes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +54,18 @@ class _Account:
 
 
 class NetworkAccounting:
-    def __init__(self, proc: str = "/proc", diag: SockDiag | None = None) -> None:
+    def __init__(
+        self,
+        proc: str = "/proc",
+        diag: SockDiag | None = None,
+        destroyed: DestroyListener | None = None,
+    ) -> None:
         self.proc = proc
         self.diag = diag or SockDiag()
+        self.destroyed = destroyed
+        self._finals: dict[bytes, TcpSocket] = {}  # cookie -> counts at destruction
+        self.overflows = 0  # drains that lost notifications
+        self._overflowed = False  # in the last pass: final counts may be missing
         self._accounts: dict[str, _Account] = {}
         self._not_tcp: set[int] = set()
         self._hidden: set[int] = set()  # pids whose fds we may not list (logged once)
@@ -100,6 +118,7 @@ class NetworkAccounting:
             now = self.diag.lookup(known)
             if now is not None:
                 current[known.inode] = now
+        self._take_finals({cookie(s) for s in tracked.values()})
         result: dict[str, tuple[int, int] | None] = {}
         in_kernel = current.keys()
         for target in targets:
@@ -111,12 +130,36 @@ class NetworkAccounting:
             for inode in list(account.live):
                 if inode in current:
                     account.live[inode] = current[inode]
-                else:  # gone from the kernel: its last counts stay
+                else:  # gone from the kernel: its final counts, else its last, stay
                     last = account.live.pop(inode)
+                    last = self._finals.pop(cookie(last), last)
                     account.closed_tx += last.bytes_acked
                     account.closed_rx += last.bytes_received
             result[target] = None if target in hidden and not account.live else account.totals()
         return result
+
+    @property
+    def exact(self) -> bool:
+        """Whether closed sockets count to their last byte: the destroy listener runs
+        and lost nothing in the last pass."""
+        return self.destroyed is not None and not self._overflowed
+
+    def _take_finals(self, tracked: set[bytes]) -> None:
+        """Final counts of tracked sockets destroyed since the last pass. Drained after
+        the lookups, so a socket destroyed between its lookup and this drain keeps its
+        final counts for the next pass, which finds it gone."""
+        self._overflowed = False
+        if self.destroyed is None:
+            return
+        destroyed, overflowed = self.destroyed.drain(tracked)
+        if overflowed:
+            self.overflows += 1
+            self._overflowed = True
+            log.warning("TCP destroy notifications were lost (socket buffer overflow)")
+        for sock in destroyed:
+            self._finals[cookie(sock)] = sock
+        for gone in self._finals.keys() - tracked:
+            del self._finals[gone]
 
     def _socket_inodes(self, pid: int) -> set[int] | None:
         """None when the process's fds are not ours to see."""
@@ -155,3 +198,5 @@ class NetworkAccounting:
             os.close(fd_dir)
         self._fd_dirs.clear()
         self.diag.close()
+        if self.destroyed is not None:
+            self.destroyed.close()

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
+from edgewatt.core.sampling.taskstats import TaskExits
 
 # Channels accounted as counters: user ticks, system ticks, read bytes, write bytes.
 _Vec = tuple[int, int, int, int]
@@ -56,6 +57,18 @@ class TreeReading:
     @property
     def processes(self) -> int:
         return len(self.pids)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitFigures:
+    """A target's counters at its exit, as the kernel counted them."""
+
+    cpu_user_s: float
+    cpu_system_s: float
+    read_bytes: int
+    write_bytes: int
+    time: float  # unix seconds of the root's exit
+    rss_peak_bytes: int | None  # the kernel's peak RSS, for a target of one process
 
 
 @dataclass(slots=True)
@@ -108,6 +121,10 @@ class ProcessTree:
         self._passes = 0
         self.io_visible = True
         self.lost_members = False  # in the last sample: its orphans may be re-parented
+        # For exits between passes (exit_figures): the last reading, and the exit
+        # records' update number at that time.
+        self.last: TreeReading | None = None
+        self.generation = 0
 
     def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading:
         # Rates divide by the time between two reads of the counters: stamp just before
@@ -183,7 +200,7 @@ class ProcessTree:
         )
         cpu_user = value[0] / CLOCK_TICKS
         cpu_system = value[1] / CLOCK_TICKS
-        return TreeReading(
+        self.last = TreeReading(
             time=read_at,
             cpu_user_s=cpu_user,
             cpu_system_s=cpu_system,
@@ -197,6 +214,7 @@ class ProcessTree:
             pids=tuple(live),
             idle_pids=frozenset(pid for pid, (m, _) in live.items() if m.idle),
         )
+        return self.last
 
     def _read_member(self, handle: ProcHandle, stat: Stat, recheck: bool) -> _Member | None:
         """One member's figures; io and the descriptor count are carried over from the
@@ -288,6 +306,69 @@ class ProcessTree:
                 return None
             ppid = departed[ppid].ppid
         return None
+
+    def exit_figures(self, exits: TaskExits) -> ExitFigures | None:
+        """The target's counters at its root's exit, from the kernel's exit records, or
+        None where they are not complete (see taskstats.py).
+
+        Per member seen at the last pass: its own CPU from its records (what it ran
+        since, included) plus what it had reaped by then (cutime); storage bytes, which
+        /proc does not split into own and reaped, as the larger of the last reading and
+        its records. Descendants born and gone since the last pass are found in the
+        records by parent, and add their own. Members still alive (re-parented, or
+        outliving the root) stay as last seen; departed ones as carried.
+        """
+        # Unix time of a start in ticks since boot, to 10 ms: through the boot clock,
+        # not /proc/stat's btime (whole seconds).
+        boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+        def started(handle: ProcHandle) -> float:
+            return boot + handle.start_ticks / CLOCK_TICKS
+
+        root = exits.exited(self.root.pid, started(self.root))
+        if root is None or not exits.complete(started(self.root)):
+            return None
+        carried = self._carried
+        user, system = carried[0] / CLOCK_TICKS, carried[1] / CLOCK_TICKS
+        read, write = carried[2], carried[3]
+        known = set()
+        for pid, m in self._members.items():
+            known.add(pid)
+            record = exits.exited(pid, started(m.handle))
+            if record is None:  # still running: as last seen
+                user += m.totals[0] / CLOCK_TICKS
+                system += m.totals[1] / CLOCK_TICKS
+                read, write = read + m.totals[2], write + m.totals[3]
+                continue
+            if not exits.complete(started(m.handle)):
+                return None
+            own_user = max(record.user_s, (m.totals[0] - m.reaped[0]) / CLOCK_TICKS)
+            own_system = max(record.system_s, (m.totals[1] - m.reaped[1]) / CLOCK_TICKS)
+            user += own_user + m.reaped[0] / CLOCK_TICKS
+            system += own_system + m.reaped[1] / CLOCK_TICKS
+            read += max(m.totals[2], record.read_bytes)
+            write += max(m.totals[3], record.write_bytes)
+        if self.children:
+            unseen = exits.exited_since(self.generation)
+            grew = True
+            while grew:  # parents exit after their children: close over the parent links
+                grew = False
+                for tgid, p in unseen.items():
+                    if tgid not in known and p.ppid in known:
+                        if not exits.complete(p.start_time):
+                            return None
+                        known.add(tgid)
+                        user, system = user + p.user_s, system + p.system_s
+                        read, write = read + p.read_bytes, write + p.write_bytes
+                        grew = True
+        return ExitFigures(
+            cpu_user_s=user,
+            cpu_system_s=system,
+            read_bytes=read,
+            write_bytes=write,
+            time=started(self.root) + root.elapsed_s,
+            rss_peak_bytes=root.hiwater_rss_bytes if len(known) == 1 else None,
+        )
 
     def close(self) -> None:
         for member in self._members.values():
