@@ -81,6 +81,7 @@ class Sampler:
         self._wake = threading.Event()
         self._started = self._done = 0
         self._looping = False
+        self._asked: set[str] | None = set()  # targets that asked for the next pass
 
     def run(self, stop: threading.Event) -> None:
         """Sample at a fixed cadence until ``stop`` is set (then call :meth:`wake`),
@@ -92,7 +93,7 @@ class Sampler:
             while not stop.is_set():
                 self._wake.clear()  # asks from now on want the pass after this one
                 scheduled = time.monotonic() >= deadline  # else an edge woke the loop
-                self._counted_pass()
+                self._counted_pass(scheduled)
                 if scheduled:  # passes on demand leave the cadence as it was
                     deadline += self.interval
                     if deadline < time.monotonic():
@@ -111,14 +112,21 @@ class Sampler:
         """End the wait between passes now (for :meth:`sample_now`, or to stop)."""
         self._wake.set()
 
-    def sample_now(self, timeout_s: float = 2.0) -> Snapshot:
+    def sample_now(self, target_id: str | None = None, timeout_s: float = 2.0) -> Snapshot:
         """A pass that starts after this call, and its snapshot: the edge of a
         registration, a phase or a monitor's read is then a sample, not the nearest
-        pass. Asks that come together share one pass. Without the loop running (an
+        pass. Asks that come together share one pass, which adds a row to the history
+        of the targets that asked (``target_id``; None: every target) and leaves the
+        others' histories to the regular passes. Without the loop running (an
         in-process sampler read at the caller's cadence), the pass runs here."""
         with self._edge:
+            if self._asked is not None:
+                if target_id is None:
+                    self._asked = None
+                else:
+                    self._asked.add(target_id)
             if not self._looping:
-                return self._counted_pass()
+                return self._counted_pass(False)
             wanted = self._started + 1
             self._wake.set()
             self._edge.wait_for(
@@ -126,12 +134,13 @@ class Sampler:
             )
             return self.snapshot
 
-    def _counted_pass(self) -> Snapshot:
+    def _counted_pass(self, scheduled: bool) -> Snapshot:
         with self._pass_lock:  # one pass at a time, whoever runs it
             with self._edge:
                 self._started += 1
+                asked, self._asked = self._asked, set()
             try:
-                return self.sample_once()
+                return self.sample_once(None if scheduled else asked)
             except Exception:
                 # A bug in one pass must not end sampling for good; the log says what.
                 log.exception("sampling pass failed")
@@ -141,7 +150,9 @@ class Sampler:
                     self._done += 1
                     self._edge.notify_all()
 
-    def sample_once(self) -> Snapshot:
+    def sample_once(self, record: set[str] | None = None) -> Snapshot:
+        """One pass over every target; each gets a row in its history, or, with
+        ``record``, only those targets (and any that exited)."""
         started = time.monotonic()
         if self.exits is not None:
             self.exits.update()
@@ -153,7 +164,9 @@ class Sampler:
         self._attribute(started, power, readings)
         self._count_network(readings)
         samples = [self._sample(target, reading, power) for target, reading in readings]
-        phases = self.table.record(samples, EXPORTED_PHASES)
+        phases = self.table.record(
+            samples, EXPORTED_PHASES, None if record is None else record | self._exited.keys()
+        )
         for target_id in self._exited:  # their exit sample is taken: let them go
             self._drop(target_id)
         if phases:
@@ -168,7 +181,9 @@ class Sampler:
             time=time.time(),
             sequence=self._sequence,
             host=host,
-            processes=tuple(samples),
+            # An exit sample goes to the target's history only: its series leave the
+            # exporters in the pass that finds the exit.
+            processes=tuple(s for s in samples if s.target_id not in self._exited),
             power=power,
             idle_power_w=self.attribution.idle_w_in_use if power is not None else None,
             carbon=self.carbon,

@@ -418,18 +418,21 @@ class TargetTable:
     # -- sampler side -------------------------------------------------------------
 
     def record(
-        self, samples: list[ProcessSample], phases: int
+        self, samples: list[ProcessSample], phases: int, only: set[str] | None = None
     ) -> dict[str, tuple[tuple[str, bool, float | None], ...]]:
-        """Add one pass's samples to the targets' histories (one lock for the pass);
-        returns (name, running, energy J) of the last ``phases`` phases of each target
-        that has any, for export."""
+        """Add one pass's samples to the targets' histories (one lock for the pass),
+        or, with ``only``, those of these targets (a pass on demand: the others' next
+        rows carry their cumulative counters all the same); returns (name, running,
+        energy J) of the last ``phases`` phases of each target that has any, for
+        export."""
         recent = {}
         with self._lock:
             for sample in samples:
                 target = self._targets.get(sample.target_id)
                 if target is None:
                     continue
-                target.history.add(_row(sample))
+                if only is None or target.id in only:
+                    target.history.add(_row(sample))
                 if target.history.phases:
                     recent[target.id] = tuple(
                         (p.name, p.ended_at is None, _span(p.first, p.last, 1, None)["energy_j"])

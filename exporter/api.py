@@ -167,7 +167,7 @@ class _Handler(BaseHTTPRequestHandler):
                 ended = table.end_phase(target_id, self.peer_uid)
                 if ended is None:
                     return 200, {"target": target_id, "ended": None, "phase": None}
-                self.server.sample_now()
+                self.server.sample_now(target_id)
                 return 200, {
                     "target": target_id,
                     "ended": ended.name,
@@ -176,7 +176,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._read_json()
             _reject_unknown(body, {"name"})
             phase = table.start_phase(target_id, body.get("name"), self.peer_uid)
-            self.server.sample_now()
+            self.server.sample_now(target_id)
             return 201, {"target": target_id, "name": phase.name, "started_at": phase.started_at}
         self._allow("GET")
         if sub == "summary":
@@ -254,7 +254,7 @@ class _Handler(BaseHTTPRequestHandler):
         if created:
             # Registration is a sample: the summary's baseline is read now, so what the
             # process did before is excluded and nothing after it is lost.
-            self.server.sample_now()
+            self.server.sample_now(target.id)
         info = target.describe()
         return (201 if created else 200), {
             "id": info["id"],
@@ -297,7 +297,7 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         host: Callable[[], dict[str, Any]],
         sample_units: dict[str, str],
         proc: str = "/proc",
-        sample_now: Callable[[], Any] = lambda: None,
+        sample_now: Callable[[str], Any] = lambda target_id: None,
     ) -> None:
         self.table = table
         self.sample_now = sample_now  # a pass that starts after the call, waited for

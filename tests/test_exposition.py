@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.sampling import system
-from edgewatt.core.snapshot import HostSample, Snapshot
+from edgewatt.core.snapshot import HostSample, SamplerStats, Snapshot
 from edgewatt.exporter.exposition import CONTENT_TYPE, Exposition
 from edgewatt.exporter.telemetry import METRICS, OtelPipeline
 from tests.snapshots import POWER, process
@@ -51,6 +51,7 @@ EXPECTED_FAMILIES = {
     "edgewatt_targets": "gauge",
     "edgewatt_sampler_duration_seconds": "gauge",
     "edgewatt_sampler_overruns": "counter",
+    "edgewatt_exit_overflows": "counter",
     "edgewatt_sampler_errors": "counter",
     "edgewatt_target_exits": "counter",
     "edgewatt_process_phase": "gauge",
@@ -123,6 +124,7 @@ def test_families_and_types_match_the_contract() -> None:
         power=POWER,
         idle_power_w=4.0,
         carbon=CARBON,
+        stats=SamplerStats(0.01, 0, 0, overflows={"taskstats": 0, "tcp_destroy": 0}),
     )
     got = {n: f.type for n, f in families(fast_text(snapshot)).items() if n != "target_info"}
     assert got == EXPECTED_FAMILIES

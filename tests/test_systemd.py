@@ -230,10 +230,11 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
     )  # fmt: skip
     assert missing.returncode == 1
     lines = missing.stdout.splitlines()
-    assert len(lines) == 7
+    assert len(lines) == 8
     assert lines[0].startswith("FAIL  no daemon at") and "systemctl start edgewatt" in lines[0]
-    assert lines[5].startswith("ok    no carbon intensity configured: no gCO2e figures")
-    assert lines[6].startswith("ok    clock ")
+    assert lines[1] == "ok    exact exit figures: checked once a daemon answers"
+    assert lines[6].startswith("ok    no carbon intensity configured: no gCO2e figures")
+    assert lines[7].startswith("ok    clock ")
     daemon = daemon_factory(extra_args=["--tegrastats", str(ROOT / "tests" / "bin" / "tegrastats")])
     wait_for(lambda: daemon.call("GET", "/healthz")[1]["power_sources"] == ["tegrastats"])
     found = subprocess.run(
@@ -248,6 +249,7 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
     assert lines[0].startswith(
         f"ok    daemon answering at {daemon.socket}: 0 targets, power: tegrastats"
     )
-    assert lines[2] == "ok    power sources: tegrastats; device total from tegrastats"
-    assert lines[3] == f"ok    port {daemon.port} serves edgewatt's /metrics"
-    assert lines[5].startswith("ok    carbon intensity 365.477 gCO2e/kWh, Germany 2021 average")
+    assert lines[1].startswith("ok    exact exit figures: a target's summary ends at its exit")
+    assert lines[3] == "ok    power sources: tegrastats; device total from tegrastats"
+    assert lines[4] == f"ok    port {daemon.port} serves edgewatt's /metrics"
+    assert lines[6].startswith("ok    carbon intensity 365.477 gCO2e/kWh, Germany 2021 average")

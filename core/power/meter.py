@@ -41,6 +41,15 @@ class Integrator:
         self._last = (t, watts)
         return self.joules
 
+    def at(self, now: float) -> float:
+        """Joules up to ``now``: the last power held since the last reading (within the
+        gap limit). A pass between two sensor readings, a phase edge, gets the energy
+        up to its own time rather than the last reading's."""
+        last = self._last
+        if last is None or not 0 < now - last[0] <= self.max_gap_s:
+            return self.joules
+        return self.joules + last[1] * (now - last[0])
+
 
 class Counter:
     """A hardware energy counter made monotonic: a restart of its source adds on."""
@@ -74,8 +83,8 @@ class PowerSnapshot:
     gpus: tuple[Gpu, ...] = ()
     temperatures_c: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (source, name)
     sources: tuple[str, ...] = ()
-    # Monotonic time of the newest reading in host_energy_j: rates over passes must
-    # divide by the span the energy was measured over, not by the pass times.
+    # Monotonic time host_energy_j is measured to (see Integrator.at): rates over passes
+    # must divide by the span the energy was measured over, not by the pass times.
     measured_at: float | None = None
 
 
@@ -88,6 +97,7 @@ class PowerMeter:
         self._rail_energy: dict[str, Integrator | Counter] = {}
         self._total_energy: dict[str, Integrator | Counter] = {}
         self._failing: set[str] = set()
+        self._host_energy = 0.0  # as last reported: never backwards
 
     def _read(self, source: PowerSource, now: float) -> PowerReading | None:
         try:
@@ -149,9 +159,20 @@ class PowerMeter:
         complete = len(powers) == len(self._contributing) and None not in powers
         host_power = sum(p for p in powers if p is not None) if complete else None
         # Summed over every contributing counter, read this pass or not: a source
-        # missing one pass must not make the host's energy go backwards.
-        counters = [t.joules for n, t in self._total_energy.items() if n in self._contributing]
-        host_energy = sum(counters) if counters else None
+        # missing one pass must not make the host's energy go backwards. Integrated
+        # ones count up to now (see Integrator.at), so the energy is measured to the
+        # pass's own time; a later reading's trapezoid may come in lower than that
+        # estimate, so the total is held where it was until it catches up.
+        counters = [
+            c.at(now) if isinstance(c, Integrator) else c.joules
+            for n, c in self._total_energy.items()
+            if n in self._contributing
+        ]
+        host_energy = None
+        if counters:
+            host_energy = self._host_energy = max(self._host_energy, sum(counters))
+            if any(isinstance(c, Integrator) for c in self._total_energy.values()):
+                measured_at = now
         return PowerSnapshot(
             host_power_w=host_power,
             host_energy_j=host_energy,
