@@ -252,3 +252,34 @@ def test_without_cap_net_admin_the_daemon_runs_and_says_last_sample(
     )  # fmt: skip
     warnings = [x for x in doctor.stdout.splitlines() if "CAP_NET_ADMIN" in x]
     assert len(warnings) == 1 and warnings[0].startswith("warn"), doctor.stdout
+
+
+TRACKED = """
+import json, time
+from edgewatt import client
+
+@client.track("step")
+def step():
+    end = time.process_time() + 0.01
+    while time.process_time() < end:
+        pass
+
+started = time.monotonic()
+for _ in range(20):
+    step()
+elapsed = time.monotonic() - started
+print(json.dumps({"elapsed": elapsed, "calls": [m._asdict() for m in step.track.measurements]}))
+"""
+
+
+def test_a_short_tracked_call_never_waits_for_a_pass(daemon_factory: Any) -> None:
+    # Twenty 10 ms calls at a 5 s interval: waiting for a regular pass would take
+    # minutes; each call's edges are samples taken at once instead.
+    daemon = daemon_factory(interval=5.0)
+    out = _run(daemon, TRACKED)
+    assert out["elapsed"] < 2.0
+    assert len(out["calls"]) == 20
+    for call in out["calls"]:
+        assert 0.0 <= call["cpu_s"] <= 0.05  # /proc ticks are 10 ms
+        assert call["duration_s"] < 0.1
+    assert sum(c["cpu_s"] for c in out["calls"]) == pytest.approx(0.2, abs=0.06)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import threading
@@ -279,3 +280,35 @@ def test_monitor_goes_on_when_the_daemon_disappears(daemon_factory: Any, tmp_pat
     time.sleep(1.2)
     monitor.stop()
     assert monitor.summary()["samples"] >= before + 4  # sampling in-process since
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["thread", "process"])
+def test_a_monitor_keeps_its_own_interval_with_a_slow_daemon(
+    variant: Any, daemon_factory: Any, tmp_path: Path
+) -> None:
+    # The daemon samples every 5 s; the monitor asks for a fresh sample every 0.5 s.
+    daemon = daemon_factory(interval=5.0)
+    path = tmp_path / "m.jsonl"
+    monitor = variant.FileMonitor(file=str(path), interval=0.5, socket=daemon.socket)
+    monitor.start()
+    time.sleep(2.6)
+    monitor.stop()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert lines[0]["source"] == "daemon" and lines[0]["interval_s"] == 0.5
+    times = [x["timestamp"] for x in lines if x["type"] == "sample"]
+    assert len(times) >= 4, times
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(0.35 < g < 0.75 for g in gaps), gaps
+
+
+def test_the_daemons_minimum_interval_bounds_a_monitor(daemon_factory: Any, tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("min_interval: 0.3\n")
+    daemon = daemon_factory(interval=5.0, extra_args=["--config", str(tmp_path / "c.yaml")])
+    path = tmp_path / "m.jsonl"
+    monitor = thread_monitor.FileMonitor(file=str(path), interval=0.05, socket=daemon.socket)
+    monitor.start()
+    assert monitor.interval == 0.3  # the interval really used, as the header says
+    time.sleep(1.0)
+    monitor.stop()
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["interval_s"] == 0.3
