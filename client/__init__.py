@@ -121,7 +121,7 @@ class Registration:
         from edgewatt.client._readings import reading_from_api, reading_from_snapshot
 
         def daemon() -> Any:
-            target = self._daemon("GET", "")
+            target = self._daemon("GET", "?fresh=1")  # sampled now, at the caller's cadence
             host = transport.call_ok(self.socket, "GET", "/v1/host")
             return reading_from_api(target, host)
 

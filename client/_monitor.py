@@ -68,25 +68,27 @@ def sampling_loop(
     if not source.active:  # the monitored process is already gone
         ready(f"cannot monitor pid {spec['pid']}: it is neither registered nor readable", {})
         return
+    # With the daemon, each read takes a fresh sample, at most once per its minimum.
+    interval = spec["interval"]
+    if source.mode == "daemon":
+        interval = max(interval, float(source.info.get("min_interval_s") or 0.0))
     recorder = Recorder(spec["metrics"])
     try:
         sink = make_sink(spec["sink"], spec["sink_options"])
-        sink.start(
-            header(spec["pid"], spec["labels"], spec["interval"], spec["metrics"], source.mode)
-        )
+        sink.start(header(spec["pid"], spec["labels"], interval, spec["metrics"], source.mode))
     except Exception as exc:  # reported to start(), which raises it in the caller
         source.close()
         ready(str(exc), {})
         return
     if shared is not None:
         shared["sink"] = sink
-    ready(None, {"port": getattr(sink, "port", None), "source": source.mode})
+    ready(None, {"port": getattr(sink, "port", None), "source": source.mode, "interval": interval})
     deadline = last_read = time.monotonic()
     first = True
     while True:
         # The last reading at stop is skipped when it would cover under half an
         # interval: a 10 ms clock tick over a short span makes a meaningless rate.
-        if stop.is_set() and not first and time.monotonic() - last_read < spec["interval"] / 2:
+        if stop.is_set() and not first and time.monotonic() - last_read < interval / 2:
             break
         first, last_read = False, time.monotonic()
         reading = source.reading()  # never raises; a failure is logged once
@@ -97,7 +99,7 @@ def sampling_loop(
                 sink.sample(sample, reading)
         if stop.is_set():
             break
-        deadline += spec["interval"]
+        deadline += interval
         stop.wait(max(0.0, deadline - time.monotonic()))
     sink.stop(recorder.summary())
     source.close()
@@ -220,6 +222,7 @@ class Monitor:
             raise OSError(error)
         self._worker = worker
         self.source = info.get("source")
+        self.interval = info.get("interval", self.interval)  # as really used
         if info.get("port"):
             self.port = info["port"]
 

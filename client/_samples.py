@@ -135,14 +135,24 @@ class Recorder:
         if "network_bytes_sent" in stats:
             result["total_network_bytes_sent"] = sum(stats["network_bytes_sent"])
             result["total_network_bytes_recv"] = sum(stats["network_bytes_recv"])
-        for key in ("power_vdd_in", *HEFLWR_RAILS):
-            if key in stats:
-                times = [s["timestamp"] for s in self.samples if key in s]
-                millijoules = _trapezoid(times, stats[key])
-                result[f"total_{key}"] = millijoules
-                result[f"energy_{key.removeprefix('power_')}_j"] = millijoules / 1000
         if "energy_j" in stats:
             result["energy_j"] = math.fsum(stats["energy_j"])  # the device's own counter
+        for key in ("power_vdd_in", *HEFLWR_RAILS):
+            if key not in stats:
+                continue
+            if key == "power_vdd_in" and "energy_j" in result:
+                # The board input is the device: one energy, from the device's counter.
+                millijoules = result["energy_j"] * 1000
+            else:  # from the first reading on: the first interval counts too
+                rail = HEFLWR_RAILS.get(key)
+                start = first.power_w if rail is None else first.rails_w.get(rail)
+                times = [s["timestamp"] for s in self.samples if key in s]
+                values = stats[key]
+                if start is not None:
+                    times, values = [first.time, *times], [start * 1000, *values]
+                millijoules = _trapezoid(times, values)
+            result[f"total_{key}"] = millijoules
+            result[f"energy_{key.removeprefix('power_')}_j"] = millijoules / 1000
         if "power_w" in stats and result["duration_s"] > 0:
             energy = result.get("energy_j", result.get("energy_vdd_in_j", 0.0))
             result["avg_power_w"] = energy / result["duration_s"]

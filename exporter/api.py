@@ -18,6 +18,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
@@ -158,6 +159,8 @@ class _Handler(BaseHTTPRequestHandler):
             if self._allow("GET", "DELETE") == "DELETE":
                 self._read_body()
                 return 200, table.delete(target_id, self.peer_uid).describe()
+            if parse_qs(parts.query).get("fresh") == ["1"]:
+                self._fresh(target_id)
             return 200, table.describe(target_id)
         if sub == "phase":
             # A phase's edges are samples: the pass taken here closes the phase that
@@ -187,6 +190,17 @@ class _Handler(BaseHTTPRequestHandler):
             "units": self.server.sample_units,
             "samples": table.samples(target_id, since),
         }
+
+    def _fresh(self, target_id: str) -> None:
+        """A sample of a running target younger than min_interval: a monitor's read at
+        its own cadence, whatever the daemon's interval."""
+        target = self.server.table.describe(target_id)
+        if target["state"] != "running":
+            return
+        latest = target["latest"]
+        if latest is not None and time.time() - latest["time"] < self.server.min_interval:
+            return
+        self.server.sample_now(target_id)
 
     def _allow(self, *methods: str) -> str:
         if self.command not in methods:
@@ -262,6 +276,7 @@ class _Handler(BaseHTTPRequestHandler):
             "start_time": info["start_time"],
             "labels": info["labels"],
             "children": info["children"],
+            "min_interval_s": self.server.min_interval,  # for monitors' fresh reads
         }
 
 
@@ -298,7 +313,9 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         sample_units: dict[str, str],
         proc: str = "/proc",
         sample_now: Callable[[str], Any] = lambda target_id: None,
+        min_interval: float = 0.1,
     ) -> None:
+        self.min_interval = min_interval  # seconds; a reload may change it
         self.table = table
         self.sample_now = sample_now  # a pass that starts after the call, waited for
         self.logical_cpus = logical_cpus

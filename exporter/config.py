@@ -36,11 +36,13 @@ class Config:
     socket: str = ""  # "" means default_socket()
     listen: tuple[str, int] = ("0.0.0.0", 9464)
     interval: float = 1.0
+    min_interval: float = 0.1
     state_dir: str = ""  # "" means default_state_dir()
     max_targets: int = 1000
     history_samples: int = 300
     exited_retention: float = 600.0
     series_rotation: int = 200
+    exact_exits: bool = True
     host_name: str = ""  # "" means the kernel's hostname
     proc_path: str = "/proc"
     log_level: str = "info"
@@ -212,6 +214,12 @@ KEYS: Mapping[str, Key] = {
         "seconds between samples (0.05 to 3600)",
         live=True,
     ),
+    "min_interval": Key(
+        _seconds(0.01, 3600),
+        "the shortest interval a monitor may sample its target at: a monitor's read takes a "
+        "fresh sample unless the latest is younger than this (0.01 to 3600)",
+        live=True,
+    ),
     "state_dir": Key(
         _path,
         "where registrations are persisted; unset: /var/lib/edgewatt as root, else "
@@ -236,6 +244,11 @@ KEYS: Mapping[str, Key] = {
         _count(1, 1_000_000),
         "with OTLP push: exited targets after which the OTel pipeline is rebuilt (bounded memory)",
         live=True,
+    ),
+    "exact_exits": Key(
+        _boolean,
+        "listen to the kernel's exit records and TCP destroy notifications, so a target's "
+        "figures end at its exit (needs CAP_NET_ADMIN; false: at the last pass before it)",
     ),
     "host_name": Key(
         _text,

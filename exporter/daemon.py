@@ -204,6 +204,10 @@ class Daemon:
         def interval() -> None:
             self.sampler.interval = c.interval
 
+        def min_interval() -> None:
+            if self.api is not None:
+                self.api.min_interval = c.min_interval
+
         def idle() -> None:
             self.sampler.attribution.set_idle(c.idle_power_w)
 
@@ -226,6 +230,7 @@ class Daemon:
         table: dict[str, tuple[Callable[[], None], ...]] = {
             "log_level": (log_level,),
             "interval": (interval,),
+            "min_interval": (min_interval,),
             "idle_power_w": (idle,),
             "baseline_window": (window,),
             "max_targets": (limits, otlp),  # the pipeline's cardinality limit follows it
@@ -283,6 +288,7 @@ class Daemon:
             "targets": len(snapshot.processes),
             "last_sample_age_s": round(time.time() - snapshot.time, 3),
             "interval_s": self.config.interval,
+            "min_interval_s": self.config.min_interval,
             "logical_cpus": self.sampler.logical_cpus,
             "power_sources": list(snapshot.power.sources) if snapshot.power else [],
             # Whether a target's figures end at its exit (the kernel's exit records and
@@ -309,7 +315,9 @@ class Daemon:
 
     def _start_exits(self) -> None:
         """The kernel's exit records (taskstats): a target's figures end at its exit,
-        not at the last pass. Needs CAP_NET_ADMIN, as the TCP destroy listener does."""
+        not at the last pass. Needs CAP_NET_ADMIN."""
+        if not self.config.exact_exits:
+            return
         try:
             # Kept for a few passes: an exit is matched at the pass after it.
             keep_s = max(10.0, 5 * self.config.interval)
@@ -323,7 +331,7 @@ class Daemon:
 
     def _start_network(self) -> None:
         try:
-            destroyed: DestroyListener | None = DestroyListener()
+            destroyed = DestroyListener() if self.config.exact_exits else None
         except OSError as exc:
             destroyed = None
             log.warning(
@@ -363,6 +371,7 @@ class Daemon:
             sample_units=SAMPLE_UNITS,
             proc=self.config.proc_path,
             sample_now=self.sampler.sample_now,
+            min_interval=self.config.min_interval,
         )
         self._spawn("api", self.api.serve_forever, 0.2)
         self._spawn("sampler", self.sampler.run, self.stop_event)

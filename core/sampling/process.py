@@ -349,13 +349,16 @@ class ProcessTree:
             read += max(m.totals[2], record.read_bytes)
             write += max(m.totals[3], record.write_bytes)
         if self.children:
+            # Born since the last pass, so after the listener if that pass was: their
+            # whole life is in the records (their btime is too coarse to tell).
+            young = self.last is not None and exits.complete(self.last.time)
             unseen = exits.exited_since(self.generation)
             grew = True
             while grew:  # parents exit after their children: close over the parent links
                 grew = False
                 for tgid, p in unseen.items():
                     if tgid not in known and p.ppid in known:
-                        if not exits.complete(p.start_time):
+                        if not young:
                             return None
                         known.add(tgid)
                         user, system = user + p.user_s, system + p.system_s
