@@ -77,78 +77,75 @@ class Sampler:
         self.snapshot = Snapshot(time=time.time(), sequence=0, host=None)
         # Passes on demand (sample_now): counted as started and done under _edge.
         self._pass_lock = threading.Lock()
-        self._edge = threading.Condition()
+        self._edge = threading.Lock()
         self._wake = threading.Event()
         self._started = self._done = 0
-        self._looping = False
         self._asked: set[str] | None = set()  # targets that asked for the next pass
+        self._closed = False
 
     def run(self, stop: threading.Event) -> None:
-        """Sample at a fixed cadence until ``stop`` is set (then call :meth:`wake`),
-        and at once whenever :meth:`sample_now` asks."""
+        """Sample at a fixed cadence until ``stop`` is set (then call :meth:`wake`).
+        Passes on demand (:meth:`sample_now`) run meanwhile in their callers' threads
+        and leave the cadence as it was."""
         deadline = time.monotonic()
-        with self._edge:
-            self._looping = True
         try:
             while not stop.is_set():
-                self._wake.clear()  # asks from now on want the pass after this one
-                scheduled = time.monotonic() >= deadline  # else an edge woke the loop
-                self._counted_pass(scheduled)
-                if scheduled:  # passes on demand leave the cadence as it was
-                    deadline += self.interval
-                    if deadline < time.monotonic():
-                        self._overruns += 1
-                        deadline = time.monotonic()  # skip missed ticks rather than burst
-                if self._wake.is_set():
-                    continue  # an edge asked during the pass: its own pass, at once
+                self._counted_pass(scheduled=True)
+                deadline += self.interval
+                if deadline < time.monotonic():
+                    self._overruns += 1
+                    deadline = time.monotonic()  # skip missed ticks rather than burst
                 self._wake.wait(max(0.0, deadline - time.monotonic()))
         finally:
-            with self._edge:
-                self._looping = False
-                self._edge.notify_all()
-            self.close()
+            with self._pass_lock:  # a pass on demand in another thread ends first
+                self.close()
 
     def wake(self) -> None:
-        """End the wait between passes now (for :meth:`sample_now`, or to stop)."""
+        """End the wait between passes now: to stop."""
         self._wake.set()
 
     def sample_now(self, target_id: str | None = None, timeout_s: float = 2.0) -> Snapshot:
         """A pass that starts after this call, and its snapshot: the edge of a
         registration, a phase or a monitor's read is then a sample, not the nearest
-        pass. Asks that come together share one pass, which adds a row to the history
-        of the targets that asked (``target_id``; None: every target) and leaves the
-        others' histories to the regular passes. Without the loop running (an
-        in-process sampler read at the caller's cadence), the pass runs here."""
+        pass. It runs in the caller's thread (no hand-off to the sampling thread: a
+        few hundred us for a few targets); asks that come together share one pass,
+        which adds a row to the history of the targets that asked (``target_id``;
+        None: every target) and leaves the others' to the regular passes."""
         with self._edge:
             if self._asked is not None:
                 if target_id is None:
                     self._asked = None
                 else:
                     self._asked.add(target_id)
-            if not self._looping:
-                return self._counted_pass(False)
             wanted = self._started + 1
-            self._wake.set()
-            self._edge.wait_for(
-                lambda: self._done >= wanted or not self._looping, timeout=timeout_s
-            )
-            return self.snapshot
+        if not self._pass_lock.acquire(timeout=timeout_s):
+            return self.snapshot  # a pass is stuck: the log says why; never block longer
+        try:
+            with self._edge:
+                if self._done >= wanted or self._closed:  # a pass after the ask is done
+                    return self.snapshot
+            return self._pass(scheduled=False)
+        finally:
+            self._pass_lock.release()
 
     def _counted_pass(self, scheduled: bool) -> Snapshot:
         with self._pass_lock:  # one pass at a time, whoever runs it
+            return self._pass(scheduled)
+
+    def _pass(self, scheduled: bool) -> Snapshot:
+        """One pass, with the pass lock held; a scheduled one records every target."""
+        with self._edge:
+            self._started += 1
+            asked, self._asked = self._asked, set()
+        try:
+            return self.sample_once(None if scheduled else asked)
+        except Exception:
+            # A bug in one pass must not end sampling for good; the log says what.
+            log.exception("sampling pass failed")
+            return self.snapshot
+        finally:
             with self._edge:
-                self._started += 1
-                asked, self._asked = self._asked, set()
-            try:
-                return self.sample_once(None if scheduled else asked)
-            except Exception:
-                # A bug in one pass must not end sampling for good; the log says what.
-                log.exception("sampling pass failed")
-                return self.snapshot
-            finally:
-                with self._edge:
-                    self._done += 1
-                    self._edge.notify_all()
+                self._done += 1
 
     def sample_once(self, record: set[str] | None = None) -> Snapshot:
         """One pass over every target; each gets a row in its history, or, with
@@ -409,6 +406,7 @@ class Sampler:
             self.network.forget(target_id)
 
     def close(self) -> None:
+        self._closed = True
         for target_id in list(self._trees):
             self._drop(target_id)
         if self.power is not None:
