@@ -83,14 +83,10 @@ def sampling_loop(
     if shared is not None:
         shared["sink"] = sink
     ready(None, {"port": getattr(sink, "port", None), "source": source.mode, "interval": interval})
-    deadline = last_read = time.monotonic()
-    first = True
+    deadline = time.monotonic()
     while True:
-        # The last reading at stop is skipped when it would cover under half an
-        # interval: a 10 ms clock tick over a short span makes a meaningless rate.
-        if stop.is_set() and not first and time.monotonic() - last_read < interval / 2:
-            break
-        first, last_read = False, time.monotonic()
+        # A last reading at stop, however soon after the previous one: the summary
+        # then ends at the call (its rate over a short span is coarse, its totals not).
         reading = source.reading()  # never raises; a failure is logged once
         if reading is not None:
             sample = recorder.observe(reading)

@@ -172,7 +172,8 @@ def test_registration_defaults_to_the_caller(daemon: DaemonProcess, spawn: Any) 
     status, body = json.loads(out.stdout)
     assert status == 201
     # The caller has exited by now; its pid was taken from SO_PEERCRED, not the body.
-    assert body["pid"] > 0 and set(body) == {"id", "pid", "start_time", "labels", "children"}
+    assert body["pid"] > 0
+    assert set(body) == {"id", "pid", "start_time", "labels", "children", "min_interval_s"}
 
 
 def test_same_process_twice_same_id_and_conflict(daemon: DaemonProcess, spawn: Any) -> None:
