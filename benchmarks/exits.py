@@ -1,11 +1,12 @@
 """What listening to every exit and every TCP close on the host costs the daemon.
 
 Two daemons run side by side in one run, both with one registered target (a sleeping
-process), one with ``exact_exits: true`` (the default: taskstats and TCP destroy
-listeners) and one with ``exact_exits: false``. A load generator meanwhile makes
-``--exits`` unrelated process exits and ``--connections`` unrelated loopback TCP
-connections per second, none of them the daemons' business. The cost is the
-difference in the daemons' CPU time over the window, as a share of one core.
+process that holds a TCP connection), one with ``exact_exits: true`` (the default:
+taskstats and TCP destroy listeners) and one with ``exact_exits: false``. A load
+generator meanwhile makes ``--exits`` unrelated process exits and ``--connections``
+unrelated loopback TCP connections per second, none of them the daemons' business.
+The cost is the difference in the daemons' CPU time over the window, as a share of
+one core.
 
     sudo .venv/bin/python benchmarks/exits.py [--seconds 20] [--exits 1000] [--connections 2000]
 
@@ -34,6 +35,14 @@ from edgewatt.core import transport  # noqa: E402
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+HOLDER = """
+import socket, sys, time
+conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+print("connected", flush=True)
+time.sleep(3600)
+"""
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -41,13 +50,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 def exits(rate: int, stop: threading.Event, count: list[int]) -> None:
-    """``rate`` short-lived processes a second: fork, exit, reap."""
+    """``rate`` short-lived processes a second: /bin/true, spawned (vfork) and reaped."""
     period = 1.0 / rate
     deadline = time.monotonic()
+    true = "/bin/true"
     while not stop.is_set():
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0)
+        pid = os.posix_spawn(true, [true], {})
         os.waitpid(pid, 0)
         count[0] += 1
         deadline += period
@@ -95,7 +103,13 @@ def main() -> None:
         raise SystemExit("run as root: taskstats needs CAP_NET_ADMIN")
 
     workdir = Path(tempfile.mkdtemp(prefix="edgewatt-exits-"))
-    sleeper = subprocess.Popen(["sleep", "3600"])
+    # The target holds a TCP connection: the destroy listener must listen (it leaves
+    # the multicast groups while no target holds a socket).
+    held = socket.create_server(("127.0.0.1", 0))
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(held.getsockname()[1])], stdout=subprocess.PIPE
+    )
+    assert sleeper.stdout is not None and sleeper.stdout.readline() == b"connected\n"
     daemons = {}
     for name, exact in (("with listeners", "true"), ("without", "false")):
         config = workdir / f"{exact}.yaml"
@@ -110,6 +124,7 @@ def main() -> None:
         assert status == 201, body
     try:
         health = transport.call_ok(daemons["with listeners"][1], "GET", "/healthz")
+        time.sleep(1.5)  # a pass has seen the target's connection
         assert health["exit_figures"] == "exact", health
         time.sleep(2.0)  # both settled
         stop = threading.Event()
@@ -135,6 +150,7 @@ def main() -> None:
             d.terminate()
             d.wait()
         sleeper.kill()
+        held.close()
     used = {n: after[n] - before[n] for n in daemons}
     extra = (used["with listeners"] - used["without"]) / window * 100
     results = {

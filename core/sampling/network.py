@@ -136,6 +136,17 @@ class NetworkAccounting:
                     account.closed_tx += last.bytes_acked
                     account.closed_rx += last.bytes_received
             result[target] = None if target in hidden and not account.live else account.totals()
+        if self.destroyed is not None:
+            self.destroyed.listen(
+                {cookie(s) for a in self._accounts.values() for s in a.live.values()}
+            )
+            # A socket first seen this pass that closed before the filter took it in
+            # has no final counts coming: say so rather than count it short unseen.
+            for inode, sock in fresh.items():
+                if self.diag.lookup(sock) is None and any(
+                    inode in a.live for a in self._accounts.values()
+                ):
+                    self._overflowed = True
         return result
 
     @property

@@ -17,6 +17,7 @@ and ``tcpi_bytes_received`` are the u64 at offsets 120 and 128 (Linux >= 4.1 and
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import socket
@@ -161,6 +162,7 @@ class SockDiag:
 
 SOL_NETLINK = 270
 NETLINK_ADD_MEMBERSHIP = 1
+NETLINK_DROP_MEMBERSHIP = 2
 # sock_diag multicast groups: every TCP socket the host destroys, IPv4 and IPv6.
 SKNLGRP_INET_TCP_DESTROY = 1
 SKNLGRP_INET6_TCP_DESTROY = 3
@@ -194,6 +196,37 @@ def parse_destroyed(data: bytes, cookies: set[bytes]) -> list[TcpSocket]:
     return found
 
 
+SO_ATTACH_FILTER = 26
+MAX_FILTERED = 800  # five BPF instructions each, under the kernel's 4,096
+_BPF = struct.Struct("=HBBI")  # struct sock_filter: code, jt, jf, k
+_LD_W_ABS, _JEQ_K, _RET_K = 0x20, 0x15, 0x06
+# A destroy notification: nlmsghdr (16), inet_diag_msg's socket id at 4 in it, whose
+# cookie is its last 8 bytes: two words at 60 and 64 (BPF loads them big-endian).
+_COOKIE_WORDS = (16 + _ID_OFFSET + _ID_LEN - 8, 16 + _ID_OFFSET + _ID_LEN - 4)
+
+
+def _cookie_filter(cookies: frozenset[bytes] | None) -> ctypes.Array:
+    """A classic BPF program that keeps the notifications of these cookies (all when
+    None: too many to list) and drops the rest, as the kernel's sock_filter array."""
+    code: list[tuple[int, int, int, int]] = []
+    if cookies is None:
+        code.append((_RET_K, 0, 0, 0xFFFFFFFF))
+    else:
+        for c in sorted(cookies):
+            low, high = int.from_bytes(c[:4], "big"), int.from_bytes(c[4:], "big")
+            code += [
+                (_LD_W_ABS, 0, 0, _COOKIE_WORDS[0]),
+                (_JEQ_K, 0, 3, low),
+                (_LD_W_ABS, 0, 0, _COOKIE_WORDS[1]),
+                (_JEQ_K, 0, 1, high),
+                (_RET_K, 0, 0, 0xFFFFFFFF),
+            ]
+        code.append((_RET_K, 0, 0, 0))
+    program = (ctypes.c_uint64 * len(code))()
+    ctypes.memmove(program, b"".join(_BPF.pack(*i) for i in code), 8 * len(code))
+    return program
+
+
 class DestroyListener:
     """Every TCP socket the host destroys, with its final counts (sock_diag's destroy
     multicast groups): the last bytes of a connection that closed right after its
@@ -203,10 +236,13 @@ class DestroyListener:
 
     def __init__(self) -> None:
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+        self.listening = False
+        self._filtered: frozenset[bytes] | None = None
+        self._program: ctypes.Array = _cookie_filter(None)
         try:
             self._sock.bind((0, 0))
-            for group in (SKNLGRP_INET_TCP_DESTROY, SKNLGRP_INET6_TCP_DESTROY):
-                self._sock.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, group)
+            self.listen({b"\0" * 8})  # refused here, at start, where it can be said
+            self.listen(set())
             try:  # root may exceed rmem_max
                 self._sock.setsockopt(socket.SOL_SOCKET, 33, DESTROY_BUFFER)  # SO_RCVBUFFORCE
             except OSError:
@@ -215,6 +251,25 @@ class DestroyListener:
         except BaseException:
             self._sock.close()
             raise
+
+    def listen(self, cookies: set[bytes]) -> None:
+        """Listen for these sockets only. Every TCP close on the host is a notification:
+        with none wanted the listener leaves the groups; otherwise a socket filter in
+        the kernel drops every other socket's (a socket is only followed after a pass
+        has seen it, and the filter is set before that pass ends)."""
+        on = bool(cookies)
+        if on != self.listening:
+            option = NETLINK_ADD_MEMBERSHIP if on else NETLINK_DROP_MEMBERSHIP
+            for group in (SKNLGRP_INET_TCP_DESTROY, SKNLGRP_INET6_TCP_DESTROY):
+                self._sock.setsockopt(SOL_NETLINK, option, group)
+            self.listening = on
+        wanted = frozenset(cookies) if len(cookies) <= MAX_FILTERED else None
+        if on and wanted != self._filtered:
+            self._program = _cookie_filter(wanted)
+            address = ctypes.addressof(self._program)
+            fprog = struct.pack("HxxxxxxQ", len(self._program), address)
+            self._sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+            self._filtered = wanted
 
     def drain(self, cookies: set[bytes]) -> tuple[list[TcpSocket], bool]:
         """(the wanted sockets destroyed since the last drain, whether any
