@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from edgewatt.core.sampling import sockets, taskstats
+from edgewatt.core.sampling.netlink import drain
 from edgewatt.core.sampling.sockets import DestroyListener, SockDiag, cookie
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="taskstats needs CAP_NET_ADMIN")
@@ -77,6 +78,23 @@ def test_an_exit_record_has_the_processs_cpu_as_its_parent_counts_it() -> None:
     assert exits.complete(started)
     assert not exits.complete(exits.started - 1.0)  # started before the listener
     exits.close()
+
+
+@root_only
+def test_the_fixed_offset_reading_of_a_record_is_the_full_parse() -> None:
+    source = taskstats.TaskstatsSocket()
+    time.sleep(0.01)
+    pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
+    os.waitpid(pid, 0)
+    time.sleep(0.05)
+    datagrams, overflowed = drain(source._sock)
+    mine = [d for d in datagrams if any(r.tgid == pid for r in taskstats.parse(d))]
+    assert len(mine) == 1 and not overflowed
+    # Padding after the message sends the same datagram down the attribute walk.
+    assert taskstats.parse(mine[0]) == taskstats.parse(mine[0] + bytes(4))
+    (record,) = taskstats.parse(mine[0])
+    assert (record.pid, record.tgid, record.ppid) == (pid, pid, os.getpid())
+    source.close()
 
 
 def _pair(server: socket.socket) -> tuple[socket.socket, socket.socket]:

@@ -24,6 +24,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from edgewatt.core.sampling.netlink import drain, messages
+
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
 NLM_F_REQUEST = 0x1
@@ -72,21 +74,16 @@ def parse(data: bytes, wanted: set[int] | None) -> tuple[list[TcpSocket], bool, 
     """(sockets, done, error) from one netlink datagram; entries whose inode is not in
     ``wanted`` are skipped without decoding (None: keep all)."""
     found: list[TcpSocket] = []
-    offset = 0
-    while offset + _NLMSGHDR.size <= len(data):
-        length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
-        if length < _NLMSGHDR.size:
-            break
-        body = offset + _NLMSGHDR.size
+    for kind, body, end in messages(data):
         if kind == NLMSG_DONE:
             return found, True, 0
         if kind == NLMSG_ERROR:
             (code,) = struct.unpack_from("=i", data, body)
             return found, True, -code
-        if kind == SOCK_DIAG_BY_FAMILY and length >= _NLMSGHDR.size + _MSG_LEN:
+        if kind == SOCK_DIAG_BY_FAMILY and end - body >= _MSG_LEN:
             (inode,) = _U32.unpack_from(data, body + _INODE_OFFSET)
             if wanted is None or inode in wanted:
-                counts = _tcp_bytes(data, body + _MSG_LEN, offset + length)
+                counts = _tcp_bytes(data, body + _MSG_LEN, end)
                 if counts is not None:
                     found.append(
                         TcpSocket(
@@ -97,7 +94,6 @@ def parse(data: bytes, wanted: set[int] | None) -> tuple[list[TcpSocket], bool, 
                             bytes_received=counts[1],
                         )
                     )
-        offset += _align(length)
     return found, False, 0
 
 
@@ -179,20 +175,14 @@ def parse_destroyed(data: bytes, cookies: set[bytes]) -> list[TcpSocket]:
     """The destroyed sockets in one datagram whose cookie is wanted (others skipped
     without decoding): their final counts."""
     found = []
-    offset = 0
-    while offset + _NLMSGHDR.size <= len(data):
-        length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
-        if length < _NLMSGHDR.size:
-            break
-        body = offset + _NLMSGHDR.size
-        if kind == SOCK_DIAG_BY_FAMILY and length >= _NLMSGHDR.size + _MSG_LEN:
+    for kind, body, end in messages(data):
+        if kind == SOCK_DIAG_BY_FAMILY and end - body >= _MSG_LEN:
             sockid = bytes(data[body + _ID_OFFSET : body + _ID_OFFSET + _ID_LEN])
             if sockid[_COOKIE] in cookies:
-                counts = _tcp_bytes(data, body + _MSG_LEN, offset + length)
+                counts = _tcp_bytes(data, body + _MSG_LEN, end)
                 if counts is not None:
                     (inode,) = _U32.unpack_from(data, body + _INODE_OFFSET)
                     found.append(TcpSocket(inode, data[body], sockid, counts[0], counts[1]))
-        offset += _align(length)
     return found
 
 
@@ -274,20 +264,9 @@ class DestroyListener:
     def drain(self, cookies: set[bytes]) -> tuple[list[TcpSocket], bool]:
         """(the wanted sockets destroyed since the last drain, whether any
         notification was lost to an overflow)."""
-        found: list[TcpSocket] = []
-        overflowed = False
-        while True:
-            try:
-                data = self._sock.recv(1 << 16)
-            except BlockingIOError:
-                return found, overflowed
-            except OSError as exc:
-                if exc.errno != errno.ENOBUFS:
-                    raise
-                overflowed = True
-                continue
-            if cookies:
-                found.extend(parse_destroyed(data, cookies))
+        datagrams, overflowed = drain(self._sock)
+        found = [s for d in datagrams for s in parse_destroyed(d, cookies)] if cookies else []
+        return found, overflowed
 
     def close(self) -> None:
         self._sock.close()

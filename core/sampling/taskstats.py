@@ -21,12 +21,13 @@ by a test.
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 import struct
 import time
 from dataclasses import dataclass, field
+
+from edgewatt.core.sampling.netlink import drain, messages
 
 NETLINK_GENERIC = 16
 GENL_ID_CTRL = 0x10
@@ -124,21 +125,16 @@ def parse(data: bytes) -> list[TaskExit]:
         if length == len(data) and _VERSION.unpack_from(data, _FAST_STATS)[0] >= MIN_VERSION:
             return [_record(data, _FAST_STATS)]
     records = []
-    offset = 0
-    while offset + _NLMSGHDR.size <= len(data):
-        length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
-        if length < _NLMSGHDR.size:
-            break
-        if kind != NLMSG_ERROR:
-            body = offset + _NLMSGHDR.size + _GENLHDR.size
-            aggregate = _attrs(data, body, offset + length).get(TASKSTATS_TYPE_AGGR_PID)
-            if aggregate is not None:
-                stats = _attrs(data, *aggregate).get(TASKSTATS_TYPE_STATS)
-                if stats is not None and stats[1] - stats[0] >= _NEEDED:
-                    (version,) = _VERSION.unpack_from(data, stats[0])
-                    if version >= MIN_VERSION:
-                        records.append(_record(data, stats[0]))
-        offset += _align(length)
+    for kind, body, end in messages(data):
+        if kind == NLMSG_ERROR:
+            continue
+        aggregate = _attrs(data, body + _GENLHDR.size, end).get(TASKSTATS_TYPE_AGGR_PID)
+        if aggregate is not None:
+            stats = _attrs(data, *aggregate).get(TASKSTATS_TYPE_STATS)
+            if stats is not None and stats[1] - stats[0] >= _NEEDED:
+                (version,) = _VERSION.unpack_from(data, stats[0])
+                if version >= MIN_VERSION:
+                    records.append(_record(data, stats[0]))
     return records
 
 
@@ -218,19 +214,8 @@ class TaskstatsSocket:
 
     def drain(self) -> tuple[list[TaskExit], bool]:
         """(records waiting, whether the buffer overflowed since the last drain)."""
-        records: list[TaskExit] = []
-        overflowed = False
-        while True:
-            try:
-                data = self._sock.recv(1 << 16)
-            except BlockingIOError:
-                return records, overflowed
-            except OSError as exc:
-                if exc.errno != errno.ENOBUFS:
-                    raise
-                overflowed = True  # the kernel dropped records; the next recv goes on
-                continue
-            records.extend(parse(data))
+        datagrams, overflowed = drain(self._sock)
+        return [r for d in datagrams for r in parse(d)], overflowed
 
     def fileno(self) -> int:
         return self._sock.fileno()
