@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from edgewatt.core.sampling.network import NetworkAccounting
+from edgewatt.core.sampling.sockets import SockDiag
 from tests.conftest import DaemonProcess, copy_package, wait_for
 
 N = 3_000_000
@@ -306,3 +307,31 @@ def test_accounting_dumps_only_when_new_sockets_appear() -> None:
         conn.close()
         listener.close()
         accounting.close()
+
+
+def test_a_unix_socket_is_told_apart_without_a_tcp_dump() -> None:
+    diag = SockDiag()
+    unix_end, other_end = socket.socketpair()
+    tcp = socket.create_server(("127.0.0.1", 0))
+    try:
+        assert diag.is_unix(os.fstat(unix_end.fileno()).st_ino)
+        assert not diag.is_unix(os.fstat(tcp.fileno()).st_ino)
+    finally:
+        for s in (unix_end, other_end, tcp):
+            s.close()
+        diag.close()
+
+
+def test_a_client_of_the_daemon_costs_no_dump_per_request(spawn: Any) -> None:
+    # A process that opens a new Unix socket at every pass (as a client calling the
+    # daemon does) is told apart by one exact request each time, never a dump.
+    code = (
+        "import socket, time\nwhile True:\n    a, b = socket.socketpair()\n    time.sleep(0.02)\n"
+    )
+    child = spawn(code)
+    accounting = NetworkAccounting()
+    for _ in range(5):
+        accounting.sample({"t": (child.pid,)})
+        time.sleep(0.05)
+    assert accounting.dumps == 0
+    accounting.close()

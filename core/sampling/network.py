@@ -108,6 +108,9 @@ class NetworkAccounting:
         wanted = set().union(*held.values()) if held else set()
         self._not_tcp &= wanted  # forget inodes no longer held: they may be reused
         unknown = wanted - set(tracked) - self._not_tcp
+        unix = {inode for inode in unknown if self.diag.is_unix(inode)}
+        self._not_tcp |= unix
+        unknown -= unix
         fresh: dict[int, TcpSocket] = {}
         if unknown:
             self.dumps += 1
