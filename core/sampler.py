@@ -67,8 +67,8 @@ class Sampler:
         self._last_cpu: system.HostCpu | None = None
         self._failed: set[str] = set()
         self._exited: dict[str, float] = {}  # found exited this pass: target id -> when
-        # ... and how exact their exit sample is: ("exact" | "last-sample", peak RSS)
-        self._exit_modes: dict[str, tuple[str, int | None]] = {}
+        # ... whether their exit sample has the kernel's figures, and its peak RSS
+        self._exit_modes: dict[str, tuple[bool, int | None]] = {}
         self._overruns = 0
         self._errors = 0
         self._exits = 0
@@ -199,8 +199,16 @@ class Sampler:
         finally:
             # Marked only now, so a target the API calls exited is already gone from
             # what the exporters serve.
+            network_exact = self.network is None or self.network.exact
             for target_id, when in self._exited.items():
-                mode, rss_peak = self._exit_modes.pop(target_id, ("last-sample", None))
+                figures, rss_peak = self._exit_modes.pop(target_id, (False, None))
+                if figures and not network_exact:
+                    log.info(
+                        "target %s: a closed connection's final counts did not come (lost "
+                        "notifications): its TCP bytes end at the last pass that saw it",
+                        target_id,
+                    )
+                mode = "exact" if figures and network_exact else "last-sample"
                 self.table.mark_exited(target_id, when, exit_mode=mode, rss_peak_bytes=rss_peak)
             self._exited.clear()
         return snapshot
@@ -252,14 +260,24 @@ class Sampler:
         share of the energy up to the exit)."""
         last = tree.last
         if last is None:
+            log.info("target %s (pid %d) exited before its first sample", target.id, target.pid)
             return None
         figures = None
         if self.exits is not None:
             self.exits.update()  # an exit since this pass began
             figures = tree.exit_figures(self.exits)
-        exact = figures is not None and (self.network is None or self.network.exact)
+            if figures is None:
+                log.info(
+                    "target %s (pid %d): the kernel's exit records are incomplete "
+                    "(it started before the listener, or records were lost): its "
+                    "figures end at the last pass",
+                    target.id,
+                    target.pid,
+                )
+        # Whether its sockets' final counts all came is known after this pass's network
+        # accounting: the mode is settled when the exit is recorded (sample_once).
         self._exit_modes[target.id] = (
-            "exact" if exact else "last-sample",
+            figures is not None,
             figures.rss_peak_bytes if figures is not None else None,
         )
         if figures is None:

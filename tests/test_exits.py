@@ -174,7 +174,7 @@ def test_a_worker_that_exits_inside_one_interval_is_counted_to_the_kernels_figur
     worker = _run(daemon, WORKER, str(peer.port), str(tmp_path / "scratch"))
     summary = _summary_after_exit(daemon, worker["id"])
     assert peer.received == [PAYLOAD]
-    assert summary["exit"] == "exact"
+    assert summary["exit"] == "exact", (summary, daemon.log())
     # /proc counts CPU in 10 ms ticks, the kernel's exit records in ns.
     assert _cpu(summary) == pytest.approx(worker["cpu_s"], abs=0.03)
     assert _cpu(_phase(summary, "burn")) == pytest.approx(0.4, abs=0.03)
@@ -283,3 +283,66 @@ def test_a_short_tracked_call_never_waits_for_a_pass(daemon_factory: Any) -> Non
         assert 0.0 <= call["cpu_s"] <= 0.05  # /proc ticks are 10 ms
         assert call["duration_s"] < 0.1
     assert sum(c["cpu_s"] for c in out["calls"]) == pytest.approx(0.2, abs=0.06)
+
+
+MODEL = 4_000_000
+FL_CLIENT = """
+import json, os, resource, sys, time
+import grpc
+from edgewatt import client
+
+reg = client.register(labels={"run": "fl"}, fallback="never")
+channel = grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}")
+get_model = channel.unary_unary("/fl.Server/GetModel")
+put_update = channel.unary_unary("/fl.Server/PutUpdate")
+for _ in range(3):  # rounds: fetch the model, train, send the update
+    model = get_model(b"")
+    time.sleep(0.6)
+    put_update(bytes(reversed(model)))
+print(json.dumps({"id": reg.id}))
+sys.stdout.flush()
+os._exit(0)  # the last round's bytes went after the last pass that saw the channel
+"""
+
+
+def test_a_federated_client_over_grpc_holds_every_byte_of_model_after_exit(
+    daemon_factory: Any,
+) -> None:
+    from concurrent import futures
+
+    import grpc
+
+    received: list[int] = []
+
+    def get_model(request: bytes, context: Any) -> bytes:
+        return os.urandom(MODEL)
+
+    def put_update(request: bytes, context: Any) -> bytes:
+        received.append(len(request))
+        return b""
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "fl.Server",
+                {
+                    "GetModel": grpc.unary_unary_rpc_method_handler(get_model),
+                    "PutUpdate": grpc.unary_unary_rpc_method_handler(put_update),
+                },
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        daemon = daemon_factory(interval=0.5)
+        fl = _run(daemon, FL_CLIENT, str(port))
+        summary = _summary_after_exit(daemon, fl["id"])
+    finally:
+        server.stop(None)
+    assert received == [MODEL] * 3
+    assert summary["exit"] == "exact"
+    # Every byte of model both ways, plus HTTP/2 and gRPC framing (well under 1 %).
+    for key in ("network_receive_bytes", "network_transmit_bytes"):
+        assert 3 * MODEL <= summary[key] <= 3 * MODEL * 1.01, (key, summary[key])

@@ -196,3 +196,25 @@ def test_heflwr_script_runs_unchanged(variant: str, tmp_path: Path) -> None:
     assert "'cpu_usage'" in detail_keys and "'network_bytes_sent'" in detail_keys
     assert "'avg_cpu_usage'" in summary_keys and "'total_network_bytes_recv'" in summary_keys
     assert (tmp_path / "log.txt").read_text().startswith('{"type": "header"')
+
+
+def test_a_monitors_device_energy_is_one_figure(daemon_factory: Any, tmp_path: Path) -> None:
+    # The board input rail and the device are one energy: from the device's counter.
+    daemon = daemon_factory(
+        interval=0.2,
+        extra_args=["--tegrastats", STAND_IN],
+        env={"FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor", "EDGEWATT_IDLE_POWER_W": "4"},
+    )
+    from edgewatt.client.thread_monitor import FileMonitor
+
+    monitor = FileMonitor(str(tmp_path / "m.jsonl"), 0.2, socket=daemon.socket)
+    monitor.set_metrics(power=True)
+    monitor.start()
+    time.sleep(1.5)
+    monitor.stop()
+    summary = monitor.summary()
+    assert summary["energy_j"] > 0
+    assert summary["energy_vdd_in_j"] == summary["energy_j"]
+    assert summary["total_power_vdd_in"] == pytest.approx(summary["energy_j"] * 1000)
+    # 16.802 W for the duration, to the sensor's 1 s lines and the first reading's edge.
+    assert summary["energy_j"] == pytest.approx(16.802 * summary["duration_s"], rel=0.05)

@@ -60,6 +60,7 @@ _IO = struct.Struct("=QQ")  # read_bytes, write_bytes at 248
 _BTIME64 = struct.Struct("=Q")  # ac_btime64 (unix s) at 344
 _TGID = struct.Struct("=I")  # ac_tgid at 368
 _NEEDED = 372
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # /proc's start times are in these
 RECEIVE_BUFFER = 8 << 20  # ~27,000 records: several seconds of 1,000 exits/s
 
 
@@ -172,6 +173,7 @@ class TaskstatsSocket:
             except OSError:
                 self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
             mask = f"0-{(cpus or os.cpu_count() or 1) - 1}".encode() + b"\0"
+            self.registered_at = time.time()  # every exit from here on is heard
             self._exchange(
                 _message(
                     family, TASKSTATS_CMD_GET, _attr(TASKSTATS_CMD_ATTR_REGISTER_CPUMASK, mask), 2
@@ -253,7 +255,7 @@ class TaskExits:
     def __init__(self, source: TaskstatsSocket, *, keep_s: float) -> None:
         self.source = source
         self.keep_s = keep_s
-        self.started = time.time()
+        self.started = source.registered_at
         self.generation = 0  # update() calls so far
         self.overflows = 0  # updates that found the buffer had overflowed
         self._incomplete_until = 0.0  # monotonic: records before this may be missing
@@ -269,7 +271,9 @@ class TaskExits:
             self._incomplete_until = now + RUNNING_KEEP_S
         for r in records:
             p = self._processes.get(r.tgid)
-            if p is None or p.leader_exited:  # a new process, or its tgid reused
+            # A new process; or its tgid reused, which a second leader shows (threads
+            # of a process may exit after its leader: they still count to it).
+            if p is None or (p.leader_exited and r.pid == r.tgid):
                 p = self._processes[r.tgid] = ExitedProcess(r.ppid, r.start_time)
             p.user_s += r.user_us / 1e6
             p.system_s += r.system_us / 1e6
@@ -289,10 +293,12 @@ class TaskExits:
             del self._processes[tgid]
 
     def complete(self, start_time: float) -> bool:
-        """Whether every thread record of a process started at ``start_time`` (unix s;
-        a record's btime is floored to the second, which errs on the safe side) arrived:
-        it started after the listener, and no overflow may have dropped any."""
-        return start_time >= self.started and time.monotonic() >= self._incomplete_until
+        """Whether every thread record of a process started at ``start_time`` (unix s,
+        floored: to /proc's 10 ms ticks, or to the second of a record's btime) arrived:
+        it started after the listener (one tick's allowance for the flooring), and no
+        overflow may have dropped any."""
+        started_after = start_time + TICK_S >= self.started
+        return started_after and time.monotonic() >= self._incomplete_until
 
     def exited(self, pid: int, start_time: float) -> ExitedProcess | None:
         """The exited process ``pid`` started at ``start_time`` (to 1 s), or None."""
