@@ -97,7 +97,11 @@ def plot(samples: list[dict[str, Any]], phases: list[dict[str, Any]], out: str) 
     fig, axes = plt.subplots(
         len(panels), 1, sharex=True, figsize=(9, 2.2 * len(panels)), squeeze=False
     )
-    ends = [p["timestamp"] for p in phases[1:]] + [samples[-1]["timestamp"] if samples else t0]
+    # Each phase ends where the next begins; the last at the last sample. A file
+    # without phases (every file `edgewatt run` writes) shades nothing.
+    ends = [p["timestamp"] for p in phases[1:]]
+    if phases:
+        ends.append(samples[-1]["timestamp"] if samples else t0)
     for ax, (key, label, scale) in zip(axes[:, 0], panels, strict=True):
         points = [(s["timestamp"] - t0, s[key] * scale) for s in samples if key in s]
         ax.plot([x for x, _ in points], [y for _, y in points], linewidth=1.2)
