@@ -153,9 +153,19 @@ class Recorder:
                 millijoules = _trapezoid(times, values)
             result[f"total_{key}"] = millijoules
             result[f"energy_{key.removeprefix('power_')}_j"] = millijoules / 1000
-        if "power_w" in stats and result["duration_s"] > 0:
+        if "power_w" in stats:
+            # Over the time the energy was measured: the device may start reporting
+            # after the run began (a daemon that just started, a sensor's first line).
+            times = [first.time] + [s["timestamp"] for s in self.samples]
+            measured = (
+                math.fsum(t1 - t0 for t0, t1, s in zip(times, times[1:], self.samples, strict=False)
+                          if "energy_j" in s)
+                if "energy_j" in result
+                else result["duration_s"]
+            )  # fmt: skip
             energy = result.get("energy_j", result.get("energy_vdd_in_j", 0.0))
-            result["avg_power_w"] = energy / result["duration_s"]
+            if measured > 0:
+                result["avg_power_w"] = energy / measured
         if (
             self.metrics["power"]
             and last.process_energy_j is not None
