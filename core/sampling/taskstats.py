@@ -219,9 +219,6 @@ class TaskstatsSocket:
         datagrams, overflowed = drain(self._sock)
         return [r for d in datagrams for r in parse(d)], overflowed
 
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
     def close(self) -> None:
         self._sock.close()
 
