@@ -127,8 +127,13 @@ class Recorder:
             start_time=first.time, end_time=last.time, duration_s=round(last.time - first.time, 3)
         )
         if "cpu_usage" in stats:
-            result["avg_cpu_usage"] = _mean(stats["cpu_usage"])
-            result["cpu_time_s"] = round(last.cpu_time_s - first.cpu_time_s, 3)
+            cpu_s = last.cpu_time_s - first.cpu_time_s
+            # Weighted by time, not a mean of samples: the reading taken at stop()
+            # closes a short interval whose percentage is dominated by clock-tick
+            # rounding (one 10 ms tick over 20 ms reads 50 %).
+            span = last.time - first.time
+            result["avg_cpu_usage"] = cpu_s / span * 100 if span > 0 else 0.0
+            result["cpu_time_s"] = round(cpu_s, 3)
         if "memory_usage" in stats:
             result["avg_memory_usage"] = _mean(stats["memory_usage"])
             result["memory_rss_peak_bytes"] = max(stats["memory_rss_bytes"])

@@ -313,3 +313,21 @@ def test_the_daemons_minimum_interval_bounds_a_monitor(daemon_factory: Any, tmp_
     monitor.stop()
     header = json.loads(path.read_text().splitlines()[0])
     assert header["interval_s"] == 0.3
+
+
+def test_average_cpu_is_weighted_by_time_not_a_mean_of_samples() -> None:
+    # Two 1 s intervals at 100 % and the 20 ms closing interval read at stop(), in which
+    # clock-tick rounding counted 30 ms (150 %): the average is CPU seconds over wall
+    # seconds, 2.03 / 2.02 s, not (100 + 100 + 150) / 3.
+    from edgewatt.client._samples import Reading, Recorder
+
+    def reading(t: float, cpu: float) -> Reading:
+        return Reading(t, cpu, 0.0, 100 * 2**20, 8 * 2**30, None, None)
+
+    recorder = Recorder({"cpu": True, "memory": True, "network": False, "power": False})
+    for t, cpu in [(10.0, 5.0), (11.0, 6.0), (12.0, 7.0), (12.02, 7.03)]:
+        recorder.observe(reading(t, cpu))
+    assert recorder.stats()["cpu_usage"] == pytest.approx([100.0, 100.0, 150.0])
+    summary = recorder.summary()
+    assert summary["cpu_time_s"] == 2.03
+    assert summary["avg_cpu_usage"] == pytest.approx(2.03 / 2.02 * 100)
