@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from edgewatt.core import transport
@@ -12,30 +14,48 @@ from edgewatt.core.carbon import resolve_carbon
 from edgewatt.core.sampling import procfs
 from edgewatt.exporter.config import Config
 
-Check = Callable[[Config], tuple[str, str]]  # (ok | warn | FAIL, explanation)
 
 
-def daemon_answers(config: Config) -> tuple[str, str]:
-    try:
-        health = transport.call_ok(config.socket, "GET", "/healthz", timeout=1.0)
-    except (OSError, transport.DaemonError) as exc:
+@dataclass(frozen=True)
+class Context:
+    """What every check may read: the config, and the daemon found (looked up once)."""
+
+    config: Config
+    found: transport.Found
+    health: dict[str, Any] | None  # the daemon's /healthz; None when none answers
+
+
+Check = Callable[[Context], tuple[str, str]]  # (ok | warn | FAIL, explanation)
+
+
+def look_up(config: Config, socket_path: str | None) -> Context:
+    found = transport.find_daemon(socket_path)
+    health = None
+    if found.path is not None:
+        try:
+            health = transport.call_ok(found.path, "GET", "/healthz", timeout=1.0)
+        except (OSError, transport.DaemonError) as exc:
+            found = transport.Found(None, f"{found.looked}: {exc}")
+    return Context(config, found, health)
+
+
+def daemon_answers(ctx: Context) -> tuple[str, str]:
+    if ctx.health is None:
         return "FAIL", (
-            f"no daemon at {config.socket} ({exc}); start it: sudo systemctl start edgewatt, "
-            "or edgewatt serve"
+            f"no daemon answering; looked at {ctx.found.looked}; start it: "
+            "sudo systemctl start edgewatt, or edgewatt serve"
         )
-    sources = ", ".join(health.get("power_sources") or []) or "none"
-    return (
-        "ok",
-        f"daemon answering at {config.socket}: {health['targets']} targets, power: {sources}",
+    sources = ", ".join(ctx.health.get("power_sources") or []) or "none"
+    return "ok", (
+        f"daemon answering at {ctx.found.looked}: {ctx.health['targets']} targets, "
+        f"power: {sources}"
     )
 
 
-def exact_exits(config: Config) -> tuple[str, str]:
-    try:
-        health = transport.call_ok(config.socket, "GET", "/healthz", timeout=1.0)
-    except (OSError, transport.DaemonError):
+def exact_exits(ctx: Context) -> tuple[str, str]:
+    if ctx.health is None:
         return "ok", "exact exit figures: checked once a daemon answers"
-    if health.get("exit_figures") == "exact":
+    if ctx.health.get("exit_figures") == "exact":
         return "ok", "exact exit figures: a target's summary ends at its exit (CAP_NET_ADMIN)"
     return "warn", (
         "no exact exit figures: the daemon lacks CAP_NET_ADMIN, so what a target does after "
@@ -45,8 +65,10 @@ def exact_exits(config: Config) -> tuple[str, str]:
     )
 
 
-def other_users_visible(config: Config) -> tuple[str, str]:
-    if procfs.sees_other_users(config.proc_path):
+def other_users_visible(ctx: Context) -> tuple[str, str]:
+    if ctx.health is not None:
+        return "ok", "reading other users' processes: up to the daemon (its uid, its caps)"
+    if procfs.sees_other_users(ctx.config.proc_path):
         return "ok", "other users' /proc/PID/io and fds are readable"
     return "warn", (
         "only this user's processes can be fully read; run as root, or use the systemd "
@@ -54,10 +76,20 @@ def other_users_visible(config: Config) -> tuple[str, str]:
     )
 
 
-def power_sources(config: Config) -> tuple[str, str]:
+def power_sources(ctx: Context) -> tuple[str, str]:
     from edgewatt.core import power
     from edgewatt.core.power.source import PowerOptions
 
+    if ctx.health is not None:  # what the daemon reads, not what this user could
+        daemon = ctx.health.get("power_sources") or []
+        if daemon:
+            return "ok", f"power sources (the daemon's): {', '.join(daemon)}"
+        return "warn", (
+            "the daemon found no power source: on Jetson check /sys/bus/i2c/drivers/ina3221* "
+            "or the tegrastats path in its config; on x86 RAPL needs root; NVIDIA GPUs need "
+            "pip install 'edgewatt[nvidia]' in the daemon's environment"
+        )
+    config = ctx.config
     found = power.discover(
         PowerOptions(
             interval_s=config.interval,
@@ -75,10 +107,14 @@ def power_sources(config: Config) -> tuple[str, str]:
             "pip install 'edgewatt[nvidia]'"
         )
     total = next((s.name for s in found if s.board), None) or " + ".join(s.name for s in found)
-    return "ok", f"power sources: {', '.join(s.name for s in found)}; device total from {total}"
+    return "ok", (
+        f"power sources (none running; as this user): {', '.join(s.name for s in found)}; "
+        f"device total from {total}"
+    )
 
 
-def metrics_port(config: Config) -> tuple[str, str]:
+def metrics_port(ctx: Context) -> tuple[str, str]:
+    config = ctx.config
     host, port = config.listen
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         try:
@@ -101,7 +137,8 @@ def metrics_port(config: Config) -> tuple[str, str]:
     return "ok", f"port {port} is free for /metrics"
 
 
-def otlp_endpoint(config: Config) -> tuple[str, str]:
+def otlp_endpoint(ctx: Context) -> tuple[str, str]:
+    config = ctx.config
     if not config.otlp_endpoint:
         return "ok", "OTLP push not configured (optional: --otlp-endpoint URL)"
     parts = urlsplit(config.otlp_endpoint)
@@ -116,7 +153,8 @@ def otlp_endpoint(config: Config) -> tuple[str, str]:
     return "ok", f"OTLP endpoint {config.otlp_endpoint} reachable"
 
 
-def carbon_intensity(config: Config) -> tuple[str, str]:
+def carbon_intensity(ctx: Context) -> tuple[str, str]:
+    config = ctx.config
     chosen = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
     if chosen is None:
         return "ok", (
@@ -126,7 +164,8 @@ def carbon_intensity(config: Config) -> tuple[str, str]:
     return "ok", f"carbon intensity {chosen.g_per_kwh:g} gCO2e/kWh, {chosen.source}"
 
 
-def clock(config: Config) -> tuple[str, str]:
+def clock(ctx: Context) -> tuple[str, str]:
+    config = ctx.config
     now = time.time()
     boot = procfs.boot_time(config.proc_path)
     if time.gmtime(now).tm_year < 2025 or boot > now:
@@ -149,11 +188,14 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
-def run(config: Config) -> tuple[str, int]:
+def run(config: Config, socket_path: str | None = None) -> tuple[str, int]:
+    """Every check, one line each; exit status 1 when any failed. ``socket_path``: the
+    daemon to check (default: looked for as the client looks)."""
+    ctx = look_up(config, socket_path)
     lines, failed = [], 0
     for check in CHECKS:
         try:
-            verdict, text = check(config)
+            verdict, text = check(ctx)
         except Exception as exc:  # a check that breaks is itself a finding
             verdict, text = "FAIL", f"{check.__name__} could not run: {exc}"
         failed += verdict == "FAIL"

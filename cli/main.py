@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     uninstall.add_argument("--root", default="/", help=argparse.SUPPRESS)
     doctor = sub.add_parser("doctor", help="check this machine, one line per finding")
     doctor.add_argument("--config", metavar="PATH", help="YAML config (default: none)")
-    doctor.add_argument("--socket", metavar="PATH")
+    doctor.add_argument("--socket", metavar="PATH", help="the daemon to check (default: found)")
 
     config = sub.add_parser("config", help="configuration helpers")
     config.add_argument("what", choices=["example"], help="example: every key, its default")
@@ -111,12 +111,19 @@ def _status(args: argparse.Namespace) -> int:
     from edgewatt.cli.status import render
     from edgewatt.core import transport
 
-    path = args.socket or transport.default_socket()
+    found = transport.find_daemon(args.socket)
+    if found.path is None:
+        print(
+            f"edgewatt status: no daemon answering; looked at {found.looked}. Start one: "
+            "sudo systemctl start edgewatt, or edgewatt serve",
+            file=sys.stderr,
+        )
+        return 1
     try:
-        targets = transport.call_ok(path, "GET", "/v1/targets")["targets"]
-        health = transport.call_ok(path, "GET", "/healthz")
+        targets = transport.call_ok(found.path, "GET", "/v1/targets")["targets"]
+        health = transport.call_ok(found.path, "GET", "/healthz")
     except (OSError, transport.DaemonError) as exc:
-        print(f"edgewatt: no daemon answering at {path}: {exc}", file=sys.stderr)
+        print(f"edgewatt status: the daemon at {found.path} failed: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(targets, indent=2))
@@ -170,13 +177,13 @@ def _doctor(args: argparse.Namespace) -> int:
     from edgewatt.cli.doctor import run
     from edgewatt.exporter import config as config_mod
 
-    flags = {"socket": args.socket} if args.socket else {}
     try:
-        config = config_mod.build(args.config, os.environ, flags)
+        config = config_mod.build(args.config, os.environ, {})
     except config_mod.ConfigError as exc:
         print(f"FAIL  config: {exc}")
         return 1
-    text, code = run(config)
+    # With --config, the daemon that config describes; else looked for as clients do.
+    text, code = run(config, args.socket or (config.socket if args.config else None))
     print(text)
     return code
 

@@ -25,9 +25,17 @@ from typing import Any
 
 from edgewatt.client._track import Measurement, track
 from edgewatt.core import transport
-from edgewatt.core.transport import DaemonError, default_socket
+from edgewatt.core.transport import DaemonError, default_socket, find_daemon
 
-__all__ = ["DaemonError", "Measurement", "Registration", "default_socket", "register", "track"]
+__all__ = [
+    "DaemonError",
+    "Measurement",
+    "Registration",
+    "default_socket",
+    "find_daemon",
+    "register",
+    "track",
+]
 
 log = logging.getLogger(__name__)
 
@@ -204,12 +212,15 @@ class Registration:
         return transport.call_ok(self.socket, method, path, body)
 
     def _lost_daemon(self, why: str) -> None:
-        log.warning("edgewatt: the daemon at %s %s", self.socket, why)
         self.info = {}
+        why = f"the daemon at {self.socket} {why}"
         if self.fallback == "auto":
-            self._start_local()
+            self._start_local(why)
+        else:
+            log.warning("edgewatt: %s; pid %d is no longer monitored", why, self.pid)
 
-    def _start_local(self) -> None:
+    def _start_local(self, why: str | None = None) -> None:
+        """Sample in-process; ``why`` (no daemon, or which) goes into the one warning."""
         with self._lock:
             if self._local is not None:
                 return
@@ -225,9 +236,14 @@ class Registration:
                 )
                 self._local = local.start(thread=not self.sample_on_read)
             except Exception as exc:  # e.g. the pid has exited: stay inactive
-                log.warning("edgewatt: in-process monitoring unavailable: %s", exc)
+                log.warning(
+                    "edgewatt: %sin-process monitoring unavailable: %s",
+                    f"{why}; " if why else "",
+                    exc,
+                )
                 return
-        log.warning("edgewatt: monitoring pid %d in-process (no daemon)", self.pid)
+        if why is not None:  # fallback="always" asked for this: nothing to warn about
+            log.warning("edgewatt: %s; monitoring pid %d in-process", why, self.pid)
 
 
 def _summary(local: Any) -> dict[str, Any]:
@@ -270,10 +286,12 @@ def _register(
         raise TypeError("children must be a bool")
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
-    path = socket or default_socket()
     target_pid = pid or os.getpid()
     info = None
-    if fallback != "always":
+    why = "fallback='always'"
+    found = transport.Found(None, why) if fallback == "always" else transport.find_daemon(socket)
+    path = found.path or transport.candidates(socket)[0][0]
+    if found.path is not None:
         body: dict[str, Any] = {"children": children, "labels": labels or {}}
         if target_pid != os.getpid():
             body["pid"] = target_pid
@@ -282,13 +300,19 @@ def _register(
         except DaemonError as exc:
             if exc.status == 400 and exc.body.get("error") == "invalid labels":
                 raise ValueError(exc.body.get("detail")) from None
-            log.warning("edgewatt: registration refused: %s", exc)
+            why = f"the daemon at {path} refused the registration: {exc}"
         except OSError as exc:
-            if fallback == "never":
-                log.warning("edgewatt: no daemon at %s (%s); not monitored", path, exc)
+            why = f"the daemon at {path} stopped answering ({exc})"
+    else:
+        why = f"no daemon answering at {found.looked}"
     registration = Registration(
         path, target_pid, labels or {}, children, fallback, info, **local_options
     )
-    if info is None and fallback in ("auto", "always"):
-        registration._start_local()
+    if info is None:
+        if fallback == "never":
+            log.warning("edgewatt: %s; pid %d is not monitored", why, target_pid)
+        elif fallback == "auto":
+            registration._start_local(why)
+        else:
+            registration._start_local()
     return registration

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import struct
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 CONNECT_TIMEOUT_S = 0.25
 REQUEST_TIMEOUT_S = 0.5
 
+# Where the system service (the systemd unit, as root) listens.
+SYSTEM_SOCKET = "/run/edgewatt/edgewatt.sock"
 
-def default_socket() -> str:
-    """design.md: EDGEWATT_SOCKET, else /run as root, else XDG_RUNTIME_DIR, else temp."""
-    if os.environ.get("EDGEWATT_SOCKET"):
-        return os.environ["EDGEWATT_SOCKET"]
+
+def user_socket() -> str:
+    """This user's own daemon socket: the system one as root, else XDG_RUNTIME_DIR,
+    else the temp directory."""
     if current_uid() == 0:
-        return "/run/edgewatt/edgewatt.sock"
+        return SYSTEM_SOCKET
     if os.environ.get("XDG_RUNTIME_DIR"):
         return os.path.join(os.environ["XDG_RUNTIME_DIR"], "edgewatt.sock")
     import tempfile  # only here: it costs a few ms at import
@@ -25,9 +29,82 @@ def default_socket() -> str:
     return os.path.join(tempfile.gettempdir(), f"edgewatt-{current_uid()}.sock")
 
 
+def default_socket() -> str:
+    """Where `edgewatt serve` listens: EDGEWATT_SOCKET, else the user's own socket."""
+    return os.environ.get("EDGEWATT_SOCKET") or user_socket()
+
+
+class Found(NamedTuple):
+    """The outcome of looking for a daemon (a NamedTuple: dataclasses cost ~6 ms)."""
+
+    path: str | None  # the socket that answered; None when none did
+    looked: str  # where it looked, in order, and what each place said
+
+
+def candidates(explicit: str | None = None) -> list[tuple[str, str]]:
+    """(socket, why it is looked at), in order. A socket the caller names (argument or
+    EDGEWATT_SOCKET) is the only one: a named daemon is never silently swapped for
+    another. Otherwise the user's own daemon, then the system service."""
+    if explicit:
+        return [(explicit, "given")]
+    if os.environ.get("EDGEWATT_SOCKET"):
+        return [(os.environ["EDGEWATT_SOCKET"], "EDGEWATT_SOCKET")]
+    own = user_socket()
+    if own == SYSTEM_SOCKET:
+        return [(own, "the system service")]
+    return [(own, "your own daemon"), (SYSTEM_SOCKET, "the system service")]
+
+
+def find_daemon(explicit: str | None = None) -> Found:
+    """The first candidate socket whose server answers and may be trusted (root or
+    this user, checked before anything is sent)."""
+    looked = []
+    for path, why in candidates(explicit):
+        try:
+            _connect(path, CONNECT_TIMEOUT_S).close()
+        except OSError as exc:
+            looked.append(f"{path} ({why}): {_reason(exc)}")
+            continue
+        return Found(path, f"{path} ({why})")
+    return Found(None, "; ".join(looked))
+
+
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, UntrustedServer):
+        return exc.strerror
+    if exc.errno == errno.ENOENT:
+        return "no such socket"
+    if exc.errno == errno.ECONNREFUSED:
+        return "nobody listening (a stale socket)"
+    return exc.strerror or str(exc)
+
+
 def current_uid() -> int:
     """This process's user id; 0 where the OS has none (Windows: one user per client)."""
     return os.getuid() if hasattr(os, "getuid") else 0
+
+
+class UntrustedServer(PermissionError):
+    """The socket is served by another user: labels and pids are not sent to it."""
+
+
+def server_uid(sock: socket.socket) -> int | None:
+    """The uid of the process serving a connected Unix socket; None where the platform
+    cannot say (no SO_PEERCRED)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)[1]
+
+
+def _check_server(sock: socket.socket, path: str) -> None:
+    uid = server_uid(sock)
+    if uid is not None and uid not in (0, current_uid()):
+        # Another user listening where this user's daemon is expected (a shared temp
+        # directory): a squatter would see every label and pid.
+        raise UntrustedServer(
+            errno.EPERM, f"served by uid {uid}, neither root nor you: not trusted", path
+        )
 
 
 class DaemonError(Exception):
@@ -60,6 +137,7 @@ def _connect(path: str, timeout: float | None) -> socket.socket:
         try:
             sock.settimeout(limit)
             sock.connect(path)
+            _check_server(sock, path)
             sock.settimeout(timeout)
         except BlockingIOError:
             # A Unix socket answers EAGAIN at once when its backlog is full.

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -38,6 +39,21 @@ def copy_package(into: Path) -> None:
         )
     for p in into.rglob("*"):
         p.chmod(0o755 if p.is_dir() else 0o644)
+
+
+# For code run as another user, who cannot read root's venv.
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory any user can enter (pytest's tmp_path is private to root), holding
+    the package for PYTHONPATH."""
+    path = Path(tempfile.mkdtemp(prefix="edgewatt-test-"))
+    path.chmod(0o755)
+    copy_package(path)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def free_port() -> int:

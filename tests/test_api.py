@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, DaemonProcess, copy_package
+from tests.conftest import ROOT, SYSTEM_PYTHON, DaemonProcess
 
 NOBODY = 65534
-# The venv's interpreter may live under /root; any python3 runs the stdlib-only client.
-SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 
 
 def raw(sock_path: str, data: bytes, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
@@ -246,16 +241,6 @@ def test_stalled_client_is_cut_off_with_a_timeout(daemon: DaemonProcess) -> None
     assert 4 < waited < 10
     assert leftover.startswith(b"HTTP/1.1 408")
     assert b'"error": "request timed out"' in leftover
-
-
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    """A directory any user can enter (pytest's tmp_path is private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="edgewatt-test-"))
-    path.chmod(0o755)
-    copy_package(path)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _as_nobody(public: Path, sock_path: str, method: str, path: str, body: Any = None) -> Any:

@@ -79,8 +79,10 @@ def test_without_daemon_same_keys_one_warning(daemon: DaemonProcess, tmp_path: P
     assert set(a["summary"]["phases"][0]) == set(b["summary"]["phases"][0])
     assert a["stats"]["memory_rss_bytes"] > 0 and a["summary"]["samples"] >= 2
     warnings = [line for line in local.stderr.splitlines() if line.startswith("WARN")]
+    none = tmp_path / "none.sock"
     assert warnings == [
-        f"WARN edgewatt: monitoring pid {a['summary']['pid']} in-process (no daemon)"
+        f"WARN edgewatt: no daemon answering at {none} (given): no such socket; "
+        f"monitoring pid {a['summary']['pid']} in-process"
     ]
 
 

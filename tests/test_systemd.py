@@ -231,7 +231,10 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
     assert missing.returncode == 1
     lines = missing.stdout.splitlines()
     assert len(lines) == 8
-    assert lines[0].startswith("FAIL  no daemon at") and "systemctl start edgewatt" in lines[0]
+    assert lines[0] == (
+        f"FAIL  no daemon answering; looked at {tmp_path / 'none.sock'} (given): no such "
+        "socket; start it: sudo systemctl start edgewatt, or edgewatt serve"
+    )
     assert lines[1] == "ok    exact exit figures: checked once a daemon answers"
     assert lines[6].startswith("ok    no carbon intensity configured: no gCO2e figures")
     assert lines[7].startswith("ok    clock ")
@@ -246,10 +249,10 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
     )  # fmt: skip
     assert found.returncode == 0, found.stdout
     lines = found.stdout.splitlines()
-    assert lines[0].startswith(
-        f"ok    daemon answering at {daemon.socket}: 0 targets, power: tegrastats"
+    assert lines[0] == (
+        f"ok    daemon answering at {daemon.socket} (given): 0 targets, power: tegrastats"
     )
     assert lines[1].startswith("ok    exact exit figures: a target's summary ends at its exit")
-    assert lines[3] == "ok    power sources: tegrastats; device total from tegrastats"
+    assert lines[3] == "ok    power sources (the daemon's): tegrastats"
     assert lines[4] == f"ok    port {daemon.port} serves edgewatt's /metrics"
     assert lines[6].startswith("ok    carbon intensity 365.477 gCO2e/kWh, Germany 2021 average")
