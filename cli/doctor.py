@@ -15,7 +15,6 @@ from edgewatt.core.sampling import procfs
 from edgewatt.exporter.config import Config
 
 
-
 @dataclass(frozen=True)
 class Context:
     """What every check may read: the config, and the daemon found (looked up once)."""
@@ -47,8 +46,7 @@ def daemon_answers(ctx: Context) -> tuple[str, str]:
         )
     sources = ", ".join(ctx.health.get("power_sources") or []) or "none"
     return "ok", (
-        f"daemon answering at {ctx.found.looked}: {ctx.health['targets']} targets, "
-        f"power: {sources}"
+        f"daemon answering at {ctx.found.looked}: {ctx.health['targets']} targets, power: {sources}"
     )
 
 

@@ -141,7 +141,8 @@ status = subprocess.run([sys.executable, "-m", "edgewatt.cli", "status", "--json
 doctor = subprocess.run([sys.executable, "-m", "edgewatt.cli", "doctor"],
                         capture_output=True, text=True)
 metrics = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics").read().decode()
-print(json.dumps({"pid": os.getpid(), "uid": os.getuid(), "mode": reg.mode, "socket": reg.socket, "status": status.stdout,
+print(json.dumps({"pid": os.getpid(), "uid": os.getuid(), "mode": reg.mode,
+                  "socket": reg.socket, "status": status.stdout,
                   "status_rc": status.returncode, "doctor": doctor.stdout.splitlines()[0],
                   "metrics": metrics}))
 reg.close()
