@@ -10,8 +10,41 @@ from collections.abc import Sequence
 
 from edgewatt.core import __version__
 
+# Flags users reach for that edgewatt spells otherwise (other exporters' habits).
+FLAG_HINTS = {
+    "--port": "--listen HOST:PORT",
+    "--host": "--listen HOST:PORT",
+    "--bind": "--listen HOST:PORT",
+    "--web.listen-address": "--listen HOST:PORT",
+    "--labels": "--label KEY=VALUE",
+    "--out": "--output FILE.jsonl",
+}
 
-def _parser() -> argparse.ArgumentParser:
+
+def unknown_flags(extra: list[str], sub: argparse.ArgumentParser) -> str:
+    """What to say about flags a subcommand does not know: each with its closest."""
+    import difflib
+
+    known = [o for action in sub._actions for o in action.option_strings]
+    parts: list[str] = []
+    after_flag = False
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if not flag.startswith("-"):
+            if not after_flag:  # else it is the unknown flag's value
+                parts.append(f"unexpected argument {arg!r}")
+            after_flag = False
+            continue
+        after_flag = "=" not in arg
+        hint = FLAG_HINTS.get(flag)
+        if hint is None or hint.split()[0] not in known:
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            hint = close[0] if close else None
+        parts.append(f"unknown flag {flag}" + (f" (did you mean {hint}?)" if hint else ""))
+    return "; ".join(parts)
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="edgewatt", description="Measure what processes really cost on this device."
     )
@@ -76,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show the registered targets")
     status.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
     status.add_argument("--json", action="store_true", help="print the API's JSON")
-    return parser
+    return parser, sub.choices
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -196,7 +229,10 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser, subcommands = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the subcommand's usage, not the top level's
+        subcommands[args.command].error(unknown_flags(extra, subcommands[args.command]))
     handlers = {
         "serve": _serve,
         "status": _status,

@@ -18,6 +18,7 @@ from typing import Any
 
 from edgewatt.cli.report import summary_table
 from edgewatt.client._monitor import FileMonitor
+from edgewatt.core.labels import validate_labels
 
 FORWARDED = (
     signal.SIGINT,
@@ -30,13 +31,15 @@ FORWARDED = (
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
+    """--label KEY=VALUE pairs, checked by the daemon's own rule before the command
+    starts: a label the daemon would refuse is an error here, not a silent fallback."""
     labels = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--label must be KEY=VALUE, got {pair!r}")
         labels[key] = value
-    return labels
+    return validate_labels(labels)
 
 
 def run(

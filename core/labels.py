@@ -65,7 +65,10 @@ def validate_labels(labels: object) -> dict[str, str]:
             raise LabelError(f"label name {key[:40]!r}... is longer than {MAX_NAME_BYTES} bytes")
         name = prometheus_name(key)
         if name in RESERVED or name.startswith("__") or name.startswith("otel_"):
-            raise LabelError(f"label name {key!r} is reserved")
+            raise LabelError(
+                f"label name {key!r} is reserved: edgewatt or Prometheus sets {name!r} "
+                "on its series; choose another name"
+            )
         if name in seen:
             raise LabelError(f"label names {seen[name]!r} and {key!r} both export as {name!r}")
         if not isinstance(value, str):

@@ -16,6 +16,7 @@ import os
 import re
 import socket
 import socketserver
+import stat
 import struct
 import threading
 import time
@@ -369,8 +370,12 @@ def _refuse(request: socket.socket) -> None:
 
 def _clear_stale_socket(path: str) -> None:
     """Remove a socket file left by a crashed daemon; refuse if a live one answers."""
-    if not os.path.exists(path):
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
         return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(f"{path} exists and is not a socket; refusing to remove it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(0.5)
     try:

@@ -355,24 +355,37 @@ class Daemon:
             )
 
     def start(self) -> None:
+        # Both endpoints first: a port or socket in use fails here, before a power
+        # reader or a netlink listener was started (and would be left behind).
+        host, port = self.config.listen
+        try:
+            self.metrics_port = self.exposition.bind(host, port)
+        except OSError as exc:
+            raise StartError(
+                f"cannot listen for /metrics on {host}:{port}: {exc.strerror}; another "
+                "edgewatt or exporter has it? choose another with --listen HOST:PORT"
+            ) from exc
+        try:
+            self.api = ApiServer(
+                self.config.socket,
+                self.table,
+                logical_cpus=self.sampler.logical_cpus,
+                health=self.health,
+                host=lambda: host_document(self.sampler.snapshot),
+                sample_units=SAMPLE_UNITS,
+                proc=self.config.proc_path,
+                sample_now=self.sampler.sample_now,
+                min_interval=self.config.min_interval,
+            )
+        except OSError as exc:
+            self.exposition.shutdown()
+            raise StartError(f"cannot serve the API at {self.config.socket}: {exc}") from exc
         restored = self.restore()
         self._start_power()
         self._start_exits()
         self._start_network()
         self.sampler.sample_once()  # the first scrape already has data
-        host, port = self.config.listen
-        self.metrics_port = self.exposition.serve(host, port)
-        self.api = ApiServer(
-            self.config.socket,
-            self.table,
-            logical_cpus=self.sampler.logical_cpus,
-            health=self.health,
-            host=lambda: host_document(self.sampler.snapshot),
-            sample_units=SAMPLE_UNITS,
-            proc=self.config.proc_path,
-            sample_now=self.sampler.sample_now,
-            min_interval=self.config.min_interval,
-        )
+        self.exposition.serve()
         self._spawn("api", self.api.serve_forever, 0.2)
         self._spawn("sampler", self.sampler.run, self.stop_event)
         self.notifier.ready(self._status(self.sampler.snapshot))
@@ -414,6 +427,10 @@ MAX_OPEN_FILES = 1 << 20
 FILES_PER_TARGET = 4
 
 
+class StartError(Exception):
+    """The daemon cannot start; the message says what is in the way and the fix."""
+
+
 def raise_open_files_limit() -> int:
     """Lift the soft limit on open files to the hard one; returns the soft limit now.
 
@@ -450,9 +467,9 @@ def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:
     try:
         daemon = Daemon(config)
         daemon.start()
-    except OSError as exc:
+    except (StartError, OSError) as exc:
         log.error("cannot start: %s", exc)
-        return 1
+        return 2
 
     # The handlers only note the signal: a handler runs between two bytecodes of the
     # main thread and must take no lock (it may hold the very one). The wakeup fd

@@ -96,6 +96,7 @@ class Exposition:
         self._rendered: tuple[int, bytes, bytes | None] | None = None  # sequence, text, gzip
         self._lock = threading.Lock()
         self._httpd: _PooledServer | None = None
+        self._serving = False
 
     def update(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
@@ -159,16 +160,24 @@ class Exposition:
         self._numbers = numbers
         return "".join(out).encode()
 
-    def serve(self, host: str, port: int) -> int:
-        """Start the /metrics endpoint in a thread; returns the bound port."""
+    def bind(self, host: str, port: int) -> int:
+        """Bind and listen (connections wait in the backlog until serve()); returns the
+        bound port. A port in use raises OSError here, before anything else started."""
         self._httpd = _PooledServer((host, port), _handler(self))
-        threading.Thread(target=self._httpd.serve_forever, name="metrics", daemon=True).start()
         return int(self._httpd.server_address[1])
+
+    def serve(self) -> None:
+        """Answer /metrics from a thread."""
+        assert self._httpd is not None, "bind() first"
+        threading.Thread(target=self._httpd.serve_forever, name="metrics", daemon=True).start()
+        self._serving = True
 
     def shutdown(self) -> None:
         if self._httpd is not None:
-            self._httpd.shutdown()
+            if self._serving:  # shutdown() waits for serve_forever, which must run
+                self._httpd.shutdown()
             self._httpd.server_close()
+            self._httpd, self._serving = None, False
 
 
 class _LabelCache:
@@ -255,8 +264,9 @@ class _PooledServer(HTTPServer):
     workers = 4
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(address, handler)
+        # Before binding: a failed bind calls server_close(), which feeds the queue.
         self._queue: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
+        super().__init__(address, handler)
         for i in range(self.workers):
             threading.Thread(target=self._work, name=f"metrics-{i}", daemon=True).start()
 

@@ -241,7 +241,8 @@ def test_text_equals_the_otel_exporters_for_any_labels(
 @pytest.fixture
 def served() -> Iterator[tuple[Exposition, str]]:
     exposition = Exposition(RESOURCE)
-    port = exposition.serve("127.0.0.1", 0)
+    port = exposition.bind("127.0.0.1", 0)
+    exposition.serve()
     yield exposition, f"http://127.0.0.1:{port}"
     exposition.shutdown()
 

@@ -14,9 +14,12 @@ def test_valid_labels_pass_through() -> None:
 @pytest.mark.parametrize(
     ("labels", "message"),
     [
-        ({"job": "x"}, "label name 'job' is reserved"),
+        ({"job": "x"}, "label name 'job' is reserved: edgewatt or Prometheus sets 'job'"),
         ({"__meta": "x"}, "invalid label name '__meta'"),
-        ({"host.name": "x"}, "label name 'host.name' is reserved"),
+        (
+            {"host.name": "x"},
+            "label name 'host.name' is reserved: edgewatt or Prometheus sets 'host_name'",
+        ),
         ({"otel_scope": "x"}, "reserved"),
         ({"run.id": "a", "run_id": "b"}, "'run.id' and 'run_id' both export as 'run_id'"),
         ({"x" * 129: "v"}, "longer than 128 bytes"),
