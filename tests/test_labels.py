@@ -18,7 +18,7 @@ def test_valid_labels_pass_through() -> None:
         ({"__meta": "x"}, "invalid label name '__meta'"),
         (
             {"host.name": "x"},
-            "label name 'host.name' is reserved: edgewatt or Prometheus sets 'host_name'",
+            "'host.name' is reserved: edgewatt or Prometheus sets 'host_name'",
         ),
         ({"otel_scope": "x"}, "reserved"),
         ({"run.id": "a", "run_id": "b"}, "'run.id' and 'run_id' both export as 'run_id'"),
