@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from edgewatt.cli import service_env
 from edgewatt.exporter.config import KEYS, shown_default
 
 SYSTEM_UNIT = """[Unit]
@@ -150,12 +151,27 @@ def _systemctl(user: bool, *args: str) -> list[str]:
     return ["systemctl", *(["--user"] if user else []), *args]
 
 
-def install(root: Path, user: bool, dry_run: bool, out: TextIO = sys.stdout) -> int:
+def install(
+    root: Path,
+    user: bool,
+    dry_run: bool,
+    out: TextIO = sys.stdout,
+    hidden: tuple[str, ...] = service_env.HIDDEN,
+) -> int:
+    """Write the unit and a config (kept when one exists), then enable and start it.
+    ``hidden``: the folders the system unit's sandbox hides (tests widen it)."""
     unit_path, config_path, _ = _paths(root, user)
-    unit = render_unit(user)
+    why_copy = None if user else service_env.needs_copy(hidden)
+    env = root / service_env.SERVICE_ENV
+    if why_copy is None:
+        unit = render_unit(user)
+    else:
+        unit = render_unit(user, f"/{service_env.SERVICE_ENV}/bin/python -m edgewatt.cli")
     commands = [_systemctl(user, "daemon-reload"), _systemctl(user, "enable", "--now", "edgewatt")]
     write_config = not config_path.exists()
     if dry_run:
+        if why_copy is not None:
+            print(f"# would copy edgewatt and its dependencies into {env} ({why_copy})", file=out)
         print(f"# would write {unit_path}:", file=out)
         print(unit, file=out)
         if write_config:
@@ -166,6 +182,17 @@ def install(root: Path, user: bool, dry_run: bool, out: TextIO = sys.stdout) -> 
         for command in commands:
             print("# would run: " + " ".join(command), file=out)
         return 0
+    if why_copy is not None:
+        try:
+            copied = service_env.copy_environment(env, hidden)
+        except (service_env.CannotRelocate, OSError, subprocess.CalledProcessError) as exc:
+            print(f"edgewatt install-service: {why_copy}, and {exc}", file=sys.stderr)
+            return 1
+        print(
+            f"copied edgewatt and {copied - 1} dependencies into {env}: {why_copy}. "
+            "Run install-service again after upgrading edgewatt.",
+            file=out,
+        )
     unit_path.parent.mkdir(parents=True, exist_ok=True)
     unit_path.write_text(unit)
     print(f"wrote {unit_path}", file=out)
@@ -194,6 +221,9 @@ def uninstall(root: Path, user: bool, purge: bool, out: TextIO = sys.stdout) -> 
     if unit_path.exists():
         unit_path.unlink()
         print(f"removed {unit_path}", file=out)
+    env = root / service_env.SERVICE_ENV
+    if not user and service_env.remove_environment(env):
+        print(f"removed {env}", file=out)
     if str(root) == "/":
         subprocess.run(_systemctl(user, "daemon-reload"), capture_output=True)
     if purge:

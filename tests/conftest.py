@@ -86,13 +86,14 @@ class DaemonProcess:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     prefix: list[str] = field(default_factory=list)  # e.g. setpriv, to drop a capability
+    python: str = sys.executable  # another environment's interpreter
 
     def start(self) -> DaemonProcess:
         self.log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [
                 *self.prefix,
-                sys.executable,
+                self.python,
                 "-m",
                 "edgewatt.cli",
                 "serve",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import os
 import re
@@ -18,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from edgewatt.cli.service import render_unit
+from edgewatt.cli import service_env
+from edgewatt.cli.service import install, render_unit, uninstall
 from edgewatt.core.sampler import Sampler
 from edgewatt.core.sampling import procfs
 from edgewatt.core.targets import TargetTable
@@ -88,6 +91,44 @@ def test_install_into_a_root_never_overwrites_config_and_uninstall(tmp_path: Pat
     cli("install-service")
     cli("uninstall-service", "--purge")
     assert not config.parent.exists() and not (tmp_path / "var/lib/edgewatt").exists()
+
+
+def test_an_environment_the_sandbox_hides_is_copied_to_opt(
+    tmp_path: Path, daemon_factory: Any
+) -> None:
+    # As from a venv or pipx in a home directory: here the clone and this venv stand
+    # for the hidden folders. The copy must run the daemon on its own.
+    hidden = (str(ROOT), os.path.realpath(sys.prefix))
+    out = io.StringIO()
+    assert install(tmp_path, user=False, dry_run=False, out=out, hidden=hidden) == 0
+    env = tmp_path / "opt/edgewatt"
+    needed = len(service_env.dependency_closure()) - 1
+    assert needed >= 6  # the OTel SDK and exporters, psutil, PyYAML and theirs
+    assert out.getvalue().startswith(
+        f"copied edgewatt and {needed} dependencies into {env}: {sys.prefix} is under "
+    )
+    unit = (tmp_path / "etc/systemd/system/edgewatt.service").read_text()
+    assert "ExecStart=/opt/edgewatt/bin/python -m edgewatt.cli serve --config" in unit
+    python = str(env / "bin" / "python")
+    where = subprocess.run(
+        [python, "-c", "import edgewatt.core, psutil, yaml; print(edgewatt.core.__file__)"],
+        capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin"}, check=True,
+    )  # fmt: skip
+    assert where.stdout.startswith(str(env))
+    daemon = daemon_factory(python=python)
+    assert daemon.register(os.getpid())["pid"] == os.getpid()
+    assert 'service_name="edgewatt"' in daemon.metrics_text()
+    # Installing again replaces the copy; uninstalling removes it, and only it.
+    assert install(tmp_path, user=False, dry_run=False, out=out, hidden=hidden) == 0
+    assert uninstall(tmp_path, user=False, purge=False, out=out) == 0
+    assert not env.exists()
+    env.mkdir(parents=True)
+    (env / "mine").write_text("x")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert install(tmp_path, user=False, dry_run=False, out=out, hidden=hidden) == 1
+    assert f"{env} exists and was not made by edgewatt; move it away" in err.getvalue()
+    assert (env / "mine").exists()
 
 
 def test_config_example_lists_every_key_and_loads() -> None:
