@@ -1,25 +1,43 @@
 #!/bin/sh
-# The install path on a fresh Debian host, with systemd as PID 1: a Debian bookworm
-# root file system (debootstrap) booted in a systemd-nspawn container, where the
-# check below runs as a boot service: pip install edgewatt (this checkout),
-# `edgewatt install-service`, the notify/watchdog supervision (a daemon stopped with
-# SIGSTOP must be restarted), `edgewatt doctor`, a registration, the unit's exposure
-# level, `edgewatt uninstall-service`. Needs root, debootstrap and systemd-container
-# (apt-get install debootstrap systemd-container) and ~300 MB of downloads; not run
-# in CI for that reason. Set ROOTFS to reuse a root file system between runs.
+# The README's install paths on a fresh Debian host, with systemd as PID 1: a Debian
+# trixie root file system (debootstrap) booted in a systemd-nspawn container, where
+# the check below runs as a boot service. The checkout lies in a normal user's home
+# (/home/alice/edgewatt), and the service is installed three ways, each checked end
+# to end (active unit, alice's process seen in `edgewatt status` and on /metrics,
+# uninstall):
+#   venv         alice: python3 -m venv .venv && .venv/bin/pip install .
+#                        sudo .venv/bin/edgewatt install-service
+#   pipx         alice: pipx install ~/edgewatt; sudo ~/.local/bin/edgewatt install-service
+#   pipx-global  sudo pipx install --global ~alice/edgewatt; sudo edgewatt install-service
+# Once, with the venv: the notify/watchdog supervision (a daemon stopped with SIGSTOP
+# must be restarted) and the unit's exposure level.
+#
+# Needs root, debootstrap and systemd-container, and downloads (~300 MB of Debian
+# packages, edgewatt's dependencies from PyPI): not run in CI. The Debian mirror is the
+# host's own (its apt sources), or MIRROR. Set ROOTFS to reuse a root file system.
 #
 #     sudo deploy/systemd/container-check.sh
 set -eu
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 ROOTFS=${ROOTFS:-/var/lib/machines/edgewatt-check}
-if [ ! -x "$ROOTFS/usr/bin/python3" ]; then
-    debootstrap --variant=minbase \
-        --include=systemd,systemd-sysv,dbus,python3,python3-venv,ca-certificates \
-        bookworm "$ROOTFS" http://deb.debian.org/debian
+if [ -z "${MIRROR:-}" ]; then
+    # deb822 (URIs: ...) or one-line (deb URL suite ...) sources; the first Debian one.
+    MIRROR=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
+        /etc/apt/sources.list.d/*.sources 2>/dev/null |
+        sed -n -e 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' \
+            -e 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]*\).*/\2/p' |
+        grep -v -e security -e '^$' | head -n 1)
 fi
-rm -rf "$ROOTFS/src" "$ROOTFS/results" "$ROOTFS/opt/edgewatt" "$ROOTFS/usr/local/bin/edgewatt"
-mkdir -p "$ROOTFS/src" "$ROOTFS/results"
-(cd "$HERE" && git archive HEAD) | tar -x -C "$ROOTFS/src"
+[ -n "$MIRROR" ] || { echo "no Debian mirror in the apt sources: set MIRROR"; exit 2; }
+if [ ! -x "$ROOTFS/usr/bin/pipx" ]; then
+    debootstrap --variant=minbase \
+        --include=systemd,systemd-sysv,dbus,python3,python3-venv,pipx,sudo,curl,ca-certificates \
+        trixie "$ROOTFS" "$MIRROR"
+fi
+rm -rf "$ROOTFS/home/alice/edgewatt" "$ROOTFS/results" "$ROOTFS/opt/edgewatt" "$ROOTFS/opt/pipx"
+mkdir -p "$ROOTFS/home/alice/edgewatt" "$ROOTFS/results"
+(cd "$HERE" && git ls-files -z --cached --others --exclude-standard | xargs -0 tar -c) |
+    tar -x -C "$ROOTFS/home/alice/edgewatt"
 # The host's CA bundle: a TLS-inspecting proxy between this machine and PyPI.
 cp /etc/ssl/certs/ca-certificates.crt "$ROOTFS/etc/ssl/certs/host-ca.crt"
 cp /etc/resolv.conf "$ROOTFS/etc/resolv.conf" 2>/dev/null || true
@@ -28,22 +46,52 @@ cat > "$ROOTFS/check.sh" <<'CHECK'
 #!/bin/sh
 exec > /results/log.txt 2>&1
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CERT=/etc/ssl/certs/host-ca.crt
+id alice >/dev/null 2>&1 || useradd -m -s /bin/sh alice
+chown -R alice:alice /home/alice
+echo "alice ALL=(ALL) NOPASSWD: ALL" > /etc/sudoers.d/alice
 say() { echo "== $*"; }
-python3 -m venv /opt/edgewatt && /opt/edgewatt/bin/pip install -q /src || { echo "FAIL pip"; systemctl poweroff; exit; }
-ln -s /opt/edgewatt/bin/edgewatt /usr/local/bin/edgewatt
-say install; edgewatt install-service
-sleep 10
-say unit; systemctl show edgewatt -p Type -p ActiveState -p SubState -p WatchdogUSec -p NRestarts -p StatusText -p User
-say doctor; edgewatt doctor
-sleep 300 & TARGET=$!
-say register; /opt/edgewatt/bin/python -c "from edgewatt import client; r = client.register(pid=$TARGET, fallback='never'); print(r.mode)"
-sleep 3
-say status; edgewatt status; systemctl show edgewatt -p StatusText
+# As alice, in a login shell without XDG_RUNTIME_DIR (no PAM session here).
+as_alice() { su - alice -c "unset XDG_RUNTIME_DIR; $1"; }
+TRAIN='import os, time; from edgewatt import client
+r = client.register(labels={"run": "container"}); print("mode", r.mode, r.socket, flush=True)
+time.sleep(30)'
+
+prove() {  # $1: how it was installed; $2: the python that has edgewatt for alice
+    sleep 5
+    say "$1 unit"; systemctl show edgewatt -p ActiveState -p SubState -p ExecStart | tr '\n' ' '; echo
+    as_alice "$2 -c '$TRAIN' > /tmp/train.out 2>&1 &"
+    sleep 4
+    say "$1 training"; cat /tmp/train.out
+    say "$1 status"; as_alice "$3 status"
+    say "$1 metrics"; curl -s localhost:9464/metrics | grep -c 'run="container"' || true
+    say "$1 doctor"; as_alice "$3 doctor" | head -n 1
+    pkill -f 'run": "container' || true
+}
+
+say venv install
+as_alice "cd ~/edgewatt && python3 -m venv .venv && .venv/bin/pip install -q ." || echo "FAIL pip"
+cd /home/alice/edgewatt && sudo .venv/bin/edgewatt install-service; cd /
+prove venv /home/alice/edgewatt/.venv/bin/python /home/alice/edgewatt/.venv/bin/edgewatt
 say watchdog; kill -STOP "$(systemctl show -p MainPID --value edgewatt)"; sleep 40
-systemctl show edgewatt -p ActiveState -p SubState -p NRestarts
+systemctl show edgewatt -p ActiveState -p NRestarts | tr '\n' ' '; echo
 journalctl -b -u edgewatt --no-pager | grep -E "Watchdog timeout|restart counter" || true
 say security; systemd-analyze security edgewatt --no-pager | tail -1
-say uninstall; edgewatt uninstall-service; echo "after uninstall: $(systemctl is-active edgewatt)"
+say venv uninstall; sudo /home/alice/edgewatt/.venv/bin/edgewatt uninstall-service
+echo "after uninstall: $(systemctl is-active edgewatt), /opt/edgewatt: $(ls -d /opt/edgewatt 2>&1 | cut -c1-40)"
+
+say pipx install
+as_alice "pipx install -q ~/edgewatt" || echo "FAIL pipx"
+sudo /home/alice/.local/bin/edgewatt install-service
+venv=$(dirname "$(readlink -f /home/alice/.local/bin/edgewatt)")
+prove pipx "$venv/python" /home/alice/.local/bin/edgewatt
+sudo /home/alice/.local/bin/edgewatt uninstall-service
+
+say pipx-global install
+sudo pipx install --global /home/alice/edgewatt || echo "FAIL pipx --global"
+sudo edgewatt install-service
+prove pipx-global /opt/pipx/venvs/edgewatt/bin/python /usr/local/bin/edgewatt
+sudo edgewatt uninstall-service
+say done
 systemctl poweroff
 CHECK
 chmod +x "$ROOTFS/check.sh"
@@ -54,7 +102,7 @@ After=multi-user.target
 [Service]
 Type=oneshot
 ExecStart=/check.sh
-TimeoutStartSec=900
+TimeoutStartSec=1200
 [Install]
 WantedBy=multi-user.target
 UNIT
@@ -62,19 +110,29 @@ mkdir -p "$ROOTFS/etc/systemd/system/multi-user.target.wants"
 ln -sf /etc/systemd/system/edgewatt-check.service \
     "$ROOTFS/etc/systemd/system/multi-user.target.wants/edgewatt-check.service"
 
-timeout 900 systemd-nspawn --register=no --keep-unit --quiet -b -D "$ROOTFS" >/dev/null 2>&1 || true
+timeout 1300 systemd-nspawn --register=no --keep-unit --quiet -b -D "$ROOTFS" >/dev/null 2>&1 || true
 LOG="$ROOTFS/results/log.txt"
 cat "$LOG"
 fail=0
 check() { grep -q -- "$1" "$LOG" || { echo "FAIL: expected '$1'"; fail=1; }; }
-check "Type=notify"
-check "ActiveState=active"
-check "WatchdogUSec=30s"
-check "^daemon$"
-check "StatusText=1 target"
+for how in venv pipx pipx-global; do
+    sed -n "/^== $how unit/,/^== $how doctor/p" "$LOG" > "/tmp/edgewatt-check-$how.txt"
+    part() { grep -q -- "$1" "/tmp/edgewatt-check-$how.txt" || { echo "FAIL $how: expected '$1'"; fail=1; }; }
+    part "ActiveState=active SubState=running"
+    part "mode daemon /run/edgewatt/edgewatt.sock"
+    part "container"
+    part "daemon answering at /run/edgewatt/edgewatt.sock (the system service): 1 targets"
+done
+for how in venv pipx; do
+    grep -A1 "^== $how unit" "$LOG" | grep -q "ExecStart={ path=/opt/edgewatt/bin/python" ||
+        { echo "FAIL $how: the unit does not run the copy in /opt/edgewatt"; fail=1; }
+done
+grep -A1 "^== pipx-global unit" "$LOG" | grep -q "ExecStart={ path=/usr/local/bin/edgewatt" ||
+    { echo "FAIL pipx-global: the unit does not run pipx's own script"; fail=1; }
 check "Watchdog timeout"
 check "NRestarts=1"
-check "after uninstall: inactive"
+check "after uninstall: inactive, /opt/edgewatt: ls: cannot access"
+check "^== done"
 level=$(sed -n 's/.*Overall exposure level for edgewatt.service: \([0-9.]*\).*/\1/p' "$LOG")
 awk -v l="${level:-99}" 'BEGIN { exit !(l <= 4.5) }' || { echo "FAIL: exposure ${level:-?} > 4.5"; fail=1; }
 [ "$fail" = 0 ] && echo "container check passed (exposure $level)"
