@@ -4,6 +4,7 @@ prints: one line per figure, each with its unit."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,41 @@ def load(
     return header, samples, phases, summary
 
 
-def plot(samples: list[dict[str, Any]], phases: list[dict[str, Any]], out: str) -> None:
-    """CPU, memory, network and power over time, phases shaded (needs edgewatt[plot])."""
+Line = tuple[str, list[float], list[float]]  # (name, seconds since start, values)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a plot shows, apart from drawing it: tested without reading pixels."""
+
+    title: str
+    panels: list[tuple[str, list[Line]]]  # (axis label with its unit, lines)
+    phases: list[tuple[str, float, float]]  # (name, start, end) in seconds since start
+    end_s: float
+
+
+def layout(
+    header: dict[str, Any],
+    samples: list[dict[str, Any]],
+    phases: list[dict[str, Any]],
+    summary: dict[str, Any],
+) -> Layout:
+    # Time 0 is the start of the run: the header's, else the first mark or sample.
+    marks = [s["timestamp"] for s in samples] + [p["timestamp"] for p in phases]
+    t0 = header.get("started_at") or summary.get("start_time") or min(marks, default=0.0)
+    t0 = min([t0, *marks])
+    times = [s["timestamp"] - t0 for s in samples]
+    end = max(times, default=0.0)
+    # Each phase ends where the next begins; the last at the last sample.
+    starts = [p["timestamp"] - t0 for p in phases]
+    ends = [*starts[1:], end] if phases else []
+    spans = [(p["name"], a, b) for p, a, b in zip(phases, starts, ends, strict=True)]
+    return Layout(_title(header, summary), _panels(samples, times), spans, end)
+
+
+def plot(drawn: Layout, out: str) -> None:
+    """CPU, memory, network and power over time, phases shaded, titled with what ran
+    where and when (needs edgewatt[plot])."""
     try:
         import matplotlib
 
@@ -86,36 +120,94 @@ def plot(samples: list[dict[str, Any]], phases: list[dict[str, Any]], out: str) 
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise RuntimeError("plotting needs matplotlib: pip install 'edgewatt[plot]'") from exc
-    t0 = samples[0]["timestamp"] if samples else 0.0
-    panels = [
-        ("cpu_usage", "CPU (% of one core)", 1.0),
-        ("memory_rss_bytes", "RSS (MiB)", 1 / 2**20),
-        ("network_bytes_sent", "network sent (bytes / interval)", 1.0),
-        ("power_w", "device power (W)", 1.0),
-    ]
-    panels = [p for p in panels if any(p[0] in s for s in samples)]
-    fig, axes = plt.subplots(
-        len(panels), 1, sharex=True, figsize=(9, 2.2 * len(panels)), squeeze=False
-    )
-    # Each phase ends where the next begins; the last at the last sample. A file
-    # without phases (every file `edgewatt run` writes) shades nothing.
-    ends = [p["timestamp"] for p in phases[1:]]
-    if phases:
-        ends.append(samples[-1]["timestamp"] if samples else t0)
-    for ax, (key, label, scale) in zip(axes[:, 0], panels, strict=True):
-        points = [(s["timestamp"] - t0, s[key] * scale) for s in samples if key in s]
-        ax.plot([x for x, _ in points], [y for _, y in points], linewidth=1.2)
+    rows = max(1, len(drawn.panels))
+    fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(9, 1.2 + 2.0 * rows), squeeze=False)
+    for ax, (label, lines) in zip(axes[:, 0], drawn.panels, strict=False):
+        for name, xs, ys in lines:
+            ax.plot(xs, ys, linewidth=1.2, label=name)
         ax.set_ylabel(label, fontsize=8)
-        for i, (phase, end) in enumerate(zip(phases, ends, strict=True)):
-            ax.axvspan(phase["timestamp"] - t0, end - t0, alpha=0.12, color=f"C{i % 10}")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if len(lines) > 1:
+            ax.legend(fontsize=7, loc="upper right")
+        for i, (name, start, stop) in enumerate(drawn.phases):
+            ax.axvspan(start, stop, alpha=0.12, color=f"C{i % 10}")
             if ax is axes[0, 0]:
-                ax.text(
-                    phase["timestamp"] - t0, ax.get_ylim()[1], phase["name"], fontsize=7, va="top"
-                )
+                ax.text(start, ax.get_ylim()[1], f" {name}", fontsize=7, va="top")
+    if not drawn.panels:
+        axes[0, 0].text(0.5, 0.5, "no samples in this file", ha="center", va="center")
+    axes[0, 0].set_xlim(left=0, right=max(drawn.end_s, 1e-3))
     axes[-1, 0].set_xlabel("time since start (s)")
+    fig.suptitle(drawn.title, fontsize=10, x=0.01, ha="left")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
+
+
+def _panels(samples: list[dict[str, Any]], times: list[float]) -> list[tuple[str, list[Line]]]:
+    """(axis label with its unit, [(line name, x, y)]) for each quantity the file has."""
+
+    def series(key: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
+        points = [(t, s[key] * scale) for t, s in zip(times, samples, strict=True) if key in s]
+        return [t for t, _ in points], [y for _, y in points]
+
+    def rate(key: str) -> tuple[list[float], list[float]]:
+        # Bytes per interval over that interval's length: KiB/s whatever the interval.
+        xs, ys = [], []
+        for i in range(1, len(samples)):
+            dt = times[i] - times[i - 1]
+            if key in samples[i] and dt > 0:
+                xs.append(times[i])
+                ys.append(samples[i][key] / dt / 1024)
+        return xs, ys
+
+    panels: list[tuple[str, list[Line]]] = []
+    if any("cpu_usage" in s for s in samples):
+        panels.append(("CPU (% of one core)", [("CPU", *series("cpu_usage"))]))
+    if any("memory_rss_bytes" in s for s in samples):
+        panels.append(("RSS (MiB)", [("RSS", *series("memory_rss_bytes", 1 / 2**20))]))
+    if any(s.get("network_bytes_sent") or s.get("network_bytes_recv") for s in samples):
+        panels.append(
+            (
+                "network (KiB/s)",
+                [("sent", *rate("network_bytes_sent")), ("received", *rate("network_bytes_recv"))],
+            )
+        )
+    if any("power_w" in s for s in samples):
+        panels.append(("device power (W)", [("power", *series("power_w"))]))
+    return panels
+
+
+def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
+    import time
+
+    labels = header.get("labels") or {}
+    what = header.get("command") or ", ".join(f"{k}={v}" for k, v in labels.items())
+    what = what or f"pid {header.get('pid', '?')}"
+    what = what if len(what) <= 70 else what[:67] + "..."
+    started = header.get("started_at") or summary.get("start_time")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)) if started else "?"
+    figures = []
+    if "duration_s" in summary:
+        figures.append(f"{summary['duration_s']:.1f} s")
+    if "cpu_time_s" in summary:
+        figures.append(f"CPU {summary['cpu_time_s']:.2f} s")
+    if "memory_rss_peak_bytes" in summary:
+        figures.append(f"peak RSS {human_bytes(summary['memory_rss_peak_bytes'])}")
+    if "total_network_bytes_sent" in summary:
+        sent, recv = summary["total_network_bytes_sent"], summary["total_network_bytes_recv"]
+        figures.append(
+            f"network sent {human_bytes(sent)}, received {human_bytes(recv)}"
+            if sent or recv
+            else "no network traffic"
+        )
+    energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
+    if energy is not None:
+        figures.append(f"device energy {energy:.1f} J")
+    if summary.get("process_energy_j") is not None:
+        figures.append(f"attributed {summary['process_energy_j']:.1f} J")
+    host = header.get("host", "?")
+    return f"{what}\non {host}, {when}: " + ", ".join(figures)
 
 
 def summary_from_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -158,6 +250,6 @@ def report(path: str, plot_to: str | None) -> str:
     if phases:
         text += "\n  phases: " + ", ".join(p["name"] for p in phases)
     if plot_to:
-        plot(samples, phases, plot_to)
+        plot(layout(header, samples, phases, summary), plot_to)
         text += f"\n  plot written to {plot_to}"
     return text

@@ -55,6 +55,7 @@ def run(
     if output is None:
         monitor.sink = "none"
     monitor.set_metrics(power=True)
+    monitor.command = shlex.join(command)
     started = time.monotonic()
     try:
         child = subprocess.Popen(command)

@@ -75,7 +75,16 @@ def sampling_loop(
     recorder = Recorder(spec["metrics"])
     try:
         sink = make_sink(spec["sink"], spec["sink_options"])
-        sink.start(header(spec["pid"], spec["labels"], interval, spec["metrics"], source.mode))
+        sink.start(
+            header(
+                spec["pid"],
+                spec["labels"],
+                interval,
+                spec["metrics"],
+                source.mode,
+                spec.get("command", ""),
+            )
+        )
     except Exception as exc:  # reported to start(), which raises it in the caller
         source.close()
         ready(str(exc), {})
@@ -114,6 +123,8 @@ class Monitor:
         self.labels = dict(labels or {})
         self.socket = socket or default_socket()
         self.pid = os.getpid()
+        # What the file's header names the run by (`edgewatt run` sets the command).
+        self.command = " ".join(" ".join(getattr(sys, "orig_argv", sys.argv)).split())
         self.metrics = {"cpu": True, "memory": True, "network": True, "power": False}
         self.source: str | None = None
         self._recorder = Recorder(self.metrics)
@@ -138,6 +149,7 @@ class Monitor:
     def _spec(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
+            "command": self.command,
             "labels": self.labels,
             "interval": self.interval,
             "metrics": dict(self.metrics),

@@ -328,11 +328,17 @@ def _family(name: str, labels: list[str]) -> Any:
 
 
 def header(
-    pid: int, labels: dict[str, str], interval: float, metrics: dict[str, bool], source: str
+    pid: int,
+    labels: dict[str, str],
+    interval: float,
+    metrics: dict[str, bool],
+    source: str,
+    command: str = "",
 ) -> dict[str, Any]:
     return {
         "host": socket.gethostname(),
         "pid": pid,
+        "command": command,  # the monitored process's command line, for titles
         "labels": labels,
         "interval_s": interval,
         "metrics": metrics,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from edgewatt.cli.report import Layout, layout, load, summary_from_samples
 from tests.conftest import ROOT
 
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
@@ -143,14 +145,11 @@ def _monitor_file(tmp_path: Path) -> Path:
     return tmp_path / "m.jsonl"
 
 
-def test_report_table_phases_and_plot(tmp_path: Path) -> None:
-    path = _monitor_file(tmp_path)
-    png = tmp_path / "m.png"
-    result = run(["report", str(path), "--plot", str(png)])
+def test_report_table_and_phases(tmp_path: Path) -> None:
+    result = run(["report", str(_monitor_file(tmp_path))])
     assert result.returncode == 0, result.stderr
     assert "phases: load, train" in result.stdout
     assert "CPU time" in result.stdout and "peak RSS" in result.stdout
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
 def test_report_of_a_killed_run_and_of_a_bad_file(tmp_path: Path) -> None:
@@ -221,15 +220,88 @@ def test_a_monitors_device_energy_is_one_figure(daemon_factory: Any, tmp_path: P
     assert summary["energy_j"] <= 16.802 * summary["duration_s"] * 1.05
 
 
-def test_report_plots_a_file_of_edgewatt_run_which_has_no_phases(tmp_path: Path) -> None:
+def _drawn(path: Path, tmp_path: Path) -> Layout:
+    """Render ``path`` as a user would, and return what the plot shows."""
+    png = tmp_path / (path.stem + ".png")
+    result = run(["report", str(path), "--plot", str(png)])
+    assert result.returncode == 0, result.stderr
+    assert f"plot written to {png}" in result.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    header, samples, phases, summary = load(str(path))
+    return layout(header, samples, phases, summary or summary_from_samples(samples))
+
+
+def _samples(path: Path) -> list[dict[str, Any]]:
+    return load(str(path))[1]
+
+
+def _labels(drawn: Layout) -> list[str]:
+    return [label for label, _ in drawn.panels]
+
+
+def _all_times(drawn: Layout) -> list[float]:
+    return [x for _, lines in drawn.panels for _, xs, _ in lines for x in xs]
+
+
+def test_plot_of_a_run_file_without_phases_or_power(tmp_path: Path) -> None:
     out = tmp_path / "run.jsonl"
     result = run(
         ["run", "--socket", str(tmp_path / "none.sock"), "--interval", "0.1", "--output",
          str(out), "--", sys.executable, "-c", "import time; time.sleep(0.6)"]
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert not any(json.loads(x)["type"] == "phase" for x in out.read_text().splitlines())
-    png = tmp_path / "run.png"
-    result = run(["report", str(out), "--plot", str(png)])
+    drawn = _drawn(out, tmp_path)
+    command = f"{sys.executable} -c 'import time; time.sleep(0.6)'"
+    title, figures = drawn.title.split("\n")
+    assert title == (command if len(command) <= 70 else command[:67] + "...")
+    assert figures.startswith(f"on {socket.gethostname()}, 20")
+    # Host-wide network bytes, loopback excluded: a panel when there were any.
+    network = [_ for _ in _samples(out) if _.get("network_bytes_sent") or _["network_bytes_recv"]]
+    if network:
+        assert _labels(drawn) == ["CPU (% of one core)", "RSS (MiB)", "network (KiB/s)"]
+        lines = dict(drawn.panels)["network (KiB/s)"]
+        assert [name for name, _, _ in lines] == ["sent", "received"]
+    else:
+        assert _labels(drawn) == ["CPU (% of one core)", "RSS (MiB)"]
+        assert "no network traffic" in drawn.title
+    assert drawn.phases == []
+    assert min(_all_times(drawn)) >= 0 and 0.5 < drawn.end_s < 1.5
+
+
+def test_plot_of_a_monitor_file_with_phases(tmp_path: Path) -> None:
+    drawn = _drawn(_monitor_file(tmp_path), tmp_path)
+    assert [name for name, _, _ in drawn.phases] == ["load", "train"]
+    (_, load_start, load_end), (_, train_start, train_end) = drawn.phases
+    # Phases start at or after 0 and tile the run: each ends where the next begins.
+    assert 0 <= load_start < load_end == train_start < train_end == drawn.end_s
+    # The script's own command line, as the kernel has it (python -c and the code).
+    assert drawn.title.startswith(f"{sys.executable} -c import time from edgewatt")
+    rss = dict(drawn.panels)["RSS (MiB)"][0][2]
+    assert max(rss) > 50  # the 50 MiB it touched
+
+
+def test_plot_of_a_file_with_device_power(daemon_factory: Any, tmp_path: Path) -> None:
+    daemon = daemon_factory(
+        interval=0.2,
+        extra_args=["--tegrastats", STAND_IN],
+        env={"FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor", "EDGEWATT_IDLE_POWER_W": "4"},
+    )
+    out = tmp_path / "power.jsonl"
+    result = run(
+        ["run", "--socket", daemon.socket, "--interval", "0.2", "--label", "run=p1", "--output",
+         str(out), "--", sys.executable, "-c", "import time; time.sleep(1.5)"]
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    drawn = _drawn(out, tmp_path)
+    assert _labels(drawn)[-1] == "device power (W)"
+    watts = dict(drawn.panels)["device power (W)"][0][2]
+    assert watts and all(w == pytest.approx(16.802, abs=0.5) for w in watts)
+    assert "device energy" in drawn.title and " J" in drawn.title
+
+
+def test_plot_of_a_killed_run_without_a_summary(tmp_path: Path) -> None:
+    path = _monitor_file(tmp_path)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")
+    drawn = _drawn(cut, tmp_path)
+    assert "CPU" in drawn.title and [n for n, _, _ in drawn.phases] == ["load", "train"]
