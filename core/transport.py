@@ -98,13 +98,41 @@ def server_uid(sock: socket.socket) -> int | None:
 
 
 def _check_server(sock: socket.socket, path: str) -> None:
+    """Trust a server run by root or by the caller, or one whose socket only root could
+    have placed (the systemd unit runs the daemon as a dynamic user in a directory it
+    made for it: /run/edgewatt). Another user listening where this user's daemon is
+    expected (a shared temp directory) would otherwise see every label and pid."""
     uid = server_uid(sock)
-    if uid is not None and uid not in (0, current_uid()):
-        # Another user listening where this user's daemon is expected (a shared temp
-        # directory): a squatter would see every label and pid.
-        raise UntrustedServer(
-            errno.EPERM, f"served by uid {uid}, neither root nor you: not trusted", path
-        )
+    if uid is None or uid in (0, current_uid()) or placed_by_root(path, uid):
+        return
+    raise UntrustedServer(
+        errno.EPERM,
+        f"served by uid {uid}, neither root nor you, from a directory that root did not "
+        "give it: not trusted",
+        path,
+    )
+
+
+def placed_by_root(path: str, owner: int) -> bool:
+    """Whether only root could have put ``path`` there: every directory above its own
+    is root's and writable by nobody else, and its own is root's or ``owner``'s (the
+    service's, made for it by root) and writable by nobody else."""
+    import stat
+
+    directory = os.path.dirname(os.path.realpath(path))
+    try:
+        info = os.stat(directory)
+        if info.st_uid not in (0, owner) or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return False
+        parent = directory
+        while parent != os.path.dirname(parent):
+            parent = os.path.dirname(parent)
+            info = os.stat(parent)
+            if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return False
+    except OSError:
+        return False
+    return True
 
 
 class DaemonError(Exception):

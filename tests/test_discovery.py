@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 from pathlib import Path
@@ -109,7 +110,9 @@ def test_a_socket_served_by_another_user_gets_nothing(
     try:
         found = transport.find_daemon(str(path))
         assert found == transport.Found(
-            None, f"{path} (given): served by uid {NOBODY}, neither root nor you: not trusted"
+            None,
+            f"{path} (given): served by uid {NOBODY}, neither root nor you, from a directory "
+            "that root did not give it: not trusted",
         )
         with caplog.at_level("WARNING", logger="edgewatt"):
             reg = client.register(labels={"secret": "s3"}, socket=str(path))
@@ -123,11 +126,33 @@ def test_a_socket_served_by_another_user_gets_nothing(
             capture_output=True, text=True, cwd=ROOT, timeout=30,
         )  # fmt: skip
         assert status.returncode == 1
-        assert f"served by uid {NOBODY}, neither root nor you: not trusted" in status.stderr
+        assert f"served by uid {NOBODY}, neither root nor you, from a dir" in status.stderr
     finally:
         squatter.close()
     # It saw connections, and not one byte of a request or a label.
     assert squatter.received and set(squatter.received) == {0}
+
+
+@needs_root
+def test_a_service_user_in_a_directory_root_made_for_it_is_trusted() -> None:
+    # systemd's DynamicUser: the daemon runs as an unnamed uid in RuntimeDirectory=,
+    # which root made for it under /run. Here nobody, in a folder made the same way.
+    top = Path(tempfile.mkdtemp(prefix="edgewatt-test-", dir="/run"))
+    try:
+        top.chmod(0o755)
+        service_dir = top / "edgewatt"
+        service_dir.mkdir(mode=0o755)
+        os.chown(service_dir, NOBODY, NOBODY)
+        server = Squatter(service_dir / "edgewatt.sock")
+        try:
+            found = transport.find_daemon(str(service_dir / "edgewatt.sock"))
+            assert found.path == str(service_dir / "edgewatt.sock")
+            service_dir.chmod(0o777)  # now anyone could have put it there
+            assert transport.find_daemon(str(service_dir / "edgewatt.sock")).path is None
+        finally:
+            server.close()
+    finally:
+        shutil.rmtree(top)
 
 
 # Run as nobody, with no XDG_RUNTIME_DIR and no EDGEWATT_SOCKET: what a training
@@ -148,13 +173,17 @@ print(json.dumps({"pid": os.getpid(), "uid": os.getuid(), "mode": reg.mode,
 reg.close()
 """
 
-# In a private mount namespace, a tmpfs on /run: the root daemon listens at the real
-# system path without touching the host's /run.
+# In a private mount namespace, a tmpfs on /run: the daemon listens at the real system
+# path without touching the host's /run. As the systemd unit runs it: a dynamic user
+# (uid 61234 here), in RuntimeDirectory=edgewatt, which root made and gave to it.
 NAMESPACE = """
 set -e
-mount -t tmpfs tmpfs /run
-"$PY" -m edgewatt.cli serve --listen "127.0.0.1:$PORT" --state-dir "$STATE" \
-    --interval 0.2 >"$STATE/daemon.log" 2>&1 &
+mount -t tmpfs -o mode=0755 tmpfs /run
+mkdir -m 0755 /run/edgewatt /run/edgewatt-state
+chown 61234:61234 /run/edgewatt /run/edgewatt-state
+setpriv --reuid 61234 --regid 61234 --clear-groups \
+    "$PY" -m edgewatt.cli serve --listen "127.0.0.1:$PORT" --state-dir /run/edgewatt-state \
+    --socket /run/edgewatt/edgewatt.sock --interval 0.2 >"$STATE/daemon.log" 2>&1 &
 daemon=$!
 for i in $(seq 100); do [ -S /run/edgewatt/edgewatt.sock ] && break; sleep 0.1; done
 setpriv --reuid 65534 --regid 65534 --clear-groups \
@@ -165,7 +194,7 @@ kill $daemon; wait $daemon || true
 
 @needs_root
 @pytest.mark.skipif(not shutil.which("unshare") or not shutil.which("setpriv"), reason="util-linux")
-def test_a_normal_user_without_xdg_runtime_dir_finds_the_system_daemon(
+def test_a_normal_user_without_xdg_runtime_dir_finds_the_system_service(
     public_dir: Path, tmp_path: Path
 ) -> None:
     port = free_port()
