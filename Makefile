@@ -5,33 +5,38 @@ BIN    := $(VENV)/bin
 
 .PHONY: run test lint format dashboards clean
 
-$(BIN)/edgewatt: pyproject.toml
+# `make run` installs what the daemon needs; `make test` adds the test extras.
+$(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.runtime
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-run: $(BIN)/edgewatt
+run: $(VENV)/.runtime
 	$(BIN)/edgewatt serve
 
 # The client tests run a second time on the psutil backend (macOS, Windows, BSD).
 CLIENT_TESTS := tests/test_client.py tests/test_monitors.py tests/test_run_report.py tests/test_backends.py
 
-test: $(BIN)/edgewatt
+test: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest
 	EDGEWATT_CLIENT_BACKEND=psutil $(BIN)/pytest $(CLIENT_TESTS)
 
-lint: $(BIN)/edgewatt
+lint: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-format: $(BIN)/edgewatt
+format: $(VENV)/.test
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-dashboards: $(BIN)/edgewatt
+dashboards: $(VENV)/.runtime
 	$(BIN)/python deploy/grafana/generate.py
 
 clean:

@@ -206,8 +206,14 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
         figures.append(f"device energy {energy:.1f} J")
     if summary.get("process_energy_j") is not None:
         figures.append(f"attributed {summary['process_energy_j']:.1f} J")
-    host = header.get("host", "?")
-    return f"{what}\non {host}, {when}: " + ", ".join(figures)
+    lines = [what, f"on {header.get('host', '?')}, {when}:"]
+    for figure in figures:  # wrapped between figures, never inside one
+        if len(lines[-1]) + len(figure) > 105:
+            lines[-1] += ","
+            lines.append(figure)
+        else:
+            lines[-1] += ("" if lines[-1].endswith(":") else ",") + " " + figure
+    return "\n".join(lines)
 
 
 def summary_from_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:

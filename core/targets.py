@@ -161,6 +161,9 @@ class Target:
     executable: str = ""
     exited_at: float | None = None
     exit_mode: str | None = None  # once exited: "exact" or "last-sample"
+    # Registrations holding it: a process registered by `edgewatt run` and by itself
+    # is one target, which stays until the last of them unregisters (or it exits).
+    holders: int = 1
 
     @property
     def state(self) -> str:
@@ -298,8 +301,10 @@ class TargetTable:
         target_id: str | None = None,
         expect_start: int | None = None,
         registered_at: float | None = None,
+        holders: int = 1,
     ) -> tuple[Target, bool]:
-        """Register a live process; returns (target, created)."""
+        """Register a live process; returns (target, created). Registering a registered
+        process again (same labels) holds the same target once more."""
         try:
             handle = self._open(pid, self._proc, expect_start=expect_start)
         except NoSuchProcess as exc:
@@ -314,35 +319,61 @@ class TargetTable:
                         "already registered",
                         f"pid {pid} is target {existing.id} with other labels or children flag",
                     )
-                return existing, False
-            running = sum(1 for t in self._targets.values() if t.exited_at is None)
-            if running >= self._max_targets:
-                handle.close()
-                raise TooMany("too many targets", f"at most {self._max_targets} may run at once")
-            target = Target(
-                id=target_id or secrets.token_hex(6),
-                pid=pid,
-                start_ticks=handle.start_ticks,
-                start_time=self._boot_time + handle.start_ticks / self._clock_ticks,
-                labels=labels,
-                children=children,
-                uid=uid,
-                registered_at=registered_at or time.time(),
-                history=History(self._history_samples),
-                handle=handle,
-                executable=handle.executable,
-            )
-            self._targets[target.id] = target
-            self._by_identity[(pid, handle.start_ticks)] = target.id
-        self._changed()
-        return target, True
+                existing.holders += 1
+                target, created = existing, False
+            else:
+                target, created = (
+                    self._create(
+                        pid, handle, labels, children, uid, target_id, registered_at, holders
+                    ),
+                    True,
+                )
+        self._changed()  # a new target, or one more holder: both are persisted
+        return target, created
+
+    def _create(
+        self,
+        pid: int,
+        handle: ProcHandle,
+        labels: dict[str, str],
+        children: bool,
+        uid: int,
+        target_id: str | None,
+        registered_at: float | None,
+        holders: int,
+    ) -> Target:
+        """A new target for ``handle`` (the table's lock held)."""
+        running = sum(1 for t in self._targets.values() if t.exited_at is None)
+        if running >= self._max_targets:
+            handle.close()
+            raise TooMany("too many targets", f"at most {self._max_targets} may run at once")
+        target = Target(
+            id=target_id or secrets.token_hex(6),
+            pid=pid,
+            start_ticks=handle.start_ticks,
+            start_time=self._boot_time + handle.start_ticks / self._clock_ticks,
+            labels=labels,
+            children=children,
+            uid=uid,
+            registered_at=registered_at or time.time(),
+            history=History(self._history_samples),
+            handle=handle,
+            executable=handle.executable,
+            holders=max(1, holders),
+        )
+        self._targets[target.id] = target
+        self._by_identity[(pid, handle.start_ticks)] = target.id
+        return target
 
     def delete(self, target_id: str, uid: int) -> Target:
+        """Let go of one registration; the target goes with the last one."""
         with self._lock:
             target = self._get(target_id)
             _check_owner(target, uid)
-            del self._targets[target_id]
-            self._by_identity.pop((target.pid, target.start_ticks), None)
+            target.holders -= 1
+            if target.holders <= 0:
+                del self._targets[target_id]
+                self._by_identity.pop((target.pid, target.start_ticks), None)
         # The sampler owns the handle; it closes it when the target leaves its list.
         self._changed()
         return target
@@ -497,6 +528,7 @@ class TargetTable:
                     "children": t.children,
                     "uid": t.uid,
                     "registered_at": t.registered_at,
+                    "holders": t.holders,
                 }
                 for t in self._targets.values()
                 if t.exited_at is None

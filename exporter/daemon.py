@@ -272,6 +272,7 @@ class Daemon:
                     target_id=str(entry["id"]),
                     expect_start=int(entry["start_ticks"]),
                     registered_at=float(entry.get("registered_at") or time.time()),
+                    holders=int(entry.get("holders", 1)),
                 )
                 restored += 1
             except (TargetError, KeyError, TypeError, ValueError) as exc:

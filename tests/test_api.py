@@ -179,6 +179,13 @@ def test_same_process_twice_same_id_and_conflict(daemon: DaemonProcess, spawn: A
     assert first[1]["id"] == second[1]["id"]
     status, body = daemon.call("POST", "/v1/targets", {"pid": child.pid, "labels": {"run": "b"}})
     assert status == 409 and body["error"] == "already registered"
+    # Two registrations hold it (`edgewatt run` and the script itself): the first to
+    # unregister leaves it to the other, the second removes it.
+    tid = first[1]["id"]
+    assert daemon.call("DELETE", f"/v1/targets/{tid}")[0] == 200
+    assert daemon.call("GET", f"/v1/targets/{tid}")[0] == 200
+    assert daemon.call("DELETE", f"/v1/targets/{tid}")[0] == 200
+    assert daemon.call("GET", f"/v1/targets/{tid}")[0] == 404
 
 
 def test_list_get_delete_summary_samples_phase(daemon: DaemonProcess, spawn: Any) -> None:

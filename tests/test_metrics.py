@@ -52,7 +52,7 @@ def test_prometheus_names_are_the_otel_exporters() -> None:
 
 
 def test_the_readme_metric_table_is_rendered_from_the_table() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "reference.md").read_text()
     start = readme.index("<!-- metric-table")
     block = readme[readme.index("\n", start) + 1 : readme.index("<!-- /metric-table -->")]
     assert block == markdown_table()

@@ -71,6 +71,7 @@ prove() {  # $1: how it was installed; $2: the python that has edgewatt for alic
     say "$1 status"; as_alice "$3 status"
     say "$1 metrics"; python3 -c "$METRICS"
     say "$1 doctor"; as_alice "$3 doctor" | head -n 1
+    say "$1 end"
     sleep 10  # the training script ends
 }
 
@@ -86,14 +87,14 @@ say venv uninstall; sudo /home/alice/edgewatt/.venv/bin/edgewatt uninstall-servi
 echo "after uninstall: $(systemctl is-active edgewatt), /opt/edgewatt: $(ls -d /opt/edgewatt 2>&1 | cut -c1-40)"
 
 say pipx install
-as_alice "pipx install -q ~/edgewatt" || echo "FAIL pipx"
+as_alice "pipx install --force ~/edgewatt" || echo "FAIL pipx"
 sudo /home/alice/.local/bin/edgewatt install-service
 venv=$(dirname "$(readlink -f /home/alice/.local/bin/edgewatt)")
 prove pipx "$venv/python" /home/alice/.local/bin/edgewatt
 sudo /home/alice/.local/bin/edgewatt uninstall-service
 
 say pipx-global install
-sudo pipx install --global /home/alice/edgewatt || echo "FAIL pipx --global"
+sudo pipx install --global --force /home/alice/edgewatt || echo "FAIL pipx --global"
 sudo edgewatt install-service
 prove pipx-global /opt/pipx/venvs/edgewatt/bin/python /usr/local/bin/edgewatt
 sudo edgewatt uninstall-service
@@ -122,7 +123,7 @@ cat "$LOG"
 fail=0
 check() { grep -q -- "$1" "$LOG" || { echo "FAIL: expected '$1'"; fail=1; }; }
 for how in venv pipx pipx-global; do
-    sed -n "/^== $how unit/,/^== $how doctor/p" "$LOG" > "/tmp/edgewatt-check-$how.txt"
+    sed -n "/^== $how unit/,/^== $how end/p" "$LOG" > "/tmp/edgewatt-check-$how.txt"
     part() { grep -q -- "$1" "/tmp/edgewatt-check-$how.txt" || { echo "FAIL $how: expected '$1'"; fail=1; }; }
     part "ActiveState=active SubState=running"
     part "mode daemon /run/edgewatt/edgewatt.sock"

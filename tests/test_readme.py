@@ -1,0 +1,145 @@
+"""Every command in the README, run as written: the Python example saved as train.py,
+the ```sh blocks against a real daemon (with the stand-in tegrastats), `make run`; the
+```console blocks that cannot run here are each named with the test that covers them."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT, free_port, wait_for
+
+README = (ROOT / "README.md").read_text()
+BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, re.S)
+
+# Commands a test run cannot carry out here, and where they are proved instead.
+COVERED_ELSEWHERE = {
+    "pip install /path/to/edgewatt": "tests/test_layers.py installs the wheel in a fresh venv",
+    "pipx install /path/to/edgewatt": "deploy/systemd/container-check.sh (pipx, pipx --global)",
+    "make test": "this very run",
+    'sudo "$(command -v edgewatt)" install-service': "container-check.sh, tests/test_systemd.py",
+    "edgewatt status": "run in the ```sh block below it, against a daemon",
+}
+
+
+def commands(language: str) -> list[str]:
+    found = []
+    for lang, body in BLOCKS:
+        if lang == language:
+            for line in body.splitlines():
+                command = re.sub(r"\s+#.*$", "", line).strip()
+                if command:
+                    found.append(command)
+    return found
+
+
+def shell(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        capture_output=True, text=True, cwd=cwd, env=env, timeout=120,
+    )  # fmt: skip
+
+
+def user_env(socket: str) -> dict[str, str]:
+    # A user's shell with the environment activated: `edgewatt` and `python` are its.
+    return {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "EDGEWATT_SOCKET": socket,
+    }
+
+
+def test_every_console_command_is_run_here_or_covered_elsewhere() -> None:
+    console = commands("console")
+    assert "make run" in console
+    assert set(console) - {"make run"} == set(COVERED_ELSEWHERE)
+
+
+def test_the_example_and_every_sh_command_run_as_written(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    daemon = daemon_factory(
+        interval=0.2,
+        extra_args=["--tegrastats", str(ROOT / "tests" / "bin" / "tegrastats")],
+        env={"FAKE_TEGRASTATS_MODEL": "AGX Orin", "EDGEWATT_IDLE_POWER_W": "4"},
+    )
+    env = user_env(daemon.socket)
+    [example] = [body for lang, body in BLOCKS if lang == "python"]
+    (tmp_path / "train.py").write_text(example)
+    ran = subprocess.run(
+        [sys.executable, "train.py"], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    assert ran.returncode == 0, ran.stderr
+    match = re.fullmatch(r"([\d.]+) s CPU, ([\d.]+) J\n", ran.stdout)
+    assert match, ran.stdout
+    cpu, joules = match.groups()
+    assert float(cpu) > 0.05 and float(joules) > 0
+    assert ran.stderr == ""  # a daemon answered: no fallback warning
+
+    run_cmd, report_cmd, status_cmd, curl_cmd, doctor_cmd = commands("sh")
+    result = shell(run_cmd, tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    assert "(exit status 0, monitored via daemon)" in result.stderr
+    assert re.search(r"device energy +[\d.]+ J", result.stderr)
+    result = shell(report_cmd, tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+
+    # "See what it measured", while the training script runs.
+    training = subprocess.Popen(
+        [sys.executable, "-c",
+         "from edgewatt import client; import time\n"
+         "r = client.register(labels={'run': 'demo'}); print(r.mode, flush=True)\n"
+         "time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    try:
+        assert training.stdout is not None and training.stdout.readline() == "daemon\n"
+        result = shell(status_cmd, tmp_path, env)
+        assert result.returncode == 0 and "run=demo" in result.stdout, result.stderr
+        result = shell(curl_cmd.replace(":9464", f":{daemon.port}"), tmp_path, env)
+        assert result.returncode == 0, result.stderr
+        assert len(result.stdout.splitlines()) == 3 and 'run="demo"' in result.stdout
+        result = shell(doctor_cmd, tmp_path, env)
+        assert result.stdout.startswith(f"ok    daemon answering at {daemon.socket}")
+    finally:
+        training.kill()
+        training.wait()
+
+
+def test_make_run_serves_on_its_embedded_defaults(tmp_path: Path) -> None:
+    # As written, in the checkout; only where it listens is moved out of the way.
+    socket = tmp_path / "ew.sock"
+    env = {
+        **os.environ,
+        "EDGEWATT_SOCKET": str(socket),
+        "EDGEWATT_LISTEN": f"127.0.0.1:{free_port()}",
+        "EDGEWATT_STATE_DIR": str(tmp_path / "state"),
+    }
+    make = subprocess.Popen(
+        ["make", "run"], cwd=ROOT, env=env, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(socket.exists, timeout=120)
+        from edgewatt.core import transport
+
+        health = wait_for(lambda: _health(transport, str(socket)), timeout=30)
+        assert health["status"] == "ok"
+    finally:
+        os.killpg(make.pid, signal.SIGTERM)
+        out = make.communicate(timeout=30)[0]
+    assert "edgewatt 0.1.0 serving" in out, out
+    assert not socket.exists()  # nothing left behind: the socket goes with the daemon
+
+
+def _health(transport: Any, path: str) -> Any:
+    try:
+        return transport.call_ok(path, "GET", "/healthz")
+    except OSError:
+        return None
