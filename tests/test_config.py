@@ -94,7 +94,7 @@ def test_cli_rejects_unknown_flag() -> None:
         cwd=ROOT,
         timeout=30,
     )
-    assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr
+    assert out.returncode == 2 and "edgewatt serve: error: unknown flag --bogus" in out.stderr
 
 
 def test_second_daemon_on_a_live_socket_refuses(daemon_factory, tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_second_daemon_on_a_live_socket_refuses(daemon_factory, tmp_path: Path) 
         ],
         capture_output=True, text=True, cwd=ROOT, timeout=30,
     )  # fmt: skip
-    assert out.returncode == 1
+    assert out.returncode == 2  # cannot start: one line, status 2
     assert f"socket {first.socket} is in use by a running daemon" in out.stderr
     assert first.call("GET", "/healthz")[0] == 200
 
