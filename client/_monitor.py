@@ -26,7 +26,6 @@ from typing import Any
 
 from edgewatt.client._samples import Reading, Recorder
 from edgewatt.client._sinks import FileSink, NullSink, PrometheusSink, RemoteSink, header
-from edgewatt.core.transport import default_socket
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +120,7 @@ class Monitor:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         self.interval = float(interval)
         self.labels = dict(labels or {})
-        self.socket = socket or default_socket()
+        self.socket = socket  # None: looked for as register() looks (core.transport)
         self.pid = os.getpid()
         # What the file's header names the run by (`edgewatt run` sets the command).
         self.command = " ".join(" ".join(getattr(sys, "orig_argv", sys.argv)).split())

@@ -166,10 +166,12 @@ status = subprocess.run([sys.executable, "-m", "edgewatt.cli", "status", "--json
 doctor = subprocess.run([sys.executable, "-m", "edgewatt.cli", "doctor"],
                         capture_output=True, text=True)
 metrics = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics").read().decode()
+run = subprocess.run([sys.executable, "-m", "edgewatt.cli", "run", "--", "true"],
+                     capture_output=True, text=True)
 print(json.dumps({"pid": os.getpid(), "uid": os.getuid(), "mode": reg.mode,
                   "socket": reg.socket, "status": status.stdout,
                   "status_rc": status.returncode, "doctor": doctor.stdout.splitlines()[0],
-                  "metrics": metrics}))
+                  "metrics": metrics, "run": run.stderr}))
 reg.close()
 """
 
@@ -223,3 +225,4 @@ def test_a_normal_user_without_xdg_runtime_dir_finds_the_system_service(
     )
     assert f'edgewatt_target_id="{target["id"]}"' in out["metrics"]
     assert 'run="discovery"' in out["metrics"]
+    assert "(exit status 0, monitored via daemon)" in out["run"]  # edgewatt run finds it too
