@@ -55,7 +55,8 @@ def test_dry_run_unit_verifies_and_exposure_is_low(tmp_path: Path) -> None:
     unit = out.stdout[out.stdout.index("[Unit]") : out.stdout.index("WantedBy=multi-user.target")]
     path = tmp_path / "edgewatt.service"
     path.write_text(unit + "WantedBy=multi-user.target\n")
-    assert re.search(r"^ExecStart=/\S+ serve ", unit, re.M)
+    # The installed script, or (from a checkout under /tmp, as in CI) the copy in /opt.
+    assert re.search(r"^ExecStart=/\S+( -m edgewatt\.cli)? serve ", unit, re.M)
     verify = subprocess.run([analyze(), "verify", str(path)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stderr
     security = subprocess.run(
