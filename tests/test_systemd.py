@@ -54,9 +54,12 @@ def test_dry_run_unit_verifies_and_exposure_is_low(tmp_path: Path) -> None:
     )  # fmt: skip
     unit = out.stdout[out.stdout.index("[Unit]") : out.stdout.index("WantedBy=multi-user.target")]
     path = tmp_path / "edgewatt.service"
-    path.write_text(unit + "WantedBy=multi-user.target\n")
     # The installed script, or (from a checkout under /tmp, as in CI) the copy in /opt.
     assert re.search(r"^ExecStart=/\S+( -m edgewatt\.cli)? serve ", unit, re.M)
+    # verify wants ExecStart to exist; a dry run has not made the copy yet.
+    path.write_text(
+        unit.replace("/opt/edgewatt/bin/python", sys.executable) + "WantedBy=multi-user.target\n"
+    )
     verify = subprocess.run([analyze(), "verify", str(path)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stderr
     security = subprocess.run(
