@@ -4,6 +4,7 @@ prints: one line per figure, each with its unit."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,8 +180,6 @@ def _panels(samples: list[dict[str, Any]], times: list[float]) -> list[tuple[str
 
 
 def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
-    import time
-
     labels = header.get("labels") or {}
     what = header.get("command") or ", ".join(f"{k}={v}" for k, v in labels.items())
     what = what or f"pid {header.get('pid', '?')}"

@@ -41,21 +41,20 @@ def hidden_part(path: str | os.PathLike[str], hidden: tuple[str, ...] = HIDDEN) 
     return None
 
 
-def own_locations() -> list[Path]:
-    """Where the running edgewatt lives: its environment and its package folders (a
-    clone, for an editable install)."""
+def package_dirs() -> list[Path]:
+    """The running edgewatt's package folders (in a clone, for an editable install)."""
     import edgewatt.cli
     import edgewatt.client
     import edgewatt.core
     import edgewatt.exporter
 
     packages = (edgewatt.cli, edgewatt.client, edgewatt.core, edgewatt.exporter)
-    return [Path(sys.prefix), *(Path(p.__file__).resolve().parent for p in packages)]
+    return [Path(p.__file__).resolve().parent for p in packages]
 
 
 def needs_copy(hidden: tuple[str, ...] = HIDDEN) -> str | None:
     """Why the unit cannot run the installed edgewatt in place, or None when it can."""
-    for location in own_locations():
+    for location in [Path(sys.prefix), *package_dirs()]:
         top = hidden_part(location, hidden)
         if top is not None:
             return f"{location} is under {top}, which the service's sandbox hides"
@@ -150,7 +149,7 @@ def copy_environment(dest: Path, hidden: tuple[str, ...] = HIDDEN) -> int:
                 target = site / Path(*parts)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, target)
-    for package in own_locations()[1:]:
+    for package in package_dirs():
         shutil.copytree(
             package,
             site / "edgewatt" / package.name,

@@ -242,7 +242,7 @@ class Registration:
                     exc,
                 )
                 return
-        if why is not None:  # fallback="always" asked for this: nothing to warn about
+        if why is not None:  # None: fallback="always" asked for this, nothing to warn about
             log.warning("edgewatt: %s; monitoring pid %d in-process", why, self.pid)
 
 
@@ -288,10 +288,12 @@ def _register(
         raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
     target_pid = pid or os.getpid()
     info = None
-    why = "fallback='always'"
-    found = transport.Found(None, why) if fallback == "always" else transport.find_daemon(socket)
-    path = found.path or transport.candidates(socket)[0][0]
-    if found.path is not None:
+    why = None  # why no daemon samples it; None where fallback="always" asked for that
+    found = None if fallback == "always" else transport.find_daemon(socket)
+    path = found.path if found and found.path else transport.candidates(socket)[0][0]
+    if found is not None and found.path is None:
+        why = f"no daemon answering at {found.looked}"
+    elif found is not None:
         body: dict[str, Any] = {"children": children, "labels": labels or {}}
         if target_pid != os.getpid():
             body["pid"] = target_pid
@@ -303,16 +305,12 @@ def _register(
             why = f"the daemon at {path} refused the registration: {exc}"
         except OSError as exc:
             why = f"the daemon at {path} stopped answering ({exc})"
-    else:
-        why = f"no daemon answering at {found.looked}"
     registration = Registration(
         path, target_pid, labels or {}, children, fallback, info, **local_options
     )
     if info is None:
         if fallback == "never":
             log.warning("edgewatt: %s; pid %d is not monitored", why, target_pid)
-        elif fallback == "auto":
-            registration._start_local(why)
         else:
-            registration._start_local()
+            registration._start_local(why)
     return registration

@@ -322,48 +322,31 @@ class TargetTable:
                 existing.holders += 1
                 target, created = existing, False
             else:
-                target, created = (
-                    self._create(
-                        pid, handle, labels, children, uid, target_id, registered_at, holders
-                    ),
-                    True,
+                running = sum(1 for t in self._targets.values() if t.exited_at is None)
+                if running >= self._max_targets:
+                    handle.close()
+                    raise TooMany(
+                        "too many targets", f"at most {self._max_targets} may run at once"
+                    )
+                target = Target(
+                    id=target_id or secrets.token_hex(6),
+                    pid=pid,
+                    start_ticks=handle.start_ticks,
+                    start_time=self._boot_time + handle.start_ticks / self._clock_ticks,
+                    labels=labels,
+                    children=children,
+                    uid=uid,
+                    registered_at=registered_at or time.time(),
+                    history=History(self._history_samples),
+                    handle=handle,
+                    executable=handle.executable,
+                    holders=max(1, holders),
                 )
+                self._targets[target.id] = target
+                self._by_identity[(pid, handle.start_ticks)] = target.id
+                created = True
         self._changed()  # a new target, or one more holder: both are persisted
         return target, created
-
-    def _create(
-        self,
-        pid: int,
-        handle: ProcHandle,
-        labels: dict[str, str],
-        children: bool,
-        uid: int,
-        target_id: str | None,
-        registered_at: float | None,
-        holders: int,
-    ) -> Target:
-        """A new target for ``handle`` (the table's lock held)."""
-        running = sum(1 for t in self._targets.values() if t.exited_at is None)
-        if running >= self._max_targets:
-            handle.close()
-            raise TooMany("too many targets", f"at most {self._max_targets} may run at once")
-        target = Target(
-            id=target_id or secrets.token_hex(6),
-            pid=pid,
-            start_ticks=handle.start_ticks,
-            start_time=self._boot_time + handle.start_ticks / self._clock_ticks,
-            labels=labels,
-            children=children,
-            uid=uid,
-            registered_at=registered_at or time.time(),
-            history=History(self._history_samples),
-            handle=handle,
-            executable=handle.executable,
-            holders=max(1, holders),
-        )
-        self._targets[target.id] = target
-        self._by_identity[(pid, handle.start_ticks)] = target.id
-        return target
 
     def delete(self, target_id: str, uid: int) -> Target:
         """Let go of one registration; the target goes with the last one."""

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import socket
+import stat
 import struct
 import time
 from typing import Any, NamedTuple
@@ -117,8 +118,6 @@ def placed_by_root(path: str, owner: int) -> bool:
     """Whether only root could have put ``path`` there: every directory above its own
     is root's and writable by nobody else, and its own is root's or ``owner``'s (the
     service's, made for it by root) and writable by nobody else."""
-    import stat
-
     directory = os.path.dirname(os.path.realpath(path))
     try:
         info = os.stat(directory)

@@ -59,6 +59,16 @@ def test_the_readme_metric_table_is_rendered_from_the_table() -> None:
     assert all(f"`{m.name}`" in block for m in TABLE)
 
 
+# What a monitor exports of a reading, in the order the client emits it.
+CLIENT_METRICS = (
+    "process.cpu.time",
+    "process.memory.usage",
+    "system.network.io",
+    "hw.host.power",
+    "hw.host.energy",
+    "edgewatt.process.energy",
+)
+
 READING = Reading(
     time=1_800_000_000.5,
     cpu_user_s=1.25,
@@ -80,14 +90,7 @@ def test_the_client_prometheus_sink_takes_names_and_help_from_the_table() -> Non
     sink._labels = {"process_pid": "42", "host_name": "jetson-a"}
     sink._latest = READING
     families = {f.name: f for f in sink.collect()}
-    for name in (
-        "process.cpu.time",
-        "process.memory.usage",
-        "system.network.io",
-        "hw.host.power",
-        "hw.host.energy",
-        "edgewatt.process.energy",
-    ):
+    for name in CLIENT_METRICS:
         metric = BY_NAME[name]
         family = families[metric.prometheus_name.removesuffix("_total")]
         assert family.documentation == metric.description
@@ -106,14 +109,7 @@ def test_the_client_otlp_request_takes_names_units_and_kinds_from_the_table() ->
         encode(READING, {"host.name": "jetson-a", "process.pid": "42"})
     )
     (metrics,) = [s.metrics for r in request.resource_metrics for s in r.scope_metrics]
-    assert [m.name for m in metrics] == [
-        "process.cpu.time",
-        "process.memory.usage",
-        "system.network.io",
-        "hw.host.power",
-        "hw.host.energy",
-        "edgewatt.process.energy",
-    ]
+    assert [m.name for m in metrics] == list(CLIENT_METRICS)
     for m in metrics:
         spec = BY_NAME[m.name]
         assert (m.unit, m.description) == (spec.unit, spec.description)
