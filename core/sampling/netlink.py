@@ -1,5 +1,5 @@
 """What the netlink clients share: reading a listening socket dry without blocking,
-and walking the messages of one datagram."""
+and walking the messages of one datagram and the attributes of one message."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ import struct
 from collections.abc import Iterator
 
 NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port
+NLATTR = struct.Struct("=HH")  # length, type: struct nlattr, and rtattr alike
+
+
+def align(n: int) -> int:
+    """Netlink's 4-byte alignment of messages and attributes."""
+    return (n + 3) & ~3
 
 
 def drain(sock: socket.socket) -> tuple[list[bytes], bool]:
@@ -35,4 +41,16 @@ def messages(data: bytes) -> Iterator[tuple[int, int, int]]:
         if length < NLMSGHDR.size:
             return
         yield kind, offset + NLMSGHDR.size, offset + length
-        offset += (length + 3) & ~3
+        offset += align(length)
+
+
+def attributes(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(type, payload start, payload end) of each attribute between start and end;
+    stops at a malformed length."""
+    offset = start
+    while offset + NLATTR.size <= end:
+        length, kind = NLATTR.unpack_from(data, offset)
+        if length < NLATTR.size:
+            return
+        yield kind, offset + NLATTR.size, offset + length
+        offset += align(length)

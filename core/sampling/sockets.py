@@ -24,7 +24,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from edgewatt.core.sampling.netlink import drain, messages
+from edgewatt.core.sampling.netlink import NLMSGHDR, attributes, drain, messages
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -38,11 +38,9 @@ TCP_LISTEN = 10
 # Every state but LISTEN (no bytes) and TIME_WAIT (no tcp_info, no inode).
 STATES = 0xFFF & ~(1 << TCP_LISTEN) & ~(1 << TCP_TIME_WAIT)
 
-_NLMSGHDR = struct.Struct("=IHHII")
 _REQ = struct.Struct("=BBBxI")
 # struct unix_diag_req: family, protocol, pad, states, inode, show, cookie[2]
 _UNIX_REQ = struct.Struct("=BBxxIIIII")
-_RTATTR = struct.Struct("=HH")
 _U32 = struct.Struct("=I")
 _U64X2 = struct.Struct("=QQ")
 _MSG_LEN = 72
@@ -63,13 +61,9 @@ class TcpSocket:
     bytes_received: int
 
 
-def _align(n: int) -> int:
-    return (n + 3) & ~3
-
-
 def _request(family: int, flags: int, sockid: bytes = bytes(_ID_LEN), seq: int = 1) -> bytes:
     body = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), STATES) + sockid
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, flags, seq, 0) + body
+    return NLMSGHDR.pack(NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, flags, seq, 0) + body
 
 
 def parse(data: bytes, wanted: set[int] | None) -> tuple[list[TcpSocket], bool, int]:
@@ -100,15 +94,10 @@ def parse(data: bytes, wanted: set[int] | None) -> tuple[list[TcpSocket], bool, 
 
 
 def _tcp_bytes(data: bytes, start: int, end: int) -> tuple[int, int] | None:
-    offset = start
-    while offset + _RTATTR.size <= end:
-        length, kind = _RTATTR.unpack_from(data, offset)
-        if length < _RTATTR.size:
-            return None
-        if kind == INET_DIAG_INFO and length - _RTATTR.size >= _NEEDED_INFO:
-            acked, received = _U64X2.unpack_from(data, offset + _RTATTR.size + _BYTES_ACKED_OFFSET)
+    for kind, payload, payload_end in attributes(data, start, end):
+        if kind == INET_DIAG_INFO and payload_end - payload >= _NEEDED_INFO:
+            acked, received = _U64X2.unpack_from(data, payload + _BYTES_ACKED_OFFSET)
             return acked, received
-        offset += _align(length)
     return None
 
 
@@ -150,7 +139,7 @@ class SockDiag:
         holds a new one at every request, which would otherwise cost a dump each pass."""
         self._seq += 1
         body = _UNIX_REQ.pack(socket.AF_UNIX, 0, 0xFFFFFFFF, inode, 0, 0xFFFFFFFF, 0xFFFFFFFF)
-        header = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST,
+        header = NLMSGHDR.pack(NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST,
                                 self._seq, 0)  # fmt: skip
         self._sock.send(header + body)
         data = self._sock.recv(1 << 16)

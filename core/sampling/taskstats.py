@@ -27,7 +27,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from edgewatt.core.sampling.netlink import drain, messages
+from edgewatt.core.sampling.netlink import NLATTR, NLMSGHDR, align, attributes, drain, messages
 
 NETLINK_GENERIC = 16
 GENL_ID_CTRL = 0x10
@@ -45,9 +45,7 @@ NLMSG_ERROR = 2
 SOL_NETLINK = 270
 MIN_VERSION = 13  # ac_tgid
 
-_NLMSGHDR = struct.Struct("=IHHII")
 _GENLHDR = struct.Struct("=BBH")
-_NLATTR = struct.Struct("=HH")
 _U32 = struct.Struct("=I")
 # Offsets in struct taskstats (bytes): see the module docstring.
 _VERSION = struct.Struct("=H")
@@ -80,32 +78,18 @@ class TaskExit:
     hiwater_rss_bytes: int
 
 
-def _align(n: int) -> int:
-    return (n + 3) & ~3
-
-
 def _attr(kind: int, payload: bytes) -> bytes:
-    return _NLATTR.pack(_NLATTR.size + len(payload), kind) + payload.ljust(
-        _align(len(payload)), b"\0"
-    )
+    return NLATTR.pack(NLATTR.size + len(payload), kind) + payload.ljust(align(len(payload)), b"\0")
 
 
 def _message(family: int, command: int, attrs: bytes, seq: int) -> bytes:
     body = _GENLHDR.pack(command, 1, 0) + attrs
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), family, NLM_F_REQUEST, seq, 0) + body
+    return NLMSGHDR.pack(NLMSGHDR.size + len(body), family, NLM_F_REQUEST, seq, 0) + body
 
 
 def _attrs(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
-    """Attribute type -> (payload start, payload end) between start and end."""
-    found = {}
-    offset = start
-    while offset + _NLATTR.size <= end:
-        length, kind = _NLATTR.unpack_from(data, offset)
-        if length < _NLATTR.size:
-            break
-        found[kind & 0x3FFF] = (offset + _NLATTR.size, offset + length)
-        offset += _align(length)
-    return found
+    """Attribute type (flag bits masked) -> (payload start, payload end)."""
+    return {kind & 0x3FFF: (a, b) for kind, a, b in attributes(data, start, end)}
 
 
 # The usual datagram: one message whose AGGR_PID attribute holds the PID attribute,
@@ -194,9 +178,9 @@ class TaskstatsSocket:
         self._sock.settimeout(5.0)
         while True:
             reply = self._sock.recv(1 << 16)
-            _, kind, _, reply_seq, _ = _NLMSGHDR.unpack_from(reply, 0)
+            _, kind, _, reply_seq, _ = NLMSGHDR.unpack_from(reply, 0)
             if kind == NLMSG_ERROR and reply_seq == seq:
-                (code,) = struct.unpack_from("=i", reply, _NLMSGHDR.size)
+                (code,) = struct.unpack_from("=i", reply, NLMSGHDR.size)
                 if code:
                     raise OSError(-code, os.strerror(-code))
                 return
@@ -206,11 +190,11 @@ class TaskstatsSocket:
         self._sock.settimeout(5.0)
         self._sock.send(_message(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, name, 1))
         reply = self._sock.recv(1 << 16)
-        length, kind, _, _, _ = _NLMSGHDR.unpack_from(reply, 0)
+        length, kind, _, _, _ = NLMSGHDR.unpack_from(reply, 0)
         if kind == NLMSG_ERROR:
-            (code,) = struct.unpack_from("=i", reply, _NLMSGHDR.size)
+            (code,) = struct.unpack_from("=i", reply, NLMSGHDR.size)
             raise OSError(-code, os.strerror(-code))
-        attrs = _attrs(reply, _NLMSGHDR.size + _GENLHDR.size, length)
+        attrs = _attrs(reply, NLMSGHDR.size + _GENLHDR.size, length)
         start, _ = attrs[CTRL_ATTR_FAMILY_ID]
         return struct.unpack_from("=H", reply, start)[0]
 
