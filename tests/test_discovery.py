@@ -177,13 +177,15 @@ reg.close()
 
 # In a private mount namespace, a tmpfs on /run: the daemon listens at the real system
 # path without touching the host's /run. As the systemd unit runs it: a dynamic user
-# (uid 61234 here), in RuntimeDirectory=edgewatt, which root made and gave to it.
+# (uid 61234 here) with CAP_DAC_READ_SEARCH (which also lets it read a checkout in a
+# private folder), in RuntimeDirectory=edgewatt, which root made and gave to it.
 NAMESPACE = """
 set -e
 mount -t tmpfs -o mode=0755 tmpfs /run
 mkdir -m 0755 /run/edgewatt /run/edgewatt-state
 chown 61234:61234 /run/edgewatt /run/edgewatt-state
 setpriv --reuid 61234 --regid 61234 --clear-groups \
+    --inh-caps +dac_read_search --ambient-caps +dac_read_search \
     "$PY" -m edgewatt.cli serve --listen "127.0.0.1:$PORT" --state-dir /run/edgewatt-state \
     --socket /run/edgewatt/edgewatt.sock --interval 0.2 >"$STATE/daemon.log" 2>&1 &
 daemon=$!

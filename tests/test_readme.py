@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +116,11 @@ def test_the_example_and_every_sh_command_run_as_written(
 def test_make_run_serves_on_its_embedded_defaults(tmp_path: Path) -> None:
     # As written, in the checkout; only where it listens is moved out of the way.
     socket = tmp_path / "ew.sock"
+    port = free_port()
     env = {
         **os.environ,
         "EDGEWATT_SOCKET": str(socket),
-        "EDGEWATT_LISTEN": f"127.0.0.1:{free_port()}",
+        "EDGEWATT_LISTEN": f"127.0.0.1:{port}",
         "EDGEWATT_STATE_DIR": str(tmp_path / "state"),
     }
     make = subprocess.Popen(
@@ -131,10 +133,11 @@ def test_make_run_serves_on_its_embedded_defaults(tmp_path: Path) -> None:
 
         health = wait_for(lambda: _health(transport, str(socket)), timeout=30)
         assert health["status"] == "ok"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            assert b'service_name="edgewatt"' in r.read()
     finally:
         os.killpg(make.pid, signal.SIGTERM)
-        out = make.communicate(timeout=30)[0]
-    assert "edgewatt 0.1.0 serving" in out, out
+        make.communicate(timeout=30)
     assert not socket.exists()  # nothing left behind: the socket goes with the daemon
 
 
