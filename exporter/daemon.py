@@ -465,16 +465,11 @@ def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:
             FILES_PER_TARGET,
             config.max_targets,
         )
-    try:
-        daemon = Daemon(config)
-        daemon.start()
-    except (StartError, OSError) as exc:
-        log.error("cannot start: %s", exc)
-        return 2
-
     # The handlers only note the signal: a handler runs between two bytecodes of the
     # main thread and must take no lock (it may hold the very one). The wakeup fd
-    # wakes the main thread's select, so nothing polls while nothing happens.
+    # wakes the main thread's select, so nothing polls while nothing happens. They are
+    # in place before the daemon starts: a SIGTERM while it starts (a client may
+    # already be answered) is handled as a clean stop right after, not a kill.
     received: list[int] = []
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -482,6 +477,15 @@ def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:
     signal.set_wakeup_fd(wake_w)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda signum, _frame: received.append(signum))
+    try:
+        daemon = Daemon(config)
+        daemon.start()
+    except (StartError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        signal.set_wakeup_fd(-1)
+        os.close(wake_r)
+        os.close(wake_w)
+        return 2
     while not daemon.stop_event.is_set():
         select.select([wake_r], [], [], 5.0)  # the timeout only as a backstop
         with contextlib.suppress(BlockingIOError):

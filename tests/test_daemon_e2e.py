@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -250,6 +251,25 @@ def test_signals_stop_cleanly_within_two_seconds(daemon_factory: Any, sig: int) 
     assert daemon.proc is not None and daemon.proc.returncode == 0
     assert not os.path.exists(daemon.socket)
     assert "edgewatt stopped" in daemon.log()
+
+
+def test_a_sigterm_while_starting_is_a_clean_stop(tmp_path: Path) -> None:
+    # systemd may stop the service while it starts: the signal lands as soon as the
+    # API socket exists, before the power readers, the first pass and the log line.
+    sock = tmp_path / "ew.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgewatt.cli", "serve", "--socket", str(sock),
+         "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, out
+    assert "received SIGTERM, stopping" in out and "edgewatt stopped" in out
+    assert not sock.exists()
 
 
 def test_open_files_limit_lifted_to_the_hard_limit(daemon_factory: Any) -> None:
