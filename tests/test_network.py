@@ -324,14 +324,15 @@ def test_a_unix_socket_is_told_apart_without_a_tcp_dump() -> None:
 
 def test_a_client_of_the_daemon_costs_no_dump_per_request(spawn: Any) -> None:
     # A process that opens a new Unix socket at every pass (as a client calling the
-    # daemon does) is told apart by one exact request each time, never a dump.
-    code = (
-        "import socket, time\nwhile True:\n    a, b = socket.socketpair()\n    time.sleep(0.02)\n"
-    )
-    child = spawn(code)
+    # daemon does) is told apart by one exact request each time, never a dump; also
+    # when the socket is closed between the fd listing and that request (the loop
+    # below closes one every few microseconds: the old code dumped in a third of
+    # these passes).
+    code = "import socket\nprint(flush=True)\nwhile True:\n    a, b = socket.socketpair()\n"
+    child = spawn(code, stdout=subprocess.PIPE)
+    child.stdout.readline()  # looping now
     accounting = NetworkAccounting()
-    for _ in range(5):
+    for _ in range(200):
         accounting.sample({"t": (child.pid,)})
-        time.sleep(0.05)
     assert accounting.dumps == 0
     accounting.close()

@@ -111,6 +111,8 @@ class NetworkAccounting:
         unix = {inode for inode in unknown if self.diag.is_unix(inode)}
         self._not_tcp |= unix
         unknown -= unix
+        if unknown:
+            unknown = self._still_held(unknown, found_by_pid)
         fresh: dict[int, TcpSocket] = {}
         if unknown:
             self.dumps += 1
@@ -174,6 +176,17 @@ class NetworkAccounting:
             self._finals[cookie(sock)] = sock
         for gone in self._finals.keys() - tracked:
             del self._finals[gone]
+
+    def _still_held(self, inodes: set[int], found_by_pid: dict[int, set[int] | None]) -> set[int]:
+        """The inodes their processes still hold. A socket closed since its fd was
+        listed (a Unix one often: a client's request to the daemon) is neither told
+        apart by unix_diag nor found by a dump, which matches inodes of live sockets
+        only; listing the holder's fds again is far cheaper than that dump."""
+        held: set[int] = set()
+        for pid, found in found_by_pid.items():
+            if found and found & inodes:
+                held |= (self._socket_inodes(pid) or set()) & inodes
+        return held
 
     def _socket_inodes(self, pid: int) -> set[int] | None:
         """None when the process's fds are not ours to see."""
