@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from edgewatt.core import transport
 from edgewatt.core.carbon import resolve_carbon
 from edgewatt.core.sampling import procfs
+from edgewatt.core.text import printable
 from edgewatt.exporter.config import Config
 
 
@@ -197,5 +198,5 @@ def run(config: Config, socket_path: str | None = None) -> tuple[str, int]:
         except Exception as exc:  # a check that breaks is itself a finding
             verdict, text = "FAIL", f"{check.__name__} could not run: {exc}"
         failed += verdict == "FAIL"
-        lines.append(f"{verdict:<4}  {text}")
+        lines.append(f"{verdict:<4}  {printable(text)}")  # quotes what the daemon said
     return "\n".join(lines), (1 if failed else 0)

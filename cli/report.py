@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from edgewatt.cli.status import human_bytes
+from edgewatt.core.text import printable
 
 
 def summary_table(summary: dict[str, Any], title: str) -> str:
@@ -50,7 +51,8 @@ def summary_table(summary: dict[str, Any], title: str) -> str:
         rows.append(("energy", "unknown: no power source on this device"))
     rows.append(("samples", str(summary.get("samples", 0))))
     width = max(len(k) for k, _ in rows)
-    return "\n".join([title, *(f"  {k.ljust(width)}  {v}" for k, v in rows)])
+    lines = [title, *(f"  {k.ljust(width)}  {v}" for k, v in rows)]
+    return "\n".join(printable(line) for line in lines)  # the title quotes a command line
 
 
 def load(

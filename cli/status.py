@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgewatt.core.text import printable
+
 
 def human_bytes(value: float | None) -> str:
     if value is None:
@@ -38,6 +40,9 @@ def render(targets: list[dict[str, Any]], logical_cpus: int | None = None) -> st
                 labels or "-",
             )
         )
+    # Names and labels are whatever a user registered: escaped, so no terminal control
+    # sequence reaches the screen of whoever reads the table (often root).
+    rows = [tuple(printable(cell) for cell in row) for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()

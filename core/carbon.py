@@ -17,6 +17,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from edgewatt.core.text import shown
+
 log = logging.getLogger(__name__)
 
 J_PER_KWH = 3.6e6
@@ -50,7 +52,7 @@ def country(code: str) -> CarbonIntensity:
                 f"{entry['name']} {entry['year']} average, {entry['source']}",
             )
     known = ", ".join(sorted(e["alpha2"] for e in countries().values()))
-    raise ValueError(f"no carbon intensity for country {code!r} (the table has {known})")
+    raise ValueError(f"no carbon intensity for country {shown(code)} (the table has {known})")
 
 
 def resolve_carbon(g_per_kwh: float | None, country_code: str | None) -> CarbonIntensity | None:
@@ -71,11 +73,11 @@ def parse_intensity(value: Any) -> float | None:
     if value is None or value in ("", "none", "auto"):
         return None
     if isinstance(value, bool):
-        raise ValueError(f"must be gCO2e per kWh, got {value!r}")
+        raise ValueError(f"must be gCO2e per kWh, got {shown(value)}")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"must be gCO2e per kWh, got {value!r}") from None
+        raise ValueError(f"must be gCO2e per kWh, got {shown(value)}") from None
     if not 0 <= number <= MAX_G_PER_KWH:
         raise ValueError(f"must be between 0 and {MAX_G_PER_KWH:g}, got {number:g}")
     return number
@@ -84,7 +86,7 @@ def parse_intensity(value: Any) -> float | None:
 def parse_country(value: Any) -> str:
     """The ``carbon_country`` setting: "" (none) or a code the shipped table has."""
     if not isinstance(value, str):
-        raise ValueError(f"must be a string, got {value!r}")
+        raise ValueError(f"must be a string, got {shown(value)}")
     text = value.strip()
     if text:
         country(text)  # ValueError naming the codes the table has

@@ -11,7 +11,7 @@ MAX_VALUE_BYTES = 1024
 
 # OTel attribute keys may hold dots; the Prometheus exporter turns them into
 # underscores. Both forms must be free of collisions.
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.]*$")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.]*")
 
 # Set by Prometheus itself, or by edgewatt on every series it exports: a user label
 # of that name would shadow or be shadowed.
@@ -41,6 +41,26 @@ class LabelError(ValueError):
     """A label set that cannot be exported; the message names the label."""
 
 
+def utf8_length(text: str, what: str) -> int:
+    """Bytes of ``text`` in UTF-8; a lone surrogate (valid in JSON's \\uXXXX escapes,
+    not in UTF-8) is refused here, since /metrics could not encode it."""
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:
+        raise LabelError(f"{what} is not valid Unicode (a lone surrogate)") from None
+
+
+def validate_value(value: object, what: str, max_bytes: int = MAX_VALUE_BYTES) -> str:
+    """A label value or phase name: a non-empty string of at most ``max_bytes`` in UTF-8."""
+    if not isinstance(value, str):
+        raise LabelError(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise LabelError(f"{what} must not be empty")
+    if utf8_length(value, what) > max_bytes:
+        raise LabelError(f"{what} is longer than {max_bytes} bytes")
+    return value
+
+
 def prometheus_name(key: str) -> str:
     return key.replace(".", "_")
 
@@ -56,12 +76,12 @@ def validate_labels(labels: object) -> dict[str, str]:
     clean: dict[str, str] = {}
     seen: dict[str, str] = {}
     for key, value in labels.items():
-        if not isinstance(key, str) or not _NAME.match(key):
+        if not isinstance(key, str) or not _NAME.fullmatch(key):
             raise LabelError(
                 f"invalid label name {key!r}: must start with a letter and hold only "
                 "letters, digits, '_' and '.'"
             )
-        if len(key.encode()) > MAX_NAME_BYTES:
+        if len(key) > MAX_NAME_BYTES:  # ASCII, as _NAME matched
             raise LabelError(f"label name {key[:40]!r}... is longer than {MAX_NAME_BYTES} bytes")
         name = prometheus_name(key)
         if name in RESERVED or name.startswith("__") or name.startswith("otel_"):
@@ -73,7 +93,7 @@ def validate_labels(labels: object) -> dict[str, str]:
             raise LabelError(f"label names {seen[name]!r} and {key!r} both export as {name!r}")
         if not isinstance(value, str):
             raise LabelError(f"label {key!r} must have a string value, got {type(value).__name__}")
-        if len(value.encode()) > MAX_VALUE_BYTES:
+        if utf8_length(value, f"the value of label {key!r}") > MAX_VALUE_BYTES:
             raise LabelError(f"label {key!r} has a value longer than {MAX_VALUE_BYTES} bytes")
         seen[name] = key
         clean[key] = value

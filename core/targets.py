@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.labels import LabelError, validate_value
 from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle
 from edgewatt.core.snapshot import ProcessSample
 
@@ -57,7 +58,7 @@ SAMPLE_UNITS = {
 }
 
 MAX_PHASES = 1000
-MAX_PHASE_NAME = 128
+MAX_PHASE_NAME = 128  # bytes of UTF-8
 
 
 class TargetError(Exception):
@@ -258,6 +259,7 @@ class TargetTable:
         max_targets: int,
         history_samples: int,
         exited_retention_s: float,
+        max_targets_per_uid: int | None = None,  # None: max_targets
         proc: str = "/proc",
         on_change: Callable[[list[dict[str, Any]]], None] | None = None,
         open_process: Callable[..., Any] = ProcHandle,
@@ -268,24 +270,32 @@ class TargetTable:
         self._open = open_process
         self._carbon = carbon
         self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
         self._targets: dict[str, Target] = {}
         self._by_identity: dict[tuple[int, int], str] = {}
         self._boot_time = boot_time
         self._clock_ticks = clock_ticks
         self._max_targets = max_targets
+        self._max_per_uid = max_targets_per_uid or max_targets
         self._history_samples = history_samples
         self._retention = exited_retention_s
         self._proc = proc
         self._on_change = on_change
 
     def set_limits(
-        self, *, max_targets: int, history_samples: int, exited_retention_s: float
+        self,
+        *,
+        max_targets: int,
+        max_targets_per_uid: int,
+        history_samples: int,
+        exited_retention_s: float,
     ) -> None:
         """A reload changed the limits: they hold for what comes next (a smaller
         max_targets refuses new registrations, it ends no running target; a new
         history length holds for targets registered from now on)."""
         with self._lock:
             self._max_targets = max_targets
+            self._max_per_uid = max_targets_per_uid
             self._history_samples = history_samples
             self._retention = exited_retention_s
 
@@ -309,6 +319,10 @@ class TargetTable:
             handle = self._open(pid, self._proc, expect_start=expect_start)
         except NoSuchProcess as exc:
             raise TargetError("no such process", f"pid {pid} does not exist") from exc
+        reason = handle.refuses(uid) if uid != 0 else None
+        if reason is not None:
+            handle.close()
+            raise Forbidden("not your process", reason)
         with self._lock:
             existing_id = self._by_identity.get((pid, handle.start_ticks))
             if existing_id is not None:
@@ -322,12 +336,10 @@ class TargetTable:
                 existing.holders += 1
                 target, created = existing, False
             else:
-                running = sum(1 for t in self._targets.values() if t.exited_at is None)
-                if running >= self._max_targets:
+                refusal = self._over_limit(uid)
+                if refusal is not None:
                     handle.close()
-                    raise TooMany(
-                        "too many targets", f"at most {self._max_targets} may run at once"
-                    )
+                    raise refusal
                 target = Target(
                     id=target_id or secrets.token_hex(6),
                     pid=pid,
@@ -345,8 +357,19 @@ class TargetTable:
                 self._targets[target.id] = target
                 self._by_identity[(pid, handle.start_ticks)] = target.id
                 created = True
-        self._changed()  # a new target, or one more holder: both are persisted
+        self.persist()  # a new target, or one more holder: both are persisted
         return target, created
+
+    def _over_limit(self, uid: int) -> TooMany | None:
+        running = [t.uid for t in self._targets.values() if t.exited_at is None]
+        if len(running) >= self._max_targets:
+            return TooMany("too many targets", f"at most {self._max_targets} may run at once")
+        # Root is exempt: its registrations are the administrator's own.
+        if uid != 0 and running.count(uid) >= self._max_per_uid:
+            return TooMany(
+                "too many targets", f"at most {self._max_per_uid} per user may run at once"
+            )
+        return None
 
     def delete(self, target_id: str, uid: int) -> Target:
         """Let go of one registration; the target goes with the last one."""
@@ -358,12 +381,16 @@ class TargetTable:
                 del self._targets[target_id]
                 self._by_identity.pop((target.pid, target.start_ticks), None)
         # The sampler owns the handle; it closes it when the target leaves its list.
-        self._changed()
+        self.persist()
         return target
 
     def start_phase(self, target_id: str, name: object, uid: int) -> Phase:
-        if not isinstance(name, str) or not name or len(name) > MAX_PHASE_NAME:
-            raise TargetError("invalid phase name", f"1 to {MAX_PHASE_NAME} characters required")
+        # A phase name becomes a label value: the same rules, a shorter bound.
+        try:
+            validate_value(name, "the phase name", MAX_PHASE_NAME)
+        except LabelError as exc:
+            raise TargetError("invalid phase name", str(exc)) from None
+        assert isinstance(name, str)
         now = time.time()
         with self._lock:
             target = self._get(target_id)
@@ -478,7 +505,7 @@ class TargetTable:
                 if phase.ended_at is None:
                     phase.ended_at = when
             self._by_identity.pop((target.pid, target.start_ticks), None)
-        self._changed()
+        self.persist()
 
     def purge_exited(self, now: float) -> int:
         """Forget exited targets older than the retention, and the oldest beyond
@@ -517,9 +544,13 @@ class TargetTable:
                 if t.exited_at is None
             ]
 
-    def _changed(self) -> None:
+    def persist(self) -> None:
+        """Hand the state to on_change (the state file)."""
         if self._on_change is not None:
-            self._on_change(self.persistent_state())
+            # Taken and handed on under one lock: of two changes saved at once, the
+            # state read last is also saved last (never an older over a newer).
+            with self._save_lock:
+                self._on_change(self.persistent_state())
 
     def _get(self, target_id: str) -> Target:
         target = self._targets.get(target_id)

@@ -26,16 +26,20 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from edgewatt.core.labels import LabelError, validate_labels
 from edgewatt.core.sampling import procfs
 from edgewatt.core.targets import TargetError, TargetTable
+from edgewatt.exporter.registration import (
+    TARGET_ID,
+    InvalidRegistration,
+    parse_request,
+    reject_unknown,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_CONNECTIONS = 64
 REQUEST_TIMEOUT_S = 5.0
-_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ROUTE = re.compile(r"^/v1/targets(?:/(?P<id>[^/]+)(?:/(?P<sub>samples|summary|phase))?)?$")
 
 
@@ -149,7 +153,7 @@ class _Handler(BaseHTTPRequestHandler):
         if match is None:
             raise ApiError(404, "not found", f"no endpoint at {path[:200]!r}")
         target_id, sub = match.group("id"), match.group("sub")
-        if target_id is not None and not _ID.match(target_id):
+        if target_id is not None and not TARGET_ID.fullmatch(target_id):
             raise ApiError(404, "no such target", f"{target_id[:80]!r} is not a target id")
         table = self.server.table
         if target_id is None:
@@ -178,7 +182,10 @@ class _Handler(BaseHTTPRequestHandler):
                     "phase": table.phase_summary(target_id, ended, self.server.logical_cpus),
                 }
             body = self._read_json()
-            _reject_unknown(body, {"name"})
+            try:
+                reject_unknown(body, {"name"})
+            except InvalidRegistration as exc:
+                raise ApiError(400, exc.error, exc.detail) from None
             phase = table.start_phase(target_id, body.get("name"), self.peer_uid)
             self.server.sample_now(target_id)
             return 201, {"target": target_id, "name": phase.name, "started_at": phase.started_at}
@@ -238,34 +245,20 @@ class _Handler(BaseHTTPRequestHandler):
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(400, "invalid JSON", str(exc)[:200]) from None
+        except RecursionError:  # thousands of nested brackets
+            raise ApiError(400, "invalid JSON", "nested too deeply") from None
         if not isinstance(data, dict):
             raise ApiError(400, "invalid body", "the body must be a JSON object")
         return data
 
     def _register(self) -> tuple[int, Any]:
-        body = self._read_json()
-        _reject_unknown(body, {"pid", "labels", "children"})
-        pid = body.get("pid", self.peer_pid)
-        if isinstance(pid, bool) or not isinstance(pid, int):
-            raise ApiError(400, "invalid pid", f"pid must be an integer, got {pid!r:.40}")
-        if not 0 < pid <= self.server.pid_max:
-            raise ApiError(400, "invalid pid", f"pid must be 1..{self.server.pid_max}, got {pid}")
-        children = body.get("children", True)
-        if not isinstance(children, bool):
-            raise ApiError(400, "invalid children", "children must be true or false")
         try:
-            labels = validate_labels(body.get("labels"))
-        except LabelError as exc:
-            raise ApiError(400, "invalid labels", str(exc)) from None
-        if self.peer_uid != 0:
-            try:
-                owner = procfs.process_uid(pid, self.server.proc)
-            except procfs.NoSuchProcess:
-                raise ApiError(400, "no such process", f"pid {pid} does not exist") from None
-            if owner != self.peer_uid:
-                detail = f"pid {pid} belongs to uid {owner}, you are uid {self.peer_uid}"
-                raise ApiError(403, "not your process", detail)
-        target, created = self.server.table.register(pid, labels, children, self.peer_uid)
+            request = parse_request(self._read_json(), self.peer_pid, self.server.pid_max)
+        except InvalidRegistration as exc:
+            raise ApiError(400, exc.error, exc.detail) from None
+        target, created = self.server.table.register(
+            request.pid, request.labels, request.children, self.peer_uid
+        )
         if created:
             # Registration is a sample: the summary's baseline is read now, so what the
             # process did before is excluded and nothing after it is lost.
@@ -279,13 +272,6 @@ class _Handler(BaseHTTPRequestHandler):
             "children": info["children"],
             "min_interval_s": self.server.min_interval,  # for monitors' fresh reads
         }
-
-
-def _reject_unknown(body: dict[str, Any], known: set[str]) -> None:
-    unknown = sorted(set(body) - known)
-    if unknown:
-        detail = f"{unknown[0][:80]!r}; known fields: {', '.join(sorted(known))}"
-        raise ApiError(400, "unknown field", detail)
 
 
 def _since(query: str) -> float | None:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from edgewatt.core import carbon
+from edgewatt.core.text import shown
 from edgewatt.core.transport import default_socket
 
 
@@ -39,6 +40,7 @@ class Config:
     min_interval: float = 0.1
     state_dir: str = ""  # "" means default_state_dir()
     max_targets: int = 1000
+    max_targets_per_uid: int = 100
     history_samples: int = 300
     exited_retention: float = 600.0
     series_rotation: int = 200
@@ -76,11 +78,11 @@ def _ranged(convert: Callable[[Any], Any], lo: float, hi: float, what: str) -> C
     def parse(value: Any) -> Any:
         lossy = convert is int and isinstance(value, float) and not value.is_integer()
         if isinstance(value, bool) or lossy:
-            raise ValueError(f"must be {what}, got {value!r}")
+            raise ValueError(f"must be {what}, got {shown(value)}")
         try:
             number = convert(value)
         except (TypeError, ValueError):
-            raise ValueError(f"must be {what}, got {value!r}") from None
+            raise ValueError(f"must be {what}, got {shown(value)}") from None
         if not lo <= number <= hi:
             raise ValueError(f"must be between {lo:g} and {hi:g}, got {number:g}")
         return number
@@ -98,7 +100,7 @@ def _count(lo: int, hi: int) -> Callable[[Any], int]:
 
 def _text(value: Any) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"must be a string, got {value!r}")
+        raise ValueError(f"must be a string, got {shown(value)}")
     return value
 
 
@@ -114,17 +116,17 @@ def parse_listen(value: Any) -> tuple[str, int]:
     text = _text(value).strip()
     host, sep, port = text.rpartition(":")
     if not sep:
-        raise ValueError(f"must be HOST:PORT, got {text!r}")
+        raise ValueError(f"must be HOST:PORT, got {shown(text)}")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"port must be 0-65535, got {port!r}")
+        raise ValueError(f"port must be 0-65535, got {shown(port)}")
     return host or "0.0.0.0", int(port)
 
 
 def _log_level(value: Any) -> str:
     text = _text(value).lower()
     if text not in ("debug", "info", "warning", "error"):
-        raise ValueError(f"must be debug, info, warning or error, got {value!r}")
+        raise ValueError(f"must be debug, info, warning or error, got {shown(value)}")
     return text
 
 
@@ -139,14 +141,14 @@ def _power_sources(value: Any) -> tuple[str, ...] | None:
     clean = tuple(str(n).strip() for n in names)
     for name in clean:
         if name not in SOURCES:
-            raise ValueError(f"unknown power source {name!r}; known: {', '.join(SOURCES)}")
+            raise ValueError(f"unknown power source {shown(name)}; known: {', '.join(SOURCES)}")
     return clean
 
 
 def _protocol(value: Any) -> str:
     text = _text(value)
     if text not in ("http/protobuf", "grpc"):
-        raise ValueError(f"must be http/protobuf or grpc, got {text!r}")
+        raise ValueError(f"must be http/protobuf or grpc, got {shown(text)}")
     return text
 
 
@@ -161,7 +163,7 @@ def _headers(value: Any) -> tuple[tuple[str, str], ...]:
         for item in filter(None, (p.strip() for p in value.split(","))):
             key, sep, val = item.partition("=")
             if not sep or not key.strip():
-                raise ValueError(f"must be KEY=VALUE pairs separated by commas, got {item!r}")
+                raise ValueError(f"must be KEY=VALUE pairs separated by commas, got {shown(item)}")
             pairs.append((unquote(key.strip()), unquote(val.strip())))
     else:
         raise ValueError("must be a mapping or KEY=VALUE,KEY=VALUE")
@@ -173,13 +175,13 @@ def _boolean(value: Any) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
         return value.lower() in ("true", "1", "yes")
-    raise ValueError(f"must be true or false, got {value!r}")
+    raise ValueError(f"must be true or false, got {shown(value)}")
 
 
 def _endpoint(value: Any) -> str:
     text = _text(value).strip()
     if text and "://" not in text:
-        raise ValueError(f"must be a URL such as http://collector:4318, got {text!r}")
+        raise ValueError(f"must be a URL such as http://collector:4318, got {shown(text)}")
     return text
 
 
@@ -228,6 +230,12 @@ KEYS: Mapping[str, Key] = {
     "max_targets": Key(
         _count(1, 100_000),
         "targets that may run at once (more get HTTP 429); also the most exited ones kept",
+        live=True,
+    ),
+    "max_targets_per_uid": Key(
+        _count(1, 100_000),
+        "targets one user other than root may have running at once (more get HTTP 429), so "
+        "one user cannot take every slot",
         live=True,
     ),
     "history_samples": Key(
@@ -352,7 +360,9 @@ def _apply(config: Config, values: Mapping[str, Any], source: str) -> Config:
     changes: dict[str, Any] = {}
     for key, value in values.items():
         if key not in KEYS:
-            raise ConfigError(f"{key}: unknown key ({source}); known keys: {', '.join(KEYS)}")
+            known = ", ".join(KEYS)
+            name = key[:80] if isinstance(key, str) else shown(key)
+            raise ConfigError(f"{name}: unknown key ({source}); known keys: {known}")
         try:
             changes[key] = KEYS[key].parse(value)
         except ValueError as exc:
@@ -360,14 +370,59 @@ def _apply(config: Config, values: Mapping[str, Any], source: str) -> Config:
     return replace(config, **changes)
 
 
+# Values a config file may expand to, aliases counted at every use: a few hundred
+# bytes of nested aliases ("billion laughs") expand to billions otherwise.
+MAX_YAML_VALUES = 10_000
+
+
+class _Expansion(yaml.YAMLError):
+    pass
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    def compose_document(self) -> yaml.Node | None:
+        node = super().compose_document()
+        if node is not None:
+            _count_values(node, {}, set())
+        return node
+
+
+def _count_values(node: yaml.Node, counted: dict[int, int], open_: set[int]) -> int:
+    """Values under ``node`` with every alias expanded, computed once per node (the
+    composed graph is small even when its expansion is not)."""
+    key = id(node)
+    if key in counted:
+        return counted[key]
+    if key in open_:
+        raise _Expansion("a recursive alias (a value that contains itself)")
+    open_.add(key)
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_count_values(child, counted, open_) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total += sum(
+            _count_values(k, counted, open_) + _count_values(v, counted, open_)
+            for k, v in node.value
+        )
+    open_.discard(key)
+    if total > MAX_YAML_VALUES:
+        raise _Expansion(f"aliases expand to more than {MAX_YAML_VALUES} values")
+    counted[key] = total
+    return total
+
+
 def load_yaml(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=_BoundedLoader)
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except _Expansion as exc:
+        raise ConfigError(f"config file {path}: refused: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path}: refused: values nested too deeply") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"config file {path}: not valid YAML: {shown(str(exc))}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -390,7 +445,8 @@ def build(yaml_path: str | None, environ: Mapping[str, str], flags: Mapping[str,
             try:
                 value = convert(environ[name])
             except ValueError:
-                raise ConfigError(f"{key}: bad value {environ[name]!r} (from {name})") from None
+                bad = shown(environ[name])
+                raise ConfigError(f"{key}: bad value {bad} (from {name})") from None
             config = _apply(config, {key: value}, f"from {name}")
     for key, value in from_environment(environ).items():
         config = _apply(config, {key: value}, f"from EDGEWATT_{key.upper()}")

@@ -11,7 +11,6 @@ import select
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -34,19 +33,21 @@ from edgewatt.core.sampling.sockets import DestroyListener
 from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
 from edgewatt.core.snapshot import host_document
 from edgewatt.core.targets import SAMPLE_UNITS, TargetError, TargetTable
+from edgewatt.core.text import printable
 from edgewatt.exporter.api import ApiServer
 from edgewatt.exporter.config import KEYS, Config, ConfigError
 from edgewatt.exporter.exposition import Exposition
 from edgewatt.exporter.notify import Notifier
 from edgewatt.exporter.otlp import OtlpOptions, build_reader
+from edgewatt.exporter.registration import InvalidRegistration, parse_saved
 from edgewatt.exporter.statefile import StateFile
 from edgewatt.exporter.telemetry import OtelPipeline
 
 log = logging.getLogger(__name__)
 
 
-def instance_id(state_dir: Path) -> str:
-    """The machine id (stable across restarts and reinstalls), else one kept in state."""
+def machine_id() -> str:
+    """The machine's id (stable across restarts and reinstalls), "" where it has none."""
     for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
         try:
             value = Path(path).read_text().strip()
@@ -54,13 +55,7 @@ def instance_id(state_dir: Path) -> str:
             continue
         if value:
             return value
-    kept = state_dir / "instance-id"
-    try:
-        return kept.read_text().strip()
-    except OSError:
-        value = uuid.uuid4().hex
-        kept.write_text(value + "\n")
-        return value
+    return ""
 
 
 # OTel semconv host.arch values for what the kernel calls the machine.
@@ -93,12 +88,14 @@ def device_facts(proc: str = "/proc", etc: str = "/etc") -> dict[str, str]:
     return facts
 
 
-def build_resource(config: Config, carbon: CarbonIntensity | None = None) -> Resource:
+def build_resource(
+    config: Config, instance_id: str, carbon: CarbonIntensity | None = None
+) -> Resource:
     machine = platform.machine()
     defaults: dict[str, Any] = {
         "service.name": "edgewatt",
         "service.version": __version__,
-        "service.instance.id": instance_id(Path(config.state_dir)),
+        "service.instance.id": instance_id,
         "host.name": config.host_name,
         "host.arch": _ARCH.get(machine, machine),
         "os.type": "linux",
@@ -117,19 +114,19 @@ class Daemon:
         self.stop_event = threading.Event()
         proc = config.proc_path
         self.carbon = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
-        Path(config.state_dir).mkdir(parents=True, exist_ok=True)
         self.statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc))
         self.table = TargetTable(
             boot_time=procfs.boot_time(proc),
             clock_ticks=procfs.CLOCK_TICKS,
             max_targets=config.max_targets,
+            max_targets_per_uid=config.max_targets_per_uid,
             history_samples=config.history_samples,
             exited_retention_s=config.exited_retention,
             proc=proc,
             on_change=self._persist,
             carbon=self.carbon,
         )
-        resource = build_resource(config, self.carbon)
+        resource = build_resource(config, machine_id() or self.statefile.instance_id(), self.carbon)
         self.exposition = Exposition(resource)
         # The OTel SDK runs only to push: /metrics is rendered from the snapshot.
         self.pipeline = (
@@ -217,6 +214,7 @@ class Daemon:
         def limits() -> None:
             self.table.set_limits(
                 max_targets=c.max_targets,
+                max_targets_per_uid=c.max_targets_per_uid,
                 history_samples=c.history_samples,
                 exited_retention_s=c.exited_retention,
             )
@@ -234,6 +232,7 @@ class Daemon:
             "idle_power_w": (idle,),
             "baseline_window": (window,),
             "max_targets": (limits, otlp),  # the pipeline's cardinality limit follows it
+            "max_targets_per_uid": (limits,),
             "history_samples": (limits,),
             "exited_retention": (limits,),
         }
@@ -261,23 +260,31 @@ class Daemon:
             log.error("cannot persist registrations to %s: %s", self.statefile.path, exc)
 
     def restore(self) -> int:
+        """Register the saved entries again, each checked as a new registration is
+        (fields, labels, and who may watch the live process); one log line per entry
+        skipped."""
         restored = 0
-        for entry in self.statefile.load():
+        pid_max = procfs.pid_max(self.config.proc_path)
+        for n, entry in enumerate(self.statefile.load()):
             try:
+                saved = parse_saved(entry, pid_max)
+                request = saved.registration
                 self.table.register(
-                    int(entry["pid"]),
-                    dict(entry.get("labels") or {}),
-                    bool(entry.get("children", True)),
-                    int(entry.get("uid", 0)),
-                    target_id=str(entry["id"]),
-                    expect_start=int(entry["start_ticks"]),
-                    registered_at=float(entry.get("registered_at") or time.time()),
-                    holders=int(entry.get("holders", 1)),
+                    request.pid,
+                    request.labels,
+                    request.children,
+                    saved.uid,
+                    target_id=saved.target_id,
+                    expect_start=saved.start_ticks,
+                    registered_at=saved.registered_at,
+                    holders=saved.holders,
                 )
                 restored += 1
-            except (TargetError, KeyError, TypeError, ValueError) as exc:
-                log.info("not restoring registration %s: %s", entry.get("id"), exc)
-        self._persist(self.table.persistent_state())
+            except (InvalidRegistration, TargetError) as exc:
+                name = entry.get("id") if isinstance(entry, dict) else None
+                name = printable(name[:64]) if isinstance(name, str) else f"#{n + 1}"
+                log.info("not restoring registration %s: %s", name, exc)
+        self.table.persist()
         return restored
 
     def health(self) -> dict[str, Any]:
@@ -363,8 +370,8 @@ class Daemon:
             self.metrics_port = self.exposition.bind(host, port)
         except OSError as exc:
             raise StartError(
-                f"cannot listen for /metrics on {host}:{port}: {exc.strerror}; another "
-                "edgewatt or exporter has it? choose another with --listen HOST:PORT"
+                f"cannot listen for /metrics on {host}:{port}: {os.strerror(exc.errno or 0)}; "
+                "another edgewatt or exporter has it? choose another with --listen HOST:PORT"
             ) from exc
         try:
             self.api = ApiServer(
@@ -417,7 +424,8 @@ class Daemon:
             self.pipeline.shutdown()
         for thread in self._threads:
             thread.join(timeout=1.0)
-        self._persist(self.table.persistent_state())
+        self.table.persist()
+        self.statefile.close()
         log.info("edgewatt stopped")
 
 

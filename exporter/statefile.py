@@ -1,27 +1,64 @@
-"""Registrations persisted atomically, so they survive a daemon restart.
+"""The daemon's state directory: registrations persisted atomically, so they survive a
+daemon restart, and the instance id where the machine has none.
 
-The file is replaced with write-to-temp, fsync, rename, fsync-directory: a crash at
-any point leaves either the old or the new file, never a torn one.
+A file is replaced with write-to-temp, fsync, rename, fsync-directory: a crash at any
+point leaves either the old or the new file, never a torn one.
+
+The daemon often runs as root, so the directory must be its own: one another user
+could write would let that user plant a symlink at the temporary file and have root
+overwrite what it points to. The directory is refused unless the daemon's user owns it
+and nobody else may write to it; every file in it is opened relative to the directory
+descriptor held from that check, with O_NOFOLLOW, and the temporary file with O_EXCL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import stat
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+REGISTRATIONS = "targets.json"
+INSTANCE_ID = "instance-id"
+
+
+class StateDirError(OSError):
+    """A state directory the daemon must not use; the message says why and the fix."""
+
+
+def open_own_directory(directory: Path) -> int:
+    """A descriptor of ``directory``, created if missing, refused if another user owns
+    it or may write to it."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    info = os.fstat(fd)
+    problem = None
+    if info.st_uid != os.geteuid():
+        problem = f"it belongs to uid {info.st_uid}, not to the daemon's uid {os.geteuid()}"
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"other users may write to it (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem is not None:
+        os.close(fd)
+        raise StateDirError(
+            f"refusing state directory {directory}: {problem}; use a directory of the "
+            "daemon's user that only it may write (--state-dir)"
+        )
+    return fd
 
 
 class StateFile:
     def __init__(self, directory: Path, boot_id: str) -> None:
-        self.path = directory / "targets.json"
+        self.path = directory / REGISTRATIONS
         self._boot_id = boot_id
+        self._dir_fd = open_own_directory(directory)
         self._lock = threading.Lock()
 
     def save(self, targets: list[dict[str, Any]]) -> None:
@@ -29,29 +66,17 @@ class StateFile:
             {"version": FORMAT_VERSION, "boot_id": self._boot_id, "targets": targets},
             indent=1,
         ).encode()
-        with self._lock:
-            tmp = self.path.with_suffix(".json.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        self._replace(REGISTRATIONS, data)
 
-    def load(self) -> list[dict[str, Any]]:
-        """Saved registrations of this boot; an unreadable file is logged and ignored."""
+    def load(self) -> list[Any]:
+        """Saved entries of this boot, unchecked (``registration.parse_saved`` checks
+        each); an unreadable file is logged and ignored."""
         try:
-            raw = json.loads(self.path.read_bytes())
+            raw = json.loads(self._read(REGISTRATIONS))
         except FileNotFoundError:
             return []
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable state file %s: %s", self.path, exc)
+        except (OSError, ValueError, RecursionError) as exc:
+            log.warning("ignoring unreadable state file %s: %s", self.path, str(exc)[:200])
             return []
         if not isinstance(raw, dict) or raw.get("version") != FORMAT_VERSION:
             log.warning("ignoring state file %s: unknown format", self.path)
@@ -61,4 +86,46 @@ class StateFile:
             log.info("state file %s is from an earlier boot; starting empty", self.path)
             return []
         targets = raw.get("targets")
-        return targets if isinstance(targets, list) else []
+        if not isinstance(targets, list):
+            log.warning("ignoring state file %s: 'targets' is not a list", self.path)
+            return []
+        return targets
+
+    def instance_id(self) -> str:
+        """An id kept here for a machine without /etc/machine-id."""
+        try:
+            value = self._read(INSTANCE_ID).decode("ascii", "replace").strip()
+        except OSError:
+            value = ""
+        if not value:
+            value = uuid.uuid4().hex
+            self._replace(INSTANCE_ID, (value + "\n").encode())
+        return value
+
+    def close(self) -> None:
+        with self._lock:
+            if self._dir_fd >= 0:
+                os.close(self._dir_fd)
+                self._dir_fd = -1
+
+    def _read(self, name: str) -> bytes:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir_fd)
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def _replace(self, name: str, data: bytes) -> None:
+        tmp = name + ".tmp"
+        with self._lock:
+            # Whatever is at the temporary name (a crash's leftover, or a planted
+            # link) goes; O_EXCL then creates a fresh file or fails.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=self._dir_fd)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(tmp, flags, 0o600, dir_fd=self._dir_fd)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            os.fsync(self._dir_fd)

@@ -70,12 +70,32 @@ def test_open_handle_fails_after_exit_even_if_pid_reused() -> None:
     handle.close()
 
 
-def test_executable_name_and_uid_of_self() -> None:
+def test_executable_name_and_owner_of_self() -> None:
     handle = procfs.ProcHandle(os.getpid())
     exe = procfs.executable_name(os.getpid(), handle.stat().comm)
-    handle.close()
     assert exe == os.path.basename(os.path.realpath(sys.executable))
-    assert procfs.process_uid(os.getpid()) == os.getuid()
+    assert handle.refuses(os.getuid()) is None
+    assert handle.refuses(12345) == (
+        f"pid {os.getpid()} belongs to uid {os.getuid()}, you are uid 12345"
+    )
+    handle.close()
+
+
+def test_an_executable_name_that_is_not_utf8_is_replaced_not_kept_as_surrogates(
+    tmp_path: Path,
+) -> None:
+    # The kernel keeps 15 bytes of the name in comm; the invalid byte comes after.
+    exe = os.path.join(os.fsencode(tmp_path), b"a-long-program-name-\xff")
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", exe)
+    child = subprocess.Popen([exe, "30"])
+    try:
+        handle = procfs.ProcHandle(child.pid)
+        name = handle.executable
+        handle.close()
+        assert name == "a-long-program-name-\ufffd"  # never a lone surrogate
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_fd_count_follows_open_descriptors() -> None:

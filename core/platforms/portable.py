@@ -57,6 +57,10 @@ class PsutilHandle:
         if expect_start is not None and self.start_ticks != expect_start:
             raise NoSuchProcess(pid, "pid reused by a newer process")
 
+    def refuses(self, uid: int) -> None:
+        """The client's own table watches only its own processes: nothing to refuse."""
+        return None
+
     def close(self) -> None:
         pass  # psutil holds nothing open between calls
 

@@ -175,29 +175,46 @@ class ProcHandle:
         self._sched_fd = None
         self._stat_fd = -1
 
+    def refuses(self, uid: int) -> str | None:
+        """Why a non-root ``uid`` may not watch this process, None when it may.
+
+        The kernel's rule for reading another process's /proc files (ptrace access):
+        its real, effective and saved uids are the caller's, and it is dumpable (a
+        setuid program, or one that cleared the flag with prctl, is not; the kernel
+        then shows its /proc/PID as root's). Checked after this handle pinned the
+        process: if the stat file still reads afterwards, the process is the one
+        opened, so a pid reused in between cannot pass as the caller's."""
+        try:
+            with open(f"{self.proc}/{self.pid}/status", "rb") as f:
+                line = next((x for x in f if x.startswith(b"Uid:")), b"")
+            dump_owner = os.stat(f"{self.proc}/{self.pid}").st_uid
+            self.stat()
+        except (OSError, NoSuchProcess):
+            return f"pid {self.pid} has exited"
+        real, effective, saved = (int(x) for x in line.split()[1:4])
+        if (real, effective, saved) != (uid, uid, uid):
+            runs_as = "" if real == effective == saved else f" (runs as {effective}: setuid)"
+            return f"pid {self.pid} belongs to uid {real}{runs_as}, you are uid {uid}"
+        if dump_owner != uid:
+            return (
+                f"pid {self.pid} is not dumpable (a setuid program, or prctl): "
+                "only root may watch it"
+            )
+        return None
+
     def __repr__(self) -> str:
         return f"ProcHandle(pid={self.pid}, start_ticks={self.start_ticks})"
-
-
-def process_uid(pid: int, proc: str = "/proc") -> int:
-    """Real uid of a process (the owner that registration rights are checked against)."""
-    try:
-        with open(f"{proc}/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except OSError as exc:
-        raise NoSuchProcess(pid) from exc
-    raise NoSuchProcess(pid, "no Uid line")
 
 
 def executable_name(pid: int, comm: str, proc: str = "/proc") -> str:
     """Base name of /proc/PID/exe (OTel semconv), else the kernel's 15-char comm."""
     try:
-        target = os.readlink(f"{proc}/{pid}/exe")
+        target = os.readlink(f"{proc}/{pid}/exe".encode())
     except OSError:
         return comm
-    name = os.path.basename(target.removesuffix(" (deleted)"))
+    # Bytes, decoded with replacement: a path need not be UTF-8, and a lone surrogate
+    # (what str paths would give) could not be written to /metrics.
+    name = os.path.basename(target.removesuffix(b" (deleted)")).decode("utf-8", "replace")
     return name or comm
 
 

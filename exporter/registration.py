@@ -1,0 +1,121 @@
+"""What a registration may hold, checked the same way wherever one comes from: a
+request to the API, or an entry of the state file restored at startup (which anyone
+who could write that file may have shaped).
+
+Who may register which process is the target table's rule (``TargetTable.register``
+checks it on the live process), so a restored entry passes it again too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from edgewatt.core.labels import LabelError, validate_labels
+
+TARGET_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_UID = 2**32 - 2  # (uid_t)-1 means "no uid"
+MAX_HOLDERS = 1_000_000
+
+
+class InvalidRegistration(ValueError):
+    """``error`` is the short reason the API answers with, ``detail`` names the field."""
+
+    def __init__(self, error: str, detail: str) -> None:
+        super().__init__(f"{error}: {detail}")
+        self.error = error
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Registration:
+    pid: int
+    labels: dict[str, str]
+    children: bool
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A registration as the state file keeps it, to be registered again."""
+
+    registration: Registration
+    target_id: str
+    start_ticks: int
+    uid: int
+    registered_at: float
+    holders: int
+
+
+def parse_request(body: dict[str, Any], caller_pid: int, pid_max: int) -> Registration:
+    """A POST /v1/targets body; the pid defaults to the caller's."""
+    reject_unknown(body, {"pid", "labels", "children"})
+    return _registration(body, caller_pid, pid_max)
+
+
+def parse_saved(entry: object, pid_max: int) -> Saved:
+    """One entry of the state file's ``targets`` list."""
+    if not isinstance(entry, dict):
+        raise InvalidRegistration("invalid entry", f"an object is needed, got {_kind(entry)}")
+    reject_unknown(entry, {"id", "pid", "start_ticks", "labels", "children", "uid",
+                            "registered_at", "holders"})  # fmt: skip
+    for key in ("id", "pid", "start_ticks", "uid"):
+        if key not in entry:
+            raise InvalidRegistration(f"no {key}", f"the entry has no {key!r}")
+    target_id = entry["id"]
+    if not isinstance(target_id, str) or not TARGET_ID.fullmatch(target_id):
+        raise InvalidRegistration("invalid id", f"{target_id!r:.80} is not a target id")
+    registered_at = entry.get("registered_at")
+    if (
+        isinstance(registered_at, bool)
+        or not isinstance(registered_at, int | float)
+        or not math.isfinite(registered_at)
+        or registered_at <= 0
+    ):
+        raise InvalidRegistration("invalid registered_at", f"got {registered_at!r:.40}")
+    return Saved(
+        _registration(entry, None, pid_max),
+        target_id,
+        _integer(entry, "start_ticks", 0, 2**63 - 1),
+        _integer(entry, "uid", 0, MAX_UID),
+        float(registered_at),
+        _integer(entry, "holders", 1, MAX_HOLDERS, default=1),
+    )
+
+
+def _registration(body: dict[str, Any], caller_pid: int | None, pid_max: int) -> Registration:
+    if caller_pid is not None and "pid" not in body:
+        pid = caller_pid
+    else:
+        pid = _integer(body, "pid", 1, pid_max)
+    children = body.get("children", True)
+    if not isinstance(children, bool):
+        raise InvalidRegistration("invalid children", "children must be true or false")
+    try:
+        labels = validate_labels(body.get("labels"))
+    except LabelError as exc:
+        raise InvalidRegistration("invalid labels", str(exc)) from None
+    return Registration(pid, labels, children)
+
+
+def _integer(body: dict[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRegistration(f"invalid {key}", f"{key} must be an integer, got {value!r:.40}")
+    if not lo <= value <= hi:
+        raise InvalidRegistration(f"invalid {key}", f"{key} must be {lo}..{hi}, got {value}")
+    return value
+
+
+def reject_unknown(body: dict[str, Any], known: set[str]) -> None:
+    """Refuse a field this version does not know, naming it: a misspelling would
+    otherwise pass unnoticed."""
+    unknown = sorted(str(k) for k in set(body) - known)
+    if unknown:
+        detail = f"{unknown[0][:80]!r}; known fields: {', '.join(sorted(known))}"
+        raise InvalidRegistration("unknown field", detail)
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__

@@ -1,0 +1,252 @@
+"""The HTTP server behind /metrics: one thread, one selector, no thread per scrape.
+
+A scraper's request is read without blocking, so a client that trickles its request
+(or never sends it, or never reads the answer) holds no worker and delays no other
+scrape. Each connection has one deadline for all of its request and one for all of its
+answer; a timeout that restarted with every byte would let one byte every few seconds
+hold a connection for ever. A peer address may keep only ``MAX_PER_PEER`` connections
+open at once, and the server ``MAX_CONNECTIONS``: more are closed at once.
+
+One thread also keeps the host's pid counter still: a thread per scrape would take a
+new pid every scrape, and the parent index (``procfs.ParentIndex``) lists /proc again
+whenever the host's last pid moves.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 8192
+MAX_CONNECTIONS = 256
+MAX_PER_PEER = 16
+REQUEST_DEADLINE_S = 5.0  # from accept to the end of the request's headers
+ANSWER_DEADLINE_S = 60.0  # from the end of the request to the last byte of the answer
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # without the query
+    headers: dict[str, str]  # names in lower case
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    reason: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class _Connection:
+    sock: socket.socket
+    peer: str
+    deadline: float
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: memoryview | None = None  # set once the request is answered
+
+
+class ScrapeServer:
+    """Serves ``respond``'s answers to GET and HEAD requests, one per connection."""
+
+    def __init__(self, host: str, port: int, respond: Callable[[Request], Answer]) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # Bound here: a port in use raises OSError before anything else started.
+        self._listener = socket.create_server((host, port), family=family, backlog=128)
+        self._listener.setblocking(False)
+        self.port = int(self._listener.getsockname()[1])
+        self._respond = respond
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._connections: dict[socket.socket, _Connection] = {}
+        self._per_peer: Counter[str] = Counter()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def serve(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="metrics", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake_w.send(b"x")
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for connection in list(self._connections.values()):
+            self._drop(connection)
+        self._selector.close()
+        self._listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # -- the loop -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            timeout = self._next_deadline() - time.monotonic()
+            for key, events in self._selector.select(max(0.0, min(timeout, 1.0))):
+                try:
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        return
+                    else:
+                        self._service(self._connections[key.fileobj], events)  # type: ignore[index]
+                except Exception:  # one connection's trouble never ends the server
+                    log.exception("metrics endpoint: unexpected error")
+                    if key.fileobj in self._connections:
+                        self._drop(self._connections[key.fileobj])  # type: ignore[index]
+            now = time.monotonic()
+            for connection in [c for c in self._connections.values() if c.deadline < now]:
+                self._drop(connection)
+
+    def _next_deadline(self) -> float:
+        if not self._connections:
+            return time.monotonic() + 1.0
+        return min(c.deadline for c in self._connections.values())
+
+    def _accept(self) -> None:
+        for _ in range(64):  # what the backlog holds, without starving the others
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.warning("metrics endpoint: cannot accept: %s", exc.strerror)
+                    return
+                raise
+            peer = address[0]
+            if len(self._connections) >= MAX_CONNECTIONS or self._per_peer[peer] >= MAX_PER_PEER:
+                sock.close()  # a scraper retries; holding it would cost the others
+                continue
+            sock.setblocking(False)
+            connection = _Connection(sock, peer, time.monotonic() + REQUEST_DEADLINE_S)
+            self._connections[sock] = connection
+            self._per_peer[peer] += 1
+            self._selector.register(sock, selectors.EVENT_READ)
+
+    def _service(self, connection: _Connection, events: int) -> None:
+        if connection.outbox is None and events & selectors.EVENT_READ:
+            self._receive(connection)
+        elif connection.outbox is not None and events & selectors.EVENT_WRITE:
+            self._send(connection)
+
+    def _receive(self, connection: _Connection) -> None:
+        try:
+            data = connection.sock.recv(MAX_HEAD_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(connection)
+            return
+        connection.inbox += data
+        end = connection.inbox.find(b"\r\n\r\n")
+        if end < 0:
+            end = connection.inbox.find(b"\n\n")
+        if end < 0:
+            if len(connection.inbox) > MAX_HEAD_BYTES:
+                self._answer(connection, _plain(431, "Request Header Fields Too Large"))
+            return
+        self._answer(connection, self._handle(bytes(connection.inbox[:end])))
+
+    def _handle(self, head: bytes) -> Answer:
+        request = parse_head(head)
+        if request is None:
+            return _plain(400, "Bad Request")
+        if request.method not in ("GET", "HEAD"):
+            return _plain(405, "Method Not Allowed", (("Allow", "GET, HEAD"),))
+        answer = self._respond(request)
+        if request.method == "HEAD":
+            length = str(len(answer.body))
+            headers = tuple(h for h in answer.headers if h[0] != "Content-Length")
+            return Answer(answer.status, answer.reason, b"", (*headers, ("Content-Length", length)))
+        return answer
+
+    def _answer(self, connection: _Connection, answer: Answer) -> None:
+        headers = dict(answer.headers)
+        headers.setdefault("Content-Length", str(len(answer.body)))
+        headers["Connection"] = "close"  # one request per connection: nothing idles
+        head = f"HTTP/1.1 {answer.status} {answer.reason}\r\n" + "".join(
+            f"{name}: {value}\r\n" for name, value in headers.items()
+        )
+        connection.outbox = memoryview((head + "\r\n").encode("latin-1") + answer.body)
+        connection.deadline = time.monotonic() + ANSWER_DEADLINE_S
+        self._selector.modify(connection.sock, selectors.EVENT_WRITE)
+        self._send(connection)
+
+    def _send(self, connection: _Connection) -> None:
+        assert connection.outbox is not None
+        try:
+            sent = connection.sock.send(connection.outbox)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(connection)
+            return
+        connection.outbox = connection.outbox[sent:]
+        if not connection.outbox:
+            self._drop(connection)
+
+    def _drop(self, connection: _Connection) -> None:
+        if self._connections.pop(connection.sock, None) is None:
+            return
+        self._per_peer[connection.peer] -= 1
+        if self._per_peer[connection.peer] <= 0:
+            del self._per_peer[connection.peer]
+        self._selector.unregister(connection.sock)
+        connection.sock.close()
+
+
+def parse_head(head: bytes) -> Request | None:
+    """The request line and headers; None if they are not HTTP."""
+    lines = head.decode("latin-1").replace("\r\n", "\n").split("\n")
+    parts = lines[0].split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        return None
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            return None
+        headers[name.strip().lower()] = value.strip()
+    return Request(parts[0], parts[1].split("?", 1)[0], headers)
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header allows gzip: listed (or "*") with a q-value
+    above 0 (RFC 9110 12.5.3), so "gzip;q=0" refuses it."""
+    weights = {}
+    for item in accept_encoding.split(","):
+        coding, *params = (p.strip() for p in item.split(";"))
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if coding:
+            weights[coding.lower()] = q
+    return weights.get("gzip", weights.get("x-gzip", weights.get("*", 0.0))) > 0
+
+
+def _plain(status: int, reason: str, headers: tuple[tuple[str, str], ...] = ()) -> Answer:
+    body = f"{status} {reason}\n".encode()
+    return Answer(status, reason, body, (("Content-Type", "text/plain"), *headers))
