@@ -20,14 +20,15 @@ SYSTEM_SOCKET = "/run/edgewatt/edgewatt.sock"
 
 def user_socket() -> str:
     """This user's own daemon socket: the system one as root, else XDG_RUNTIME_DIR,
-    else the temp directory."""
+    else a directory of the user's own in the temp directory (in the shared temp
+    directory itself, another user could take the socket's name first)."""
     if current_uid() == 0:
         return SYSTEM_SOCKET
     if os.environ.get("XDG_RUNTIME_DIR"):
         return os.path.join(os.environ["XDG_RUNTIME_DIR"], "edgewatt.sock")
     import tempfile  # only here: it costs a few ms at import
 
-    return os.path.join(tempfile.gettempdir(), f"edgewatt-{current_uid()}.sock")
+    return os.path.join(tempfile.gettempdir(), f"edgewatt-{current_uid()}", "edgewatt.sock")
 
 
 def default_socket() -> str:

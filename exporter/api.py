@@ -1,15 +1,20 @@
 """Registration API: HTTP/1.1 with JSON bodies over a Unix socket (design.md).
 
-Every connection gets its own thread with a socket timeout, so a client that sends
-half a request and stalls holds one thread for at most ``REQUEST_TIMEOUT_S`` and never
-blocks anyone else. Every failure is a JSON ``{"error", "detail"}`` with a 4xx status;
-an unexpected exception is logged with its traceback here and answered with a 500
-that carries no traceback.
+Every connection gets its own thread, and every request one deadline: all of it (the
+wait for its first byte included) must arrive within ``REQUEST_TIMEOUT_S``, however it
+is spread out, or the connection ends (408 once the headers are in). A client that
+trickles a byte at a time holds its thread no longer than one that stalls. At most
+``MAX_CONNECTIONS`` connections are served at once, and at most
+``MAX_CONNECTIONS_PER_UID`` of one user other than root (SO_PEERCRED), so one user
+cannot take the others' share; more are answered 429 at once. Every failure is a JSON
+``{"error", "detail"}`` with a 4xx status; an unexpected exception is logged with its
+traceback here and answered with a 500 that carries no traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -20,6 +25,7 @@ import stat
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
@@ -38,7 +44,8 @@ from edgewatt.exporter.registration import (
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
-MAX_CONNECTIONS = 64
+MAX_CONNECTIONS = 128
+MAX_CONNECTIONS_PER_UID = 32  # root is not held to it: its clients are the administrator's
 REQUEST_TIMEOUT_S = 5.0
 _ROUTE = re.compile(r"^/v1/targets(?:/(?P<id>[^/]+)(?:/(?P<sub>samples|summary|phase))?)?$")
 
@@ -58,14 +65,35 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return pid, uid, gid
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads, each given only the time left until ``deadline``: the
+    socket's own timeout would start again with every byte received."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.deadline = time.monotonic() + REQUEST_TIMEOUT_S
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request deadline passed")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    timeout = REQUEST_TIMEOUT_S
+    timeout = REQUEST_TIMEOUT_S  # for writing an answer
     server: ApiServer
 
     def setup(self) -> None:
         super().setup()
         self.peer_pid, self.peer_uid, _ = peer_credentials(self.request)
+        self._reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
 
     def version_string(self) -> str:
         return "edgewatt"
@@ -79,6 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         # The standard loop, with every method routed to one dispatcher (the stdlib
         # answers unknown methods with an HTML 501) and timeouts ending the connection.
+        self._reader.deadline = time.monotonic() + REQUEST_TIMEOUT_S
         try:
             self.raw_requestline = self.rfile.readline(65537)
             if len(self.raw_requestline) > 65536:
@@ -90,6 +119,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if not self.parse_request():
                 return
+            self.connection.settimeout(REQUEST_TIMEOUT_S)  # the answer's own time
             self._dispatch()
             self.wfile.flush()
         except (TimeoutError, ConnectionError):
@@ -231,8 +261,10 @@ class _Handler(BaseHTTPRequestHandler):
             body = self.rfile.read(length)
         except TimeoutError:
             raise ApiError(
-                408, "request timed out", f"body not received within {REQUEST_TIMEOUT_S:g} s"
+                408, "request timed out", f"request not received within {REQUEST_TIMEOUT_S:g} s"
             ) from None
+        finally:
+            self.connection.settimeout(REQUEST_TIMEOUT_S)  # the answer's own time
         if len(body) != length:
             raise ApiError(400, "truncated body", f"got {len(body)} of {length} bytes")
         return body
@@ -311,26 +343,40 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.sample_units = sample_units
         self.proc = proc
         self.pid_max = procfs.pid_max(proc)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._open: Counter[int] = Counter()  # connections being served, by uid
+        self._open_lock = threading.Lock()
+        _own_directory(os.path.dirname(path) or ".")
         _clear_stale_socket(path)
-        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
         super().__init__(path, _Handler)
         # Any local user may register their own processes; SO_PEERCRED enforces the rest.
         os.chmod(path, 0o666)
         self.path = path
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            _refuse(request)
+        uid = peer_credentials(request)[1]
+        with self._open_lock:
+            if self._open.total() >= MAX_CONNECTIONS:
+                refused = f"at most {MAX_CONNECTIONS} at once"
+            elif uid != 0 and self._open[uid] >= MAX_CONNECTIONS_PER_UID:
+                refused = f"at most {MAX_CONNECTIONS_PER_UID} at once per user"
+            else:
+                refused = ""
+                self._open[uid] += 1
+        if refused:
+            _refuse(request, refused)
             self.shutdown_request(request)
             return
-        super().process_request(request, client_address)
+        super().process_request(request, (uid, client_address))
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        uid, address = client_address
         try:
-            super().process_request_thread(request, client_address)
+            super().process_request_thread(request, address)
         finally:
-            self._slots.release()
+            with self._open_lock:
+                self._open[uid] -= 1
+                if self._open[uid] <= 0:
+                    del self._open[uid]
 
     def close(self) -> None:
         self.shutdown()
@@ -339,10 +385,8 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             os.unlink(self.path)
 
 
-def _refuse(request: socket.socket) -> None:
-    body = json.dumps(
-        {"error": "too many connections", "detail": f"at most {MAX_CONNECTIONS} at once"}
-    ).encode()
+def _refuse(request: socket.socket, detail: str) -> None:
+    body = json.dumps({"error": "too many connections", "detail": detail}).encode()
     try:
         request.settimeout(0.5)
         request.sendall(
@@ -352,6 +396,24 @@ def _refuse(request: socket.socket) -> None:
         )
     except OSError:
         pass
+
+
+def _own_directory(directory: str) -> None:
+    """Create the socket's directory, or refuse one that another user owns or may write
+    to: there, that user could take the socket's name first (a fake daemon that reads
+    every label and pid sent to it), or replace the socket later."""
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid not in (0, os.geteuid()):
+        problem = f"it belongs to uid {info.st_uid}"
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"other users may write to it (mode {stat.S_IMODE(info.st_mode):o})"
+    else:
+        return
+    raise OSError(
+        f"refusing socket directory {directory}: {problem}; another user could take the "
+        "socket's name; use a directory of your own (--socket)"
+    )
 
 
 def _clear_stale_socket(path: str) -> None:

@@ -205,7 +205,7 @@ KEYS: Mapping[str, Key] = {
     "socket": Key(
         _path,
         "Unix socket of the registration API; unset: /run/edgewatt/edgewatt.sock as root, else "
-        "$XDG_RUNTIME_DIR/edgewatt.sock, else edgewatt-$UID.sock in the temp directory",
+        "$XDG_RUNTIME_DIR/edgewatt.sock, else edgewatt-$UID/edgewatt.sock in the temp directory",
     ),
     "listen": Key(
         parse_listen,
