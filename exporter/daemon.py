@@ -289,8 +289,13 @@ class Daemon:
 
     def health(self) -> dict[str, Any]:
         snapshot = self.sampler.snapshot
+        speaking = list(snapshot.power.sources) if snapshot.power else []
+        meter = self.sampler.power
+        # A source found at startup that no longer speaks (a tegrastats restarting,
+        # a sensor gone): its hw_* series are absent meanwhile, so health says so.
+        silent = [s.name for s in meter.sources if s.name not in speaking] if meter else []
         return {
-            "status": "ok",
+            "status": "degraded" if silent else "ok",
             "version": __version__,
             "uptime_s": round(time.time() - self._started, 3),
             "targets": len(snapshot.processes),
@@ -298,7 +303,8 @@ class Daemon:
             "interval_s": self.config.interval,
             "min_interval_s": self.config.min_interval,
             "logical_cpus": self.sampler.logical_cpus,
-            "power_sources": list(snapshot.power.sources) if snapshot.power else [],
+            "power_sources": speaking,
+            "power_sources_silent": silent,
             # Whether a target's figures end at its exit (the kernel's exit records and
             # TCP destroy notifications, CAP_NET_ADMIN) or at the last pass before it.
             "exit_figures": "exact" if self._exact_exits() else "last-sample",

@@ -15,8 +15,10 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import BinaryIO
 
 from edgewatt.core.power.source import (
     Gpu,
@@ -27,18 +29,32 @@ from edgewatt.core.power.source import (
     board_total,
     rail_type,
 )
+from edgewatt.core.text import shown
 
 log = logging.getLogger(__name__)
 
 SENSOR_OFF_C = -256.0
 
+# Bounds on what one line may carry, far above any Jetson's (a dozen rails, a dozen
+# thermal zones, lines of a few hundred bytes): a broken or hostile tegrastats cannot
+# grow the daemon or its series past them.
+MAX_LINE_BYTES = 4096
+MAX_RAILS = 32
+MAX_TEMPERATURES = 32
+MAX_RAIL_MW = 10**7  # 10 kW
+MIN_CELSIUS, MAX_CELSIUS = -273.15, 1000.0
+
+# Every number is bounded in digits: a value of thousands of digits is not a
+# tegrastats value, and int() or float() of it must not be attempted.
 _TIMESTAMP = re.compile(r"^\s*(\d{2}-\d{2}-\d{4} \d{2}:\d{2}:\d{2})\b")
-_USED_TOTAL_MB = re.compile(r"^(\d+)/(\d+)MB$")
-_RAIL_VALUE = re.compile(r"^(\d+)(?:mW)?/(\d+)(?:mW)?(?:/(\d+)(?:mW)?)?$")
-_RAIL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-_TEMPERATURE = re.compile(r"^([A-Za-z][\w]*)@(-?\d+(?:\.\d+)?)C(?:/-?\d+(?:\.\d+)?C)?$")
-_PERCENT_AT = re.compile(r"^(\d+(?:\.\d+)?)%(?:@\[?(\d+)(?:,\d+)*\]?)?$")
-_CPU_LIST = re.compile(r"^\[([^\]]*)\](?:@(\d+))?$")
+_USED_TOTAL_MB = re.compile(r"^(\d{1,12})/(\d{1,12})MB$")
+_MW = r"(\d{1,9})(?:mW)?"
+_RAIL_VALUE = re.compile(rf"^{_MW}/{_MW}(?:/{_MW})?$")
+_RAIL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+_CELSIUS = r"-?\d{1,4}(?:\.\d{1,6})?"
+_TEMPERATURE = re.compile(rf"^([A-Za-z]\w{{0,63}})@({_CELSIUS})C(?:/{_CELSIUS}C)?$")
+_PERCENT_AT = re.compile(r"^(\d{1,3}(?:\.\d{1,6})?)%(?:@\[?(\d{1,7})(?:,\d{1,7})*\]?)?$")
+_CPU_LIST = re.compile(r"^\[([^\]]*)\](?:@(\d{1,7}))?$")
 
 
 @dataclass(frozen=True)
@@ -77,7 +93,7 @@ def _cpu_list(token: str) -> tuple[list[float | None], list[int | None]] | None:
             freqs.append(None)
             continue
         core = _PERCENT_AT.match(entry)
-        if core is None:
+        if core is None or float(core.group(1)) > 100:
             return None
         percents.append(float(core.group(1)))
         freqs.append(int(core.group(2)) if core.group(2) else shared_freq)
@@ -102,17 +118,22 @@ def parse_line(line: str) -> TegrastatsSample:
             values[f"{key}_used_mb"], values[f"{key}_total_mb"] = int(m[1]), int(m[2])
         elif token in ("CPU", "cpu") and (cores := _cpu_list(nxt)) is not None:
             values["cpu_percent"], values["cpu_freq_mhz"] = cores
-        elif token in ("GR3D_FREQ", "GR3D", "EMC_FREQ", "EMC") and (m := _PERCENT_AT.match(nxt)):
+        elif (
+            token in ("GR3D_FREQ", "GR3D", "EMC_FREQ", "EMC")
+            and (m := _PERCENT_AT.match(nxt))
+            and float(m[1]) <= 100
+        ):
             key = "gpu" if token.startswith("GR3D") else "emc"
             values[f"{key}_percent"] = float(m[1])
             values[f"{key}_freq_mhz"] = int(m[2]) if m[2] else None
-        elif _RAIL_NAME.match(token) and (m := _RAIL_VALUE.match(nxt)):
-            if token != "NC":  # unconnected channel
-                values["rails_w"][token] = int(m[1]) / 1000.0
-        elif m := _TEMPERATURE.match(token):
-            celsius = float(m[2])
-            if celsius != SENSOR_OFF_C:
-                values["temperatures_c"][m[1]] = celsius
+        elif _RAIL_NAME.match(token) and (m := _RAIL_VALUE.match(nxt)) and int(m[1]) <= MAX_RAIL_MW:
+            rails = values["rails_w"]
+            if token != "NC" and (token in rails or len(rails) < MAX_RAILS):  # NC: unconnected
+                rails[token] = int(m[1]) / 1000.0
+        elif (m := _TEMPERATURE.match(token)) and MIN_CELSIUS <= float(m[2]) <= MAX_CELSIUS:
+            celsius, zones = float(m[2]), values["temperatures_c"]
+            if celsius != SENSOR_OFF_C and (m[1] in zones or len(zones) < MAX_TEMPERATURES):
+                zones[m[1]] = celsius
             recognised += 1
             i += 1
             continue
@@ -122,8 +143,20 @@ def parse_line(line: str) -> TegrastatsSample:
         recognised += 1
         i += 2
     if not recognised:
-        raise ValueError(f"not a tegrastats line: {line[:80]!r}")
+        raise ValueError(f"not a tegrastats line: {shown(line)}")
     return TegrastatsSample(**values)
+
+
+def bounded_lines(stream: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """The lines of ``stream``, none held longer than ``limit`` bytes: a longer line
+    is read to its end in pieces and given as None."""
+    while line := stream.readline(limit + 1):
+        if len(line) > limit and not line.endswith(b"\n"):
+            while (rest := stream.readline(limit)) and not rest.endswith(b"\n"):
+                pass
+            yield None
+        else:
+            yield line
 
 
 @dataclass(frozen=True)
@@ -135,9 +168,12 @@ class TimedSample:
 class TegrastatsReader:
     """One long-running ``tegrastats --interval MS`` child, its lines read as they come.
 
-    The child is restarted with exponential backoff when it dies and terminated (this
-    child only) on close. ``tegrastats --stop`` is never used: it kills every instance
-    on the system, other users' included.
+    The child is restarted with exponential backoff when it dies, or when its output
+    breaks the reader in any way (it is killed first), and terminated (this child only)
+    on close. Lines are read as bytes, at most ``MAX_LINE_BYTES`` each (a longer one is
+    skipped to its end, never held), and decoded with replacement. ``tegrastats
+    --stop`` is never used: it kills every instance on the system, other users'
+    included.
     """
 
     def __init__(self, path: str, interval_s: float, *, max_backoff_s: float = 30.0) -> None:
@@ -148,7 +184,7 @@ class TegrastatsReader:
         self.restarts = 0
         self.bad_lines = 0
         self._stop = threading.Event()
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._thread = threading.Thread(target=self._run, name="tegrastats", daemon=True)
 
     def start(self) -> None:
@@ -164,13 +200,15 @@ class TegrastatsReader:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
                     stdin=subprocess.DEVNULL,
-                    text=True,
-                    bufsize=1,
                 )
             except OSError as exc:
                 log.warning("cannot start %s: %s", self.path, exc)
             else:
-                self._read(self._proc)
+                try:
+                    self._read(self._proc)
+                except Exception:  # whatever the output did: restart, never stop
+                    log.exception("reading %s failed; restarting it", self.path)
+                    self._proc.kill()
                 code = self._proc.wait()
                 if self._stop.is_set():
                     return
@@ -181,15 +219,18 @@ class TegrastatsReader:
             self._stop.wait(backoff)
             backoff = min(backoff * 2, self.max_backoff_s)
 
-    def _read(self, proc: subprocess.Popen[str]) -> None:
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
+        for raw in bounded_lines(proc.stdout, MAX_LINE_BYTES):
+            line = raw.decode("utf-8", "replace") if raw is not None else None
             try:
+                if line is None:
+                    raise ValueError(f"a line longer than {MAX_LINE_BYTES} bytes")
                 sample = parse_line(line)
-            except ValueError:
+            except ValueError as exc:
                 self.bad_lines += 1
                 if self.bad_lines == 1:
-                    log.warning("ignoring output that is not tegrastats: %r", line[:80])
+                    log.warning("ignoring output that is not tegrastats: %s", exc)
                 continue
             self.latest = TimedSample(time.monotonic(), sample)
 
