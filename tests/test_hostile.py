@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 from edgewatt.core import transport
-from tests.conftest import ROOT, SYSTEM_PYTHON, DaemonProcess
+from tests.conftest import ROOT, SYSTEM_PYTHON, DaemonProcess, wait_for
 
 NOBODY = 65534
 STRANGER = 4242  # a second unprivileged user, without a passwd entry
@@ -256,3 +257,278 @@ def test_a_trickled_body_gets_408_at_the_deadline(daemon: DaemonProcess) -> None
         waited = time.monotonic() - started
     assert answer.startswith(b"HTTP/1.1 408")
     assert 4.5 < waited < 6.5
+
+
+# -- 5. a broken or hostile tegrastats ---------------------------------------------
+
+
+def test_power_keeps_flowing_through_ten_seconds_of_hostile_tegrastats_output(
+    daemon_factory: Any,
+) -> None:
+    daemon = daemon_factory(
+        interval=0.25,
+        extra_args=["--tegrastats", STAND_IN],
+        env={
+            "FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor",
+            "FAKE_TEGRASTATS_HOSTILE": "1",
+            "EDGEWATT_POWER_SOURCES": "tegrastats",
+        },
+    )
+    wait_for(lambda: daemon.value("hw_host_power_watts") is not None, timeout=10)
+    started = time.monotonic()
+    rails: set[str] = set()
+    while time.monotonic() - started < 10:
+        took, data = timed_scrape(daemon.port)
+        assert took < 1.0
+        text = data.decode()
+        assert "hw_host_power_watts" in text  # never gone for good
+        rails |= {
+            line.split('hw_id="')[1].split('"')[0]
+            for line in text.splitlines()
+            if line.startswith("hw_power_watts{")
+        }
+        health = daemon.call("GET", "/healthz")[1]
+        assert health["power_sources"] == ["tegrastats"], health
+        time.sleep(0.5)
+    # The garbage made no series beyond one line's bound; the daemon stayed small.
+    assert len(rails) <= 32 + 3
+    status = Path(f"/proc/{daemon.proc.pid}/status").read_text()  # type: ignore[union-attr]
+    peak_kib = int(next(x for x in status.splitlines() if x.startswith("VmHWM:")).split()[1])
+    assert peak_kib < 200 * 1024
+    assert "Traceback" not in daemon.log()
+
+
+# -- 6. socket squatting -----------------------------------------------------------
+
+
+def serve_once(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "serve", "--listen", "127.0.0.1:0", *args],
+        capture_output=True, text=True, cwd=ROOT, timeout=30,
+    )  # fmt: skip
+
+
+@as_root
+def test_the_daemon_refuses_a_socket_directory_another_user_owns_or_may_write(
+    tmp_path: Path,
+) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    for directory, problem in ((theirs, f"it belongs to uid {NOBODY}"),
+                               (shared, "other users may write to it (mode 1777)")):  # fmt: skip
+        result = serve_once("--socket", str(directory / "ew.sock"),
+                            "--state-dir", str(tmp_path / "state"))  # fmt: skip
+        assert result.returncode == 2
+        assert f"refusing socket directory {directory}: {problem}" in result.stderr
+        assert not (directory / "ew.sock").exists()
+
+
+# -- 7. a malformed state file -----------------------------------------------------
+
+
+def boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def saved_entry(pid: int, **fields: Any) -> dict[str, Any]:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    start = int(stat[stat.rindex(")") + 2 :].split()[19])
+    return {"id": f"{pid:012x}", "pid": pid, "start_ticks": start, "labels": {},
+            "children": True, "uid": 0, "registered_at": 1.0, "holders": 1, **fields}  # fmt: skip
+
+
+@as_root
+def test_a_malformed_state_file_is_checked_entry_by_entry(
+    daemon_factory: Any, spawn: Any, tmp_path: Path
+) -> None:
+    good, other = spawn("import time; time.sleep(60)"), spawn("import time; time.sleep(60)")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    entries: list[Any] = [
+        [1, 2],
+        "abc",
+        {**saved_entry(good.pid), "pid": 1e999},
+        saved_entry(other.pid, labels={"run": ["a", "list"]}),
+        saved_entry(other.pid, uid=NOBODY),  # root's process, said to be nobody's
+        saved_entry(other.pid, labels={"job": "forged"}),
+        saved_entry(good.pid, labels={"run": "kept"}),
+    ]
+    (state / "targets.json").write_text(
+        json.dumps({"version": 1, "boot_id": boot_id(), "targets": entries})
+    )
+    daemon = daemon_factory(state_dir=state)
+    listing = daemon.call("GET", "/v1/targets")[1]["targets"]
+    assert [(t["pid"], t["labels"]) for t in listing] == [(good.pid, {"run": "kept"})]
+    skipped = [line for line in daemon.log().splitlines() if "not restoring registration" in line]
+    assert [line.split("not restoring registration ")[1] for line in skipped] == [
+        "#1: invalid entry: an object is needed, got list",
+        "#2: invalid entry: an object is needed, got str",
+        f"{good.pid:012x}: invalid pid: pid must be an integer, got inf",
+        f"{other.pid:012x}: invalid labels: label 'run' must have a string value, got list",
+        f"{other.pid:012x}: not your process: pid {other.pid} belongs to uid 0, you are uid "
+        f"{NOBODY}",
+        f"{other.pid:012x}: invalid labels: label name 'job' is reserved: edgewatt or "
+        "Prometheus sets 'job' on its series; choose another name",
+    ]
+    assert 'run="kept"' in daemon.metrics_text()
+
+
+# -- 8. the state directory --------------------------------------------------------
+
+
+@as_root
+def test_the_daemon_refuses_a_state_directory_another_user_may_write(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chown(state, NOBODY, NOBODY)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (state / "targets.json.tmp").symlink_to(victim)  # what that user would plant
+    result = serve_once("--socket", str(tmp_path / "ew.sock"), "--state-dir", str(state))
+    assert result.returncode == 2
+    assert (
+        f"refusing state directory {state}: it belongs to uid {NOBODY}, not to the daemon's "
+        "uid 0" in result.stderr
+    )
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_link_at_the_temporary_name_is_replaced_not_followed(
+    daemon_factory: Any, spawn: Any, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (state / "targets.json.tmp").symlink_to(victim)  # a link left in the daemon's own dir
+    daemon = daemon_factory(state_dir=state)
+    daemon.register(spawn("import time; time.sleep(60)").pid)
+    assert victim.read_text() == "precious\n"
+    assert not (state / "targets.json.tmp").exists()
+    assert len(json.loads((state / "targets.json").read_text())["targets"]) == 1
+
+
+# -- 9. a YAML alias bomb ----------------------------------------------------------
+
+BOMB = (
+    "".join(
+        f"{name}: &{name} [{', '.join([f'*{prev}'] * 9) if prev else ', '.join(['lol'] * 9)}]\n"
+        for prev, name in zip([None, *"abcdefgh"], "abcdefghi", strict=True)
+    )
+    + "interval: *i\n"
+)
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    config = tmp_path / "bomb.yaml"
+    config.write_text(BOMB)
+    assert len(BOMB) < 500  # 9**9 values once expanded
+    result = serve_once("--config", str(config), "--socket", str(tmp_path / "ew.sock"))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"edgewatt: config error: config file {config}: refused: aliases expand to more than "
+        "10000 values\n"
+    )
+
+
+# -- 10, 11. who may register what -------------------------------------------------
+
+NOT_DUMPABLE = (
+    "import ctypes, time\nctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0\n"
+    "print(flush=True)\ntime.sleep(60)"
+)
+
+
+def register_as(uid: int, public: Path, sock: str, pid: int) -> tuple[int, dict[str, Any]]:
+    code = (
+        "import json; from edgewatt.core import transport;"
+        f"print(json.dumps(transport.call({sock!r}, 'POST', '/v1/targets', {{'pid': {pid}}})))"
+    )
+    out = subprocess.run(
+        [SYSTEM_PYTHON, "-c", code], capture_output=True, text=True, user=uid, group=uid,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public)}, cwd="/", check=True,
+    )  # fmt: skip
+    status, body = json.loads(out.stdout)
+    return status, body
+
+
+@as_root
+def test_a_user_may_not_watch_a_setuid_or_undumpable_process_it_started(
+    daemon_factory: Any, public_dir: Path
+) -> None:
+    daemon = daemon_factory(socket_dir=public_dir)
+    setuid_sleep = public_dir / "setuid-sleep"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", setuid_sleep)
+    setuid_sleep.chmod(0o4755)  # owned by root: runs with effective uid 0
+    started = run_as(NOBODY, f"import os; os.execv({str(setuid_sleep)!r}, ['s', '60'])")
+    undumpable = run_as(NOBODY, NOT_DUMPABLE, stdout=subprocess.PIPE)
+    try:
+        wait_for(lambda: Path(f"/proc/{started.pid}/exe").resolve() == setuid_sleep)
+        status, body = register_as(NOBODY, public_dir, daemon.socket, started.pid)
+        assert (status, body["error"]) == (403, "not your process")
+        assert body["detail"] == (
+            f"pid {started.pid} belongs to uid {NOBODY} (runs as 0: setuid), you are uid {NOBODY}"
+        )
+        assert undumpable.stdout is not None and undumpable.stdout.readline() == b"\n"
+        status, body = register_as(NOBODY, public_dir, daemon.socket, undumpable.pid)
+        assert (status, body["error"]) == (403, "not your process")
+        assert body["detail"] == (
+            f"pid {undumpable.pid} is not dumpable (a setuid program, or prctl): only root "
+            "may watch it"
+        )
+        assert daemon.register(undumpable.pid)["pid"] == undumpable.pid  # root may
+    finally:
+        for p in (started, undumpable):
+            p.kill()
+            p.wait()
+
+
+def test_the_owner_is_checked_on_the_opened_process(spawn: Any) -> None:
+    from edgewatt.core.sampling import procfs
+
+    child = spawn("import time; time.sleep(60)")
+    handle = procfs.ProcHandle(child.pid)
+    assert handle.refuses(os.getuid()) is None
+    child.kill()
+    child.wait()
+    # Gone after the handle was opened: whoever has its pid now is not this process.
+    assert handle.refuses(os.getuid()) == f"pid {child.pid} has exited"
+    handle.close()
+
+
+# -- 12. one user's share of targets -----------------------------------------------
+
+
+@as_root
+def test_one_user_cannot_fill_max_targets(daemon_factory: Any, public_dir: Path) -> None:
+    daemon = daemon_factory(socket_dir=public_dir, env={"EDGEWATT_MAX_TARGETS_PER_UID": "2"})
+    sleepers = [run_as(NOBODY, "import time; time.sleep(60)") for _ in range(3)]
+    try:
+        answers = [register_as(NOBODY, public_dir, daemon.socket, p.pid) for p in sleepers]
+        assert [status for status, _ in answers] == [201, 201, 429]
+        assert answers[2][1]["detail"] == "at most 2 per user may run at once"
+        assert daemon.register(sleepers[2].pid)["pid"] == sleepers[2].pid  # root is exempt
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+
+
+# -- 13. what the CLI prints -------------------------------------------------------
+
+
+def test_status_escapes_control_characters(daemon: DaemonProcess, spawn: Any) -> None:
+    child = spawn("import time; time.sleep(60)")
+    daemon.register(child.pid, labels={"note": "\x1b]0;pwned\x07\x1b[2J\nfake row"})
+    result = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "status", "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 0
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+    row = next(line for line in result.stdout.splitlines() if str(child.pid) in line)
+    assert row.endswith("note=\\x1b]0;pwned\\x07\\x1b[2J\\x0afake row")

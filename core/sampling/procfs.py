@@ -181,13 +181,15 @@ class ProcHandle:
         The kernel's rule for reading another process's /proc files (ptrace access):
         its real, effective and saved uids are the caller's, and it is dumpable (a
         setuid program, or one that cleared the flag with prctl, is not; the kernel
-        then shows its /proc/PID as root's). Checked after this handle pinned the
+        then shows its /proc/PID files as root's). Checked after this handle pinned the
         process: if the stat file still reads afterwards, the process is the one
         opened, so a pid reused in between cannot pass as the caller's."""
         try:
             with open(f"{self.proc}/{self.pid}/status", "rb") as f:
                 line = next((x for x in f if x.startswith(b"Uid:")), b"")
-            dump_owner = os.stat(f"{self.proc}/{self.pid}").st_uid
+            # A file's owner, not the directory's: the kernel keeps /proc/PID itself
+            # the effective uid's (procps reads it there) whatever the dumpable flag.
+            dump_owner = os.stat(f"{self.proc}/{self.pid}/stat").st_uid
             self.stat()
         except (OSError, NoSuchProcess):
             return f"pid {self.pid} has exited"
