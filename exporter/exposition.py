@@ -194,6 +194,7 @@ class _LabelCache:
         self._used_ids: dict[int, tuple[Mapping[str, Any], str | None]] = {}
         self._by_content: dict[tuple[tuple[str, Any], ...], str | None] = {}
         self._used_content: dict[tuple[tuple[str, Any], ...], str | None] = {}
+        self._unwritable: set[object] = set()  # targets logged as unwritable
 
     def start_render(self) -> dict[int, tuple[Mapping[str, Any], str | None]]:
         """Begin a render; returns the by-identity entries it has used so far, for
@@ -213,10 +214,28 @@ class _LabelCache:
                 labels = self._by_content[content]
             else:
                 labels = _render_labels(attributes)
+                if labels is None:
+                    self._say_unwritable(attributes)
             self._used_content[content] = labels
             hit = (attributes, labels)
         self._used_ids[key] = hit
         return hit[1]
+
+
+    def _say_unwritable(self, attributes: Mapping[str, Any]) -> None:
+        """Log once per target (its series have several label sets)."""
+        target = attributes.get("edgewatt.target.id", "")
+        if target in self._unwritable:
+            return
+        if len(self._unwritable) > 1000:
+            self._unwritable.clear()
+        self._unwritable.add(target)
+        log.error(
+            "target %s: labels %s cannot be written as UTF-8; its series are left out of "
+            "/metrics",
+            shown(target),
+            shown(dict(attributes)),
+        )
 
 
 def _render_labels(attributes: Mapping[str, Any]) -> str | None:
@@ -232,7 +251,6 @@ def _render_labels(attributes: Mapping[str, Any]) -> str | None:
     except UnicodeEncodeError:
         # Registration refuses what cannot be encoded; this guards whatever slips
         # past it, so one target can never break every scrape.
-        log.error("a series with labels %s cannot be written as UTF-8: left out", shown(labels))
         return None
     return braced
 

@@ -25,6 +25,7 @@ from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.sampling import system
 from edgewatt.core.snapshot import HostSample, SamplerStats, Snapshot
 from edgewatt.exporter.exposition import CONTENT_TYPE, Exposition
+from edgewatt.exporter.scrape_server import accepts_gzip
 from edgewatt.exporter.telemetry import METRICS, OtelPipeline
 from tests.snapshots import POWER, process
 
@@ -318,3 +319,38 @@ def test_endpoint_serves_from_a_fixed_set_of_threads(
         assert started == []
     finally:
         stalled.close()
+
+
+def test_a_target_whose_labels_cannot_be_encoded_is_left_out_of_that_scrape_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bad = dataclasses.replace(process(2), attributes={**process(2).attributes, "run": "\udcff"})
+    snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=(process(1), bad))
+    exposition = Exposition(RESOURCE)
+    exposition.update(snapshot)
+    text = exposition.render().decode()
+    assert 'edgewatt_target_id="t1"' in text and 'edgewatt_target_id="t2"' not in text
+    exposition.update(dataclasses.replace(snapshot, sequence=2))
+    assert exposition.render().decode() == text
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 1  # once per target, not per series or scrape
+    assert logged[0].startswith("target 't2': labels {")
+    assert logged[0].endswith("cannot be written as UTF-8; its series are left out of /metrics")
+
+
+@pytest.mark.parametrize(
+    ("header", "gzipped"),
+    [
+        ("gzip", True),
+        ("gzip;q=0", False),
+        ("gzip; q=0.0, identity", False),
+        ("GZIP;Q=0.5", True),
+        ("identity, *;q=0.1", True),
+        ("*;q=0, identity", False),
+        ("br, deflate", False),
+        ("", False),
+        ("gzip;q=abc", False),
+    ],
+)
+def test_accept_encoding_q_values(header: str, gzipped: bool) -> None:
+    assert accepts_gzip(header) is gzipped

@@ -259,6 +259,28 @@ def test_a_trickled_body_gets_408_at_the_deadline(daemon: DaemonProcess) -> None
     assert 4.5 < waited < 6.5
 
 
+# -- 4. many distinct label names -------------------------------------------------
+
+
+def test_metrics_grow_linearly_with_targets_of_distinct_label_names(
+    daemon: DaemonProcess, spawn: Any
+) -> None:
+    """Targets with 64 label names of 100 bytes each, all distinct: each point carries
+    its own (the union on every point made 149 MB of 40 such targets)."""
+    sizes = {}
+    for n in range(40):
+        child = spawn("import time; time.sleep(120)")
+        labels = {f"t{n:02d}_{i:02d}_" + "x" * 94: "v" for i in range(64)}
+        daemon.register(child.pid, labels=labels)
+        if n + 1 in (20, 40):
+            wait_for(lambda n=n: daemon.call("GET", "/healthz")[1]["targets"] == n + 1)
+            took, data = timed_scrape(daemon.port)
+            assert took < 1.0
+            sizes[n + 1] = len(data)
+    assert sizes[40] < 2.2 * sizes[20]  # linear (the union: 4x)
+    assert sizes[40] < 8 * 2**20
+
+
 # -- 5. a broken or hostile tegrastats ---------------------------------------------
 
 
@@ -532,3 +554,32 @@ def test_status_escapes_control_characters(daemon: DaemonProcess, spawn: Any) ->
     assert "\x1b" not in result.stdout and "\x07" not in result.stdout
     row = next(line for line in result.stdout.splitlines() if str(child.pid) in line)
     assert row.endswith("note=\\x1b]0;pwned\\x07\\x1b[2J\\x0afake row")
+
+
+# -- smaller: save ordering --------------------------------------------------------
+
+
+def test_an_older_save_never_overwrites_a_newer_one(spawn: Any) -> None:
+    from edgewatt.core.sampling import procfs
+    from edgewatt.core.targets import TargetTable
+
+    saved: list[list[int]] = []
+    first = threading.Event()
+
+    def slow_save(state: list[dict[str, Any]]) -> None:
+        if not first.is_set():  # the first save is slow (a busy disk)
+            first.set()
+            time.sleep(0.5)
+        saved.append(sorted(t["pid"] for t in state))
+
+    table = TargetTable(
+        boot_time=procfs.boot_time(), clock_ticks=procfs.CLOCK_TICKS, max_targets=10,
+        history_samples=10, exited_retention_s=60, on_change=slow_save,
+    )  # fmt: skip
+    a, b = spawn("import time; time.sleep(60)"), spawn("import time; time.sleep(60)")
+    slow = threading.Thread(target=table.register, args=(a.pid, {}, True, 0))
+    slow.start()
+    first.wait(5)
+    table.register(b.pid, {}, True, 0)  # while the first save is under way
+    slow.join()
+    assert saved[-1] == sorted([a.pid, b.pid])  # the last write holds both

@@ -998,3 +998,27 @@ def test_total_prefers_vin_then_pom_then_vdd_in_else_sums() -> None:
 def test_non_tegrastats_lines_raise_a_clear_error(line: str) -> None:
     with pytest.raises(ValueError, match="not a tegrastats line"):
         parse_line(line)
+
+
+def test_values_out_of_any_real_range_are_not_taken() -> None:
+    huge = "9" * 5000
+    sample = parse_line(
+        f"RAM 100/200MB VDD_IN {huge}mW/1mW VDD_GPU 20000000mW/1mW GR3D_FREQ 250% "
+        f"EMC_FREQ {huge}% cpu@{huge}C gpu@1500C tj@41.5C VDD_CPU 1200mW/1200mW"
+    )
+    # 20 kW is not a rail of a Jetson, 250 % is not a load, 1500 C is not a temperature.
+    assert sample.rails_w == {"VDD_CPU": 1.2}
+    assert sample.gpu_percent is None and sample.emc_percent is None
+    assert sample.temperatures_c == {"tj": 41.5}
+
+
+def test_rails_and_zones_are_bounded_per_line() -> None:
+    line = " ".join(f"R{i} {i}mW/{i}mW z{i}@{i % 90}C" for i in range(20_000))
+    sample = parse_line(line)
+    assert list(sample.rails_w) == [f"R{i}" for i in range(32)]
+    assert list(sample.temperatures_c) == [f"z{i}" for i in range(32)]
+
+
+def test_replacement_characters_from_invalid_utf8_are_just_unknown_tokens() -> None:
+    line = b"RAM \xff\xfe/\x00MB VDD_IN 5000mW/5000mW \xc3(".decode("utf-8", "replace")
+    assert parse_line(line).rails_w == {"VDD_IN": 5.0}

@@ -93,3 +93,14 @@ def test_source_reports_rails_gpu_and_temperatures() -> None:
     assert names == {"VDD_IN": "power_supply", "VDD_CPU_GPU_CV": "gpu", "VDD_SOC": "power_supply"}
     assert reading.gpus[0].id == "tegrastats:GR3D"
     assert set(reading.temperatures_c) >= {"cpu", "gpu", "tj"}
+
+
+def test_lines_are_bounded_and_an_overlong_one_is_skipped_to_its_end() -> None:
+    import io
+
+    from edgewatt.core.power.tegrastats import bounded_lines
+
+    stream = io.BufferedReader(io.BytesIO(b"ok 1\n" + b"x" * 100_000 + b"\nok 2\nlast"))
+    assert list(bounded_lines(stream, 4096)) == [b"ok 1\n", None, b"ok 2\n", b"last"]
+    exact = io.BufferedReader(io.BytesIO(b"y" * 4096 + b"\n"))
+    assert list(bounded_lines(exact, 4096)) == [b"y" * 4096 + b"\n"]
