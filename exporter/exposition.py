@@ -221,7 +221,6 @@ class _LabelCache:
         self._used_ids[key] = hit
         return hit[1]
 
-
     def _say_unwritable(self, attributes: Mapping[str, Any]) -> None:
         """Log once per target (its series have several label sets)."""
         target = attributes.get("edgewatt.target.id", "")
@@ -231,8 +230,7 @@ class _LabelCache:
             self._unwritable.clear()
         self._unwritable.add(target)
         log.error(
-            "target %s: labels %s cannot be written as UTF-8; its series are left out of "
-            "/metrics",
+            "target %s: labels %s cannot be written as UTF-8; its series are left out of /metrics",
             shown(target),
             shown(dict(attributes)),
         )
