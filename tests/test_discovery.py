@@ -229,4 +229,6 @@ def test_a_normal_user_without_xdg_runtime_dir_finds_the_system_service(
     )
     assert f'edgewatt_target_id="{target["id"]}"' in out["metrics"]
     assert 'run="discovery"' in out["metrics"]
-    assert "(exit status 0, monitored via daemon)" in out["run"]  # edgewatt run finds it too
+    assert "(exit status 0, monitored via daemon)" in out["run"], out[
+        "run"
+    ]  # edgewatt run finds it too
