@@ -184,6 +184,7 @@ class Sampler:
             power=power,
             idle_power_w=self.attribution.idle_w_in_use if power is not None else None,
             carbon=self.carbon,
+            host_name=self.host_name,
             stats=SamplerStats(
                 duration_s=time.monotonic() - started,
                 overruns=self._overruns,

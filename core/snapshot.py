@@ -81,6 +81,7 @@ class Snapshot:
     idle_power_w: float | None = None  # the attribution baseline in use
     carbon: CarbonIntensity | None = None  # None: no carbon figure anywhere
     stats: SamplerStats = field(default_factory=lambda: SamplerStats(0.0, 0, 0))
+    host_name: str = ""  # the device's host.name, on every series ("": tests without one)
 
 
 def host_document(snapshot: Snapshot) -> dict[str, Any]:

@@ -135,6 +135,7 @@ class Daemon:
                 lambda: [self._otlp_reader()],
                 series_rotation=config.series_rotation,
                 max_targets=config.max_targets,
+                on_resource=frozenset({"host.name"}),
             )
             if config.otlp_endpoint
             else None

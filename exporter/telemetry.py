@@ -268,8 +268,26 @@ OBSERVERS: Mapping[str, Callable[[Snapshot], Points]] = {
     "edgewatt.sampler.errors": _one(lambda s: s.stats.errors),
 }
 
+
+def _on_device(observe: Callable[[Snapshot], Points]) -> Callable[[Snapshot], Points]:
+    """The device's host.name on a host-level point, as on every per-process one: a
+    device is its host name on every path (a push has no scrape's ``instance``)."""
+
+    def named(snapshot: Snapshot) -> Points:
+        name = snapshot.host_name
+        for value, attributes in observe(snapshot):
+            yield value, ({"host.name": name, **attributes} if name else attributes)
+
+    return named
+
+
+def _observer(name: str) -> Callable[[Snapshot], Points]:
+    per_process = name.startswith(("process.", "edgewatt.process."))  # carry it already
+    return OBSERVERS[name] if per_process else _on_device(OBSERVERS[name])
+
+
 # In the table's order; a metric of the table without an observer fails at import.
-METRICS: tuple[MetricSpec, ...] = tuple(MetricSpec(m, OBSERVERS[m.name]) for m in TABLE)
+METRICS: tuple[MetricSpec, ...] = tuple(MetricSpec(m, _observer(m.name)) for m in TABLE)
 
 
 class OtelPipeline:
@@ -287,8 +305,13 @@ class OtelPipeline:
         series_rotation: int,
         max_targets: int = 1000,
         metrics: tuple[MetricSpec, ...] = METRICS,
+        on_resource: frozenset[str] = frozenset(),
     ) -> None:
         self._resource = resource
+        # Attributes the resource carries, left off the points: a store that turns
+        # resource attributes into labels (vmagent, the collector) would otherwise get
+        # host_name twice, which Prometheus refuses ("label name is not unique").
+        self._on_resource = on_resource
         self._metrics = metrics
         self._readers = readers
         self._rotation = series_rotation
@@ -331,7 +354,13 @@ class OtelPipeline:
             snapshot = self._snapshot
             if snapshot is None:
                 return []
-            return [Observation(v, a) for v, a in spec.observe(snapshot)]
+            drop = self._on_resource
+            if not drop:
+                return [Observation(v, a) for v, a in spec.observe(snapshot)]
+            return [
+                Observation(v, {k: x for k, x in a.items() if k not in drop})
+                for v, a in spec.observe(snapshot)
+            ]
 
         return callback
 

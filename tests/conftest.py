@@ -237,6 +237,23 @@ def binary(name: str) -> str:
     return path
 
 
+STORES = ROOT / ".cache" / "stores"  # Debian 13's packages, by tests/bin/fetch-stores
+
+
+def store_binary(name: str) -> str:
+    """A binary of Debian 13's victoria-metrics or prometheus package, unpacked by
+    tests/bin/fetch-stores (make test runs it): skipped with the fetch's own reason
+    where it could not fetch them, failed in CI."""
+    path = STORES / "usr" / "bin" / name
+    if not os.access(path, os.X_OK):
+        reason = STORES / "UNAVAILABLE"
+        why = reason.read_text().strip() if reason.exists() else "run tests/bin/fetch-stores"
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} from Debian 13 is missing: {why}")
+        pytest.skip(f"{name} from Debian 13 is missing: {why}")
+    return str(path)
+
+
 def _ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:

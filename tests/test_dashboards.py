@@ -11,13 +11,15 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import promql_parser
 import pytest
 
-from tests.conftest import ROOT, DaemonProcess, query, wait_for
+from tests.conftest import ROOT, DaemonProcess, free_port, query, store_binary, wait_for
 
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -123,38 +125,137 @@ def label_values(url: str, label: str, match: str) -> list[str]:
 NEEDS_ABSENT_HARDWARE: set[str] = set()
 
 
+def panels_without_data(url: str, values: dict[str, str]) -> list[str]:
+    """Every dashboard query, variables put in as Grafana does, that returns nothing."""
+    empty = []
+    for path in DASHBOARDS:
+        for title, expr in exprs(load(path)):
+            if title not in NEEDS_ABSENT_HARDWARE and not query(url, substitute(expr, values)):
+                empty.append(f"{path.name}: {title}: {expr}")
+    return empty
+
+
+POWER_ENV = {
+    "EDGEWATT_IDLE_POWER_W": "4",
+    "EDGEWATT_POWER_SOURCES": "tegrastats",
+    "EDGEWATT_CARBON_INTENSITY_G_PER_KWH": "350",  # the carbon panels' series
+}
+STAND_IN = ["--tegrastats", str(ROOT / "tests" / "bin" / "tegrastats")]
+WORK = "import time\nwhile True:\n    sum(range(20000))\n    time.sleep(0.005)"
+
+
+def start_run(daemon: DaemonProcess, spawn: Any) -> str:
+    """A registered worker with a run label and two phases; returns its target id."""
+    tid = daemon.register(spawn(WORK).pid, labels={"run": "dash"})["id"]
+    daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "warmup"})
+    time.sleep(1)
+    daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "train"})
+    return tid
+
+
 def test_every_panel_returns_data_from_a_real_prometheus(
     daemon_factory: Any, prometheus_factory: Any, spawn: Any
 ) -> None:
     daemon: DaemonProcess = daemon_factory(
-        interval=0.5,
-        extra_args=["--tegrastats", str(ROOT / "tests" / "bin" / "tegrastats")],
-        env={
-            "EDGEWATT_IDLE_POWER_W": "4",
-            "EDGEWATT_POWER_SOURCES": "tegrastats",
-            "EDGEWATT_CARBON_INTENSITY_G_PER_KWH": "350",  # the carbon panels' series
-        },
+        interval=0.5, extra_args=STAND_IN, env={**POWER_ENV, "EDGEWATT_HOST_NAME": "jetson-a"}
     )
     url = prometheus_factory(daemon)
-    worker = spawn("while True: pass")
-    tid = daemon.register(worker.pid, labels={"run": "dash"})["id"]
-    daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "warmup"})
-    time.sleep(2)
-    daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "train"})
+    tid = start_run(daemon, spawn)
     wait_for(lambda: query(url, "edgewatt_process_phase_energy_joules"), timeout=30, step=0.5)
     time.sleep(8)  # enough scrapes for rate() and increase() over their windows
-    instance = f"127.0.0.1:{daemon.port}"
-    assert label_values(url, "instance", "edgewatt_targets") == [instance]
-    assert label_values(
-        url, "run", f'process_cpu_time_seconds_total{{instance=~"{instance}"}}'
-    ) == ["dash"]
+    # A device is its host name, on this path as on the push paths.
+    assert label_values(url, "host_name", "edgewatt_targets") == ["jetson-a"]
+    assert label_values(url, "run", 'process_cpu_time_seconds_total{host_name=~"jetson-a"}') == [
+        "dash"
+    ]
     # Grafana puts the selected value into the regex matcher as it is.
-    values = {"device": instance, "run": "dash", "target": tid, "carbon": instance}
-    empty = []
-    for path in DASHBOARDS:
-        for title, expr in exprs(load(path)):
-            if title in NEEDS_ABSENT_HARDWARE:
-                continue
-            if not query(url, substitute(expr, values)):
-                empty.append(f"{path.name}: {title}: {expr}")
+    values = {"device": "jetson-a", "run": "dash", "target": tid, "carbon": "jetson-a"}
+    empty = panels_without_data(url, values)
     assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+@dataclass
+class PushPath:
+    vmagent: str  # takes OTLP/HTTP at /opentelemetry, remote-writes to both stores
+    victoria: str
+    prometheus: str  # 2.53 with the remote-write receiver
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def push_path(tmp_path: Path) -> Iterator[PushPath]:
+    """Debian 13's vmagent, VictoriaMetrics and Prometheus 2.53, as a fleet would run
+    them: devices push OTLP to vmagent, which remote-writes into both stores."""
+    binaries = {name: store_binary(name) for name in ("victoria-metrics", "vmagent", "prometheus")}
+    ports = {name: free_port() for name in binaries}
+    url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    (tmp_path / "prometheus.yml").write_text("global:\n  evaluation_interval: 1s\n")
+    commands = {
+        "victoria-metrics": [
+            f"-httpListenAddr=127.0.0.1:{ports['victoria-metrics']}",
+            f"-storageDataPath={tmp_path / 'vm'}",
+            "-search.latencyOffset=1s",  # the last 30 s are hidden by default
+        ],
+        "prometheus": [
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'prom'}",
+            f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+            "--web.enable-remote-write-receiver",
+        ],
+        "vmagent": [
+            f"-httpListenAddr=127.0.0.1:{ports['vmagent']}",
+            "-opentelemetry.usePrometheusNaming",
+            f"-remoteWrite.url={url['victoria-metrics']}/api/v1/write",
+            f"-remoteWrite.url={url['prometheus']}/api/v1/write",
+            f"-remoteWrite.tmpDataPath={tmp_path / 'vmagent'}",
+            "-remoteWrite.flushInterval=1s",
+        ],
+    }
+    health = {"victoria-metrics": "/health", "prometheus": "/-/ready", "vmagent": "/health"}
+    running = []
+    try:
+        for name in ("victoria-metrics", "prometheus", "vmagent"):
+            log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed below
+            proc = subprocess.Popen([binaries[name], *commands[name]], stdout=log, stderr=log)
+            running.append((proc, log))
+            wait_for(lambda n=name: _healthy(url[n] + health[n]), timeout=30, step=0.2)
+        yield PushPath(url["vmagent"], url["victoria-metrics"], url["prometheus"])
+    finally:
+        for proc, log in running:
+            proc.terminate()
+            proc.wait(timeout=20)
+            log.close()
+
+
+def test_every_panel_returns_data_when_devices_push_through_vmagent(
+    push_path: PushPath, daemon_factory: Any, spawn: Any
+) -> None:
+    """Two devices push OTLP/HTTP into vmagent, which remote-writes into VictoriaMetrics
+    and into Prometheus 2.53: in each store both devices are listed by name and every
+    panel has data, with no `instance` or `up` anywhere on this path."""
+    tids = []
+    for host in ("jetson-a", "jetson-b"):
+        daemon = daemon_factory(
+            interval=0.5,
+            extra_args=[*STAND_IN, "--otlp-endpoint", f"{push_path.vmagent}/opentelemetry"],
+            env={**POWER_ENV, "EDGEWATT_HOST_NAME": host, "OTEL_METRIC_EXPORT_INTERVAL": "1000"},
+        )
+        tids.append(start_run(daemon, spawn))
+    values = {"device": ".*", "run": "dash", "target": "|".join(tids), "carbon": ".*"}
+    for store in (push_path.victoria, push_path.prometheus):
+        wait_for(
+            lambda s=store: query(s, "edgewatt_process_phase_energy_joules"), timeout=60, step=1
+        )
+    time.sleep(8)  # enough pushes for rate() and increase() over their windows
+    for store in (push_path.victoria, push_path.prometheus):
+        assert label_values(store, "host_name", "edgewatt_targets") == ["jetson-a", "jetson-b"]
+        assert label_values(store, "instance", "edgewatt_targets") == []
+        empty = panels_without_data(store, values)
+        assert not empty, f"{store}: panels without data:\n" + "\n".join(empty)

@@ -48,7 +48,7 @@ def test_promtool_test_rules_covers_every_alert() -> None:
         alerts
         == tested
         == {
-            "EdgewattDaemonDown",
+            "EdgewattDeviceSilent",
             "EdgewattTargetDied",
             "EdgewattDevicePowerHigh",
             "EdgewattSamplingBehind",

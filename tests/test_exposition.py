@@ -354,3 +354,29 @@ def test_a_target_whose_labels_cannot_be_encoded_is_left_out_of_that_scrape_only
 )
 def test_accept_encoding_q_values(header: str, gzipped: bool) -> None:
     assert accepts_gzip(header) is gzipped
+
+
+def test_every_series_carries_the_devices_host_name() -> None:
+    """A device is its host name on every path: a push has no `instance`."""
+    snapshot = Snapshot(
+        time=0.0,
+        sequence=1,
+        host=host(),
+        processes=(process(1),),
+        power=POWER,
+        idle_power_w=4.0,
+        carbon=CARBON,
+        stats=SamplerStats(0.01, 1, 0, overflows={"exits": 1}),
+        host_name="jetson-7",
+    )
+    samples = [s for f in families(fast_text(snapshot)).values() for s in f.samples]
+    assert len({s.name for s in samples}) == len(EXPECTED_FAMILIES) + 1  # and target_info
+    unnamed = [s.name for s in samples if "host_name" not in s.labels]
+    assert unnamed == []
+    hosts = {
+        s.labels["host_name"]
+        for s in samples
+        if not s.name.startswith(("process_", "edgewatt_process_"))
+    }
+    assert hosts == {"jetson-7"}
+    assert_same_lines(fast_text(snapshot), otel_text(snapshot))

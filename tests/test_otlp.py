@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import socket
 import threading
 import time
@@ -50,6 +51,8 @@ def http_receiver() -> Iterator[tuple[str, Received]]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
+            if self.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
             assert self.path == "/v1/metrics"
             received.requests.append(ExportMetricsServiceRequest.FromString(body))
             received.headers.append(dict(self.headers))
@@ -119,6 +122,20 @@ def test_push_names_units_attributes_resource(
     assert len(res["service.instance.id"]) >= 16 and res["host.name"]
     headers = {k.lower(): v for k, v in received.headers[-1].items()}
     assert headers["authorization"] == "Bearer s3cret"
+    if protocol == "http/protobuf":  # gzip unless OTEL_EXPORTER_OTLP_COMPRESSION says
+        assert headers["content-encoding"] == "gzip"
+
+
+def test_otlp_compression_variable_wins_over_the_gzip_default(
+    http_receiver: tuple[str, Any], daemon_factory: Any
+) -> None:
+    endpoint, received = http_receiver
+    daemon_factory(
+        extra_args=["--otlp-endpoint", endpoint],
+        env={"OTEL_METRIC_EXPORT_INTERVAL": "300", "OTEL_EXPORTER_OTLP_COMPRESSION": "none"},
+    )
+    wait_for(lambda: received.headers, timeout=20, step=0.1)
+    assert "Content-Encoding" not in received.headers[0]
 
 
 def test_collector_down_scrapes_stay_fast_one_log_line_quick_stop(daemon_factory: Any) -> None:

@@ -4,8 +4,10 @@
     python deploy/grafana/generate.py --check  # exit 1 if they differ (the tests do this)
 
 Every panel reaches Prometheus through the ``datasource`` variable (no ``__inputs``),
-sets its unit, and queries names that exist on both paths into Prometheus (scraped
-daemons and the collector): unit-1 gauges may carry the collector's ``_ratio`` suffix.
+sets its unit, and queries names that exist on every path into a store (scraped
+daemons, the collector, OTLP into vmagent): unit-1 gauges may carry a ``_ratio``
+suffix. A device is its ``host_name``, which every series carries on every path; a
+scrape's ``instance`` and ``up`` exist on one path only, so nothing depends on them.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def carbon_variable(metric: str, selector: str) -> dict[str, Any]:
     over it is not drawn at all where no carbon intensity is configured (and so no
     carbon series exist), rather than drawn empty or as a made-up 0."""
     return query_variable(
-        "carbon", "Carbon", f"label_values({metric}{{{selector}}}, instance)", hide=2
+        "carbon", "Carbon", f"label_values({metric}{{{selector}}}, host_name)", hide=2
     )
 
 
@@ -145,7 +147,7 @@ def dashboard(
 
 def fleet() -> dict[str, Any]:
     lay = Layout()
-    by_device = 'instance=~"$device"'
+    by_device = 'host_name=~"$device"'
     panels = [
         lay.panel(
             "timeseries",
@@ -156,9 +158,10 @@ def fleet() -> dict[str, Any]:
         ),
         lay.panel(
             "stat",
-            "Daemons up",
+            "Devices reporting",
             "none",
-            [target(f'sum(up{{job=~"edgewatt|otel-collector", {by_device}}})', "up")],
+            # Fresh series only: a device silent past the store's lookback drops out.
+            [target(f"count(count by (host_name) (edgewatt_targets{{{by_device}}}))", "devices")],
             w=8,
         ),
         lay.panel(
@@ -189,7 +192,7 @@ def fleet() -> dict[str, Any]:
             "joule",
             [
                 target(
-                    "topk(10, sum by (instance, edgewatt_target_id, process_executable_name) "
+                    "topk(10, sum by (host_name, edgewatt_target_id, process_executable_name) "
                     f"(increase(edgewatt_process_energy_joules_total{{{by_device}}}[$__range])))",
                     instant=True,
                 )
@@ -201,11 +204,11 @@ def fleet() -> dict[str, Any]:
         carbon_panel(
             lay,
             "Device carbon over the range (gCO2e), $carbon",
-            'sum(increase(edgewatt_host_carbon_grams_total{instance=~"$carbon"}[$__range]))',
+            'sum(increase(edgewatt_host_carbon_grams_total{host_name=~"$carbon"}[$__range]))',
         )
     )
     variables = [
-        query_variable("device", "Device", "label_values(edgewatt_targets, instance)"),
+        query_variable("device", "Device", "label_values(edgewatt_targets, host_name)"),
         carbon_variable("edgewatt_host_carbon_grams_total", by_device),
     ]
     return dashboard("edgewatt-fleet", "edgewatt: fleet overview", variables, panels)
@@ -213,7 +216,7 @@ def fleet() -> dict[str, Any]:
 
 def device() -> dict[str, Any]:
     lay = Layout()
-    d = 'instance=~"$device"'
+    d = 'host_name=~"$device"'
     panels = [
         lay.panel(
             "timeseries",
@@ -270,14 +273,14 @@ def device() -> dict[str, Any]:
         ),
     ]
     variables = [
-        query_variable("device", "Device", "label_values(edgewatt_targets, instance)", False)
+        query_variable("device", "Device", "label_values(edgewatt_targets, host_name)", False)
     ]
     return dashboard("edgewatt-device", "edgewatt: device", variables, panels)
 
 
 def run() -> dict[str, Any]:
     lay = Layout()
-    t = 'instance=~"$device", edgewatt_target_id=~"$target"'
+    t = 'host_name=~"$device", edgewatt_target_id=~"$target"'
     panels = [
         lay.panel(
             "timeseries",
@@ -340,7 +343,7 @@ def run() -> dict[str, Any]:
             "state-timeline",
             "Phases",
             "none",
-            [target(f"edgewatt_process_phase{{{t}}}", "{{edgewatt_phase}}")],
+            [target(f"{ratio('edgewatt_process_phase')}, {t}}}", "{{edgewatt_phase}}")],
             w=24,
             h=5,
         ),
@@ -353,14 +356,14 @@ def run() -> dict[str, Any]:
         ),
     ]
     variables = [
-        query_variable("device", "Device", "label_values(edgewatt_targets, instance)"),
+        query_variable("device", "Device", "label_values(edgewatt_targets, host_name)"),
         query_variable(
-            "run", "Run", 'label_values(process_cpu_time_seconds_total{instance=~"$device"}, run)'
+            "run", "Run", 'label_values(process_cpu_time_seconds_total{host_name=~"$device"}, run)'
         ),
         query_variable(
             "target",
             "Target",
-            'label_values(process_cpu_time_seconds_total{instance=~"$device", run=~"$run"}, '
+            'label_values(process_cpu_time_seconds_total{host_name=~"$device", run=~"$run"}, '
             "edgewatt_target_id)",
         ),
         carbon_variable("edgewatt_process_carbon_grams_total", t),
@@ -370,7 +373,7 @@ def run() -> dict[str, Any]:
             lay,
             "Attributed carbon over the range (gCO2e), $carbon",
             "sum(increase(edgewatt_process_carbon_grams_total"
-            f'{{{t}, instance=~"$carbon"}}[$__range]))',
+            f'{{{t}, host_name=~"$carbon"}}[$__range]))',
         )
     )
     return dashboard("edgewatt-run", "edgewatt: process / run", variables, panels)
