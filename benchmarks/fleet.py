@@ -79,7 +79,11 @@ class CountingRelay:
                         client, _ = key.fileobj.accept()  # type: ignore[union-attr]
                     except BlockingIOError:
                         continue
-                    upstream = socket.create_connection(self.upstream)
+                    try:
+                        upstream = socket.create_connection(self.upstream)
+                    except OSError:  # the gateway is gone (the run is ending)
+                        client.close()
+                        continue
                     client.setblocking(False)
                     upstream.setblocking(False)
                     with self._lock:

@@ -254,14 +254,6 @@ def store_binary(name: str) -> str:
     return str(path)
 
 
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def query(url: str, promql: str) -> list[dict[str, Any]]:
     q = urllib.parse.urlencode({"query": promql})
     with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=5) as r:
@@ -297,7 +289,7 @@ def prometheus_factory(tmp_path: Path) -> Iterator[Any]:
         )
         running.append((proc, log))
         url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _ready(url), timeout=30, step=0.2)
+        wait_for(lambda: _healthy(f"{url}/-/ready"), timeout=30, step=0.2)
         return url
 
     yield make
@@ -319,3 +311,78 @@ def table_with(pid: int) -> TargetTable:
     )
     table.register(pid, {}, True, os.getuid())
     return table
+
+
+STORE_HEALTH = {"victoria-metrics": "/health", "prometheus": "/-/ready", "vmagent": "/health"}
+
+
+class PushPath:
+    """Debian 13's vmagent, VictoriaMetrics and Prometheus 2.53, as a fleet runs them:
+    devices push OTLP/HTTP to vmagent (``vmagent``/opentelemetry), which remote-writes
+    into both stores, buffering on disk while one is down. Each can be stopped and
+    started again (same port, same data)."""
+
+    NAMES = ("victoria-metrics", "prometheus", "vmagent")
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.binaries = {name: store_binary(name) for name in self.NAMES}
+        ports = {name: free_port() for name in self.NAMES}
+        self.url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+        self.vmagent, self.victoria = self.url["vmagent"], self.url["victoria-metrics"]
+        self.prometheus = self.url["prometheus"]
+        (directory / "prometheus.yml").write_text("global:\n  evaluation_interval: 1s\n")
+        self.args = {
+            "victoria-metrics": [
+                f"-httpListenAddr=127.0.0.1:{ports['victoria-metrics']}",
+                f"-storageDataPath={directory / 'vm'}",
+                "-search.latencyOffset=1s",  # the last 30 s are hidden by default
+            ],
+            "prometheus": [
+                f"--config.file={directory / 'prometheus.yml'}",
+                f"--storage.tsdb.path={directory / 'prom'}",
+                f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+                "--web.enable-remote-write-receiver",
+            ],
+            "vmagent": [
+                f"-httpListenAddr=127.0.0.1:{ports['vmagent']}",
+                "-opentelemetry.usePrometheusNaming",
+                f"-remoteWrite.url={self.victoria}/api/v1/write",
+                f"-remoteWrite.url={self.prometheus}/api/v1/write",
+                f"-remoteWrite.tmpDataPath={directory / 'vmagent'}",
+                "-remoteWrite.flushInterval=1s",
+            ],
+        }
+        self.running: dict[str, tuple[subprocess.Popen, Any]] = {}
+
+    def start(self, name: str) -> None:
+        log = open(self.directory / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+        proc = subprocess.Popen([self.binaries[name], *self.args[name]], stdout=log, stderr=log)
+        self.running[name] = (proc, log)
+        wait_for(lambda: _healthy(self.url[name] + STORE_HEALTH[name]), timeout=30, step=0.2)
+
+    def stop(self, name: str) -> None:
+        proc, log = self.running.pop(name)
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def push_path(tmp_path: Path) -> Iterator[PushPath]:
+    path = PushPath(tmp_path)
+    try:
+        for name in PushPath.NAMES:
+            path.start(name)
+        yield path
+    finally:
+        for name in list(path.running):
+            path.stop(name)

@@ -11,15 +11,13 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import promql_parser
 import pytest
 
-from tests.conftest import ROOT, DaemonProcess, free_port, query, store_binary, wait_for
+from tests.conftest import ROOT, DaemonProcess, PushPath, query, wait_for
 
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -172,66 +170,6 @@ def test_every_panel_returns_data_from_a_real_prometheus(
     values = {"device": "jetson-a", "run": "dash", "target": tid, "carbon": "jetson-a"}
     empty = panels_without_data(url, values)
     assert not empty, "panels without data:\n" + "\n".join(empty)
-
-
-@dataclass
-class PushPath:
-    vmagent: str  # takes OTLP/HTTP at /opentelemetry, remote-writes to both stores
-    victoria: str
-    prometheus: str  # 2.53 with the remote-write receiver
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def push_path(tmp_path: Path) -> Iterator[PushPath]:
-    """Debian 13's vmagent, VictoriaMetrics and Prometheus 2.53, as a fleet would run
-    them: devices push OTLP to vmagent, which remote-writes into both stores."""
-    binaries = {name: store_binary(name) for name in ("victoria-metrics", "vmagent", "prometheus")}
-    ports = {name: free_port() for name in binaries}
-    url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    (tmp_path / "prometheus.yml").write_text("global:\n  evaluation_interval: 1s\n")
-    commands = {
-        "victoria-metrics": [
-            f"-httpListenAddr=127.0.0.1:{ports['victoria-metrics']}",
-            f"-storageDataPath={tmp_path / 'vm'}",
-            "-search.latencyOffset=1s",  # the last 30 s are hidden by default
-        ],
-        "prometheus": [
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'prom'}",
-            f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
-            "--web.enable-remote-write-receiver",
-        ],
-        "vmagent": [
-            f"-httpListenAddr=127.0.0.1:{ports['vmagent']}",
-            "-opentelemetry.usePrometheusNaming",
-            f"-remoteWrite.url={url['victoria-metrics']}/api/v1/write",
-            f"-remoteWrite.url={url['prometheus']}/api/v1/write",
-            f"-remoteWrite.tmpDataPath={tmp_path / 'vmagent'}",
-            "-remoteWrite.flushInterval=1s",
-        ],
-    }
-    health = {"victoria-metrics": "/health", "prometheus": "/-/ready", "vmagent": "/health"}
-    running = []
-    try:
-        for name in ("victoria-metrics", "prometheus", "vmagent"):
-            log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed below
-            proc = subprocess.Popen([binaries[name], *commands[name]], stdout=log, stderr=log)
-            running.append((proc, log))
-            wait_for(lambda n=name: _healthy(url[n] + health[n]), timeout=30, step=0.2)
-        yield PushPath(url["vmagent"], url["victoria-metrics"], url["prometheus"])
-    finally:
-        for proc, log in running:
-            proc.terminate()
-            proc.wait(timeout=20)
-            log.close()
 
 
 def test_every_panel_returns_data_when_devices_push_through_vmagent(
