@@ -129,7 +129,8 @@ def assert_same_lines(fast: bytes, slow: bytes) -> None:
     )
 
 
-def test_families_and_types_match_the_contract() -> None:
+def every_figure(**changes: Any) -> Snapshot:
+    """A snapshot with every kind of figure: host, a process, power, carbon, stats."""
     snapshot = Snapshot(
         time=0.0,
         sequence=1,
@@ -140,6 +141,11 @@ def test_families_and_types_match_the_contract() -> None:
         carbon=CARBON,
         stats=SamplerStats(0.01, 0, 0, overflows={"taskstats": 0, "tcp_destroy": 0}),
     )
+    return dataclasses.replace(snapshot, **changes)
+
+
+def test_families_and_types_match_the_contract() -> None:
+    snapshot = every_figure()
     got = {n: f.type for n, f in families(fast_text(snapshot)).items() if n != "target_info"}
     assert got == EXPECTED_FAMILIES
     assert len(METRICS) == len(EXPECTED_FAMILIES)
@@ -358,17 +364,7 @@ def test_accept_encoding_q_values(header: str, gzipped: bool) -> None:
 
 def test_every_series_carries_the_devices_host_name() -> None:
     """A device is its host name on every path: a push has no `instance`."""
-    snapshot = Snapshot(
-        time=0.0,
-        sequence=1,
-        host=host(),
-        processes=(process(1),),
-        power=POWER,
-        idle_power_w=4.0,
-        carbon=CARBON,
-        stats=SamplerStats(0.01, 1, 0, overflows={"exits": 1}),
-        host_name="jetson-7",
-    )
+    snapshot = every_figure(host_name="jetson-7")
     samples = [s for f in families(fast_text(snapshot)).values() for s in f.samples]
     assert len({s.name for s in samples}) == len(EXPECTED_FAMILIES) + 1  # and target_info
     unnamed = [s.name for s in samples if "host_name" not in s.labels]

@@ -30,6 +30,18 @@ def raw_samples(store: str, selector: str) -> list[tuple[float, float]]:
     return [(t / 1000, v) for t, v in zip(lines[0]["timestamps"], lines[0]["values"], strict=True)]
 
 
+def samples_once_caught_up(
+    push_path: PushPath, selector: str, up: float
+) -> list[tuple[float, float]]:
+    """The samples of ``selector`` once VictoriaMetrics holds some from after ``up``."""
+    wait_for(
+        lambda: any(t > up + 2 for t, _ in raw_samples(push_path.victoria, selector)),
+        timeout=60,
+        step=1,
+    )
+    return raw_samples(push_path.victoria, selector)
+
+
 def pushing_daemon(daemon_factory: Any, push_path: PushPath, spawn: Any) -> tuple[Any, str]:
     daemon: DaemonProcess = daemon_factory(
         interval=0.5,
@@ -56,13 +68,7 @@ def test_a_store_down_for_60_s_behind_vmagent_leaves_no_gap(
     time.sleep(60)
     push_path.start("victoria-metrics")
     up = time.time()
-    # vmagent sends what it buffered on disk, then keeps up.
-    wait_for(
-        lambda: any(t > up + 2 for t, _ in raw_samples(push_path.victoria, selector)),
-        timeout=60,
-        step=1,
-    )
-    samples = raw_samples(push_path.victoria, selector)
+    samples = samples_once_caught_up(push_path, selector, up)  # what vmagent buffered too
     during = [t for t, _ in samples if down < t < up]
     assert len(during) >= 55  # a push a second, all of them kept
     times = [t for t, _ in samples if down - 3 < t < up + 2]
@@ -89,12 +95,7 @@ def test_a_gateway_down_costs_resolution_only_and_one_log_line_each_way(
         time.sleep(1)
     push_path.start("vmagent")
     up = time.time()
-    wait_for(
-        lambda: any(t > up + 2 for t, _ in raw_samples(push_path.victoria, selector)),
-        timeout=60,
-        step=1,
-    )
-    samples = raw_samples(push_path.victoria, selector)
+    samples = samples_once_caught_up(push_path, selector, up)
     assert [t for t, _ in samples if down + PUSH_S * 2 < t < up - PUSH_S * 2] == []  # dropped
     before = max((t, v) for t, v in samples if t < down)
     after = min((t, v) for t, v in samples if t > up)
