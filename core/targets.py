@@ -387,10 +387,9 @@ class TargetTable:
     def start_phase(self, target_id: str, name: object, uid: int) -> Phase:
         # A phase name becomes a label value: the same rules, a shorter bound.
         try:
-            validate_value(name, "the phase name", MAX_PHASE_NAME)
+            valid = validate_value(name, "the phase name", MAX_PHASE_NAME)
         except LabelError as exc:
             raise TargetError("invalid phase name", str(exc)) from None
-        assert isinstance(name, str)
         now = time.time()
         with self._lock:
             target = self._get(target_id)
@@ -402,7 +401,7 @@ class TargetTable:
                 raise TooMany("too many phases", f"at most {MAX_PHASES} per target")
             if phases and phases[-1].ended_at is None:
                 phases[-1].ended_at = now
-            phase = Phase(name=name, started_at=now)
+            phase = Phase(name=valid, started_at=now)
             phases.append(phase)
             return phase
 

@@ -152,6 +152,8 @@ class _Handler(BaseHTTPRequestHandler):
             status, body = self._route()
         except ApiError as exc:
             self._reply(exc.status, {"error": exc.error, "detail": exc.detail}, close=True)
+        except InvalidRegistration as exc:
+            self._reply(400, {"error": exc.error, "detail": exc.detail})
         except TargetError as exc:
             self._reply(exc.status, {"error": exc.error, "detail": exc.detail})
         except Exception:
@@ -212,10 +214,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "phase": table.phase_summary(target_id, ended, self.server.logical_cpus),
                 }
             body = self._read_json()
-            try:
-                reject_unknown(body, {"name"})
-            except InvalidRegistration as exc:
-                raise ApiError(400, exc.error, exc.detail) from None
+            reject_unknown(body, {"name"})
             phase = table.start_phase(target_id, body.get("name"), self.peer_uid)
             self.server.sample_now(target_id)
             return 201, {"target": target_id, "name": phase.name, "started_at": phase.started_at}
@@ -284,10 +283,7 @@ class _Handler(BaseHTTPRequestHandler):
         return data
 
     def _register(self) -> tuple[int, Any]:
-        try:
-            request = parse_request(self._read_json(), self.peer_pid, self.server.pid_max)
-        except InvalidRegistration as exc:
-            raise ApiError(400, exc.error, exc.detail) from None
+        request = parse_request(self._read_json(), self.peer_pid, self.server.pid_max)
         target, created = self.server.table.register(
             request.pid, request.labels, request.children, self.peer_uid
         )
