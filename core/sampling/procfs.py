@@ -193,7 +193,10 @@ class ProcHandle:
             state = self.stat().state
         except (OSError, NoSuchProcess):
             return f"pid {self.pid} has exited"
-        real, effective, saved = (int(x) for x in line.split()[1:4])
+        ids = line.split()[1:4]
+        if len(ids) != 3:
+            return f"pid {self.pid} shows no uids"
+        real, effective, saved = (int(x) for x in ids)
         if (real, effective, saved) != (uid, uid, uid):
             runs_as = "" if real == effective == saved else f" (runs as {effective}: setuid)"
             return f"pid {self.pid} belongs to uid {real}{runs_as}, you are uid {uid}"
