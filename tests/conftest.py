@@ -264,17 +264,17 @@ def query(url: str, promql: str) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def prometheus_factory(tmp_path: Path) -> Iterator[Any]:
-    """A real Prometheus server scraping a daemon every second; yields its URL."""
+    """A real Prometheus server scraping daemons every second; yields its URL."""
     running: list[tuple[subprocess.Popen, Any]] = []
 
-    def make(daemon: DaemonProcess) -> str:
+    def make(*daemons: DaemonProcess) -> str:
         exe = binary("prometheus")
         port = free_port()
         config = tmp_path / "prometheus.yml"
         config.write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
             "scrape_configs:\n  - job_name: edgewatt\n    static_configs:\n"
-            f"      - targets: ['127.0.0.1:{daemon.port}']\n"
+            f"      - targets: {[f'127.0.0.1:{d.port}' for d in daemons]}\n"
         )
         log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
         proc = subprocess.Popen(

@@ -154,22 +154,31 @@ def start_run(daemon: DaemonProcess, spawn: Any) -> str:
 def test_every_panel_returns_data_from_a_real_prometheus(
     daemon_factory: Any, prometheus_factory: Any, spawn: Any
 ) -> None:
-    daemon: DaemonProcess = daemon_factory(
-        interval=0.5, extra_args=STAND_IN, env={**POWER_ENV, "EDGEWATT_HOST_NAME": "jetson-a"}
+    """Two devices (`jetson-a`, `jetson-b`) scraped by one Prometheus: both listed by
+    name, and every panel has data, for all devices and for each one."""
+    daemons = [
+        daemon_factory(
+            interval=0.5, extra_args=STAND_IN, env={**POWER_ENV, "EDGEWATT_HOST_NAME": host}
+        )
+        for host in ("jetson-a", "jetson-b")
+    ]
+    url = prometheus_factory(*daemons)
+    tids = [start_run(daemon, spawn) for daemon in daemons]
+    wait_for(
+        lambda: len(query(url, "edgewatt_process_phase_energy_joules")) >= 4, timeout=30, step=0.5
     )
-    url = prometheus_factory(daemon)
-    tid = start_run(daemon, spawn)
-    wait_for(lambda: query(url, "edgewatt_process_phase_energy_joules"), timeout=30, step=0.5)
     time.sleep(8)  # enough scrapes for rate() and increase() over their windows
     # A device is its host name, on this path as on the push paths.
-    assert label_values(url, "host_name", "edgewatt_targets") == ["jetson-a"]
+    assert label_values(url, "host_name", "edgewatt_targets") == ["jetson-a", "jetson-b"]
     assert label_values(url, "run", 'process_cpu_time_seconds_total{host_name=~"jetson-a"}') == [
         "dash"
     ]
-    # Grafana puts the selected value into the regex matcher as it is.
-    values = {"device": "jetson-a", "run": "dash", "target": tid, "carbon": "jetson-a"}
-    empty = panels_without_data(url, values)
-    assert not empty, "panels without data:\n" + "\n".join(empty)
+    # Grafana puts the selected value into the regex matcher as it is: "All" is .*.
+    every = {"device": ".*", "run": "dash", "target": "|".join(tids), "carbon": ".*"}
+    one = {"device": "jetson-b", "run": "dash", "target": tids[1], "carbon": "jetson-b"}
+    for values in (every, one):
+        empty = panels_without_data(url, values)
+        assert not empty, f"{values}: panels without data:\n" + "\n".join(empty)
 
 
 def test_every_panel_returns_data_when_devices_push_through_vmagent(
