@@ -71,8 +71,10 @@ def test_a_store_down_for_60_s_behind_vmagent_leaves_no_gap(
     samples = samples_once_caught_up(push_path, selector, up)  # what vmagent buffered too
     during = [t for t, _ in samples if down < t < up]
     assert len(during) >= 55  # a push a second, all of them kept
+    # What was lost would show as a hole the outage's length; a push may come a
+    # second or two late on two busy cores (seen: 3.0 s once, in CI).
     times = [t for t, _ in samples if down - 3 < t < up + 2]
-    assert max(b - a for a, b in itertools.pairwise(times)) < 2.5 * PUSH_S
+    assert max(b - a for a, b in itertools.pairwise(times)) < 5 * PUSH_S
     values = [v for _, v in samples]
     assert values == sorted(values)  # a counter: never back, no reset
 
