@@ -90,13 +90,15 @@ class UntrustedServer(PermissionError):
     """The socket is served by another user: labels and pids are not sent to it."""
 
 
-def server_uid(sock: socket.socket) -> int | None:
-    """The uid of the process serving a connected Unix socket; None where the platform
-    cannot say (no SO_PEERCRED)."""
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of the process at the other end of a connected Unix socket, as
+    the kernel recorded them at connect(); None where the platform cannot say (no
+    SO_PEERCRED). The daemon asks it of its clients, a client of its server."""
     if not hasattr(socket, "SO_PEERCRED"):
         return None
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", raw)[1]
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
 
 
 def _check_server(sock: socket.socket, path: str) -> None:
@@ -104,7 +106,8 @@ def _check_server(sock: socket.socket, path: str) -> None:
     have placed (the systemd unit runs the daemon as a dynamic user in a directory it
     made for it: /run/edgewatt). Another user listening where this user's daemon is
     expected (a shared temp directory) would otherwise see every label and pid."""
-    uid = server_uid(sock)
+    credentials = peer_credentials(sock)
+    uid = credentials[1] if credentials is not None else None
     if uid is None or uid in (0, current_uid()) or placed_by_root(path, uid):
         return
     raise UntrustedServer(

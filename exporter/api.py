@@ -22,7 +22,6 @@ import re
 import socket
 import socketserver
 import stat
-import struct
 import threading
 import time
 from collections import Counter
@@ -34,6 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from edgewatt.core.sampling import procfs
 from edgewatt.core.targets import TargetError, TargetTable
+from edgewatt.core.transport import peer_credentials
 from edgewatt.exporter.registration import (
     TARGET_ID,
     InvalidRegistration,
@@ -58,11 +58,10 @@ class ApiError(Exception):
         self.detail = detail
 
 
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a Unix socket."""
-    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", data)
-    return pid, uid, gid
+def _credentials(sock: socket.socket) -> tuple[int, int, int]:
+    credentials = peer_credentials(sock)
+    assert credentials is not None, "the daemon runs on Linux, which has SO_PEERCRED"
+    return credentials
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -91,7 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.peer_pid, self.peer_uid, _ = peer_credentials(self.request)
+        self.peer_pid, self.peer_uid, _ = _credentials(self.request)
         self._reader = _DeadlineReader(self.connection)
         self.rfile = io.BufferedReader(self._reader)
 
@@ -349,7 +348,7 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.path = path
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        uid = peer_credentials(request)[1]
+        uid = _credentials(request)[1]
         with self._open_lock:
             if self._open.total() >= MAX_CONNECTIONS:
                 refused = f"at most {MAX_CONNECTIONS} at once"
