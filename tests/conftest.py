@@ -386,3 +386,59 @@ def push_path(tmp_path: Path) -> Iterator[PushPath]:
     finally:
         for name in list(path.running):
             path.stop(name)
+
+
+# -- talking to the API as a client would ---------------------------------------------
+
+
+def raw(sock_path: str, data: bytes, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
+    """Send raw bytes, read one response; returns (status, JSON body)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(sock_path)
+        s.sendall(data)
+        chunks = b""
+        while b"\r\n\r\n" not in chunks:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            chunks += chunk
+        head, _, body = chunks.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        status = int(lines[0].split()[1])
+        length = next(
+            int(v)
+            for k, _, v in (x.partition(": ") for x in lines[1:])
+            if k.lower() == "content-length"
+        )
+        while len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        assert "application/json" in head.decode().lower()
+        return status, json.loads(body)
+
+
+def post(path: str, body: bytes, extra: str = "") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode()
+        + body
+    )
+
+
+def call_as(
+    uid: int, public: Path, sock_path: str, method: str, path: str, body: Any = None
+) -> Any:
+    """(status, JSON body) of an API call made by a process running as ``uid`` (the
+    stdlib-only client, from ``public``: see copy_package)."""
+    code = (
+        "import json; from edgewatt.core import transport;"
+        f"print(json.dumps(transport.call({sock_path!r}, {method!r}, {path!r}, {body!r})))"
+    )
+    out = subprocess.run(
+        [SYSTEM_PYTHON, "-c", code], capture_output=True, text=True, user=uid, group=uid,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public)}, cwd="/", check=True,
+    )  # fmt: skip
+    status, answer = json.loads(out.stdout)
+    return status, answer

@@ -14,45 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, SYSTEM_PYTHON, DaemonProcess
+from tests.conftest import ROOT, DaemonProcess, call_as, post, raw
 
 NOBODY = 65534
-
-
-def raw(sock_path: str, data: bytes, timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
-    """Send raw bytes, read one response; returns (status, JSON body)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(sock_path)
-        s.sendall(data)
-        chunks = b""
-        while b"\r\n\r\n" not in chunks:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            chunks += chunk
-        head, _, body = chunks.partition(b"\r\n\r\n")
-        lines = head.decode().split("\r\n")
-        status = int(lines[0].split()[1])
-        length = next(
-            int(v)
-            for k, _, v in (x.partition(": ") for x in lines[1:])
-            if k.lower() == "content-length"
-        )
-        while len(body) < length:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            body += chunk
-        assert "application/json" in head.decode().lower()
-        return status, json.loads(body)
-
-
-def post(path: str, body: bytes, extra: str = "") -> bytes:
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode()
-        + body
-    )
 
 
 def unused_pid() -> int:
@@ -250,39 +214,22 @@ def test_stalled_client_is_cut_off_with_a_timeout(daemon: DaemonProcess) -> None
     assert b'"error": "request timed out"' in leftover
 
 
-def _as_nobody(public: Path, sock_path: str, method: str, path: str, body: Any = None) -> Any:
-    """Call the API from a process running as uid/gid nobody (the stdlib-only client)."""
-    code = (
-        "import json; from edgewatt.core import transport;"
-        f"print(json.dumps(transport.call({sock_path!r}, {method!r}, {path!r}, {body!r})))"
-    )
-    out = subprocess.run(
-        [SYSTEM_PYTHON, "-c", code],
-        capture_output=True,
-        text=True,
-        user=NOBODY,
-        group=NOBODY,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public)},
-        cwd="/",
-        check=True,
-    )
-    return json.loads(out.stdout)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
 def test_ownership_enforced_with_peer_credentials(
     daemon_factory: Any, spawn: Any, public_dir: Path
 ) -> None:
     daemon = daemon_factory(socket_dir=public_dir)
     roots = spawn("import time; time.sleep(60)")
-    status, body = _as_nobody(public_dir, daemon.socket, "POST", "/v1/targets", {"pid": roots.pid})
+    status, body = call_as(
+        NOBODY, public_dir, daemon.socket, "POST", "/v1/targets", {"pid": roots.pid}
+    )
     assert status == 403 and body["error"] == "not your process"
     assert body["detail"] == f"pid {roots.pid} belongs to uid 0, you are uid {NOBODY}"
 
     own = subprocess.Popen(["sleep", "60"], user=NOBODY, group=NOBODY)
     try:
-        status, body = _as_nobody(
-            public_dir, daemon.socket, "POST", "/v1/targets", {"pid": own.pid}
+        status, body = call_as(
+            NOBODY, public_dir, daemon.socket, "POST", "/v1/targets", {"pid": own.pid}
         )
         assert status == 201 and body["pid"] == own.pid
     finally:
@@ -291,10 +238,10 @@ def test_ownership_enforced_with_peer_credentials(
 
     root_target = daemon.register(roots.pid)
     tid = root_target["id"]
-    status, body = _as_nobody(public_dir, daemon.socket, "DELETE", f"/v1/targets/{tid}")
+    status, body = call_as(NOBODY, public_dir, daemon.socket, "DELETE", f"/v1/targets/{tid}")
     assert status == 403 and body["error"] == "not your target"
-    status, body = _as_nobody(
-        public_dir, daemon.socket, "POST", f"/v1/targets/{tid}/phase", {"name": "x"}
+    status, body = call_as(
+        NOBODY, public_dir, daemon.socket, "POST", f"/v1/targets/{tid}/phase", {"name": "x"}
     )
     assert status == 403
     # Root may manage anyone's target.

@@ -22,41 +22,12 @@ from typing import Any
 import pytest
 
 from edgewatt.core import transport
-from tests.conftest import ROOT, SYSTEM_PYTHON, DaemonProcess, wait_for
+from tests.conftest import ROOT, SYSTEM_PYTHON, DaemonProcess, call_as, post, raw, wait_for
 
 NOBODY = 65534
 STRANGER = 4242  # a second unprivileged user, without a passwd entry
 STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
-
-
-def raw_call(path: str, request: bytes, timeout: float = 5.0) -> tuple[int, bytes]:
-    """Send ``request`` as is over the Unix socket; (status, body) of the answer."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        s.sendall(request)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-            head, sep, body = data.partition(b"\r\n\r\n")
-            if sep and b"content-length" in head.lower():
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                if len(body) >= length:
-                    break
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body
-
-
-def post_json(path: str, url: str, text: str) -> tuple[int, dict[str, Any]]:
-    body = text.encode()
-    status, answer = raw_call(
-        path,
-        f"POST {url} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n".encode()
-        + body,
-    )
-    return status, json.loads(answer)
 
 
 def timed_scrape(port: int, source: str = "127.0.0.1") -> tuple[float, bytes]:
@@ -89,12 +60,12 @@ def run_as(uid: int, code: str, **kw: Any) -> subprocess.Popen:
 
 def test_lone_surrogates_are_refused_with_400_and_scrapes_go_on(daemon: DaemonProcess) -> None:
     target = daemon.register(os.getpid())
-    status, body = post_json(
-        daemon.socket, f"/v1/targets/{target['id']}/phase", '{"name": "ep\\udcff"}'
+    status, body = raw(
+        daemon.socket, post(f"/v1/targets/{target['id']}/phase", b'{"name": "ep\\udcff"}')
     )
     assert (status, body["error"]) == (400, "invalid phase name")
     assert "lone surrogate" in body["detail"]
-    status, body = post_json(daemon.socket, "/v1/targets", '{"labels": {"run": "a\\ud800"}}')
+    status, body = raw(daemon.socket, post("/v1/targets", b'{"labels": {"run": "a\\ud800"}}'))
     assert (status, body["error"]) == (400, "invalid labels")
     assert body["detail"] == "the value of label 'run' is not valid Unicode (a lone surrogate)"
     assert "process_cpu_time_seconds_total" in daemon.metrics_text()
@@ -117,14 +88,10 @@ def test_an_executable_named_in_invalid_utf8_is_scraped_with_a_replacement(
 
 
 def test_bodies_that_broke_the_parser_are_400_not_500(daemon: DaemonProcess) -> None:
-    nested = "[" * 30_000 + "]" * 30_000  # within the 64 KiB body limit
-    assert post_json(daemon.socket, "/v1/targets", nested)[0] == 400
-    status, body = raw_call(
-        daemon.socket,
-        b"POST /v1/targets HTTP/1.1\r\nContent-Length: 12\r\nConnection: close\r\n\r\n"
-        b'{"pid": "\xff"}',
-    )
-    assert status == 400 and json.loads(body)["error"] == "invalid JSON"
+    nested = b"[" * 30_000 + b"]" * 30_000  # within the 64 KiB body limit
+    assert raw(daemon.socket, post("/v1/targets", nested))[0] == 400
+    status, body = raw(daemon.socket, post("/v1/targets", b'{"pid": "\xff"}'))
+    assert status == 400 and body["error"] == "invalid JSON"
     assert "Traceback" not in daemon.log()
 
 
@@ -465,19 +432,6 @@ NOT_DUMPABLE = (
 )
 
 
-def register_as(uid: int, public: Path, sock: str, pid: int) -> tuple[int, dict[str, Any]]:
-    code = (
-        "import json; from edgewatt.core import transport;"
-        f"print(json.dumps(transport.call({sock!r}, 'POST', '/v1/targets', {{'pid': {pid}}})))"
-    )
-    out = subprocess.run(
-        [SYSTEM_PYTHON, "-c", code], capture_output=True, text=True, user=uid, group=uid,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public)}, cwd="/", check=True,
-    )  # fmt: skip
-    status, body = json.loads(out.stdout)
-    return status, body
-
-
 @as_root
 def test_a_user_may_not_watch_a_setuid_or_undumpable_process_it_started(
     daemon_factory: Any, public_dir: Path
@@ -490,13 +444,17 @@ def test_a_user_may_not_watch_a_setuid_or_undumpable_process_it_started(
     undumpable = run_as(NOBODY, NOT_DUMPABLE, stdout=subprocess.PIPE)
     try:
         wait_for(lambda: Path(f"/proc/{started.pid}/exe").resolve() == setuid_sleep)
-        status, body = register_as(NOBODY, public_dir, daemon.socket, started.pid)
+        status, body = call_as(
+            NOBODY, public_dir, daemon.socket, "POST", "/v1/targets", {"pid": started.pid}
+        )
         assert (status, body["error"]) == (403, "not your process")
         assert body["detail"] == (
             f"pid {started.pid} belongs to uid {NOBODY} (runs as 0: setuid), you are uid {NOBODY}"
         )
         assert undumpable.stdout is not None and undumpable.stdout.readline() == b"\n"
-        status, body = register_as(NOBODY, public_dir, daemon.socket, undumpable.pid)
+        status, body = call_as(
+            NOBODY, public_dir, daemon.socket, "POST", "/v1/targets", {"pid": undumpable.pid}
+        )
         assert (status, body["error"]) == (403, "not your process")
         assert body["detail"] == (
             f"pid {undumpable.pid} is not dumpable (a setuid program, or prctl): only root "
@@ -530,7 +488,10 @@ def test_one_user_cannot_fill_max_targets(daemon_factory: Any, public_dir: Path)
     daemon = daemon_factory(socket_dir=public_dir, env={"EDGEWATT_MAX_TARGETS_PER_UID": "2"})
     sleepers = [run_as(NOBODY, "import time; time.sleep(60)") for _ in range(3)]
     try:
-        answers = [register_as(NOBODY, public_dir, daemon.socket, p.pid) for p in sleepers]
+        answers = [
+            call_as(NOBODY, public_dir, daemon.socket, "POST", "/v1/targets", {"pid": p.pid})
+            for p in sleepers
+        ]
         assert [status for status, _ in answers] == [201, 201, 429]
         assert answers[2][1]["detail"] == "at most 2 per user may run at once"
         assert daemon.register(sleepers[2].pid)["pid"] == sleepers[2].pid  # root is exempt
