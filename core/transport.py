@@ -118,20 +118,29 @@ def _check_server(sock: socket.socket, path: str) -> None:
     )
 
 
+def directory_problem(info: os.stat_result, owners: tuple[int, ...], whose: str) -> str | None:
+    """Why a directory (``info``: its stat) is not safe for a socket or state: a user
+    other than ``owners`` (described as ``whose``) owns it, or others may write to it
+    and so plant or replace what is in it. None when it is safe."""
+    if info.st_uid not in owners:
+        return f"it belongs to uid {info.st_uid}, not to {whose}"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"other users may write to it (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
 def placed_by_root(path: str, owner: int) -> bool:
     """Whether only root could have put ``path`` there: every directory above its own
     is root's and writable by nobody else, and its own is root's or ``owner``'s (the
     service's, made for it by root) and writable by nobody else."""
     directory = os.path.dirname(os.path.realpath(path))
     try:
-        info = os.stat(directory)
-        if info.st_uid not in (0, owner) or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if directory_problem(os.stat(directory), (0, owner), "root or the server"):
             return False
         parent = directory
         while parent != os.path.dirname(parent):
             parent = os.path.dirname(parent)
-            info = os.stat(parent)
-            if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            if directory_problem(os.stat(parent), (0,), "root"):
                 return False
     except OSError:
         return False

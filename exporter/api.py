@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from edgewatt.core.sampling import procfs
 from edgewatt.core.targets import TargetError, TargetTable
-from edgewatt.core.transport import peer_credentials
+from edgewatt.core.transport import directory_problem, peer_credentials
 from edgewatt.exporter.registration import (
     TARGET_ID,
     InvalidRegistration,
@@ -398,12 +398,9 @@ def _own_directory(directory: str) -> None:
     to: there, that user could take the socket's name first (a fake daemon that reads
     every label and pid sent to it), or replace the socket later."""
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    info = os.stat(directory)
-    if info.st_uid not in (0, os.geteuid()):
-        problem = f"it belongs to uid {info.st_uid}"
-    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        problem = f"other users may write to it (mode {stat.S_IMODE(info.st_mode):o})"
-    else:
+    euid = os.geteuid()
+    problem = directory_problem(os.stat(directory), (0, euid), f"root or the daemon's uid {euid}")
+    if problem is None:
         return
     raise OSError(
         f"refusing socket directory {directory}: {problem}; another user could take the "

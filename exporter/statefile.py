@@ -17,11 +17,12 @@ import contextlib
 import json
 import logging
 import os
-import stat
 import threading
 import uuid
 from pathlib import Path
 from typing import Any
+
+from edgewatt.core.transport import directory_problem
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,8 @@ def open_own_directory(directory: Path) -> int:
     it or may write to it."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    info = os.fstat(fd)
-    problem = None
-    if info.st_uid != os.geteuid():
-        problem = f"it belongs to uid {info.st_uid}, not to the daemon's uid {os.geteuid()}"
-    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        problem = f"other users may write to it (mode {stat.S_IMODE(info.st_mode):o})"
+    euid = os.geteuid()
+    problem = directory_problem(os.fstat(fd), (euid,), f"the daemon's uid {euid}")
     if problem is not None:
         os.close(fd)
         raise StateDirError(
