@@ -223,15 +223,14 @@ def summary_from_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
     if len(samples) < 2:
         return summary
     times = [s["timestamp"] for s in samples]
-    summary["duration_s"] = round(times[-1] - times[0], 3)
-    cpu = [s["cpu_usage"] for s in samples if "cpu_usage" in s]
-    if cpu:
+    span = times[-1] - times[0]
+    summary["duration_s"] = round(span, 3)
+    if any("cpu_usage" in s for s in samples):
         summary["cpu_time_s"] = sum(
             s["cpu_usage"] / 100 * (t1 - t0)
             for s, t0, t1 in zip(samples[1:], times, times[1:], strict=False)
             if "cpu_usage" in s
         )
-        span = times[-1] - times[0]
         summary["avg_cpu_usage"] = summary["cpu_time_s"] / span * 100 if span > 0 else 0.0
     rss = [s["memory_rss_bytes"] for s in samples if "memory_rss_bytes" in s]
     if rss:
