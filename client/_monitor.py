@@ -90,12 +90,12 @@ def sampling_loop(
         return
     if shared is not None:
         shared["sink"] = sink
+    # The baseline is read before start() returns, so the caller's first instruction
+    # after it is counted; it is sent after the ready line, which the caller reads first.
+    reading = source.reading()  # never raises; a failure is logged once
     ready(None, {"port": getattr(sink, "port", None), "source": source.mode, "interval": interval})
     deadline = time.monotonic()
     while True:
-        # A last reading at stop, however soon after the previous one: the summary
-        # then ends at the call (its rate over a short span is coarse, its totals not).
-        reading = source.reading()  # never raises; a failure is logged once
         if reading is not None:
             sample = recorder.observe(reading)
             emit(reading)
@@ -105,6 +105,9 @@ def sampling_loop(
             break
         deadline += interval
         stop.wait(max(0.0, deadline - time.monotonic()))
+        # A last reading at stop, however soon after the previous one: the summary
+        # then ends at the call (its rate over a short span is coarse, its totals not).
+        reading = source.reading()
     sink.stop(recorder.summary())
     source.close()
 

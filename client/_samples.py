@@ -145,19 +145,23 @@ class Recorder:
         for key in ("power_vdd_in", *HEFLWR_RAILS):
             if key not in stats:
                 continue
+            name = key.removeprefix("power_")
             if key == "power_vdd_in" and "energy_j" in result:
-                # The board input is the device: one energy, from the device's counter.
-                millijoules = result["energy_j"] * 1000
-            else:  # from the first reading on: the first interval counts too
-                rail = HEFLWR_RAILS.get(key)
-                start = first.power_w if rail is None else first.rails_w.get(rail)
-                times = [s["timestamp"] for s in self.samples if key in s]
-                values = stats[key]
-                if start is not None:
-                    times, values = [first.time, *times], [start * 1000, *values]
-                millijoules = _trapezoid(times, values)
+                # The board input is the device: one energy, the device's counter, set
+                # as the same float (a round trip through mJ can differ in the last digit).
+                result[f"energy_{name}_j"] = result["energy_j"]
+                result[f"total_{key}"] = result["energy_j"] * 1000
+                continue
+            # From the first reading on: the first interval counts too.
+            rail = HEFLWR_RAILS.get(key)
+            start = first.power_w if rail is None else first.rails_w.get(rail)
+            times = [s["timestamp"] for s in self.samples if key in s]
+            values = stats[key]
+            if start is not None:
+                times, values = [first.time, *times], [start * 1000, *values]
+            millijoules = _trapezoid(times, values)
             result[f"total_{key}"] = millijoules
-            result[f"energy_{key.removeprefix('power_')}_j"] = millijoules / 1000
+            result[f"energy_{name}_j"] = millijoules / 1000
         if "power_w" in stats:
             # Over the time the energy was measured: the device may start reporting
             # after the run began (a daemon that just started, a sensor's first line).
