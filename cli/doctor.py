@@ -64,6 +64,22 @@ def exact_exits(ctx: Context) -> tuple[str, str]:
     )
 
 
+def lineage(ctx: Context) -> tuple[str, str]:
+    if ctx.health is None:
+        return "ok", "descendants: checked once a daemon answers"
+    if ctx.health.get("membership") == "lineage":
+        return "ok", (
+            "descendants: every process a target forks is counted until it exits, wherever "
+            "it is re-parented (the kernel's process events)"
+        )
+    return "warn", (
+        "descendants are found by the parent links each pass sees: a process whose parent "
+        "chain to the target ended between two passes (a double fork) escapes it, and "
+        "summaries say membership: parent-links; the systemd unit grants CAP_NET_ADMIN "
+        "(edgewatt install-service), or run the daemon as root"
+    )
+
+
 def other_users_visible(ctx: Context) -> tuple[str, str]:
     if ctx.health is not None:
         return "ok", "reading other users' processes: up to the daemon (its uid, its caps)"
@@ -178,6 +194,7 @@ def clock(ctx: Context) -> tuple[str, str]:
 CHECKS: tuple[Check, ...] = (
     daemon_answers,
     exact_exits,
+    lineage,
     other_users_visible,
     power_sources,
     metrics_port,

@@ -1,17 +1,29 @@
 """`edgewatt run [--label k=v]... [--output FILE.jsonl] -- CMD ARGS...`
 
 Runs a command, monitored without touching its code: registered with the daemon when
-one answers, else sampled by this process. Signals are forwarded to the command, the
+one answers, else sampled by this process. edgewatt run is the parent of everything
+the command starts: it is a child subreaper, so every orphan is re-parented to it and
+reaped by it, and it waits for the last of them. The command is registered before it
+runs its first instruction (fork, register the child, then exec). Signals are
+forwarded to the command (and, once it has exited, to the orphans still running), the
 exit status is the command's (128+N when a signal N ended it), and a summary table is
 printed on stderr so that the command's own output stays clean.
+
+The table and the ``--output`` file's summary are one figure from one source: the
+daemon's final summary of the target where its figures are exact (the API then says
+the same), else the kernel's count for everything this process reaped (wait4).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import os
+import resource
 import shlex
+import shutil
 import signal
-import subprocess
 import sys
 import time
 from typing import Any
@@ -28,6 +40,10 @@ FORWARDED = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
+PR_SET_CHILD_SUBREAPER = 36
+# How long the table waits for the daemon to find the target's end after the last
+# process was reaped (it samples at once on the monitor's last reading).
+FINAL_WAIT_S = 3.0
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -56,64 +72,167 @@ def run(
         monitor.sink = "none"
     monitor.set_metrics(power=True)
     monitor.command = shlex.join(command)
+    subreaper = become_subreaper()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     try:
-        child = subprocess.Popen(command)
+        child = _Held(command)
     except OSError as exc:
         print(f"edgewatt run: cannot start {command[0]}: {exc.strerror}", file=sys.stderr)
         return 127
     previous: dict[int, Any] = {}
 
     def forward(signum: int, _frame: Any) -> None:
-        if child.poll() is None:
-            child.send_signal(signum)
+        for pid in [child.pid] if child.returncode is None else _children():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signum)
 
     for sig in FORWARDED:
         previous[sig] = signal.signal(sig, forward)
     monitor.pid = child.pid
     try:
-        monitor.start()
+        monitor.start()  # registered, and its first reading taken, before the exec
     except OSError as exc:
         print(f"edgewatt run: monitoring unavailable: {exc}", file=sys.stderr)
     try:
-        code, usage = _wait(child)
+        failure = child.release()
+        if failure is not None:
+            print(f"edgewatt run: cannot start {command[0]}: {failure}", file=sys.stderr)
+        code = _wait_all(child)
+        if failure is not None:
+            code = 127
+        wall_s = time.monotonic() - started
+        usage = _difference(resource.getrusage(resource.RUSAGE_CHILDREN), before)
+        final = _final(usage if subreaper else None, wall_s)
+        if monitor.running:
+            monitor.stop(final=final)
     finally:
-        monitor.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    wall_s = time.monotonic() - started
     status = 128 - code if code < 0 else code
     shown = " ".join(shlex.join(command).split())
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     title = f"edgewatt run: {shown} (exit status {status}, monitored via {monitor.source})"
-    print(summary_table(_exact(monitor.summary(), usage, wall_s), title), file=sys.stderr)
+    summary = monitor.summary() if monitor.source else final(monitor.summary(), None)
+    print(summary_table(summary, title), file=sys.stderr)
     if output:
         print(f"  samples written to {output}", file=sys.stderr)
     return status
 
 
-def _wait(child: subprocess.Popen[bytes]) -> tuple[int, os.struct_rusage | None]:
-    """The command's exit code and its resource usage as the kernel counted it for
-    its parent (wait4): every CPU second of it and of its reaped descendants, up to
-    the last, which no sampling can see."""
+def become_subreaper() -> bool:
+    """Make this process the reaper of every orphan its descendants leave (Linux 3.4)."""
     try:
-        _, status, usage = os.wait4(child.pid, 0)  # PEP 475: retried across signals
-    except ChildProcessError:  # reaped elsewhere (cannot happen here; be safe)
-        return child.wait(), None
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class _Held:
+    """The command, forked but held before its exec until :meth:`release`: so it is
+    registered before it runs its first instruction (a Popen cannot wait there: it
+    waits for the exec itself)."""
+
+    def __init__(self, command: list[str]) -> None:
+        path = shutil.which(command[0]) if os.sep not in command[0] else command[0]
+        if path is None:
+            raise FileNotFoundError(errno.ENOENT, "command not found", command[0])
+        hold, self._release = os.pipe()
+        self._errors, report = os.pipe2(os.O_CLOEXEC)
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: wait, then become the command
+            try:
+                os.close(self._release)
+                os.close(self._errors)
+                os.read(hold, 1)  # the parent closes its end: end of file
+                os.close(hold)
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as Popen restores them
+                    signal.signal(sig, signal.SIG_DFL)
+                os.execv(path, command)
+            except OSError as exc:
+                os.write(report, os.strerror(exc.errno or 0).encode())
+            finally:
+                os._exit(127)
+        os.close(hold)
+        os.close(report)
+        self.returncode: int | None = None
+
+    def release(self) -> str | None:
+        """Let the command run; why its exec failed, or None once it runs."""
+        os.close(self._release)
+        with os.fdopen(self._errors, "rb") as errors:
+            failure = errors.read()  # end of file at the exec (close-on-exec)
+        return failure.decode() or None
+
+
+def _children() -> list[int]:
+    """This process's live children (the orphans it adopted, once the command is gone)."""
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids.extend(int(p) for p in f.read().split())
+    return pids
+
+
+def _wait_all(child: _Held) -> int:
+    """The command's exit code, once it and every process re-parented to this one have
+    exited and been reaped (PEP 475: waits are retried across signals)."""
+    _, status = os.waitpid(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
-    return child.returncode, usage
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            os.waitpid(-1, 0)
+    return child.returncode
 
 
-def _exact(summary: dict[str, Any], usage: os.struct_rusage | None, wall_s: float) -> dict:
-    """The monitor's summary with the kernel's own figures for the whole command: CPU
-    time and peak RSS from wait4, duration from start to exit."""
-    if usage is None:
+def _difference(after: resource.struct_rusage, before: resource.struct_rusage) -> dict:
+    return {
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "rss_peak_bytes": after.ru_maxrss * 1024,  # KiB: the largest process, one at a time
+    }
+
+
+def _final(usage: dict | None, wall_s: float) -> Any:
+    """The summary the table and the file show, from one source: the daemon's, where
+    its figures of the target are exact; else the kernel's count of the reaped tree
+    (``usage``: None where this process could not be the subreaper, and the orphans'
+    CPU went elsewhere)."""
+
+    def final(recorded: dict[str, Any], registration: Any) -> dict[str, Any]:
+        summary = {**recorded, "duration_s": wall_s}
+        api = _daemon_summary(registration)
+        if api is not None:
+            cpu_s = api["cpu_user_s"] + api["cpu_system_s"]
+            summary["cpu_source"] = "daemon (exact: kernel's exit records, lineage)"
+        elif usage is not None:
+            cpu_s = usage["cpu_s"]
+            summary["cpu_source"] = "kernel (wait4 of every process the command started)"
+        else:
+            return summary
+        summary["cpu_time_s"] = cpu_s
+        summary["avg_cpu_usage"] = cpu_s / wall_s * 100 if wall_s > 0 else 0.0
+        if usage is not None:
+            summary["memory_rss_peak_bytes"] = max(
+                summary.get("memory_rss_peak_bytes") or 0, usage["rss_peak_bytes"]
+            )
         return summary
-    cpu_s = usage.ru_utime + usage.ru_stime
-    exact = {**summary, "duration_s": wall_s, "cpu_time_s": cpu_s}
-    exact["avg_cpu_usage"] = cpu_s / wall_s * 100 if wall_s > 0 else 0.0
-    # ru_maxrss: KiB, the largest of the command and its descendants, one at a time.
-    exact["memory_rss_peak_bytes"] = max(
-        summary.get("memory_rss_peak_bytes") or 0, usage.ru_maxrss * 1024
-    )
-    return exact
+
+    return final
+
+
+def _daemon_summary(registration: Any) -> dict[str, Any] | None:
+    """The daemon's final summary of the target, where it is exact, or None."""
+    if registration is None or registration.mode != "daemon":
+        return None
+    deadline = time.monotonic() + FINAL_WAIT_S
+    while True:
+        api = registration.summary()
+        if api.get("state") == "exited":
+            exact = api.get("exit") == "exact" and api.get("membership") == "lineage"
+            return api if exact and api.get("cpu_user_s") is not None else None
+        if time.monotonic() > deadline:
+            return None
+        registration.reading()  # a pass now: it finds the end
+        time.sleep(0.05)

@@ -90,6 +90,7 @@ def sampling_loop(
         return
     if shared is not None:
         shared["sink"] = sink
+        shared["source"] = source
     # The baseline is read before start() returns, so the caller's first instruction
     # after it is counted; it is sent after the ready line, which the caller reads first.
     reading = source.reading()  # never raises; a failure is logged once
@@ -108,7 +109,11 @@ def sampling_loop(
         # A last reading at stop, however soon after the previous one: the summary
         # then ends at the call (its rate over a short span is coarse, its totals not).
         reading = source.reading()
-    sink.stop(recorder.summary())
+    summary = recorder.summary()
+    final = (shared or {}).get("final")
+    if final is not None and shared is not None:  # the caller's last word (edgewatt run's)
+        summary = shared["summary"] = final(summary, source)
+    sink.stop(summary)
     source.close()
 
 
@@ -169,6 +174,7 @@ class Monitor:
         if self.running:
             return
         self._recorder = Recorder(dict(self.metrics))
+        self._shared.pop("summary", None)
         if self.variant == "process":
             self._start_process()
         else:
@@ -236,10 +242,13 @@ class Monitor:
         if info.get("port"):
             self.port = info["port"]
 
-    def stop(self) -> None:
-        """Stop, after one last reading; the file gets its summary line."""
+    def stop(self, final: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None) -> None:
+        """Stop, after one last reading; the file gets its summary line. ``final``
+        (thread variant): ``final(summary, registration)`` gives the summary written and
+        kept, once the last reading is in."""
         if not self.running:
             return
+        self._shared["final"] = final
         if self.variant == "process":
             with contextlib.suppress(OSError):
                 self._worker.stdin.close()  # end of input: a last reading, then it exits
@@ -274,7 +283,7 @@ class Monitor:
         return self._recorder.stats()
 
     def summary(self) -> dict[str, Any]:
-        return self._recorder.summary()
+        return self._shared.get("summary") or self._recorder.summary()
 
     def __enter__(self) -> Monitor:
         self.start()

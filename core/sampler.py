@@ -19,6 +19,7 @@ from edgewatt.core.power.attribution import Attribution, PassEnergy, Usage
 from edgewatt.core.power.meter import PowerMeter, PowerSnapshot
 from edgewatt.core.power.source import Gpu
 from edgewatt.core.sampling import procfs, system
+from edgewatt.core.sampling.membership import Membership
 from edgewatt.core.sampling.network import NetworkAccounting
 from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.taskstats import TaskExits
@@ -45,6 +46,7 @@ class Sampler:
         attribution: Attribution | None = None,
         network: NetworkAccounting | None = None,
         exits: TaskExits | None = None,
+        membership: Membership | None = None,
         carbon: CarbonIntensity | None = None,
     ) -> None:
         self.table = table
@@ -56,6 +58,7 @@ class Sampler:
         self.power = power
         self.network = network
         self.exits = exits  # the kernel's exit records: exact figures at a target's exit
+        self.membership = membership or Membership()  # who belongs to which target
         self._network_bytes: dict[str, tuple[int, int] | None] = {}
         self.attribution = attribution or Attribution(None, 3600.0)
         self._last_target_cpu: dict[str, float] = {}
@@ -153,6 +156,7 @@ class Sampler:
         started = time.monotonic()
         if self.exits is not None:
             self.exits.update()
+        self.membership.update()
         host = self._sample_host()
         power = self.power.read(started) if self.power is not None else None
         children_of = self.platform.descendants(self._take_relist)
@@ -222,7 +226,11 @@ class Sampler:
             if target.handle is None:
                 return None
             tree = self.platform.process_tree(
-                target.handle, children=target.children, logical_cpus=self.logical_cpus
+                target.handle,
+                children=target.children,
+                logical_cpus=self.logical_cpus,
+                lineage=self.membership.track(target.id, target.pid) if target.children else None,
+                exits=self.exits,
             )
             self._trees[target.id] = tree
         try:
@@ -242,7 +250,6 @@ class Sampler:
             return None
         self._failed.discard(target.id)
         self._relist = self._relist or tree.lost_members
-        tree.generation = self.exits.generation if self.exits is not None else 0
         return reading
 
     def _overflows(self) -> dict[str, int]:
@@ -251,6 +258,8 @@ class Sampler:
             counts["taskstats"] = self.exits.overflows
         if self.network is not None and self.network.destroyed is not None:
             counts["tcp_destroy"] = self.network.overflows
+        if self.membership.events is not None:
+            counts["proc_events"] = self.membership.overflows
         return counts
 
     def _exit_reading(self, target: Target, tree: Tree) -> TreeReading | None:
@@ -265,8 +274,7 @@ class Sampler:
             return None
         figures = None
         if self.exits is not None:
-            self.exits.update()  # an exit since this pass began
-            figures = tree.exit_figures(self.exits)
+            figures = tree.exit_figures()
             if figures is None:
                 log.info(
                     "target %s (pid %d): the kernel's exit records are incomplete "
@@ -420,6 +428,7 @@ class Sampler:
         self._attributes.pop(target_id, None)
         self._failed.discard(target_id)
         self._last_target_cpu.pop(target_id, None)
+        self.membership.forget(target_id)
         self.attribution.forget(target_id)
         if self.network is not None:
             self.network.forget(target_id)
@@ -434,6 +443,7 @@ class Sampler:
             self.network.close()
         if self.exits is not None:
             self.exits.close()
+        self.membership.close()
 
 
 def _gpu_use(power: PowerSnapshot, reading: TreeReading) -> list[tuple[Gpu, float, int | None]]:

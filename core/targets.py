@@ -17,6 +17,7 @@ from typing import Any
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.labels import LabelError, validate_value
+from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle
 from edgewatt.core.snapshot import ProcessSample
 
@@ -185,8 +186,14 @@ class Target:
             "latest": dict(zip(SAMPLE_FIELDS, latest, strict=True)) if latest else None,
         }
 
-    def summary(self, logical_cpus: int, carbon: CarbonIntensity | None = None) -> dict[str, Any]:
-        """Totals and per-phase figures; gCO2e beside each energy only when ``carbon``."""
+    def summary(
+        self,
+        logical_cpus: int,
+        carbon: CarbonIntensity | None = None,
+        membership: str = PARENT_LINKS,
+    ) -> dict[str, Any]:
+        """Totals and per-phase figures; gCO2e beside each energy only when ``carbon``;
+        ``membership``: how descendants are learnt (sampling/membership.py)."""
         h = self.history
         result: dict[str, Any] = {
             "id": self.id,
@@ -198,6 +205,11 @@ class Target:
             # How the figures end: at the kernel's exit records ("exact"), or at the
             # last pass before the exit ("last-sample"); None while running.
             "exit": self.exit_mode,
+            # Who is counted: the process alone, or everything it forked until each
+            # exits, learnt from the kernel's events ("lineage") or from the parent
+            # links each pass sees ("parent-links": a double fork between two passes
+            # escapes it).
+            "membership": membership if self.children else "process",
             "samples": h.count,
         }
         result.update(_span(h.first, h.last, logical_cpus, carbon))
@@ -269,6 +281,9 @@ class TargetTable:
         # here, psutil in the client where /proc is absent (client/_psutil.py).
         self._open = open_process
         self._carbon = carbon
+        # How a target's members are learnt (sampling/membership.py): the daemon says
+        # "lineage" where it hears the kernel's process events.
+        self.membership = PARENT_LINKS
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
         self._targets: dict[str, Target] = {}
@@ -440,7 +455,7 @@ class TargetTable:
 
     def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
         with self._lock:
-            return self._get(target_id).summary(logical_cpus, self._carbon)
+            return self._get(target_id).summary(logical_cpus, self._carbon, self.membership)
 
     def phase_summary(self, target_id: str, phase: Phase, logical_cpus: int) -> dict[str, Any]:
         """One phase's figures, as the summary lists them."""

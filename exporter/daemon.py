@@ -28,7 +28,9 @@ from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.sampler import Sampler
 from edgewatt.core.sampling import procfs
+from edgewatt.core.sampling.membership import LINEAGE, Membership
 from edgewatt.core.sampling.network import NetworkAccounting
+from edgewatt.core.sampling.proc_events import ProcEvents
 from edgewatt.core.sampling.sockets import DestroyListener
 from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
 from edgewatt.core.snapshot import host_document
@@ -309,6 +311,8 @@ class Daemon:
             # Whether a target's figures end at its exit (the kernel's exit records and
             # TCP destroy notifications, CAP_NET_ADMIN) or at the last pass before it.
             "exit_figures": "exact" if self._exact_exits() else "last-sample",
+            # How a target's descendants are learnt (sampling/membership.py).
+            "membership": self.table.membership,
         }
 
     def _exact_exits(self) -> bool:
@@ -341,6 +345,16 @@ class Daemon:
             log.warning(
                 "exact exit figures unavailable (taskstats: %s): a target's summary ends "
                 "at the last pass before its exit; grant CAP_NET_ADMIN for exact ones",
+                exc.strerror or exc,
+            )
+        try:
+            self.sampler.membership = Membership(ProcEvents())
+            self.table.membership = LINEAGE
+        except OSError as exc:
+            log.warning(
+                "process events unavailable (%s): a target's descendants are found by "
+                "the parent links each pass sees, so a double fork between two passes "
+                "escapes it; grant CAP_NET_ADMIN to follow every fork",
                 exc.strerror or exc,
             )
 

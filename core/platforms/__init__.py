@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from edgewatt.core.sampling.membership import Lineage
     from edgewatt.core.sampling.process import ExitFigures, TreeReading
     from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
     from edgewatt.core.sampling.taskstats import TaskExits
@@ -33,12 +34,12 @@ class Tree(Protocol):
 
     lost_members: bool  # in the last sample: orphans may be re-parented, list anew
     last: TreeReading | None  # the last reading
-    generation: int  # the exit records' update number at the last reading
 
     def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading: ...
 
-    def exit_figures(self, exits: TaskExits) -> ExitFigures | None:
-        """The counters at the root's exit from the kernel's records, when complete."""
+    def exit_figures(self) -> ExitFigures | None:
+        """The counters when the last member went, from the kernel's records, when
+        complete."""
 
     def close(self) -> None: ...
 
@@ -54,7 +55,17 @@ class Platform(Protocol):
 
     def logical_cpus(self) -> int: ...
 
-    def process_tree(self, handle: Any, *, children: bool, logical_cpus: int) -> Tree: ...
+    def process_tree(
+        self,
+        handle: Any,
+        *,
+        children: bool,
+        logical_cpus: int,
+        lineage: Lineage | None = None,
+        exits: TaskExits | None = None,
+    ) -> Tree:
+        """``lineage``: who is in, where the daemon learns it from the kernel's events
+        (membership.py); ``exits``: the kernel's exit records."""
 
     def read_host(self) -> tuple[HostCpu, HostMemory, dict[str, InterfaceBytes]]: ...
 

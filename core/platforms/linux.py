@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from edgewatt.core.sampling import procfs, system
+from edgewatt.core.sampling.membership import Lineage
 from edgewatt.core.sampling.process import ProcessTree
+from edgewatt.core.sampling.taskstats import TaskExits
 
 
 class LinuxPlatform:
@@ -34,9 +36,22 @@ class LinuxPlatform:
         return system.read_cpu(self.proc).logical_cpus
 
     def process_tree(
-        self, handle: procfs.ProcHandle, *, children: bool, logical_cpus: int
+        self,
+        handle: procfs.ProcHandle,
+        *,
+        children: bool,
+        logical_cpus: int,
+        lineage: Lineage | None = None,
+        exits: TaskExits | None = None,
     ) -> ProcessTree:
-        return ProcessTree(handle, children=children, logical_cpus=logical_cpus, proc=self.proc)
+        return ProcessTree(
+            handle,
+            children=children,
+            logical_cpus=logical_cpus,
+            proc=self.proc,
+            lineage=lineage,
+            exits=exits,
+        )
 
     def read_host(
         self,

@@ -115,9 +115,8 @@ class PsutilTree:
         self._value = (0.0, 0.0, 0, 0)
         self.lost_members = False
         self.last: TreeReading | None = None
-        self.generation = 0
 
-    def exit_figures(self, exits: Any) -> None:
+    def exit_figures(self) -> None:
         return None  # taskstats is Linux's: the daemon's
 
     def sample(self, children_of: Any) -> TreeReading:
@@ -213,7 +212,10 @@ class PsutilPlatform:
     def logical_cpus(self) -> int:
         return psutil.cpu_count() or 1
 
-    def process_tree(self, handle: Any, *, children: bool, logical_cpus: int) -> PsutilTree:
+    def process_tree(
+        self, handle: Any, *, children: bool, logical_cpus: int, **_: Any
+    ) -> PsutilTree:
+        # Lineage from the kernel's events and its exit records are the daemon's (Linux).
         assert isinstance(handle, PsutilHandle)
         return PsutilTree(handle, children=children, logical_cpus=logical_cpus)
 

@@ -26,11 +26,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edgewatt.core.sampling.membership import Lineage
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
 from edgewatt.core.sampling.taskstats import TaskExits
 
 # Channels accounted as counters: user ticks, system ticks, read bytes, write bytes.
-_Vec = tuple[int, int, int, int]
+_Vec = tuple[float, float, float, float]  # ticks may be fractional: exit records are in us
 _ZERO: _Vec = (0, 0, 0, 0)
 # Every this many readings, idle members are read in full all the same: a safety net
 # should a kernel show no scheduler activity for a thread that ran.
@@ -106,72 +107,216 @@ class CpuRate:
 
 
 class ProcessTree:
-    """Samples one target; :meth:`sample` raises NoSuchProcess once the target is gone."""
+    """Samples one target; :meth:`sample` raises NoSuchProcess once every member is gone
+    (the figures at that end: :meth:`exit_figures`)."""
 
     def __init__(
-        self, root: ProcHandle, *, children: bool, logical_cpus: int, proc: str = "/proc"
+        self,
+        root: ProcHandle,
+        *,
+        children: bool,
+        logical_cpus: int,
+        proc: str = "/proc",
+        lineage: Lineage | None = None,
+        exits: TaskExits | None = None,
     ) -> None:
         self.root = root
         self.children = children
         self.proc = proc
+        self.exits = exits
+        # Who is in: the daemon's events-fed lineage, or one of the tree's own that
+        # the parent links fill (see membership.py).
+        self.lineage = lineage or Lineage({}, root.pid, events=False)
         self._rate = CpuRate(logical_cpus)
         self._members: dict[int, _Member] = {}
-        self._carried: _Vec = _ZERO
+        self._carried: _Vec = _ZERO  # figures of members reaped outside the target
+        # Figures of departed members on their way into a live member's reaped-children
+        # counters (a zombie waiting for its parent's wait(), or one already reaped):
+        # counted here until that member's counters show them.
+        self._pending: dict[int, _Vec] = {}
+        self._departed: dict[int, int] = {}  # pid -> start ticks: never let back in
         self._value: _Vec = _ZERO
         self._passes = 0
         self.io_visible = True
         self.lost_members = False  # in the last sample: its orphans may be re-parented
-        # For exits between passes (exit_figures): the last reading, and the exit
-        # records' update number at that time.
+        self.exact = True  # every departed member's last figures came from the kernel
         self.last: TreeReading | None = None
-        self.generation = 0
+        self._final: ExitFigures | None = None
+        self._ended_at = 0.0  # unix seconds of the last exit the records timed
 
     def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading:
         # Rates divide by the time between two reads of the counters: stamp just before
         # the read. The thread holds the GIL until pread's syscall; after it, taking
         # the GIL back may wait a switch interval behind a busy thread.
         read_at, read_at_monotonic = time.time(), time.monotonic()
-        root = self.root
-        root_stat = root.stat()  # raises NoSuchProcess: the target has exited
         self._passes += 1
         recheck = self._passes % RECHECK_EVERY == 0
-        members = self._members
-        root_children = children_of(root.pid) if self.children else []
-        if not root_children and (not members or (len(members) == 1 and root.pid in members)):
-            # Alone, as before: most targets, and every pass's bookkeeping of departed
-            # members is moot. (_read_member raises NoSuchProcess for the root.)
-            member = self._read_member(root, root_stat, recheck)
-            assert member is not None
-            self._members = {root.pid: member}
-            self.lost_members = False
-            return self._reading(read_at, read_at_monotonic, {root.pid: (member, root_stat)})
-
+        lineage = self.lineage
+        exited = lineage.take_exited()
+        # Parent links: on the first pass, and where events are absent or were lost.
+        walk = self.children and (lineage.lossy or self._passes == 1)
         live: dict[int, tuple[_Member, Stat]] = {}
-        queue: list[tuple[ProcHandle, Stat]] = [(root, root_stat)]
+        departed: list[tuple[int, _Member | None, int]] = []  # (pid, last figures, reaper)
+        # Parents before children: a zombie reaped between the two reads is then in
+        # neither (the ratchet below keeps the total), never in both.
+        queue = sorted(lineage.pids, key=self._depth, reverse=True)
         while queue:
-            handle, stat = queue.pop()
+            pid = queue.pop()
+            if pid in live:
+                continue
+            known = self._members.get(pid)
+            opened = self._open(pid, known)
+            if opened is None:  # gone before this read, or never a member after all
+                lineage.discard(pid)
+                if known is not None:
+                    departed.append((pid, known, exited.pop(pid, known.ppid)))
+                continue
+            handle, stat = opened
             member = self._read_member(handle, stat, recheck)
             if member is None:
-                continue  # a descendant that exited since its stat was read
-            live[handle.pid] = (member, stat)
-            if self.children:
-                for pid in root_children if handle is root else children_of(handle.pid):
-                    if pid not in live:
-                        child = self._child_handle(pid, handle.pid)
-                        if child is not None:
-                            queue.append(child)
-
-        departed = {
-            pid: m
-            for pid, m in members.items()
-            if pid not in live or live[pid][0].handle is not m.handle
-        }
+                lineage.discard(pid)
+                if known is not None:
+                    departed.append((pid, known, exited.pop(pid, known.ppid)))
+                continue
+            live[pid] = (member, stat)
+            if walk:
+                for child in children_of(pid):
+                    if child not in lineage.pids and child not in self._departed | exited.keys():
+                        lineage.add(child)
+                        queue.append(child)
+        # Members the events say exited, that this pass did not read.
+        for pid, known in self._members.items():
+            if pid not in live and all(pid != d[0] for d in departed):
+                departed.append((pid, known, exited.pop(pid, known.ppid)))
+        # Born and gone between two passes: only the events knew them.
+        never_seen = [(pid, None, parent) for pid, parent in exited.items()]
+        self._settle(never_seen + sorted(departed, key=lambda d: -self._depth(d[0])), live)
         self.lost_members = bool(departed)
-        self._carry_departed(departed, live)
-        for member in departed.values():
-            member.handle.close()
+        for pid, known, _ in departed:
+            assert known is not None
+            self._departed[pid] = known.handle.start_ticks
+            if known.handle is not self.root:
+                known.handle.close()
         self._members = {pid: m for pid, (m, _) in live.items()}
+        if not live:
+            self._final = self._end(read_at)
+            raise NoSuchProcess(self.root.pid, "every member has exited")
         return self._reading(read_at, read_at_monotonic, live)
+
+    def _depth(self, pid: int) -> int:
+        """How far a member is from the target's root by the last known parent links
+        (0 for the root and for members re-parented outside the target)."""
+        depth = 0
+        member = self._members.get(pid)
+        while member is not None and depth < len(self._members):
+            depth += 1
+            member = self._members.get(member.ppid)
+        return depth
+
+    def _open(self, pid: int, known: _Member | None) -> tuple[ProcHandle, Stat] | None:
+        """The member's handle and a fresh stat, or None when it is gone."""
+        if known is not None:
+            try:
+                return known.handle, known.handle.stat()
+            except NoSuchProcess:
+                return None
+        if pid == self.root.pid and not self._members and pid not in self._departed:
+            handle = self.root
+        else:
+            try:
+                handle = ProcHandle(pid, self.proc)
+            except NoSuchProcess:
+                return None
+            if self._departed.get(pid) == handle.start_ticks:
+                handle.close()  # a zombie already counted as departed
+                return None
+        try:
+            return handle, handle.stat()
+        except NoSuchProcess:
+            if handle is not self.root:
+                handle.close()
+            return None
+
+    def _settle(
+        self,
+        departed: list[tuple[int, _Member | None, int]],
+        live: dict[int, tuple[_Member, Stat]],
+    ) -> None:
+        """Count every departed member's figures exactly once: on their way into a live
+        member that reaps it (pending until its counters show them), or carried when
+        something outside the target reaps it."""
+        pending = self._pending
+        for pid, known, reaper in departed:
+            figures = self._final_figures(pid, known)
+            figures = _add(figures, pending.pop(pid, _ZERO))
+            if reaper in live or any(reaper == d[0] for d in departed):
+                pending[reaper] = _add(pending.get(reaper, _ZERO), figures)
+            else:
+                self._carried = _add(self._carried, figures)
+        for pid in list(pending):
+            entry = live.get(pid)
+            if entry is None:  # its reaper left too, outside the target
+                self._carried = _add(self._carried, pending.pop(pid))
+                continue
+            before = self._members.get(pid)
+            if before is not None and before.handle is entry[0].handle:
+                # What the member reaped since its last reading cancels what was pending.
+                grown = _sub_floor(entry[0].reaped, before.reaped)
+                left = _sub_floor(pending[pid], grown)
+                # /proc truncates to ticks what the exit records give in us: less than
+                # a tick left of each is that rounding, not a member still to come.
+                rounding = grown != _ZERO and left[0] < 1 and left[1] < 1 and left[2:] == (0, 0)
+                if left == _ZERO or rounding:
+                    del pending[pid]
+                else:
+                    pending[pid] = left
+
+    def _final_figures(self, pid: int, known: _Member | None) -> _Vec:
+        """A departed member's figures at its exit: its own CPU from the kernel's exit
+        record where one came (what it ran since the last pass, included), else as
+        last read (then the target is no longer exact)."""
+        record = None
+        if self.exits is not None:
+            record = self.exits.exited_pid(pid)
+            if record is None:  # it exited since this pass drained them
+                self.exits.update()
+                record = self.exits.exited_pid(pid)
+        if record is not None and known is not None:
+            start = _unix_start(known.handle)
+            if abs(record.start_time - start) > 1.5 or not self.exits.complete(start):
+                record = None
+        if record is None:
+            if known is None:
+                return _ZERO  # its parent in the target reaps it: that member counts it
+            self.exact = False
+            return known.totals
+        # In ticks as /proc counts, unrounded: a short process ran for less than one.
+        own = (record.user_s * CLOCK_TICKS, record.system_s * CLOCK_TICKS)
+        if known is None:
+            return (own[0], own[1], record.read_bytes, record.write_bytes)
+        self._ended_at = max(self._ended_at, _unix_start(known.handle) + record.elapsed_s)
+        totals, reaped = known.totals, known.reaped
+        return (
+            max(totals[0], own[0] + reaped[0]),
+            max(totals[1], own[1] + reaped[1]),
+            max(totals[2], record.read_bytes),
+            max(totals[3], record.write_bytes),
+        )
+
+    def _end(self, read_at: float) -> ExitFigures:
+        # Nothing is live or pending any more: what was carried is the whole figure.
+        v, c = self._value, self._carried
+        value = (max(v[0], c[0]), max(v[1], c[1]), max(v[2], c[2]), max(v[3], c[3]))
+        record = self.exits.exited_pid(self.root.pid) if self.exits is not None else None
+        alone = self.last is None or self.last.processes <= 1
+        return ExitFigures(
+            cpu_user_s=value[0] / CLOCK_TICKS,
+            cpu_system_s=value[1] / CLOCK_TICKS,
+            read_bytes=value[2],
+            write_bytes=value[3],
+            time=self._ended_at or read_at,
+            rss_peak_bytes=record.hiwater_rss_bytes if record is not None and alone else None,
+        )
 
     def _reading(
         self, read_at: float, read_at_monotonic: float, live: dict[int, tuple[_Member, Stat]]
@@ -192,6 +337,8 @@ class ProcessTree:
             else:
                 fds += member.fds
         carried, value = self._carried, self._value
+        for figures in self._pending.values():  # counted until their reaper shows them
+            carried = _add(carried, figures)
         self._value = value = (
             max(value[0], user + carried[0]),
             max(value[1], system + carried[1]),
@@ -238,9 +385,7 @@ class ProcessTree:
             else:
                 io, fds = handle.io(), handle.fd_count()
         except NoSuchProcess:
-            if handle is self.root:
-                raise
-            if before is None:
+            if before is None and handle is not self.root:
                 handle.close()  # opened this pass: no one else holds it
             return None
         if handle is self.root:
@@ -254,124 +399,11 @@ class ProcessTree:
             totals = (stat.utime, stat.stime, read, write)
         return _Member(handle, stat.ppid, totals, reaped, io, fds, activity, idle)
 
-    def _child_handle(self, pid: int, parent: int) -> tuple[ProcHandle, Stat] | None:
-        known = self._members.get(pid)
-        if known is not None:
-            try:
-                stat = known.handle.stat()
-            except NoSuchProcess:
-                pass  # the pid now names a new child: open it afresh below
-            else:
-                if stat.ppid == parent:
-                    return known.handle, stat
-        try:
-            handle = ProcHandle(pid, self.proc)
-            stat = handle.stat()
-        except NoSuchProcess:
-            return None
-        if stat.ppid != parent:  # exited and reused between listing and opening
-            handle.close()
-            return None
-        return handle, stat
-
-    def _carry_departed(
-        self, departed: dict[int, _Member], live: dict[int, tuple[_Member, Stat]]
-    ) -> None:
-        if not departed:
-            return
-        lost_by_ancestor: dict[int | None, _Vec] = {}
-        for member in departed.values():
-            ancestor = self._nearest_live_ancestor(member, departed, live)
-            lost_by_ancestor[ancestor] = _add(lost_by_ancestor.get(ancestor, _ZERO), member.totals)
-        carried = self._carried
-        for ancestor, lost in lost_by_ancestor.items():
-            if ancestor is not None:
-                before = self._members[ancestor].reaped
-                after = live[ancestor][0].reaped
-                lost = _sub_floor(lost, _sub_floor(after, before))
-            carried = _add(carried, lost)
-        self._carried = carried
-
-    def _nearest_live_ancestor(
-        self,
-        member: _Member,
-        departed: dict[int, _Member],
-        live: dict[int, tuple[_Member, Stat]],
-    ) -> int | None:
-        ppid = member.ppid
-        for _ in range(len(departed) + 1):
-            if ppid in live and ppid in self._members and ppid not in departed:
-                return ppid
-            if ppid not in departed:
-                return None
-            ppid = departed[ppid].ppid
-        return None
-
-    def exit_figures(self, exits: TaskExits) -> ExitFigures | None:
-        """The target's counters at its root's exit, from the kernel's exit records, or
-        None where they are not complete (see taskstats.py).
-
-        Per member seen at the last pass: its own CPU from its records (what it ran
-        since, included) plus what it had reaped by then (cutime); storage bytes, which
-        /proc does not split into own and reaped, as the larger of the last reading and
-        its records. Descendants born and gone since the last pass are found in the
-        records by parent, and add their own. Members still alive (re-parented, or
-        outliving the root) stay as last seen; departed ones as carried.
-        """
-        # Unix time of a start in ticks since boot, to 10 ms: through the boot clock,
-        # not /proc/stat's btime (whole seconds).
-        boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-
-        def started(handle: ProcHandle) -> float:
-            return boot + handle.start_ticks / CLOCK_TICKS
-
-        root = exits.exited(self.root.pid, started(self.root))
-        if root is None or not exits.complete(started(self.root)):
-            return None
-        carried = self._carried
-        user, system = carried[0] / CLOCK_TICKS, carried[1] / CLOCK_TICKS
-        read, write = carried[2], carried[3]
-        known = set()
-        for pid, m in self._members.items():
-            known.add(pid)
-            record = exits.exited(pid, started(m.handle))
-            if record is None:  # still running: as last seen
-                user += m.totals[0] / CLOCK_TICKS
-                system += m.totals[1] / CLOCK_TICKS
-                read, write = read + m.totals[2], write + m.totals[3]
-                continue
-            if not exits.complete(started(m.handle)):
-                return None
-            own_user = max(record.user_s, (m.totals[0] - m.reaped[0]) / CLOCK_TICKS)
-            own_system = max(record.system_s, (m.totals[1] - m.reaped[1]) / CLOCK_TICKS)
-            user += own_user + m.reaped[0] / CLOCK_TICKS
-            system += own_system + m.reaped[1] / CLOCK_TICKS
-            read += max(m.totals[2], record.read_bytes)
-            write += max(m.totals[3], record.write_bytes)
-        if self.children:
-            # Born since the last pass, so after the listener if that pass was: their
-            # whole life is in the records (their btime is too coarse to tell).
-            young = self.last is not None and exits.complete(self.last.time)
-            unseen = exits.exited_since(self.generation)
-            grew = True
-            while grew:  # parents exit after their children: close over the parent links
-                grew = False
-                for tgid, p in unseen.items():
-                    if tgid not in known and p.ppid in known:
-                        if not young:
-                            return None
-                        known.add(tgid)
-                        user, system = user + p.user_s, system + p.system_s
-                        read, write = read + p.read_bytes, write + p.write_bytes
-                        grew = True
-        return ExitFigures(
-            cpu_user_s=user,
-            cpu_system_s=system,
-            read_bytes=read,
-            write_bytes=write,
-            time=started(self.root) + root.elapsed_s,
-            rss_peak_bytes=root.hiwater_rss_bytes if len(known) == 1 else None,
-        )
+    def exit_figures(self, exits: TaskExits | None = None) -> ExitFigures | None:
+        """The target's counters when its last member went, where every departed
+        member's figures came from the kernel (its exit record, or a reaper in the
+        target); None otherwise: its figures then end at the last pass."""
+        return self._final if self.exact else None
 
     def close(self) -> None:
         for member in self._members.values():
@@ -379,3 +411,10 @@ class ProcessTree:
                 member.handle.close()
         self._members = {}
         self.root.close()
+
+
+def _unix_start(handle: ProcHandle) -> float:
+    """Unix time of a process's start, to 10 ms, through the boot clock (not /proc/stat's
+    whole-second btime)."""
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return boot + handle.start_ticks / CLOCK_TICKS

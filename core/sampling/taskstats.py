@@ -220,7 +220,6 @@ class ExitedProcess:
     hiwater_rss_bytes: int = 0
     elapsed_s: float = 0.0  # the leader's life: start to exit
     leader_exited: bool = False
-    generation: int = 0  # the update() that took the last record
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -237,7 +236,6 @@ class TaskExits:
         self.source = source
         self.keep_s = keep_s
         self.started = source.registered_at
-        self.generation = 0  # update() calls so far
         self.overflows = 0  # updates that found the buffer had overflowed
         self._incomplete_until = 0.0  # monotonic: records before this may be missing
         self._processes: dict[int, ExitedProcess] = {}
@@ -245,7 +243,6 @@ class TaskExits:
     def update(self) -> None:
         """Take what arrived; forget what is old."""
         records, overflowed = self.source.drain()
-        self.generation += 1
         now = time.monotonic()
         if overflowed:
             self.overflows += 1
@@ -265,7 +262,7 @@ class TaskExits:
                 p.leader_exited = True
                 p.ppid, p.start_time = r.ppid, r.start_time
                 p.elapsed_s = r.elapsed_us / 1e6
-            p.generation, p.arrived = self.generation, now
+            p.arrived = now
         for tgid in [
             tgid
             for tgid, p in self._processes.items()
@@ -288,13 +285,10 @@ class TaskExits:
             return None
         return p
 
-    def exited_since(self, generation: int) -> dict[int, ExitedProcess]:
-        """Processes whose leader's record came after update number ``generation``."""
-        return {
-            tgid: p
-            for tgid, p in self._processes.items()
-            if p.leader_exited and p.generation > generation
-        }
+    def exited_pid(self, pid: int) -> ExitedProcess | None:
+        """The last process ``pid`` whose leader exited (the caller checks its start)."""
+        p = self._processes.get(pid)
+        return p if p is not None and p.leader_exited else None
 
     def close(self) -> None:
         self.source.close()
