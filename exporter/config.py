@@ -45,6 +45,7 @@ class Config:
     exited_retention: float = 600.0
     series_rotation: int = 200
     exact_exits: bool = True
+    follow_forks: bool = True
     host_name: str = ""  # "" means the kernel's hostname
     proc_path: str = "/proc"
     log_level: str = "info"
@@ -257,6 +258,12 @@ KEYS: Mapping[str, Key] = {
         _boolean,
         "listen to the kernel's exit records and TCP destroy notifications, so a target's "
         "figures end at its exit (needs CAP_NET_ADMIN; false: at the last pass before it)",
+    ),
+    "follow_forks": Key(
+        _boolean,
+        "listen to the kernel's process events, so every process a target forks counts "
+        "until it exits, wherever it is re-parented (CAP_NET_ADMIN on kernels before "
+        "6.6; false: descendants are found by the parent links each pass sees)",
     ),
     "host_name": Key(
         _text,

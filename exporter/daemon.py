@@ -347,6 +347,12 @@ class Daemon:
                 "at the last pass before its exit; grant CAP_NET_ADMIN for exact ones",
                 exc.strerror or exc,
             )
+
+    def _start_lineage(self) -> None:
+        """The kernel's process events: every fork of a target's members is heard, so
+        its descendants count until they exit (sampling/membership.py)."""
+        if not self.config.follow_forks:
+            return
         try:
             self.sampler.membership = Membership(ProcEvents())
             self.table.membership = LINEAGE
@@ -412,6 +418,7 @@ class Daemon:
         restored = self.restore()
         self._start_power()
         self._start_exits()
+        self._start_lineage()
         self._start_network()
         self.sampler.sample_once()  # the first scrape already has data
         self.exposition.serve()

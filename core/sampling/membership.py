@@ -37,6 +37,7 @@ class Lineage:
     def __init__(self, owners: dict[int, set[Lineage]], root: int, events: bool) -> None:
         self._owners = owners
         self.pids: set[int] = set()
+        self.parents: dict[int, int] = {}  # member -> its parent when it joined
         # Members that exited since the tree last took them: pid -> the parent at its
         # exit (who reaps it; 0 where the kernel does not say).
         self.exited: dict[int, int] = {}
@@ -45,12 +46,14 @@ class Lineage:
         self.lossy = not events  # parent links must be walked (no events, or lost ones)
         self.add(root)
 
-    def add(self, pid: int) -> None:
+    def add(self, pid: int, parent: int = 0) -> None:
         self.pids.add(pid)
+        self.parents[pid] = parent
         self._owners.setdefault(pid, set()).add(self)
 
     def discard(self, pid: int) -> None:
         self.pids.discard(pid)
+        self.parents.pop(pid, None)
         owners = self._owners.get(pid)
         if owners is not None:
             owners.discard(self)
@@ -108,7 +111,7 @@ class Membership:
         for event in events:
             if event.kind == "fork":
                 for lineage in list(owners.get(event.parent, ())):
-                    lineage.add(event.pid)
+                    lineage.add(event.pid, event.parent)
             elif event.kind == "exit":
                 for lineage in list(owners.get(event.pid, ())):
                     lineage.discard(event.pid)

@@ -140,6 +140,13 @@ class ProcessTree:
         self.io_visible = True
         self.lost_members = False  # in the last sample: its orphans may be re-parented
         self.exact = True  # every departed member's last figures came from the kernel
+        # CPU time by owner: where every fork is heard and every exit has its record,
+        # each member's own time, live or final, is counted once by construction, and
+        # reaped-children counters are not needed (they double count when a zombie is
+        # re-parented to a subreaper other than its parent's reaper). Else, and always
+        # for storage bytes (which /proc shows only with reaped children's included),
+        # by reaper: see _settle.
+        self.own_cpu = self.children and self.lineage.events and exits is not None
         self.last: TreeReading | None = None
         self._final: ExitFigures | None = None
         self._ended_at = 0.0  # unix seconds of the last exit the records timed
@@ -182,7 +189,7 @@ class ProcessTree:
             if walk:
                 for child in children_of(pid):
                     if child not in lineage.pids and child not in self._departed | exited.keys():
-                        lineage.add(child)
+                        lineage.add(child, pid)
                         queue.append(child)
         # Members the events say exited, that this pass did not read.
         for pid, known in self._members.items():
@@ -204,13 +211,17 @@ class ProcessTree:
         return self._reading(read_at, read_at_monotonic, live)
 
     def _depth(self, pid: int) -> int:
-        """How far a member is from the target's root by the last known parent links
-        (0 for the root and for members re-parented outside the target)."""
+        """How far a member is from the target's root by the last known parent links,
+        read or, for one not read yet, from its fork (0 for the root and for members
+        re-parented outside the target)."""
         depth = 0
-        member = self._members.get(pid)
-        while member is not None and depth < len(self._members):
+        members, parents = self._members, self.lineage.parents
+        while depth <= len(members) + len(parents):
+            member = members.get(pid)
+            pid = member.ppid if member is not None else parents.get(pid, 0)
+            if pid not in members and pid not in parents:
+                return depth
             depth += 1
-            member = self._members.get(member.ppid)
         return depth
 
     def _open(self, pid: int, known: _Member | None) -> tuple[ProcHandle, Stat] | None:
@@ -248,6 +259,9 @@ class ProcessTree:
         pending = self._pending
         for pid, known, reaper in departed:
             figures = self._final_figures(pid, known)
+            if self.own_cpu:  # its own time is its own to the end: carried at once
+                self._carried = _add(self._carried, (figures[0], figures[1], 0, 0))
+                figures = (0, 0, figures[2], figures[3])
             figures = _add(figures, pending.pop(pid, _ZERO))
             if reaper in live or any(reaper == d[0] for d in departed):
                 pending[reaper] = _add(pending.get(reaper, _ZERO), figures)
@@ -296,9 +310,13 @@ class ProcessTree:
             return (own[0], own[1], record.read_bytes, record.write_bytes)
         self._ended_at = max(self._ended_at, _unix_start(known.handle) + record.elapsed_s)
         totals, reaped = known.totals, known.reaped
+        # The larger of the two CPU times, whole: the record and /proc split the same
+        # runtime between user and system differently, so a maximum per mode over-counts.
+        final = (own[0] + reaped[0], own[1] + reaped[1])
+        cpu = final if sum(final) >= totals[0] + totals[1] else totals[:2]
         return (
-            max(totals[0], own[0] + reaped[0]),
-            max(totals[1], own[1] + reaped[1]),
+            cpu[0],
+            cpu[1],
             max(totals[2], record.read_bytes),
             max(totals[3], record.write_bytes),
         )
@@ -306,7 +324,8 @@ class ProcessTree:
     def _end(self, read_at: float) -> ExitFigures:
         # Nothing is live or pending any more: what was carried is the whole figure.
         v, c = self._value, self._carried
-        value = (max(v[0], c[0]), max(v[1], c[1]), max(v[2], c[2]), max(v[3], c[3]))
+        cpu = c[:2] if c[0] + c[1] >= v[0] + v[1] else v[:2]
+        value = (cpu[0], cpu[1], max(v[2], c[2]), max(v[3], c[3]))
         record = self.exits.exited_pid(self.root.pid) if self.exits is not None else None
         alone = self.last is None or self.last.processes <= 1
         return ExitFigures(
@@ -339,9 +358,14 @@ class ProcessTree:
         carried, value = self._carried, self._value
         for figures in self._pending.values():  # counted until their reaper shows them
             carried = _add(carried, figures)
+        # Never backwards; CPU time as a whole (user and system are split differently by
+        # /proc and the exit records: a maximum per mode would add the larger of each).
+        user, system = user + carried[0], system + carried[1]
+        if user + system < value[0] + value[1]:
+            user, system = value[0], value[1]
         self._value = value = (
-            max(value[0], user + carried[0]),
-            max(value[1], system + carried[1]),
+            user,
+            system,
             max(value[2], read + carried[2]),
             max(value[3], write + carried[3]),
         )
@@ -391,9 +415,12 @@ class ProcessTree:
         if handle is self.root:
             self.io_visible = io is not None
         read, write = io if io is not None else (0, 0)
-        if self.children:
-            reaped: _Vec = (stat.cutime, stat.cstime, read, write)
-            totals: _Vec = (stat.utime + stat.cutime, stat.stime + stat.cstime, read, write)
+        if self.own_cpu:  # every member counts its own time: reaped children count theirs
+            reaped: _Vec = (0, 0, read, write)
+            totals: _Vec = (stat.utime, stat.stime, read, write)
+        elif self.children:
+            reaped = (stat.cutime, stat.cstime, read, write)
+            totals = (stat.utime + stat.cutime, stat.stime + stat.cstime, read, write)
         else:
             reaped = _ZERO
             totals = (stat.utime, stat.stime, read, write)
