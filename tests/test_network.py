@@ -336,3 +336,88 @@ def test_a_client_of_the_daemon_costs_no_dump_per_request(spawn: Any) -> None:
         accounting.sample({"t": (child.pid,)})
     assert accounting.dumps == 0
     accounting.close()
+
+
+# The registered parent and its child talk over loopback (6 MB each way), and the
+# child also talks to a process outside the target (3 MB each way).
+INSIDE_OUT = """
+import os, socket, sys, threading, time
+def exchange(sock, n):
+    def send():
+        sock.sendall(b"z" * n)
+        sock.shutdown(socket.SHUT_WR)
+    sender = threading.Thread(target=send)
+    sender.start()  # both ends send at once: neither may wait for the other to read
+    got = 0
+    while chunk := sock.recv(1 << 16):
+        got += len(chunk)
+    sender.join()
+    assert got == n, got
+outside = int(sys.argv[1])
+sys.stdin.readline()  # registered
+srv = socket.create_server(("127.0.0.1", 0))
+if os.fork() == 0:
+    inner = socket.create_connection(srv.getsockname())
+    time.sleep(0.6)  # both ends seen by a pass before a byte flows
+    exchange(inner, 6_000_000)
+    inner.close()
+    out = socket.create_connection(("127.0.0.1", outside))
+    time.sleep(0.6)  # a process target sees a connection that lives through a pass
+    exchange(out, 3_000_000)
+    out.close()
+    os._exit(0)
+conn, _ = srv.accept()
+time.sleep(0.6)
+exchange(conn, 6_000_000)
+conn.close()
+os.wait()
+print("done", flush=True)
+"""
+
+OUTSIDE = """
+import socket, sys, threading
+srv = socket.create_server(("127.0.0.1", 0))
+print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept()
+def send():
+    conn.sendall(b"o" * 3_000_000)
+    conn.shutdown(socket.SHUT_WR)
+threading.Thread(target=send).start()
+got = 0
+while chunk := conn.recv(1 << 16):
+    got += len(chunk)
+print(got, flush=True)
+"""
+
+
+def test_a_target_talking_to_itself_counts_only_what_crosses_its_boundary(
+    daemon_factory: Any,
+) -> None:
+    daemon = daemon_factory(interval=0.2)
+    outside = start(OUTSIDE)
+    inside = None
+    try:
+        assert outside.stdout is not None
+        port = outside.stdout.readline().strip()
+        inside = start(INSIDE_OUT, port)
+        assert inside.stdin is not None and inside.stdout is not None
+        tid = daemon.register(inside.pid)["id"]
+        inside.stdin.write("go\n")
+        inside.stdin.flush()
+        assert inside.stdout.readline() == "done\n"
+        assert int(outside.stdout.readline()) == 3_000_000  # what the peer really received
+        inside.stdin.close()
+        inside.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while (summary := daemon.call("GET", f"/v1/targets/{tid}/summary")[1])["state"] != "exited":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        for p in (outside, inside):
+            if p is not None:
+                p.kill()
+                p.wait()
+    assert summary["exit"] == "exact", summary
+    # Acknowledged bytes count the SYN and the FIN, one each; received ones the FIN.
+    assert summary["network_transmit_bytes"] == 3_000_000 + 2
+    assert summary["network_receive_bytes"] == 3_000_000 + 1

@@ -18,6 +18,11 @@ is counted to its last byte (``exact``). Without it, what a connection carries a
 the last pass that saw it is lost (its last interval). Either way a connection opened
 and closed between two passes is never seen, so not counted (measured in
 ``tests/test_network.py``). UDP and Unix sockets are not counted by this method.
+
+A target's traffic is what crosses its boundary: a connection whose two ends are both
+held by its members (a SuperNode and its ClientApp over loopback) is the target
+talking to itself and counts in neither direction; loopback to any process outside
+the target still counts.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from edgewatt.core.sampling.sockets import (
     SockDiag,
     TcpSocket,
     cookie,
+    endpoints,
     socket_inodes,
 )
 
@@ -44,6 +50,10 @@ class _Account:
     live: dict[int, TcpSocket] = field(default_factory=dict)  # inode -> last seen
     closed_tx: int = 0
     closed_rx: int = 0
+    # The target talking to itself: both ends held by its members. Counted in neither
+    # direction from the pass that sees both ends (what one end carried before that
+    # stays: totals never go backwards).
+    internal: set[int] = field(default_factory=set)
 
     def totals(self) -> tuple[int, int]:
         if not self.live:
@@ -130,8 +140,11 @@ class NetworkAccounting:
             account = self._accounts.get(target)
             if account is None:
                 account = self._accounts[target] = _Account()
-            for inode in held[target] & in_kernel:
+            account.internal &= held[target]  # a closed one's inode may be reused
+            new = (held[target] & in_kernel) - account.internal - account.live.keys()
+            for inode in held[target] & in_kernel - account.internal:
                 account.live[inode] = current[inode]
+            self._set_aside_internal(account, new)
             for inode in list(account.live):
                 if inode in current:
                     account.live[inode] = current[inode]
@@ -153,6 +166,24 @@ class NetworkAccounting:
                 ):
                     self._overflowed = True
         return result
+
+    @staticmethod
+    def _set_aside_internal(account: _Account, new: AbstractSet[int]) -> None:
+        """Connections whose two ends the target holds leave its accounts: its traffic
+        is what crosses its boundary (loopback to a process outside it counts). One end
+        counted in an earlier pass keeps what it was counted with (``new``: first seen
+        in this pass, counted with nothing)."""
+        ends = {endpoints(s.sockid): inode for inode, s in account.live.items()}
+        for (local, remote), inode in ends.items():
+            peer = ends.get((remote, local))
+            if peer is None or peer == inode:
+                continue
+            for one in (inode, peer):
+                sock = account.live.pop(one, None)
+                if sock is not None and one not in new:  # what it was counted with stays
+                    account.closed_tx += sock.bytes_acked
+                    account.closed_rx += sock.bytes_received
+                account.internal.add(one)
 
     @property
     def exact(self) -> bool:

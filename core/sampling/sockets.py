@@ -174,6 +174,25 @@ def cookie(sock: TcpSocket) -> bytes:
     return sock.sockid[_COOKIE]
 
 
+_V4_MAPPED = bytes(10) + b"\xff\xff"
+
+
+def endpoints(sockid: bytes) -> tuple[bytes, bytes]:
+    """(local, remote) of a socket id: address and port each, an IPv4 address whether
+    the socket is IPv4 or IPv6 with a v4-mapped address (the two ends of one loopback
+    connection can be of either family)."""
+
+    def end(address: bytes, port: bytes) -> bytes:
+        if address[4:] == bytes(12):  # AF_INET: 4 bytes, zero-padded
+            return address[:4] + port
+        if address[:12] == _V4_MAPPED:
+            return address[12:] + port
+        return address + port
+
+    # struct inet_diag_sockid: sport, dport (big endian), src[16], dst[16], if, cookie
+    return end(sockid[4:20], sockid[0:2]), end(sockid[20:36], sockid[2:4])
+
+
 def parse_destroyed(data: bytes, cookies: set[bytes]) -> list[TcpSocket]:
     """The destroyed sockets in one datagram whose cookie is wanted (others skipped
     without decoding): their final counts."""
