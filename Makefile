@@ -23,11 +23,13 @@ run: $(VENV)/.runtime
 CLIENT_TESTS := tests/test_client.py tests/test_monitors.py tests/test_run_report.py tests/test_backends.py
 
 # fetch-stores unpacks Debian 13's VictoriaMetrics and Prometheus into .cache/stores
-# for the fleet tests (no system change); where it cannot, they say why.
+# for the fleet tests (no system change), fetch-flower Flower 1.42 into a venv of its
+# own in .cache/flower for the Flower tests; where they cannot, the tests say why.
 test: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	tests/bin/fetch-stores
+	tests/bin/fetch-flower
 	$(BIN)/pytest
 	EDGEWATT_CLIENT_BACKEND=psutil $(BIN)/pytest $(CLIENT_TESTS)
 

@@ -30,6 +30,10 @@ def summary_table(summary: dict[str, Any], title: str) -> str:
         sent = human_bytes(summary["total_network_bytes_sent"])
         recv = human_bytes(summary["total_network_bytes_recv"])
         rows.append(("network", f"sent {sent}, received {recv} (host-wide, loopback excluded)"))
+    if summary.get("network_transmit_bytes") is not None:
+        sent = human_bytes(summary["network_transmit_bytes"])
+        recv = human_bytes(summary.get("network_receive_bytes") or 0)
+        rows.append(("TCP", f"sent {sent}, received {recv} (the command's, across its boundary)"))
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
         line = f"{energy:.1f} J ({energy / 3600:.4f} Wh)"

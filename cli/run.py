@@ -206,6 +206,9 @@ def _final(usage: dict | None, wall_s: float) -> Any:
         if api is not None:
             cpu_s = api["cpu_user_s"] + api["cpu_system_s"]
             summary["cpu_source"] = "daemon (exact: kernel's exit records, lineage)"
+            for key in ("network_transmit_bytes", "network_receive_bytes"):
+                if api.get(key) is not None:  # what crossed the target's boundary
+                    summary[key] = api[key]
         elif usage is not None:
             cpu_s = usage["cpu_s"]
             summary["cpu_source"] = "kernel (wait4 of every process the command started)"

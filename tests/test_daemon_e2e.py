@@ -115,7 +115,9 @@ def test_forked_grandchild_cpu_counted_in_ancestor_and_kept_after_exit(
     seen.append(final)  # type: ignore[arg-type]
     assert seen == sorted(seen), "the counter went backwards"
     assert max(processes) == 3  # target, child and grandchild were all counted live
-    assert final is not None and 1.4 <= final <= kernel_cpu_seconds(parent.pid) + 1e-9
+    # No more than the kernel counted: /proc floors user and system time to 10 ms ticks
+    # each, the exit records count to the microsecond.
+    assert final is not None and 1.4 <= final <= kernel_cpu_seconds(parent.pid) + 0.02
     assert daemon.value("edgewatt_process_members", edgewatt_target_id=tid) == 1
 
 

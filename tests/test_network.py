@@ -421,3 +421,24 @@ def test_a_target_talking_to_itself_counts_only_what_crosses_its_boundary(
     # Acknowledged bytes count the SYN and the FIN, one each; received ones the FIN.
     assert summary["network_transmit_bytes"] == 3_000_000 + 2
     assert summary["network_receive_bytes"] == 3_000_000 + 1
+
+
+def test_a_connection_within_the_target_is_set_aside_once() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    accounting = NetworkAccounting()
+    try:
+        assert accounting.sample({"me": (os.getpid(),)})["me"] == (0, 0)
+        first = accounting.dumps
+        client.sendall(b"x" * 100_000)
+        got = 0
+        while got < 100_000:
+            got += len(server.recv(1 << 16))
+        for _ in range(5):  # set aside, not looked up again: no dump per pass
+            assert accounting.sample({"me": (os.getpid(),)})["me"] == (0, 0)
+        assert accounting.dumps == first
+    finally:
+        for s in (client, server, listener):
+            s.close()
+        accounting.close()

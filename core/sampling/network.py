@@ -117,7 +117,8 @@ class NetworkAccounting:
         tracked = {i: s for a in self._accounts.values() for i, s in a.live.items()}
         wanted = set().union(*held.values()) if held else set()
         self._not_tcp &= wanted  # forget inodes no longer held: they may be reused
-        unknown = wanted - set(tracked) - self._not_tcp
+        internal = set().union(*(a.internal for a in self._accounts.values()))
+        unknown = wanted - set(tracked) - self._not_tcp - internal
         unix = {inode for inode in unknown if self.diag.is_unix(inode)}
         self._not_tcp |= unix
         unknown -= unix

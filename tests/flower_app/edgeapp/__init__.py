@@ -1,0 +1,1 @@
+"""A NumPy Flower app for edgewatt's tests."""

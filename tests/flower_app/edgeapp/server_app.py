@@ -1,0 +1,19 @@
+"""The ServerApp: FedAvg over every node, training only."""
+
+import numpy as np
+from flwr.app import ArrayRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    floats = int(context.run_config["model-floats"])
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=2)
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord([np.zeros(floats, dtype=np.float32)]),
+        num_rounds=int(context.run_config["num-server-rounds"]),
+    )
