@@ -240,18 +240,23 @@ def binary(name: str) -> str:
 STORES = ROOT / ".cache" / "stores"  # Debian 13's packages, by tests/bin/fetch-stores
 
 
-def store_binary(name: str) -> str:
-    """A binary of Debian 13's victoria-metrics or prometheus package, unpacked by
-    tests/bin/fetch-stores (make test runs it): skipped with the fetch's own reason
-    where it could not fetch them, failed in CI."""
-    path = STORES / "usr" / "bin" / name
+def fetched(folder: Path, relative: str, what: str, fetcher: str) -> str:
+    """An executable that ``tests/bin/FETCHER`` put under ``folder`` (make test runs
+    it): skipped with the fetch's own reason (``folder``/UNAVAILABLE) where it could
+    not, failed in CI."""
+    path = folder / relative
     if not os.access(path, os.X_OK):
-        reason = STORES / "UNAVAILABLE"
-        why = reason.read_text().strip() if reason.exists() else "run tests/bin/fetch-stores"
+        reason = folder / "UNAVAILABLE"
+        why = reason.read_text().strip() if reason.exists() else f"run tests/bin/{fetcher}"
         if os.environ.get("CI"):
-            pytest.fail(f"{name} from Debian 13 is missing: {why}")
-        pytest.skip(f"{name} from Debian 13 is missing: {why}")
+            pytest.fail(f"{what} is missing: {why}")
+        pytest.skip(f"{what} is missing: {why}")
     return str(path)
+
+
+def store_binary(name: str) -> str:
+    """A binary of Debian 13's victoria-metrics or prometheus package."""
+    return fetched(STORES, f"usr/bin/{name}", f"{name} from Debian 13", "fetch-stores")
 
 
 def query(url: str, promql: str) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, DaemonProcess, free_port, wait_for
+from tests.conftest import ROOT, DaemonProcess, fetched, free_port, wait_for
 
 FLOWER = ROOT / ".cache" / "flower"  # tests/bin/fetch-flower
 APP = ROOT / "tests" / "flower_app"
@@ -50,14 +50,7 @@ print(json.dumps({"tree_cpu_s": usage.ru_utime + usage.ru_stime - own}), flush=T
 
 
 def flower_bin(name: str) -> str:
-    path = FLOWER / "bin" / name
-    if not os.access(path, os.X_OK):
-        reason = FLOWER / "UNAVAILABLE"
-        why = reason.read_text().strip() if reason.exists() else "run tests/bin/fetch-flower"
-        if os.environ.get("CI"):
-            pytest.fail(f"Flower is missing: {why}")
-        pytest.skip(f"Flower is missing: {why}")
-    return str(path)
+    return fetched(FLOWER, f"bin/{name}", "Flower 1.42", "fetch-flower")
 
 
 def _flower_env(home: Path) -> dict[str, str]:

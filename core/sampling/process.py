@@ -1,16 +1,21 @@
-"""Accounting for one target: the registered process and, by default, its descendants.
+"""Accounting for one target: the registered process and, by default, everything it
+forked, until the last of them exits (who belongs: ``membership.py``).
 
-Counters (CPU time, disk bytes) must never go backwards although descendants come and
-go. The kernel helps: when a process reaps a child, the child's CPU time moves into
-the parent's cutime/cstime and its I/O into the parent's /proc/PID/io. So the sum over
-the live tree of (own + reaped-children) figures is exact as long as every descendant
-is reaped inside the tree (DataLoader workers, spawned ranks). A descendant reaped
-elsewhere (re-parented to init after its parent died, or one that stops being a
-descendant) takes its figures away from that sum; :meth:`ProcessTree.sample` carries
-what it last saw of it, minus whatever re-appeared in its nearest live ancestor's
-reaped-children figures, so the carried amount can only err low: the total never
-exceeds the kernel's own count. Work done by a descendant in the last interval before
-it exits unreaped-by-the-tree is lost (at most one interval of it).
+Counters (CPU time, disk bytes) never go backwards although members come and go, and
+each member's figures are counted once, whatever order exits and re-parentings come
+in. Two rules, chosen per target:
+
+- By owner (CPU time, where the daemon hears every fork and has the kernel's exit
+  records): each member counts its own time, read live from /proc or, once it has
+  exited, from its exit record (what it ran since the last pass included). Reaped
+  children's counters are not used, so a zombie re-parented to a subreaper other
+  than its parent's reaper cannot count twice.
+- By reaper (CPU time otherwise; storage bytes always, since /proc/PID/io includes
+  what reaped children did): a member's figures live in its own counters plus its
+  reaped children's. When a member departs, its last figures (its exit record's where
+  one came) are pending on the member that reaps it until that member's reaped-
+  children counters show them, or carried when something outside the target reaps it
+  (then, without a record, its last interval is lost: the total errs low, never high).
 
 Most members of most trees wait (a launcher waiting on its child, idle workers). A
 single-threaded member whose scheduler counters (/proc/PID/schedstat) have not moved
@@ -33,6 +38,9 @@ from edgewatt.core.sampling.taskstats import TaskExits
 # Channels accounted as counters: user ticks, system ticks, read bytes, write bytes.
 _Vec = tuple[float, float, float, float]  # ticks may be fractional: exit records are in us
 _ZERO: _Vec = (0, 0, 0, 0)
+# Departed members remembered, so that a zombie already counted is not let back in
+# by a walk of the parent links (bounded: a target may fork millions over its life).
+MAX_DEPARTED = 4096
 # Every this many readings, idle members are read in full all the same: a safety net
 # should a kernel show no scheduler activity for a thread that ran.
 RECHECK_EVERY = 10
@@ -160,6 +168,8 @@ class ProcessTree:
         recheck = self._passes % RECHECK_EVERY == 0
         lineage = self.lineage
         exited = lineage.take_exited()
+        if lineage.events and lineage.lossy and self._passes > 1:
+            self.exact = False  # events were lost: a member may have come and gone unseen
         # Parent links: on the first pass, and where events are absent or were lost.
         walk = self.children and (lineage.lossy or self._passes == 1)
         live: dict[int, tuple[_Member, Stat]] = {}
@@ -202,6 +212,8 @@ class ProcessTree:
         for pid, known, _ in departed:
             assert known is not None
             self._departed[pid] = known.handle.start_ticks
+            if len(self._departed) > MAX_DEPARTED:  # the oldest are long reaped
+                del self._departed[next(iter(self._departed))]
             if known.handle is not self.root:
                 known.handle.close()
         self._members = {pid: m for pid, (m, _) in live.items()}
@@ -426,7 +438,7 @@ class ProcessTree:
             totals = (stat.utime, stat.stime, read, write)
         return _Member(handle, stat.ppid, totals, reaped, io, fds, activity, idle)
 
-    def exit_figures(self, exits: TaskExits | None = None) -> ExitFigures | None:
+    def exit_figures(self) -> ExitFigures | None:
         """The target's counters when its last member went, where every departed
         member's figures came from the kernel (its exit record, or a reaper in the
         target); None otherwise: its figures then end at the last pass."""
