@@ -101,7 +101,8 @@ class Membership:
         if self.events is None:
             return
         try:
-            events, overflowed = self.events.drain()
+            # Every fork on the host arrives: with no target to follow, none is decoded.
+            events, overflowed = self.events.drain(decode=bool(self._lineages))
         except OSError as exc:  # never seen; the parent links then stand in
             log.warning("reading process events failed: %s", exc)
             events, overflowed = [], True

@@ -52,6 +52,7 @@ def parse(data: bytes) -> list[ProcEvent]:
     """Every process event in one datagram, in order; others are skipped."""
     events = []
     for _, start, end in messages(data):
+        end = min(end, len(data))  # a message cut short is read no further
         at = start + _CN_MSG.size
         if at + _HEADER.size > end:
             continue
@@ -104,11 +105,14 @@ class ProcEvents:
             raise
         self.overflows = 0
 
-    def drain(self) -> tuple[list[ProcEvent], bool]:
-        """(events waiting, whether the buffer overflowed since the last drain)."""
+    def drain(self, decode: bool = True) -> tuple[list[ProcEvent], bool]:
+        """(events waiting, whether the buffer overflowed since the last drain); with
+        ``decode`` false the socket is only read dry."""
         datagrams, overflowed = drain(self._sock)
         if overflowed:
             self.overflows += 1
+        if not decode:
+            return [], overflowed
         return [e for d in datagrams for e in parse(d)], overflowed
 
     def close(self) -> None:
