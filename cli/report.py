@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgewatt.cli.rounds import is_rounds_file, load_rounds, rounds_table
 from edgewatt.cli.status import human_bytes
 from edgewatt.core.text import printable
 
@@ -250,6 +251,10 @@ def summary_from_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def report(path: str, plot_to: str | None) -> str:
+    if is_rounds_file(path):  # a federation's per-round records (client/flower.py)
+        if plot_to:
+            raise ValueError("--plot of a federation's rounds is not drawn yet")
+        return rounds_table(load_rounds(path), f"edgewatt report: {path} (federated rounds)")
     header, samples, phases, summary = load(path)
     if summary is None:
         summary = summary_from_samples(samples)

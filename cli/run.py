@@ -95,7 +95,9 @@ def run(
     except OSError as exc:
         print(f"edgewatt run: monitoring unavailable: {exc}", file=sys.stderr)
     try:
-        failure = child.release()
+        # The command's own clients (a training script's register(), a Flower mod) find
+        # the daemon that measures it.
+        failure = child.release(monitor.daemon_socket)
         if failure is not None:
             print(f"edgewatt run: cannot start {command[0]}: {failure}", file=sys.stderr)
         code = _wait_all(child)
@@ -145,11 +147,15 @@ class _Held:
             try:
                 os.close(self._release)
                 os.close(self._errors)
-                os.read(hold, 1)  # the parent closes its end: end of file
+                told = b""
+                while chunk := os.read(hold, 4096):  # until the parent closes its end
+                    told += chunk
                 os.close(hold)
+                if told:
+                    os.environ["EDGEWATT_SOCKET"] = os.fsdecode(told)
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as Popen restores them
                     signal.signal(sig, signal.SIG_DFL)
-                os.execv(path, command)
+                os.execv(path, command)  # with os.environ as now
             except OSError as exc:
                 os.write(report, os.strerror(exc.errno or 0).encode())
             finally:
@@ -158,8 +164,11 @@ class _Held:
         os.close(report)
         self.returncode: int | None = None
 
-    def release(self) -> str | None:
-        """Let the command run; why its exec failed, or None once it runs."""
+    def release(self, socket: str | None = None) -> str | None:
+        """Let the command run, with ``EDGEWATT_SOCKET`` set to ``socket`` where given;
+        why its exec failed, or None once it runs."""
+        if socket:
+            os.write(self._release, os.fsencode(socket))
         os.close(self._release)
         with os.fdopen(self._errors, "rb") as errors:
             failure = errors.read()  # end of file at the exec (close-on-exec)

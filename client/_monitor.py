@@ -166,6 +166,12 @@ class Monitor:
         }
 
     @property
+    def daemon_socket(self) -> str | None:
+        """The socket of the daemon that samples the process (thread variant), or None."""
+        source = self._shared.get("source")
+        return source.socket if source is not None and source.mode == "daemon" else None
+
+    @property
     def running(self) -> bool:
         return self._worker is not None
 

@@ -395,6 +395,7 @@ class Sampler:
             network_receive_bytes=network[1],
             gpu_utilization=gpu[0],
             gpu_memory_bytes=gpu[1],
+            members=reading.pids,
         )
 
     def _sample_host(self) -> HostSample | None:

@@ -46,6 +46,7 @@ class ProcessSample:
     gpu_memory_bytes: int | None = None  # GPU memory held by its processes (NVML)
     # The last few phases: (name, running, energy J attributed in it or None).
     phases: tuple[tuple[str, bool, float | None], ...] = ()
+    members: tuple[int, ...] = ()  # pids of its live members (membership.py)
 
     @property
     def cpu_s(self) -> float:

@@ -163,6 +163,7 @@ class Target:
     executable: str = ""
     exited_at: float | None = None
     exit_mode: str | None = None  # once exited: "exact" or "last-sample"
+    members: tuple[int, ...] = ()  # live members' pids at the last pass
     # Registrations holding it: a process registered by `edgewatt run` and by itself
     # is one target, which stays until the last of them unregisters (or it exits).
     holders: int = 1
@@ -449,9 +450,15 @@ class TargetTable:
         with self._lock:
             return self._get(target_id).describe()
 
-    def describe_all(self) -> list[dict[str, Any]]:
+    def describe_all(self, member: int | None = None) -> list[dict[str, Any]]:
+        """Every target, or those running with process ``member`` among their members
+        (a Flower ClientApp finding the SuperNode's target it is part of)."""
         with self._lock:
-            return [t.describe() for t in self._targets.values()]
+            return [
+                t.describe()
+                for t in self._targets.values()
+                if member is None or (t.exited_at is None and member in t.members)
+            ]
 
     def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
         with self._lock:
@@ -486,6 +493,7 @@ class TargetTable:
                 target = self._targets.get(sample.target_id)
                 if target is None:
                     continue
+                target.members = sample.members
                 if only is None or target.id in only:
                     target.history.add(_row(sample))
                 if target.history.phases:

@@ -190,7 +190,13 @@ class _Handler(BaseHTTPRequestHandler):
         if target_id is None:
             if self._allow("GET", "POST") == "POST":
                 return self._register()
-            return 200, {"targets": table.describe_all()}
+            member = parse_qs(parts.query).get("member")
+            if member is None:
+                return 200, {"targets": table.describe_all()}
+            if len(member) != 1 or not member[0].isdigit() or len(member[0]) > 10:
+                raise ApiError(400, "invalid member", "member must be one process id")
+            self.server.sample_now(None)  # a process forked since the last pass is known
+            return 200, {"targets": table.describe_all(int(member[0]))}
         if sub is None:
             if self._allow("GET", "DELETE") == "DELETE":
                 self._read_body()

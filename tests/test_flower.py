@@ -117,8 +117,10 @@ def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
             # after edgewatt run lets go of its own.
             pid = json.loads(out.read_text().splitlines()[0])["pid"]
             targets.append(daemon.register(pid)["id"])
+        fl_log = tmp_path / "fl.jsonl"
         flwr = subprocess.run(
-            [flower_bin("flwr"), "run", str(APP), "edge", "--stream"],
+            [flower_bin("flwr"), "run", str(APP), "edge", "--stream",
+             "--run-config", f"fl-log='{fl_log}'"],
             capture_output=True, text=True, env=env, timeout=240,
         )  # fmt: skip
         assert flwr.returncode == 0, flwr.stdout + flwr.stderr
@@ -133,8 +135,25 @@ def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
         for proc, _, _ in nodes:
             if proc.poll() is None:
                 proc.kill()
+    records = [json.loads(line) for line in fl_log.read_text().splitlines()]
+    assert len(records) == 2 * ROUNDS  # the collector: one per client per round
     for (measured, table), (_, out, log), tid in zip(results, nodes, targets, strict=True):
         rounds = [json.loads(line) for line in log.read_text().splitlines()]
+        # The mod's figures of each message, on the SuperNode's own target.
+        mine = {r["round"]: r for r in records if r["target"] == tid}
+        assert sorted(mine) == [1, 2, 3], ([(r["target"], r["source"]) for r in records], tid)
+        for work in rounds:
+            record = mine[work["round"]]
+            assert record["kind"] == "train" and record["phase"] == f"round-{work['round']}/train"
+            assert record["source"] == "daemon" and record["exact"] is True
+            # The ClientApp's work as its own getrusage counted it, and the SuperNode's
+            # few ms of polling beside it in the same window.
+            assert record["cpu_s"] == pytest.approx(
+                work["cpu_s"], abs=max(0.05, 0.05 * work["cpu_s"])
+            ), (record, work)
+            assert record["duration_s"] == pytest.approx(work["wall_s"], abs=0.05)
+            for key, app in (("bytes_received", "received_bytes"), ("bytes_sent", "sent_bytes")):
+                assert work[app] <= record[key] <= work[app] * 1.1 + 64 * 1024, (record, work)
         assert sorted(r["round"] for r in rounds) == [1, 2, 3]
         assert len({r["pid"] for r in rounds}) == ROUNDS  # one ClientApp process each
         summary = daemon.call("GET", f"/v1/targets/{tid}/summary")[1]
@@ -157,3 +176,29 @@ def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
         for got, model in ((summary["network_receive_bytes"], received),
                            (summary["network_transmit_bytes"], sent)):  # fmt: skip
             assert got <= model * 1.1 + 256 * 1024, (summary, received, sent)
+
+
+def test_report_prints_the_rounds_of_a_recorded_federation(tmp_path: Path) -> None:
+    # Recorded from the deployment above (tests/fixtures/fl-rounds.jsonl).
+    fixture = ROOT / "tests" / "fixtures" / "fl-rounds.jsonl"
+    report = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "report", str(fixture)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    assert lines[0] == f"edgewatt report: {fixture} (federated rounds)"
+    assert lines[1].split() == [
+        "round", "kind", "clients", "slowest", "client", "CPU", "energy", "down", "up"
+    ]  # fmt: skip
+    records = [json.loads(line) for line in fixture.read_text().splitlines()]
+    for number, line in zip((1, 2, 3), lines[2:5], strict=True):
+        clients = [r for r in records if r["round"] == number]
+        slowest = max(clients, key=lambda r: r["duration_s"])
+        gap = slowest["duration_s"] - min(r["duration_s"] for r in clients)
+        cpu = sum(r["cpu_s"] for r in clients)
+        assert line.split()[:3] == [str(number), "train", str(len(clients))], line
+        assert f"node {slowest['node_id']} " in line
+        assert f"{slowest['duration_s']:.2f} s, +{gap:.2f} s" in line
+        assert f"{cpu:.2f} s" in line
+    assert lines[-1].startswith("  bytes: flower payload")

@@ -1,6 +1,7 @@
 """The ClientApp: adds one to the model, burns a known CPU time, and writes what it
 did (the model bytes it received and returned, its own CPU time and wall time) as
-one JSON line to the file named by the node's config "log"."""
+one JSON line to the file named by the node's config "log". edgewatt's mod measures
+every message it handles."""
 
 import json
 import os
@@ -10,7 +11,9 @@ import time
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-app = ClientApp()
+from edgewatt.client.flower import edgewatt_mod
+
+app = ClientApp(mods=[edgewatt_mod])
 
 
 def _cpu() -> float:
@@ -20,7 +23,7 @@ def _cpu() -> float:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    started, cpu = time.monotonic(), _cpu()
+    started, cpu = time.monotonic(), _cpu()  # as the mod's window opens
     arrays = msg.content["arrays"].to_numpy_ndarrays()
     received = sum(a.nbytes for a in arrays)
     end = time.process_time() + 0.3
