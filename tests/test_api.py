@@ -266,3 +266,27 @@ def test_concurrent_registrations(daemon: DaemonProcess, spawn: Any) -> None:
         t.join()
     assert sorted(s for s, _ in results) == [201] * 20
     assert len({b["id"] for _, b in results}) == 20
+
+
+def test_the_targets_holding_a_member_are_found(daemon: DaemonProcess, spawn: Any) -> None:
+    parent = spawn(
+        "import subprocess, sys, time\n"
+        "sys.stdin.readline()\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(c.pid, flush=True); time.sleep(60)",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdin is not None and parent.stdout is not None
+    tid = daemon.register(parent.pid)["id"]
+    parent.stdin.write("fork\n")
+    parent.stdin.flush()
+    child = int(parent.stdout.readline())
+    # Forked since the last pass: the call's own pass finds it.
+    status, found = daemon.call("GET", f"/v1/targets?member={child}")
+    assert status == 200 and [t["id"] for t in found["targets"]] == [tid]
+    assert daemon.call("GET", "/v1/targets?member=1")[1]["targets"] == []
+    for bad in ("abc", "-1", "1&member=2", "12345678901"):
+        status, body = daemon.call("GET", f"/v1/targets?member={bad}")
+        assert status == 400 and body["error"] == "invalid member", (bad, body)
