@@ -31,6 +31,7 @@ from typing import Any
 from edgewatt.cli.report import summary_table
 from edgewatt.client._monitor import FileMonitor
 from edgewatt.core.labels import validate_labels
+from edgewatt.core.sampling import procfs
 
 FORWARDED = (
     signal.SIGINT,
@@ -83,7 +84,8 @@ def run(
     previous: dict[int, Any] = {}
 
     def forward(signum: int, _frame: Any) -> None:
-        for pid in [child.pid] if child.returncode is None else _children():
+        # Once the command is gone: the orphans it left, adopted by this process.
+        for pid in [child.pid] if child.returncode is None else procfs.child_pids(os.getpid()):
             with contextlib.suppress(OSError):
                 os.kill(pid, signum)
 
@@ -173,16 +175,6 @@ class _Held:
         with os.fdopen(self._errors, "rb") as errors:
             failure = errors.read()  # end of file at the exec (close-on-exec)
         return failure.decode() or None
-
-
-def _children() -> list[int]:
-    """This process's live children (the orphans it adopted, once the command is gone)."""
-    pids: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids.extend(int(p) for p in f.read().split())
-    return pids
 
 
 def _wait_all(child: _Held) -> int:

@@ -110,9 +110,8 @@ def sampling_loop(
         # then ends at the call (its rate over a short span is coarse, its totals not).
         reading = source.reading()
     summary = recorder.summary()
-    final = (shared or {}).get("final")
-    if final is not None and shared is not None:  # the caller's last word (edgewatt run's)
-        summary = shared["summary"] = final(summary, source)
+    if shared is not None and shared.get("final") is not None:  # edgewatt run's last word
+        summary = shared["summary"] = shared["final"](summary, source)
     sink.stop(summary)
     source.close()
 

@@ -15,7 +15,6 @@ from edgewatt.core.sampling.proc_events import (
     CN_IDX_PROC,
     CN_VAL_PROC,
     NLMSG_DONE,
-    PROC_EVENT_EXEC,
     PROC_EVENT_EXIT,
     PROC_EVENT_FORK,
     ProcEvent,
@@ -36,7 +35,7 @@ def test_fork_exec_and_exit_events_in_order() -> None:
         [
             message(PROC_EVENT_FORK, struct.pack("=iiii", 100, 100, 200, 200)),
             message(PROC_EVENT_FORK, struct.pack("=iiii", 200, 200, 201, 200)),  # a thread
-            message(PROC_EVENT_EXEC, struct.pack("=ii", 200, 200)),
+            message(0x00000002, struct.pack("=ii", 200, 200)),  # an exec: not followed
             message(PROC_EVENT_EXIT, struct.pack("=iiIIii", 201, 200, 0, 17, 100, 100)),
             message(PROC_EVENT_EXIT, struct.pack("=iiIIii", 200, 200, 0, 17, 1, 1)),
             message(PROC_EVENT_EXIT, struct.pack("=iiII", 300, 300, 0, 17)),  # before 4.18
@@ -45,7 +44,6 @@ def test_fork_exec_and_exit_events_in_order() -> None:
     )
     assert parse(data) == [
         ProcEvent("fork", 200, 100),
-        ProcEvent("exec", 200, 0),
         ProcEvent("exit", 200, 1),  # the parent at the exit: who reaps it
         ProcEvent("exit", 300, 0),
     ]

@@ -41,7 +41,6 @@ class Lineage:
         # Members that exited since the tree last took them: pid -> the parent at its
         # exit (who reaps it; 0 where the kernel does not say).
         self.exited: dict[int, int] = {}
-        self.execed: set[int] = set()
         self.events = events
         self.lossy = not events  # parent links must be walked (no events, or lost ones)
         self.add(root)
@@ -113,13 +112,10 @@ class Membership:
             if event.kind == "fork":
                 for lineage in list(owners.get(event.parent, ())):
                     lineage.add(event.pid, event.parent)
-            elif event.kind == "exit":
+            else:
                 for lineage in list(owners.get(event.pid, ())):
                     lineage.discard(event.pid)
                     lineage.exited[event.pid] = event.parent
-            else:
-                for lineage in owners.get(event.pid, ()):
-                    lineage.execed.add(event.pid)
 
     def close(self) -> None:
         for key in list(self._lineages):

@@ -142,8 +142,9 @@ class NetworkAccounting:
             if account is None:
                 account = self._accounts[target] = _Account()
             account.internal &= held[target]  # a closed one's inode may be reused
-            new = (held[target] & in_kernel) - account.internal - account.live.keys()
-            for inode in held[target] & in_kernel - account.internal:
+            seen = held[target] & in_kernel - account.internal
+            new = seen - account.live.keys()
+            for inode in seen:
                 account.live[inode] = current[inode]
             self._set_aside_internal(account, new)
             for inode in list(account.live):

@@ -26,30 +26,29 @@ CN_VAL_PROC = 1
 PROC_CN_MCAST_LISTEN = 1
 NLMSG_DONE = 3
 PROC_EVENT_FORK = 0x00000001
-PROC_EVENT_EXEC = 0x00000002
 PROC_EVENT_EXIT = 0x80000000
 RECEIVE_BUFFER = 8 << 20  # ~100,000 events: seconds of a fork storm
 
 _CN_MSG = struct.Struct("=IIIIHH")  # idx, val, seq, ack, len, flags
 _HEADER = struct.Struct("=IIQ")  # what, cpu, timestamp_ns
 _FORK = struct.Struct("=iiii")  # parent pid, parent tgid, child pid, child tgid
-_EXEC = struct.Struct("=ii")  # pid, tgid
 _EXIT = struct.Struct("=iiII")  # pid, tgid, exit code, exit signal
 _EXIT_PARENT = struct.Struct("=ii")  # parent pid, parent tgid (Linux 4.18 on)
 
 
 @dataclass(frozen=True, slots=True)
 class ProcEvent:
-    """A process forked (``pid`` the child, ``parent`` its parent), exec'd or exited
-    (``parent`` then the parent at the exit, who will reap it; 0 where unknown)."""
+    """A process forked (``pid`` the child, ``parent`` its parent) or exited (``parent``
+    then the parent at the exit, who will reap it; 0 where unknown)."""
 
-    kind: str  # "fork", "exec" or "exit"
+    kind: str  # "fork" or "exit"
     pid: int  # the process (thread group id)
     parent: int
 
 
 def parse(data: bytes) -> list[ProcEvent]:
-    """Every process event in one datagram, in order; others are skipped."""
+    """Every fork and exit of a process in one datagram, in order; other events (exec,
+    threads, other connector messages) are skipped."""
     events = []
     for _, start, end in messages(data):
         end = min(end, len(data))  # a message cut short is read no further
@@ -65,10 +64,6 @@ def parse(data: bytes) -> list[ProcEvent]:
             _, parent_tgid, child_pid, child_tgid = _FORK.unpack_from(data, body)
             if child_pid == child_tgid:  # a process, not a thread
                 events.append(ProcEvent("fork", child_tgid, parent_tgid))
-        elif what == PROC_EVENT_EXEC and body + _EXEC.size <= limit:
-            pid, tgid = _EXEC.unpack_from(data, body)
-            if pid == tgid:
-                events.append(ProcEvent("exec", tgid, 0))
         elif what == PROC_EVENT_EXIT and body + _EXIT.size <= limit:
             pid, tgid, _, _ = _EXIT.unpack_from(data, body)
             if pid != tgid:

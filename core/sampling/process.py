@@ -202,11 +202,14 @@ class ProcessTree:
                         lineage.add(child, pid)
                         queue.append(child)
         # Members the events say exited, that this pass did not read.
+        gone = {pid for pid, _, _ in departed}
         for pid, known in self._members.items():
-            if pid not in live and all(pid != d[0] for d in departed):
+            if pid not in live and pid not in gone:
                 departed.append((pid, known, exited.pop(pid, known.ppid)))
         # Born and gone between two passes: only the events knew them.
         never_seen = [(pid, None, parent) for pid, parent in exited.items()]
+        if self.exits is not None and (departed or never_seen):
+            self.exits.update()  # the records of exits since this pass drained them
         self._settle(never_seen + sorted(departed, key=lambda d: -self._depth(d[0])), live)
         self.lost_members = bool(departed)
         for pid, known, _ in departed:
@@ -269,13 +272,14 @@ class ProcessTree:
         member that reaps it (pending until its counters show them), or carried when
         something outside the target reaps it."""
         pending = self._pending
+        leaving = {pid for pid, _, _ in departed}
         for pid, known, reaper in departed:
             figures = self._final_figures(pid, known)
             if self.own_cpu:  # its own time is its own to the end: carried at once
                 self._carried = _add(self._carried, (figures[0], figures[1], 0, 0))
                 figures = (0, 0, figures[2], figures[3])
             figures = _add(figures, pending.pop(pid, _ZERO))
-            if reaper in live or any(reaper == d[0] for d in departed):
+            if reaper in live or reaper in leaving:
                 pending[reaper] = _add(pending.get(reaper, _ZERO), figures)
             else:
                 self._carried = _add(self._carried, figures)
@@ -302,15 +306,12 @@ class ProcessTree:
         record where one came (what it ran since the last pass, included), else as
         last read (then the target is no longer exact)."""
         record = None
-        if self.exits is not None:
-            record = self.exits.exited_pid(pid)
-            if record is None:  # it exited since this pass drained them
-                self.exits.update()
-                record = self.exits.exited_pid(pid)
-        if record is not None and known is not None:
+        if self.exits is not None and known is None:
+            record = self.exits.exited_pid(pid)  # the events say it was just now
+        elif self.exits is not None and known is not None:
             start = _unix_start(known.handle)
-            if abs(record.start_time - start) > 1.5 or not self.exits.complete(start):
-                record = None
+            if self.exits.complete(start):
+                record = self.exits.exited(pid, start)
         if record is None:
             if known is None:
                 return _ZERO  # its parent in the target reaps it: that member counts it
