@@ -107,7 +107,7 @@ def power_sources(ctx: Context) -> tuple[str, str]:
     config = ctx.config
     found = power.discover(
         PowerOptions(
-            interval_s=config.interval,
+            sample_hz=config.power_sample_hz,
             sysfs_path=config.sysfs_path,
             tegrastats_path=config.tegrastats,
             sources=config.power_sources,

@@ -36,7 +36,7 @@ class LocalSampler:
         from edgewatt.core import power as power_sources
         from edgewatt.core.carbon import from_environment
         from edgewatt.core.power.attribution import Attribution
-        from edgewatt.core.power.meter import PowerMeter
+        from edgewatt.core.power.meter import PowerMeter, sample_hz_from_environment
         from edgewatt.core.power.source import PowerOptions
         from edgewatt.core.sampler import Sampler
         from edgewatt.core.targets import TargetTable
@@ -57,8 +57,11 @@ class LocalSampler:
         self.target, _ = self.table.register(pid, labels or {}, children, current_uid())
         meter = None
         if power:
-            found = power_sources.discover(PowerOptions(interval_s=interval))
-            meter = PowerMeter(found, max_gap_s=max(5 * interval, 5.0)) if found else None
+            hz = sample_hz_from_environment()
+            found = power_sources.discover(PowerOptions(sample_hz=hz))
+            if found:
+                gap = max(5 * interval, 5.0)
+                meter = PowerMeter(found, max_gap_s=gap, sample_hz=hz).start()
         self.sampler = Sampler(
             self.table,
             interval=interval,

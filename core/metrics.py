@@ -244,6 +244,15 @@ TABLE: tuple[Metric, ...] = (
         _H,
     ),
     Metric(
+        "edgewatt.host.energy.accounted",
+        "counter",
+        "J",
+        "The device's measured energy by part, adding up to it: attributed to targets, idle, "
+        "unattributed (above idle, given to no target)",
+        ("edgewatt.energy.part",),
+        _H,
+    ),
+    Metric(
         "system.cpu.time",
         "counter",
         "s",

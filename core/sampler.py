@@ -17,7 +17,7 @@ from edgewatt.core.platforms import Platform, Tree
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution, PassEnergy, Usage
 from edgewatt.core.power.meter import PowerMeter, PowerSnapshot
-from edgewatt.core.power.source import Gpu
+from edgewatt.core.power.source import BOARD_SOURCES, Gpu, gpu_only
 from edgewatt.core.sampling import procfs, system
 from edgewatt.core.sampling.membership import Membership
 from edgewatt.core.sampling.network import NetworkAccounting
@@ -62,6 +62,7 @@ class Sampler:
         self._network_bytes: dict[str, tuple[int, int] | None] = {}
         self.attribution = attribution or Attribution(None, 3600.0)
         self._last_target_cpu: dict[str, float] = {}
+        self._gpu_pids: set[int] = set()  # members found holding a GPU device
         self._last_energy: tuple[float, float, dict[str, float]] | None = None
         self._host_busy_delta: float | None = None
         self._trees: dict[str, Tree] = {}
@@ -159,6 +160,7 @@ class Sampler:
         self.membership.update()
         host = self._sample_host()
         power = self.power.read(started) if self.power is not None else None
+        self.table.energy_period_s = power.period_s if power is not None else None
         children_of = self.platform.descendants(self._take_relist)
         running = self.table.running()
         readings = [(t, r) for t in running if (r := self._read_target(t, children_of)) is not None]
@@ -187,6 +189,7 @@ class Sampler:
             processes=tuple(s for s in samples if s.target_id not in self._exited),
             power=power,
             idle_power_w=self.attribution.idle_w_in_use if power is not None else None,
+            energy_parts_j=dict(self.attribution.parts_j) if power is not None else {},
             carbon=self.carbon,
             host_name=self.host_name,
             stats=SamplerStats(
@@ -320,6 +323,14 @@ class Sampler:
             for rail in power.rails
             if rail.energy_j is not None and any(g.id == rail.id for g in power.gpus)
         }
+        # A board's GPU rail (Jetson): its dynamic part goes to the targets holding the
+        # GPU, by their CPU time (docs/attribution.md).
+        gpu_rails = {
+            rail.id: rail.energy_j
+            for rail in power.rails
+            if rail.energy_j is not None and rail.source in BOARD_SOURCES and gpu_only(rail.name)
+        }
+        gpu_energy.update(gpu_rails)
         measured_at = power.measured_at if power.measured_at is not None else now
         if self._last_energy is not None and measured_at <= self._last_energy[0]:
             return  # no new power reading since the last pass
@@ -336,14 +347,27 @@ class Sampler:
             gpu_j={k: max(0.0, j - before[2].get(k, j)) for k, j in gpu_energy.items()},
             gpu_load={g.id: g.utilization or 0.0 for g in power.gpus if g.id in gpu_energy},
         )
-        usage = {
-            t.id: Usage(
-                cpu_s=max(0.0, cpu_now[t.id] - cpu_before.get(t.id, cpu_now[t.id])),
-                gpu={g.id: load for g, load, _ in _gpu_use(power, r) if g.id in gpu_energy},
-            )
-            for t, r in readings
-        }
+        holders = self._gpu_holders(readings) if gpu_rails else set()
+        usage = {}
+        for t, r in readings:
+            cpu_s = max(0.0, cpu_now[t.id] - cpu_before.get(t.id, cpu_now[t.id]))
+            gpu = {g.id: load for g, load, _ in _gpu_use(power, r) if g.id in gpu_energy}
+            if t.id in holders:
+                gpu.update(dict.fromkeys(gpu_rails, cpu_s))  # shared by CPU time
+            usage[t.id] = Usage(cpu_s=cpu_s, gpu=gpu)
         self.attribution.update(measured_at, measured, usage)
+
+    def _gpu_holders(self, readings: list[tuple[Target, TreeReading]]) -> set[str]:
+        """Targets with a member holding a GPU device open. A process that opened one
+        keeps it (a CUDA context): a pid found once is not scanned again."""
+        known, self._gpu_pids = self._gpu_pids, set()
+        holders = set()
+        for target, reading in readings:
+            for pid in reading.pids:
+                if pid in known or self.platform.holds_gpu(pid):
+                    self._gpu_pids.add(pid)
+                    holders.add(target.id)
+        return holders
 
     def _count_network(self, readings: list[tuple[Target, TreeReading]]) -> None:
         if self.network is None:
@@ -391,6 +415,7 @@ class Sampler:
             processes=reading.processes,
             power_w=self.attribution.power_w.get(target.id) if self.power else None,
             energy_j=self.attribution.energy_j.get(target.id, 0.0) if self.power else None,
+            device_energy_j=power.host_energy_j if power is not None else None,
             network_transmit_bytes=network[0],
             network_receive_bytes=network[1],
             gpu_utilization=gpu[0],

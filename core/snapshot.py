@@ -40,6 +40,7 @@ class ProcessSample:
     processes: int  # the target and its live descendants
     power_w: float | None = None  # attributed over the last pass (docs/attribution.md)
     energy_j: float | None = None  # attributed since registration, never decreasing
+    device_energy_j: float | None = None  # the device's measured energy at this edge
     network_transmit_bytes: int | None = None  # TCP bytes acked by peers (sock_diag)
     network_receive_bytes: int | None = None  # TCP bytes received
     gpu_utilization: float | None = None  # SM load summed over GPUs (NVML), 0..n_gpus
@@ -80,6 +81,9 @@ class Snapshot:
     processes: tuple[ProcessSample, ...] = ()
     power: PowerSnapshot | None = None
     idle_power_w: float | None = None  # the attribution baseline in use
+    # The measured energy since start by part (attributed, idle, unattributed): they
+    # add up to what the attribution measured (power/attribution.py).
+    energy_parts_j: Mapping[str, float] = field(default_factory=dict)
     carbon: CarbonIntensity | None = None  # None: no carbon figure anywhere
     stats: SamplerStats = field(default_factory=lambda: SamplerStats(0.0, 0, 0))
     host_name: str = ""  # the device's host.name, on every series ("": tests without one)

@@ -37,6 +37,7 @@ SAMPLE_FIELDS = (
     "processes",
     "power_w",
     "energy_j",
+    "device_energy_j",
 )
 _I = {name: i for i, name in enumerate(SAMPLE_FIELDS)}
 
@@ -56,6 +57,9 @@ SAMPLE_UNITS = {
     "processes": "count (the target and its live descendants)",
     "power_w": "watts attributed over the last interval (docs/attribution.md)",
     "energy_j": "joules attributed since registration, cumulative",
+    "device_energy_j": "joules the device's power sensors measured up to this sample's edge, "
+    "cumulative since the daemon started (the whole device: a window's difference is what "
+    "the sensor saw in it)",
 }
 
 MAX_PHASES = 1000
@@ -192,9 +196,11 @@ class Target:
         logical_cpus: int,
         carbon: CarbonIntensity | None = None,
         membership: str = PARENT_LINKS,
+        period_s: float | None = None,
     ) -> dict[str, Any]:
         """Totals and per-phase figures; gCO2e beside each energy only when ``carbon``;
-        ``membership``: how descendants are learnt (sampling/membership.py)."""
+        ``membership``: how descendants are learnt (sampling/membership.py);
+        ``period_s``: the power sensors' period (a window shorter says so)."""
         h = self.history
         result: dict[str, Any] = {
             "id": self.id,
@@ -213,25 +219,31 @@ class Target:
             "membership": membership if self.children else "process",
             "samples": h.count,
         }
-        result.update(_span(h.first, h.last, logical_cpus, carbon))
+        result.update(_span(h.first, h.last, logical_cpus, carbon, period_s))
         result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
         result["memory_rss_avg_bytes"] = round(h.rss_sum / h.count) if h.count else None
-        result["phases"] = [_phase_item(p, logical_cpus, carbon) for p in h.phases]
+        result["phases"] = [_phase_item(p, logical_cpus, carbon, period_s) for p in h.phases]
         if carbon is not None:
             result["carbon_intensity_g_per_kwh"] = carbon.g_per_kwh
             result["carbon_intensity_source"] = carbon.source
         return result
 
 
-def _phase_item(phase: Phase, logical_cpus: int, carbon: CarbonIntensity | None) -> dict[str, Any]:
+def _phase_item(
+    phase: Phase, logical_cpus: int, carbon: CarbonIntensity | None, period_s: float | None
+) -> dict[str, Any]:
     item = {"name": phase.name, "started_at": phase.started_at, "ended_at": phase.ended_at}
-    item.update(_span(phase.first, phase.last, logical_cpus, carbon))
+    item.update(_span(phase.first, phase.last, logical_cpus, carbon, period_s))
     item["memory_rss_peak_bytes"] = phase.rss_peak if phase.first else None
     return item
 
 
 def _span(
-    first: tuple | None, last: tuple | None, logical_cpus: int, carbon: CarbonIntensity | None
+    first: tuple | None,
+    last: tuple | None,
+    logical_cpus: int,
+    carbon: CarbonIntensity | None,
+    period_s: float | None = None,
 ) -> dict[str, Any]:
     """Differences between two samples: what the target consumed in between."""
 
@@ -243,6 +255,7 @@ def _span(
 
     duration = delta("time") or 0.0
     user, system, energy = delta("cpu_user_s"), delta("cpu_system_s"), delta("energy_j")
+    device = delta("device_energy_j")
     cpu = None if user is None or system is None else user + system
     per_second = duration > 0 and cpu is not None
     span = {
@@ -257,6 +270,13 @@ def _span(
         "network_receive_bytes": delta("network_receive_bytes"),
         "energy_j": None if energy is None else round(energy, 3),
         "power_avg_w": round(energy / duration, 3) if energy is not None and duration > 0 else None,
+        "device_energy_j": None if device is None else round(device, 3),
+        # A window shorter than the sensors' period is not resolved by them: its energy
+        # is interpolated between readings outside it (None: no sensor, or its period
+        # is unknown).
+        "shorter_than_sensor_period": None
+        if device is None or period_s is None
+        else duration < period_s,
     }
     if carbon is not None:  # of the energy as reported, so that the product is exact
         span["carbon_g"] = None if energy is None else carbon.grams(span["energy_j"])
@@ -285,6 +305,8 @@ class TargetTable:
         # How a target's members are learnt (sampling/membership.py): the daemon says
         # "lineage" where it hears the kernel's process events.
         self.membership = PARENT_LINKS
+        # The power sensors' period, as the sampler last saw it (None: no sensor).
+        self.energy_period_s: float | None = None
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
         self._targets: dict[str, Target] = {}
@@ -462,13 +484,15 @@ class TargetTable:
 
     def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
         with self._lock:
-            return self._get(target_id).summary(logical_cpus, self._carbon, self.membership)
+            return self._get(target_id).summary(
+                logical_cpus, self._carbon, self.membership, self.energy_period_s
+            )
 
     def phase_summary(self, target_id: str, phase: Phase, logical_cpus: int) -> dict[str, Any]:
         """One phase's figures, as the summary lists them."""
         with self._lock:
             self._get(target_id)
-            return _phase_item(phase, logical_cpus, self._carbon)
+            return _phase_item(phase, logical_cpus, self._carbon, self.energy_period_s)
 
     def samples(self, target_id: str, since: float | None = None) -> list[dict[str, Any]]:
         with self._lock:

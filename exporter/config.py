@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from edgewatt.core import carbon
+from edgewatt.core.power.meter import DEFAULT_SAMPLE_HZ, MAX_SAMPLE_HZ
 from edgewatt.core.text import shown
 from edgewatt.core.transport import default_socket
 
@@ -50,6 +51,7 @@ class Config:
     proc_path: str = "/proc"
     log_level: str = "info"
     power_sources: tuple[str, ...] | None = None  # None: discover automatically
+    power_sample_hz: float = DEFAULT_SAMPLE_HZ
     tegrastats: str = "/usr/bin/tegrastats"
     sysfs_path: str = "/sys"
     idle_power_w: float | None = None  # None: estimated from the measurements
@@ -282,6 +284,12 @@ KEYS: Mapping[str, Key] = {
         _power_sources,
         "auto, or the sources to use: a YAML list or comma-separated names of ina3221, "
         "tegrastats, rapl, nvml",
+    ),
+    "power_sample_hz": Key(
+        _ranged(float, 1, MAX_SAMPLE_HZ, "a rate in Hz"),
+        "readings of the power monitors per second, apart from the sampling passes: "
+        "INA3221/INA238 sysfs read at it, tegrastats run with the matching --interval; "
+        "energy counters (RAPL, NVML) are read at every edge instead (1 to 1000)",
     ),
     "tegrastats": Key(
         _path,

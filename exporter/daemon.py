@@ -321,7 +321,7 @@ class Daemon:
 
     def _start_power(self) -> None:
         options = PowerOptions(
-            interval_s=self.config.interval,
+            sample_hz=self.config.power_sample_hz,
             sysfs_path=self.config.sysfs_path,
             tegrastats_path=self.config.tegrastats,
             sources=self.config.power_sources,
@@ -330,7 +330,9 @@ class Daemon:
         if sources:
             # A sensor silent for five intervals (at least 5 s) is no longer trusted.
             gap = max(5 * self.config.interval, 5.0)
-            self.sampler.power = PowerMeter(sources, max_gap_s=gap)
+            self.sampler.power = PowerMeter(
+                sources, max_gap_s=gap, sample_hz=self.config.power_sample_hz
+            ).start()
 
     def _start_exits(self) -> None:
         """The kernel's exit records (taskstats): a target's figures end at its exit,

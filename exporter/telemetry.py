@@ -185,6 +185,11 @@ def _host_carbon(snapshot: Snapshot) -> Points:
         yield carbon.grams(power.host_energy_j), {}
 
 
+def _energy_parts(snapshot: Snapshot) -> Points:
+    for part, joules in snapshot.energy_parts_j.items():
+        yield joules, {"edgewatt.energy.part": part}
+
+
 def _overflows(snapshot: Snapshot) -> Points:
     for listener, count in snapshot.stats.overflows.items():
         yield count, {"edgewatt.listener": listener}
@@ -254,6 +259,7 @@ OBSERVERS: Mapping[str, Callable[[Snapshot], Points]] = {
     "hw.gpu.utilization": _power(_gpu_value(lambda g: g.utilization)),
     "hw.temperature": _power(_temperatures),
     "edgewatt.host.idle_power": _one(lambda s: s.idle_power_w),
+    "edgewatt.host.energy.accounted": _energy_parts,
     "system.cpu.time": _host(_host_cpu_time),
     "system.cpu.utilization": _host(_one(lambda s: s.host.cpu_utilization)),  # type: ignore[union-attr],
     "edgewatt.host.logical_cpus": _host(_one(lambda s: s.host.cpu.logical_cpus)),  # type: ignore[union-attr],

@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from edgewatt.core.power.meter import Counter, Integrator, PowerMeter
-from edgewatt.core.power.source import PowerReading, Rail
+from edgewatt.core.power.meter import PowerMeter
+from edgewatt.core.power.source import PowerReading, PullSource, Rail
+from edgewatt.core.power.trace import Trace
 
 
 def integrate(trace: list[tuple[float, float]], max_gap_s: float = 10.0) -> float:
-    meter = Integrator(max_gap_s)
+    meter = Trace(max_gap_s)
     for t, watts in trace:
         meter.add(t, watts)
     return meter.joules
@@ -29,7 +30,7 @@ def test_stepped_power_within_half_a_percent() -> None:
 
 
 def test_repeated_readings_are_counted_once() -> None:
-    meter = Integrator(10.0)
+    meter = Trace(10.0)
     for t, w in [(0.0, 4.0), (1.0, 4.0), (1.0, 4.0), (1.0, 4.0), (2.0, 4.0)]:
         meter.add(t, w)
     assert meter.joules == 8.0
@@ -42,14 +43,46 @@ def test_a_gap_is_not_bridged() -> None:
 
 
 def test_hardware_counter_restart_keeps_counting() -> None:
-    c = Counter()
-    for raw in (100.0, 101.5, 103.0, 0.5, 2.0):  # the source restarted after 103.0
-        c.add(raw)
+    c = Trace(10.0, counter=True)
+    for i, raw in enumerate((100.0, 101.5, 103.0, 0.5, 2.0)):  # restarted after 103.0
+        c.add(float(i), None, raw)
     assert c.joules == pytest.approx(3.0 + 0.5 + 1.5)
 
 
+def test_energy_at_an_instant_between_readings_is_interpolated() -> None:
+    # 4 W at t=0, 14 W at t=1: the power is taken as linear in between, so the energy
+    # up to t=0.5 is the trapezoid from 4 W to 9 W over 0.5 s.
+    trace = Trace(10.0)
+    trace.add(0.0, 4.0)
+    trace.add(1.0, 14.0)
+    trace.add(2.0, 14.0)
+    assert trace.at(0.5) == pytest.approx((4.0 + 9.0) / 2 * 0.5)
+    assert trace.at(1.0) == pytest.approx(9.0)
+    assert trace.at(1.25) == pytest.approx(9.0 + 14.0 * 0.25)
+    assert trace.at(2.5) == pytest.approx(23.0 + 14.0 * 0.5)  # held past the last reading
+    assert trace.at(-1.0) == 0.0  # before the first reading: nothing yet
+    assert trace.at(30.0) == 23.0  # past the gap limit: nothing invented
+
+
+def test_a_counter_is_linear_between_readings_and_held_after() -> None:
+    trace = Trace(10.0, counter=True)
+    for t, raw in ((0.0, 50.0), (1.0, 60.0), (2.0, 80.0)):
+        trace.add(t, None, raw)
+    assert trace.at(0.5) == pytest.approx(5.0)
+    assert trace.at(1.75) == pytest.approx(25.0)
+    assert trace.at(3.0) == 30.0
+
+
+def test_a_gap_is_not_interpolated_across() -> None:
+    trace = Trace(5.0)
+    for t in (0.0, 1.0, 61.0, 62.0):
+        trace.add(t, 10.0)
+    assert trace.at(30.0) == 10.0
+    assert trace.at(61.5) == pytest.approx(15.0)
+
+
 @dataclass
-class FakeSource:
+class FakeSource(PullSource):
     name: str
     board: bool
     readings: list[PowerReading | Exception | None] = field(default_factory=list)

@@ -67,6 +67,7 @@ EXPECTED_FAMILIES = {
     "hw_gpu_utilization": "gauge",
     "hw_temperature_celsius": "gauge",
     "edgewatt_host_idle_power_watts": "gauge",
+    "edgewatt_host_energy_accounted_joules": "counter",
     "edgewatt_process_gpu_utilization": "gauge",
     "edgewatt_process_gpu_memory_usage_bytes": "gauge",
     "hw_gpu_memory_usage_bytes": "gauge",
@@ -138,6 +139,7 @@ def every_figure(**changes: Any) -> Snapshot:
         processes=(process(1),),
         power=POWER,
         idle_power_w=4.0,
+        energy_parts_j={"attributed": 12.5, "idle": 40.0, "unattributed": 0.75},
         carbon=CARBON,
         stats=SamplerStats(0.01, 0, 0, overflows={"taskstats": 0, "tcp_destroy": 0}),
     )

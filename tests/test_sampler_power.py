@@ -11,13 +11,13 @@ import pytest
 
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
-from edgewatt.core.power.source import Gpu, GpuProcess, PowerReading, Rail
+from edgewatt.core.power.source import Gpu, GpuProcess, PowerReading, PullSource, Rail
 from edgewatt.core.sampler import Sampler
 from tests.conftest import table_with
 
 
 @dataclass
-class ClockedGpu:
+class ClockedGpu(PullSource):
     """A GPU whose energy counter runs at the given power (after ``low_reads`` reads at
     ``low_watts``), its load all on one pid."""
 
@@ -56,8 +56,6 @@ class ClockedGpu:
             total_energy_j=energy,
             gpus=(gpu,),
         )
-
-    def close(self) -> None: ...
 
 
 def test_gpu_user_gets_gpu_energy_memory_and_load(spawn: Any) -> None:

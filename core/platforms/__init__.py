@@ -73,6 +73,9 @@ class Platform(Protocol):
         """A lookup pid -> child pids for one pass; ``fresh()`` says (once, when the
         lookup is first used) whether cached knowledge must be dropped."""
 
+    def holds_gpu(self, pid: int) -> bool:
+        """Whether the process has a GPU device open (docs/attribution.md)."""
+
 
 def choose(environ: Mapping[str, str] = os.environ) -> str:
     """The forced backend if valid, else procfs where /proc shows this process."""

@@ -76,3 +76,6 @@ class LinuxPlatform:
             return table.get(pid, [])
 
         return lookup
+
+    def holds_gpu(self, pid: int) -> bool:
+        return procfs.holds_gpu(pid, self.proc)

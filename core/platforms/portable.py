@@ -223,6 +223,9 @@ class PsutilPlatform:
         # A PsutilTree follows its own descendants (see its docstring).
         return lambda pid: []
 
+    def holds_gpu(self, pid: int) -> bool:
+        return False  # psutil lists regular files only; GPU rails are a Jetson's
+
     def read_host(self) -> tuple[HostCpu, HostMemory, dict[str, InterfaceBytes]]:
         times = psutil.cpu_times()
         modes = {

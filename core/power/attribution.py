@@ -103,8 +103,23 @@ def split(
     return result
 
 
+# The parts every measured joule is accounted as, per pass (conservation):
+# measured = attributed + idle + unattributed.
+ENERGY_PARTS = ("attributed", "idle", "unattributed")
+
+
+def accounted(measured: PassEnergy, idle_w: float, shares: Mapping[str, float]) -> dict[str, float]:
+    """One pass's measured energy as its three parts, which add up to it: idle (at
+    most the measured), attributed (the targets' shares), unattributed (the rest)."""
+    device = max(0.0, measured.device_j)
+    idle = min(device, max(0.0, idle_w) * measured.seconds)
+    attributed = min(device - idle, math.fsum(shares.values()))
+    return {"attributed": attributed, "idle": idle, "unattributed": device - idle - attributed}
+
+
 class Attribution:
-    """Keeps the baselines and each target's energy counter across passes."""
+    """Keeps the baselines, each target's energy counter and the device's energy by
+    part across passes."""
 
     def __init__(self, idle_w: float | None, window_s: float) -> None:
         self.idle_w = idle_w
@@ -113,6 +128,10 @@ class Attribution:
         self._gpu_baselines: dict[str, Baseline] = {}
         self.energy_j: dict[str, float] = {}
         self.power_w: dict[str, float] = {}
+        # Cumulative joules by part: "unattributed" is what was measured above idle and
+        # given to no target (no target's processes ran, or the GPU rail's dynamic
+        # part while no target held the GPU): a user alerts when it grows.
+        self.parts_j: dict[str, float] = dict.fromkeys(ENERGY_PARTS, 0.0)
 
     def update(self, t: float, measured: PassEnergy, usage: Mapping[str, Usage]) -> None:
         if measured.seconds <= 0:
@@ -124,9 +143,12 @@ class Attribution:
             )
             for k, j in measured.gpu_j.items()
         }
-        for target, joules in split(measured, idle, gpu_idle, usage).items():
+        shares = split(measured, idle, gpu_idle, usage)
+        for target, joules in shares.items():
             self.energy_j[target] = self.energy_j.get(target, 0.0) + joules
             self.power_w[target] = joules / measured.seconds
+        for part, joules in accounted(measured, idle, shares).items():
+            self.parts_j[part] += joules
 
     def set_idle(self, idle_w: float | None) -> None:
         """A reload changed the configured idle power (None: estimate it again)."""

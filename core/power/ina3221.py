@@ -14,24 +14,37 @@ Layouts (field notes):
 from __future__ import annotations
 
 import glob
+import math
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgewatt.core.power.source import (
+    BOARD_INPUT_RAILS,
     NoData,
     PowerOptions,
     PowerReading,
+    PullSource,
     Rail,
     board_total,
     rail_type,
 )
 
 
-def _read_int(path: str) -> int:
-    with open(path) as f:
-        return int(f.read().strip())
+class Attribute:
+    """One sysfs value file, held open: a read is one pread at offset 0 (sysfs shows the
+    value anew at each read from the start), no path walk, no open and close. At the
+    reader's rate this is most of what a reading costs (benchmarks/power_reader.py)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def value(self) -> int:
+        return int(os.pread(self._fd, 32, 0))
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 def _read_text(path: str) -> str | None:
@@ -45,7 +58,18 @@ def _read_text(path: str) -> str | None:
 @dataclass(frozen=True)
 class Channel:
     name: str
-    watts: Callable[[], float]
+    files: tuple[Attribute, ...]  # multiplied together, then divided
+    per_watt: int  # units of the product in one watt
+
+    def watts(self) -> float:
+        product = 1
+        for attribute in self.files:
+            product *= attribute.value()
+        return product / self.per_watt
+
+    def close(self) -> None:
+        for attribute in self.files:
+            attribute.close()
 
 
 def iio_channels(sysfs: str) -> list[Channel]:
@@ -57,7 +81,7 @@ def iio_channels(sysfs: str) -> list[Channel]:
             power = f"{device}/in_power{k}_input"
             if not name or name == "NC" or not os.path.exists(power):
                 continue
-            channels.append(Channel(name, lambda p=power: _read_int(p) / 1000.0))
+            channels.append(Channel(name, (Attribute(power),), 1000))  # mW
     return channels
 
 
@@ -71,27 +95,43 @@ def hwmon_channels(sysfs: str) -> list[Channel]:
                 volts, amps = f"{device}/in{n}_input", f"{device}/curr{n}_input"
                 if not label or label == "NC" or not os.path.exists(amps):
                     continue
-                channels.append(
-                    Channel(
-                        label,
-                        lambda v=volts, a=amps: _read_int(v) * _read_int(a) / 1_000_000.0,
-                    )
-                )
+                files = (Attribute(volts), Attribute(amps))
+                channels.append(Channel(label, files, 1_000_000))  # mV x mA
         elif chip == "ina238" and os.path.exists(f"{device}/power1_input"):
             label = _read_text(f"{device}/power1_label") or _read_text(f"{device}/label") or "VIN"
             path = f"{device}/power1_input"
-            channels.append(Channel(label, lambda p=path: _read_int(p) / 1_000_000.0))
+            channels.append(Channel(label, (Attribute(path),), 1_000_000))  # uW
     return channels
 
 
-class Ina3221Source:
+def update_period_s(sysfs: str) -> float | None:
+    """How often the monitors convert anew: the longest hwmon ``update_interval``
+    (ms; the INA3221's conversion time x averaging x channels), where the driver shows it."""
+    periods = []
+    for device in glob.glob(f"{sysfs}/class/hwmon/hwmon*"):
+        if _read_text(f"{device}/name") in ("ina3221", "ina238"):
+            text = _read_text(f"{device}/update_interval")
+            if text is not None and text.isdigit() and int(text) > 0:
+                periods.append(int(text) / 1000)
+    return max(periods) if periods else None
+
+
+class Ina3221Source(PullSource):
     """Rails of every INA3221/INA238 channel; the board total as tegrastats computes it."""
 
     name = "ina3221"
     board = True  # measures the whole board: the host total comes from here
 
-    def __init__(self, channels: list[Channel]) -> None:
+    def __init__(self, channels: list[Channel], period_s: float | None = None) -> None:
         self.channels = channels
+        self.period_s = period_s
+        self._ids = {c.name: f"ina3221:{c.name}" for c in channels}
+        self._types = {c.name: rail_type(c.name) for c in channels}
+        # The channels the board total is made of: its input rail where measured, else
+        # all (AGX Xavier, AGX Orin). The stream reads these alone.
+        names = [c.name for c in channels]
+        board = next((n for n in BOARD_INPUT_RAILS if n in names), None)
+        self._total = [c for c in channels if board is None or c.name == board]
 
     def read(self) -> PowerReading:
         watts = {c.name: c.watts() for c in self.channels}
@@ -99,23 +139,34 @@ class Ina3221Source:
             source=self.name,
             monotonic=time.monotonic(),
             rails=tuple(
-                Rail(id=f"ina3221:{name}", name=name, type=rail_type(name), power_w=w)
+                Rail(id=self._ids[name], name=name, type=self._types[name], power_w=w)
                 for name, w in watts.items()
             ),
             total_w=board_total(watts),
         )
 
+    def read_total(self) -> tuple[float, float]:
+        """(monotonic, W) of the board total alone: the stream's reading, a few preads."""
+        if len(self._total) == 1:
+            return time.monotonic(), self._total[0].watts()
+        return time.monotonic(), round(math.fsum(c.watts() for c in self._total), 6)
+
     def close(self) -> None:
-        pass
+        for channel in self.channels:
+            channel.close()
 
 
 def discover(options: PowerOptions) -> Ina3221Source:
-    channels = iio_channels(options.sysfs_path) + hwmon_channels(options.sysfs_path)
+    try:
+        channels = iio_channels(options.sysfs_path) + hwmon_channels(options.sysfs_path)
+    except OSError as exc:
+        raise NoData(f"INA3221 monitors found but unreadable: {exc}") from exc
     if not channels:
         raise NoData(f"no INA3221/INA238 power monitor under {options.sysfs_path}")
-    source = Ina3221Source(channels)
+    source = Ina3221Source(channels, update_period_s(options.sysfs_path))
     try:
         source.read()
     except (OSError, ValueError) as exc:
+        source.close()
         raise NoData(f"INA3221 monitors found but unreadable: {exc}") from exc
     return source

@@ -1,11 +1,17 @@
-"""Turns the sources' readings into one power snapshot per pass, with energy counters.
+"""The power reader: the sources read at the sensor's rate, apart from the pass, and
+one power snapshot per edge, with energy counters measured up to that edge.
 
-Energy: a hardware counter (RAPL, NVML) is used as is, made monotonic across source
-restarts; otherwise power is integrated over the monotonic clock with the trapezoid
-rule, between readings of distinct timestamps. A gap longer than ``max_gap_s`` (the
-sensor stopped, tegrastats crashed and restarts) is not bridged: nothing is invented
-for a time nothing was measured, and a source silent that long drops out of the
-snapshot until it speaks again.
+Reading: a source that reports power only (INA3221 sysfs) is read by the reader's
+thread ``sample_hz`` times a second; one that prints on its own (tegrastats, run at
+the same rate) hands over every line it printed; one with a hardware energy counter
+(RAPL, NVML) needs no stream and is read at every edge. Each signal's energy is kept
+in a :class:`~edgewatt.core.power.trace.Trace`, so an edge (a pass, a phase edge, a
+``track`` edge: :meth:`PowerMeter.read`) takes the energy up to its own instant,
+interpolated between the two readings around it: a pull source is read at the edge
+itself, and a push source's next line is waited for, within bounds.
+
+A source silent for longer than ``max_gap_s`` drops out of the snapshot until it
+speaks again, and that time is not bridged.
 
 Host totals: when a board source (INA3221, tegrastats) is present, its board input
 is the device's power and nothing else is added (RAPL or NVML, if any, are inside
@@ -16,53 +22,51 @@ packages + dram, or psys; NVML GPUs).
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from edgewatt.core.power.source import Gpu, PowerReading, PowerSource
+from edgewatt.core.power.trace import Trace
 
 log = logging.getLogger(__name__)
 
-
-class Integrator:
-    """Joules from a power trace, by the trapezoid rule on the monotonic clock."""
-
-    def __init__(self, max_gap_s: float) -> None:
-        self.max_gap_s = max_gap_s
-        self.joules = 0.0
-        self._last: tuple[float, float] | None = None
-
-    def add(self, t: float, watts: float) -> float:
-        last = self._last
-        if last is not None and t <= last[0]:
-            return self.joules  # the same reading again
-        if last is not None and t - last[0] <= self.max_gap_s:
-            self.joules += (last[1] + watts) / 2 * (t - last[0])
-        self._last = (t, watts)
-        return self.joules
-
-    def at(self, now: float) -> float:
-        """Joules up to ``now``: the last power held since the last reading (within the
-        gap limit). A pass between two sensor readings, a phase edge, gets the energy
-        up to its own time rather than the last reading's."""
-        last = self._last
-        if last is None or not 0 < now - last[0] <= self.max_gap_s:
-            return self.joules
-        return self.joules + last[1] * (now - last[0])
+# The default rate of the power reader (config ``power_sample_hz``), from
+# benchmarks/power_reader.py and benchmarks/energy_accuracy.py (docs/performance.md):
+# 0.47 % of one core of the 2-core VM the figures come from; windows of 150 ms within
+# 1 % when they hold no step of the power, up to 7.5 % across a 10 W step.
+DEFAULT_SAMPLE_HZ = 50.0
+MAX_SAMPLE_HZ = 1000.0
 
 
-class Counter:
-    """A hardware energy counter made monotonic: a restart of its source adds on."""
+def sample_hz_from_environment() -> float:
+    """In-process sampling's rate: EDGEWATT_POWER_SAMPLE_HZ as the daemon reads it, else
+    the default (a bad value is logged and ignored: monitoring never raises)."""
+    text = os.environ.get("EDGEWATT_POWER_SAMPLE_HZ")
+    if text is None:
+        return DEFAULT_SAMPLE_HZ
+    try:
+        hz = float(text)
+    except ValueError:
+        hz = 0.0
+    if not 1 <= hz <= MAX_SAMPLE_HZ:
+        log.warning(
+            "EDGEWATT_POWER_SAMPLE_HZ=%r is not a rate from 1 to %g Hz: %g Hz used",
+            text[:40],
+            MAX_SAMPLE_HZ,
+            DEFAULT_SAMPLE_HZ,
+        )
+        return DEFAULT_SAMPLE_HZ
+    return hz
 
-    def __init__(self) -> None:
-        self.joules = 0.0
-        self._last: float | None = None
 
-    def add(self, raw_joules: float) -> float:
-        if self._last is not None:
-            self.joules += raw_joules - self._last if raw_joules >= self._last else raw_joules
-        self._last = raw_joules
-        return self.joules
+# An edge waits for a push source's next line at most this many of its periods (and
+# never longer than MAX_EDGE_WAIT_S): a line late beyond that is not waited for, and
+# the edge holds the last power instead.
+EDGE_WAIT_PERIODS = 1.5
+MAX_EDGE_WAIT_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,112 +82,208 @@ class RailState:
 @dataclass(frozen=True, slots=True)
 class PowerSnapshot:
     host_power_w: float | None
-    host_energy_j: float | None  # since the daemon started
+    host_energy_j: float | None  # since the reader started, up to measured_at
     rails: tuple[RailState, ...] = ()
     gpus: tuple[Gpu, ...] = ()
     temperatures_c: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (source, name)
     sources: tuple[str, ...] = ()
-    # Monotonic time host_energy_j is measured to (see Integrator.at): rates over passes
-    # must divide by the span the energy was measured over, not by the pass times.
+    # Monotonic time the energies are measured to: the edge's own instant.
     measured_at: float | None = None
+    # The coarsest period at which the device's energy is resolved (None: unknown): a
+    # window shorter than this is not resolved by the sensor, and says so.
+    period_s: float | None = None
 
 
 class PowerMeter:
-    def __init__(self, sources: Sequence[PowerSource], *, max_gap_s: float) -> None:
+    def __init__(
+        self,
+        sources: Sequence[PowerSource],
+        *,
+        max_gap_s: float,
+        sample_hz: float = DEFAULT_SAMPLE_HZ,
+    ) -> None:
         self.sources = list(sources)
         self.max_gap_s = max_gap_s
+        self.sample_hz = sample_hz
         boards = [s.name for s in self.sources if s.board]
         self._contributing = set(boards[:1] or [s.name for s in self.sources])
-        self._rail_energy: dict[str, Integrator | Counter] = {}
-        self._total_energy: dict[str, Integrator | Counter] = {}
+        self._rails: dict[str, Trace] = {}
+        self._totals: dict[str, Trace] = {}
+        self._latest: dict[str, PowerReading] = {}
+        self._streamed: set[str] = set()  # pull sources without a counter: the thread reads them
         self._failing: set[str] = set()
         self._host_energy = 0.0  # as last reported: never backwards
+        self.readings = 0  # taken by the reader, edges included, since start
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def _read(self, source: PowerSource, now: float) -> PowerReading | None:
+    def start(self) -> PowerMeter:
+        """The reader's thread: the streamed sources at ``sample_hz``."""
+        with self._lock:
+            now = time.monotonic()
+            for source in self.sources:
+                self._take(source, now)
+        if self._streamed and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="edgewatt-power", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        period = 1.0 / self.sample_hz
+        deadline = time.monotonic()
+        streamed = [s for s in self.sources if s.name in self._streamed]
+        # Kept lean: at 100 Hz each reading's few microseconds are the reader's cost
+        # (benchmarks/power_reader.py). time.sleep, not an Event: a wait on a lock
+        # with a timeout costs more per wake; close() waits one period at most.
+        while not self._stop.is_set():
+            for source in streamed:
+                self._stream(source)
+            deadline += period
+            delay = deadline - time.monotonic()
+            if delay < -period:
+                deadline -= delay // period * period  # skip missed readings, never burst
+            elif delay > 0:
+                time.sleep(delay)
+
+    def _stream(self, source: PowerSource) -> None:
+        """One reading of a streamed source's total: its cheap path where it has one."""
+        with self._lock:
+            try:
+                total = source.read_total()
+            except Exception:  # the next edge's whole reading logs it
+                return
+            if total is None:
+                self._take(source, time.monotonic())
+                return
+            self._totals[source.name].add(total[0], total[1])
+            self.readings += 1
+
+    def _take(self, source: PowerSource, now: float, wait_s: float = 0.0) -> None:
+        """Read ``source`` (its lines since the last take, for a push source) into the
+        traces. A failing source is logged once and retried at the next take."""
         try:
-            reading = source.read()
+            if source.pushed:
+                readings = source.arrived(now, wait_s)
+            else:
+                reading = source.read()
+                readings = [reading] if reading is not None else []
         except Exception as exc:  # a sensor failing at runtime must never stop sampling
             if source.name not in self._failing:
                 self._failing.add(source.name)
-                log.warning("power source %s failed, retrying each pass: %s", source.name, exc)
-            return None
-        if reading is None or now - reading.monotonic > self.max_gap_s:
-            return None
-        if source.name in self._failing:
+                log.warning("power source %s failed, retrying: %s", source.name, exc)
+            return
+        if readings and source.name in self._failing:
             self._failing.discard(source.name)
             log.info("power source %s is back", source.name)
-        return reading
+        for reading in readings:
+            self._feed(source, reading)
 
-    def _energy(
-        self,
-        table: dict[str, Integrator | Counter],
-        key: str,
-        t: float,
-        watts: float | None,
-        joules: float | None,
-    ) -> float | None:
-        if joules is not None:
-            meter = table.setdefault(key, Counter())
-            return meter.add(joules) if isinstance(meter, Counter) else None
-        if watts is None:
-            existing = table.get(key)
-            return existing.joules if existing is not None else None
-        meter = table.setdefault(key, Integrator(self.max_gap_s))
-        return meter.add(t, watts) if isinstance(meter, Integrator) else None
+    def _feed(self, source: PowerSource, reading: PowerReading) -> None:
+        t = reading.monotonic
+        for rail in reading.rails:
+            trace = self._rails.get(rail.id)
+            if trace is None:
+                trace = self._rails[rail.id] = Trace(
+                    self.max_gap_s, counter=rail.energy_j is not None
+                )
+            trace.add(t, rail.power_w, rail.energy_j)
+        if source.name in self._contributing:
+            trace = self._totals.get(source.name)
+            if trace is None:
+                counter = reading.total_energy_j is not None
+                trace = self._totals[source.name] = Trace(self.max_gap_s, counter=counter)
+                if not counter and not source.pushed:
+                    self._streamed.add(source.name)
+            trace.add(t, reading.total_w, reading.total_energy_j)
+        self._latest[source.name] = reading
+        self.readings += 1
+
+    def _wait_s(self, source: PowerSource, now: float) -> float:
+        """How long an edge waits for a push source's next line: only while it prints."""
+        latest = self._latest.get(source.name)
+        if not source.pushed or source.period_s is None or latest is None:
+            return 0.0
+        if now - latest.monotonic > EDGE_WAIT_PERIODS * source.period_s + MAX_EDGE_WAIT_S:
+            return 0.0  # silent: it restarts or died, and the log says so
+        return min(EDGE_WAIT_PERIODS * source.period_s, MAX_EDGE_WAIT_S)
 
     def read(self, now: float) -> PowerSnapshot | None:
+        """The snapshot at the edge ``now`` (monotonic): every source read at the edge
+        (a push source's next line waited for), energies interpolated to ``now``."""
         if not self.sources:
             return None
-        readings = [(s, r) for s in self.sources if (r := self._read(s, now)) is not None]
+        for source in self.sources:
+            wait = self._wait_s(source, now)
+            if wait > 0:
+                source.arrived(now, wait)  # outside the lock: the reader goes on meanwhile
+        with self._lock:
+            for source in self.sources:
+                self._take(source, now)
+            return self._snapshot(now)
+
+    def _snapshot(self, now: float) -> PowerSnapshot:
+        # A source whose last read failed, or silent beyond the gap, is left out.
+        fresh = [
+            (s, r)
+            for s in self.sources
+            if (r := self._latest.get(s.name)) is not None
+            and s.name not in self._failing
+            and now - r.monotonic <= self.max_gap_s
+        ]
         rails: list[RailState] = []
         gpus: list[Gpu] = []
         temperatures: dict[tuple[str, str], float] = {}
-        for _, r in readings:
+        for _, r in fresh:
             for rail in r.rails:
-                energy = self._energy(
-                    self._rail_energy, rail.id, r.monotonic, rail.power_w, rail.energy_j
-                )
+                trace = self._rails.get(rail.id)
+                energy = trace.at(now) if trace is not None else None
                 rails.append(
                     RailState(rail.id, rail.name, rail.type, r.source, rail.power_w, energy)
                 )
             gpus.extend(r.gpus)
             temperatures.update({(r.source, name): c for name, c in r.temperatures_c.items()})
-        powers = []
-        measured_at = None
-        for s, r in readings:
-            if s.name in self._contributing:
-                self._energy(self._total_energy, s.name, r.monotonic, r.total_w, r.total_energy_j)
-                powers.append(r.total_w)
-                measured_at = max(measured_at or r.monotonic, r.monotonic)
+        powers = [r.total_w for s, r in fresh if s.name in self._contributing]
         # A partial sum would understate the device: no figure rather than a wrong one.
         complete = len(powers) == len(self._contributing) and None not in powers
         host_power = sum(p for p in powers if p is not None) if complete else None
-        # Summed over every contributing counter, read this pass or not: a source
-        # missing one pass must not make the host's energy go backwards. Integrated
-        # ones count up to now (see Integrator.at), so the energy is measured to the
-        # pass's own time; a later reading's trapezoid may come in lower than that
-        # estimate, so the total is held where it was until it catches up.
-        counters = [
-            c.at(now) if isinstance(c, Integrator) else c.joules
-            for n, c in self._total_energy.items()
-            if n in self._contributing
-        ]
+        # Summed over every contributing trace, read this edge or not: a source missing
+        # one edge must not make the host's energy go backwards. A power held past the
+        # last reading (a push source's line not yet come) may come in lower once the
+        # line comes, so the total is held where it was until it catches up.
         host_energy = None
-        if counters:
-            host_energy = self._host_energy = max(self._host_energy, sum(counters))
-            if any(isinstance(c, Integrator) for c in self._total_energy.values()):
-                measured_at = now
+        if self._totals:
+            counted = sum(t.at(now) for t in self._totals.values())
+            host_energy = self._host_energy = max(self._host_energy, counted)
         return PowerSnapshot(
             host_power_w=host_power,
             host_energy_j=host_energy,
             rails=tuple(rails),
             gpus=tuple(gpus),
             temperatures_c=temperatures,
-            sources=tuple(s.name for s, _ in readings),
-            measured_at=measured_at,
+            sources=tuple(s.name for s, _ in fresh),
+            measured_at=now if host_energy is not None else None,
+            period_s=self.period_s,
         )
 
+    @property
+    def period_s(self) -> float | None:
+        """The coarsest period of the sources the device's energy comes from."""
+        periods = []
+        for source in self.sources:
+            if source.name not in self._contributing:
+                continue
+            period = source.period_s
+            if source.name in self._streamed:
+                period = max(period or 0.0, 1.0 / self.sample_hz)
+            if period is not None:
+                periods.append(period)
+        return max(periods) if periods else None
+
     def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
         for source in self.sources:
             try:
                 source.close()

@@ -14,12 +14,20 @@ import time
 from types import ModuleType
 from typing import Any
 
-from edgewatt.core.power.source import Gpu, GpuProcess, NoData, PowerOptions, PowerReading, Rail
+from edgewatt.core.power.source import (
+    Gpu,
+    GpuProcess,
+    NoData,
+    PowerOptions,
+    PowerReading,
+    PullSource,
+    Rail,
+)
 
 log = logging.getLogger(__name__)
 
 
-class NvmlSource:
+class NvmlSource(PullSource):
     name = "nvml"
     board = False
 

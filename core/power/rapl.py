@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from edgewatt.core.power.source import NoData, PowerOptions, PowerReading, Rail
+from edgewatt.core.power.source import NoData, PowerOptions, PowerReading, PullSource, Rail
 
 
 @dataclass
@@ -56,9 +56,10 @@ def _zone_type(name: str) -> str:
     return "cpu"
 
 
-class RaplSource:
+class RaplSource(PullSource):
     name = "rapl"
     board = False
+    period_s = 0.001  # the counters update about every millisecond (Intel SDM)
 
     def __init__(self, zones: list[Zone]) -> None:
         self.zones = zones
@@ -88,9 +89,6 @@ class RaplSource:
             total_w=None if None in powers else sum(p for p in powers if p is not None),
             total_energy_j=sum(z.energy_j for z in counted),
         )
-
-    def close(self) -> None:
-        pass
 
 
 def discover(options: PowerOptions) -> RaplSource:

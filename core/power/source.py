@@ -1,8 +1,10 @@
 """The one small interface every power source implements, and what it reports.
 
 A source is discovered once (its ``discover`` raises :class:`NoData` where the
-hardware is absent: normal, not an error) and then read once per sampling pass.
-Readings carry watts and joules; milliwatts and microjoules stay inside each source.
+hardware is absent: normal, not an error) and then read by the power reader
+(meter.py): a pull source measures when it is read, a push source (tegrastats) prints
+on its own and hands over what it printed. Readings carry watts and joules;
+milliwatts and microjoules stay inside each source.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Protocol
 class PowerOptions:
     """What discovery needs from the daemon's config."""
 
-    interval_s: float = 1.0
+    sample_hz: float = 50.0  # the power reader's rate: a push source prints at it
     sysfs_path: str = "/sys"
     tegrastats_path: str = "/usr/bin/tegrastats"
     sources: tuple[str, ...] | None = None  # None: discover automatically
@@ -70,9 +72,26 @@ class PowerReading:
 class PowerSource(Protocol):
     name: str
     board: bool  # True: its total is the whole device's (a Jetson board input)
+    pushed: bool  # True: it prints readings on its own; False: read() measures now
+    # How often the hardware's values change, where known (None: unknown): a window
+    # shorter than this is not resolved by the sensor.
+    period_s: float | None
 
     def read(self) -> PowerReading | None:
-        """The latest values; None when the source has produced none yet."""
+        """The values now (a pull source), or the latest (a push source); None when
+        the source has produced none yet."""
+        ...
+
+    def read_total(self) -> tuple[float, float] | None:
+        """(monotonic, W) of the source's total alone, measured now: what the power
+        reader's stream reads at its rate, cheaper than a whole reading (None: the
+        source has no cheaper way, read() is used)."""
+        ...
+
+    def arrived(self, after: float, wait_s: float) -> list[PowerReading]:
+        """A push source's readings not handed over yet, oldest first, after waiting
+        up to ``wait_s`` for one measured later than ``after`` (monotonic). Pull
+        sources return []."""
         ...
 
     def close(self) -> None: ...
@@ -92,6 +111,17 @@ def board_total(rails_w: Mapping[str, float]) -> float | None:
     return round(math.fsum(rails_w.values()), 6) if rails_w else None
 
 
+# Sources whose rails are a board's power monitors (their GPU rail is the GPU's own).
+BOARD_SOURCES = ("ina3221", "tegrastats")
+
+
+def gpu_only(rail: str) -> bool:
+    """A rail that feeds the GPU alone (VDD_GPU, GPU, POM_5V_GPU, VDD_GPU_SOC), not one
+    shared with the CPU (Orin Nano's VDD_CPU_GPU_CV)."""
+    upper = rail.upper()
+    return "GPU" in upper and "CPU" not in upper
+
+
 def rail_type(name: str) -> str:
     """OTel hw.type of a power rail, from the words in its name."""
     upper = name.upper()
@@ -102,3 +132,19 @@ def rail_type(name: str) -> str:
     if "DDR" in upper or "DRAM" in upper or "VDDQ" in upper or "VDDRQ" in upper:
         return "memory"
     return "power_supply"
+
+
+class PullSource:
+    """What every source measured when it is read has in common."""
+
+    pushed = False
+    period_s: float | None = None
+
+    def read_total(self) -> tuple[float, float] | None:
+        return None
+
+    def arrived(self, after: float, wait_s: float) -> list[PowerReading]:
+        return []  # nothing arrives on its own: read() measures
+
+    def close(self) -> None:
+        pass

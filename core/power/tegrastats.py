@@ -15,6 +15,7 @@ import re
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -165,6 +166,11 @@ class TimedSample:
     sample: TegrastatsSample
 
 
+# Lines kept for the power reader between two of its takes (every pass takes them):
+# a minute at 100 Hz; older ones are dropped, and their time integrated as a line.
+MAX_PENDING_LINES = 6000
+
+
 class TegrastatsReader:
     """One long-running ``tegrastats --interval MS`` child, its lines read as they come.
 
@@ -181,6 +187,8 @@ class TegrastatsReader:
         self.interval_ms = max(1, round(interval_s * 1000))
         self.max_backoff_s = max_backoff_s
         self.latest: TimedSample | None = None
+        self._pending: deque[TimedSample] = deque(maxlen=MAX_PENDING_LINES)
+        self._arrived = threading.Condition()
         self.restarts = 0
         self.bad_lines = 0
         self._stop = threading.Event()
@@ -232,7 +240,23 @@ class TegrastatsReader:
                 if self.bad_lines == 1:
                     log.warning("ignoring output that is not tegrastats: %s", exc)
                 continue
-            self.latest = TimedSample(time.monotonic(), sample)
+            timed = TimedSample(time.monotonic(), sample)
+            with self._arrived:
+                self.latest = timed
+                self._pending.append(timed)
+                self._arrived.notify_all()
+
+    def take(self, after: float, wait_s: float) -> list[TimedSample]:
+        """The lines not taken yet, oldest first, after waiting up to ``wait_s`` for one
+        that arrived later than ``after``."""
+        with self._arrived:
+            if wait_s > 0:
+                self._arrived.wait_for(
+                    lambda: self.latest is not None and self.latest.monotonic > after, wait_s
+                )
+            taken = list(self._pending)
+            self._pending.clear()
+        return taken
 
     def close(self) -> None:
         self._stop.set()
@@ -251,39 +275,50 @@ class TegrastatsSource:
 
     name = "tegrastats"
     board = True  # measures the whole board: the host total comes from here
+    pushed = True  # it prints at its --interval: every line is integrated
 
     def __init__(self, reader: TegrastatsReader) -> None:
         self._reader = reader
+        self.period_s = reader.interval_ms / 1000
 
     def read(self) -> PowerReading | None:
         latest = self._reader.latest
-        if latest is None:
-            return None
-        s = latest.sample
-        rails = tuple(
-            Rail(id=f"tegrastats:{name}", name=name, type=rail_type(name), power_w=watts)
-            for name, watts in s.rails_w.items()
-        )
-        gpus: tuple[Gpu, ...] = ()
-        if s.gpu_percent is not None:
-            gpus = (Gpu(id="tegrastats:GR3D", name="GR3D", utilization=s.gpu_percent / 100),)
-        return PowerReading(
-            source=self.name,
-            monotonic=latest.monotonic,
-            rails=rails,
-            total_w=s.total_w,
-            gpus=gpus,
-            temperatures_c=s.temperatures_c,
-        )
+        return None if latest is None else _reading(latest)
+
+    def read_total(self) -> tuple[float, float] | None:
+        return None  # it prints on its own
+
+    def arrived(self, after: float, wait_s: float) -> list[PowerReading]:
+        return [_reading(line) for line in self._reader.take(after, wait_s)]
 
     def close(self) -> None:
         self._reader.close()
+
+
+def _reading(latest: TimedSample) -> PowerReading:
+    s = latest.sample
+    rails = tuple(
+        Rail(id=f"tegrastats:{name}", name=name, type=rail_type(name), power_w=watts)
+        for name, watts in s.rails_w.items()
+    )
+    gpus: tuple[Gpu, ...] = ()
+    if s.gpu_percent is not None:
+        gpus = (Gpu(id="tegrastats:GR3D", name="GR3D", utilization=s.gpu_percent / 100),)
+    return PowerReading(
+        source=TegrastatsSource.name,
+        monotonic=latest.monotonic,
+        rails=rails,
+        total_w=s.total_w,
+        gpus=gpus,
+        temperatures_c=s.temperatures_c,
+    )
 
 
 def discover(options: PowerOptions) -> TegrastatsSource:
     path = options.tegrastats_path
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise NoData(f"no tegrastats executable at {path}")
-    reader = TegrastatsReader(path, options.interval_s)
+    # It prints at the power reader's rate: its lines are the power stream.
+    reader = TegrastatsReader(path, 1.0 / options.sample_hz)
     reader.start()
     return TegrastatsSource(reader)

@@ -239,6 +239,28 @@ def fd_count(pid: int, proc: str = "/proc") -> int | None:
         return None
 
 
+# Device files a process holds while it uses a GPU: Jetson's host1x channels and
+# nvgpu nodes, its nvmap allocator, NVIDIA's dGPU nodes.
+GPU_DEVICES = (b"/dev/nvhost-", b"/dev/nvgpu/", b"/dev/nvmap", b"/dev/nvidia")
+
+
+def holds_gpu(pid: int, proc: str = "/proc") -> bool:
+    """Whether any of the process's open files is a GPU device (False where the kernel
+    does not show them, or the process is gone)."""
+    directory = f"{proc}/{pid}/fd".encode()
+    try:
+        fds = os.listdir(directory)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(directory + b"/" + fd).startswith(GPU_DEVICES):
+                return True
+        except OSError:
+            continue  # closed meanwhile
+    return False
+
+
 def has_children_files(proc: str = "/proc") -> bool:
     """Whether the kernel lists children in /proc/PID/task/TID/children
     (CONFIG_PROC_CHILDREN, missing on some kernels)."""

@@ -1,0 +1,83 @@
+"""Energy of one power signal, answerable at any instant of its recent past.
+
+The power reader feeds readings at the sensor's rate; a pass, a phase edge or a
+``track`` edge then asks for the energy up to its own instant, interpolated between
+the two readings around it (docs/attribution.md): a window is as fine as the sensor,
+not as the pass.
+
+Two kinds of signal:
+- power in W (INA3221, tegrastats): integrated by the trapezoid rule; inside an
+  interval the power is taken as linear between its two readings. A gap longer than
+  ``max_gap_s`` (the sensor stopped, tegrastats restarts) is not bridged: nothing is
+  invented for a time nothing was measured.
+- a hardware energy counter in J (RAPL, NVML): made monotonic across source
+  restarts (a counter that goes back restarted from zero), linear in between.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+# Readings kept for interpolation: edges ask about the last moments only (a pass
+# takes a reading at its own edge), so a few seconds at the highest rate is plenty.
+KEEP_POINTS = 4096
+
+
+class Trace:
+    def __init__(self, max_gap_s: float, *, counter: bool = False) -> None:
+        self.max_gap_s = max_gap_s
+        self.counter = counter
+        self.joules = 0.0  # up to the last reading
+        self._raw: float | None = None  # a counter's last raw value
+        self._points: deque[tuple[float, float, float]] = deque(maxlen=KEEP_POINTS)
+
+    @property
+    def last_time(self) -> float | None:
+        return self._points[-1][0] if self._points else None
+
+    def add(self, t: float, watts: float | None, raw_joules: float | None = None) -> bool:
+        """One reading (power, or the counter's raw joules); False when it is not newer
+        than the last one (the same reading again) and was not taken."""
+        points = self._points
+        if points and t <= points[-1][0]:
+            return False
+        if self.counter:
+            if raw_joules is None:
+                return False
+            if self._raw is not None:
+                self.joules += raw_joules - self._raw if raw_joules >= self._raw else raw_joules
+            self._raw = raw_joules
+        elif watts is None:
+            return False
+        elif points and t - points[-1][0] <= self.max_gap_s:
+            self.joules += (points[-1][1] + watts) / 2 * (t - points[-1][0])
+        points.append((t, watts if watts is not None else 0.0, self.joules))
+        return True
+
+    def at(self, t: float) -> float:
+        """Joules up to instant ``t``. After the last reading, a power signal holds its
+        last power (within the gap limit) and a counter stays where it was; before
+        the oldest reading kept, the oldest count."""
+        points = self._points
+        if not points:
+            return self.joules
+        t_last, w_last, j_last = points[-1]
+        if t >= t_last:
+            if self.counter or t - t_last > self.max_gap_s:
+                return j_last
+            return j_last + w_last * (t - t_last)
+        # Edges ask about the newest readings: search from the right.
+        i = len(points) - 1
+        while i > 0 and points[i - 1][0] > t:
+            i -= 1
+        if i == 0:
+            return points[0][2]
+        t0, w0, j0 = points[i - 1]
+        t1, w1, j1 = points[i]
+        share = (t - t0) / (t1 - t0)
+        if self.counter:
+            return j0 + (j1 - j0) * share
+        if t1 - t0 > self.max_gap_s:
+            return j0
+        w_t = w0 + (w1 - w0) * share
+        return j0 + (w0 + w_t) / 2 * (t - t0)
