@@ -11,11 +11,12 @@ CodeCarbon's ``track_emissions`` and Zeus's measurement windows are used:
     print(t.last)  # Measurement(name='evaluate', duration_s=..., energy_j=..., carbon_g=...)
 
 The energy is what the daemon attributes to this process during the call (J above
-the device's idle power, docs/attribution.md); carbon is present only when a grid
-intensity is configured. Entering and leaving a call each take one sample (a pass
-the daemon runs at once, a few ms), so a call shorter than the sampling interval
-still gets its CPU time exactly and its share of the device energy measured up to
-each edge; nothing waits for the next regular pass.
+the device's idle power, docs/attribution.md), and ``device_energy_j`` what the
+device's sensors measured over it, read at the sensor's rate and interpolated to each
+edge; carbon is present only when a grid intensity is configured. Entering and
+leaving a call each take one sample (a pass the daemon runs at once, a few ms), so a
+call shorter than the sampling interval still gets its CPU time exactly and its share
+of the device energy measured up to each edge; nothing waits for the next regular pass.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class Measurement(NamedTuple):  # a NamedTuple: dataclasses would cost the impor
     energy_j: float | None  # energy attributed to the process during the call
     carbon_g: float | None  # gCO2e of that energy; None without a configured intensity
     cpu_s: float | None = None  # CPU seconds (user + system) of the process in the call
+    # What the device's sensors measured over the call (the whole device, J), and
+    # whether the call was shorter than their period (then it is interpolated).
+    device_energy_j: float | None = None
+    shorter_than_sensor_period: bool | None = None
 
 
 class track:  # lower case: it reads as a decorator, like functools.wraps
@@ -87,6 +92,8 @@ class track:  # lower case: it reads as a decorator, like functools.wraps
             energy_j=phase.get("energy_j"),
             carbon_g=phase.get("carbon_g"),
             cpu_s=None if user is None or system is None else round(user + system, 6),
+            device_energy_j=phase.get("device_energy_j"),
+            shorter_than_sensor_period=phase.get("shorter_than_sensor_period"),
         )
         self.measurements.append(measurement)
         log.info(

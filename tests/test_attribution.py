@@ -91,3 +91,37 @@ def test_attributed_power_never_exceeds_device_power(trace, idle_w) -> None:
         for k in targets:
             assert model.energy_j[k] >= energy_before.get(k, 0.0)
         energy_before = dict(model.energy_j)
+
+
+@settings(max_examples=300, deadline=None)
+@given(passes, st.one_of(st.none(), st.floats(0.0, 30.0)), st.booleans())
+def test_every_measured_joule_is_attributed_idle_or_unattributed(trace, idle_w, holders) -> None:
+    # Conservation, per pass and in total: measured = attributed + idle + unattributed,
+    # each part >= 0; attributed is exactly what the targets were given. Targets come
+    # and go (a different count each pass), the GPU used or not.
+    model = Attribution(idle_w, window_s=600.0)
+    t, measured_total = 0.0, 0.0
+    for seconds, watts, busy, cpus, gpu_w, loads in trace:
+        t += seconds
+        targets = {
+            f"t{i}": Usage(c * seconds, {"g": loads[i]} if holders else {})
+            for i, c in enumerate(cpus)
+        }
+        before = dict(model.parts_j)
+        given_before = math.fsum(model.energy_j.values())
+        measured = PassEnergy(
+            seconds=seconds,
+            device_j=watts * seconds,
+            host_busy_cpu_s=busy * seconds,
+            gpu_j={"g": gpu_w * seconds},
+            gpu_load={"g": min(1.0, sum(loads[: len(cpus)]))},
+        )
+        model.update(t, measured, targets)
+        measured_total += watts * seconds
+        step = {k: model.parts_j[k] - before[k] for k in before}
+        assert all(v >= -1e-9 for v in step.values()), step
+        assert math.fsum(step.values()) == pytest.approx(watts * seconds, rel=1e-9, abs=1e-9)
+        handed_out = math.fsum(model.energy_j.values()) - given_before
+        assert step["attributed"] == pytest.approx(handed_out, rel=1e-9, abs=1e-9)
+    assert set(model.parts_j) == {"attributed", "idle", "unattributed"}
+    assert math.fsum(model.parts_j.values()) == pytest.approx(measured_total, rel=1e-9, abs=1e-9)

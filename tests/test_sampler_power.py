@@ -3,8 +3,11 @@ pid of a child: the figures reach the target's sample."""
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +16,8 @@ from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.power.source import Gpu, GpuProcess, PowerReading, PullSource, Rail
 from edgewatt.core.sampler import Sampler
-from tests.conftest import table_with
+from edgewatt.core.sampling import procfs
+from tests.conftest import table_with, wait_for
 
 
 @dataclass
@@ -103,3 +107,89 @@ def test_configured_idle_below_the_gpu_draw_goes_to_the_gpu_user(spawn: Any) -> 
     # 0.9 of a GPU whose load is 0.9: all of it.
     assert sample.power_w == pytest.approx(150.0, rel=0.05)
     sampler.close()
+
+
+@dataclass
+class JetsonBoard(PullSource):
+    """A Jetson's INA3221: board input VDD_IN = 5 W + its GPU rail, the GPU rail idle
+    (0 W) for the first ``idle_reads`` reads, then ``gpu_w``."""
+
+    gpu_w: float
+    idle_reads: int = 3
+    name: str = "ina3221"
+    board: bool = True
+    reads: int = 0
+
+    def read(self) -> PowerReading:
+        gpu = 0.0 if self.reads < self.idle_reads else self.gpu_w
+        self.reads += 1
+        rails = (
+            Rail(id="ina3221:VDD_IN", name="VDD_IN", type="power_supply", power_w=5.0 + gpu),
+            Rail(id="ina3221:VDD_GPU", name="VDD_GPU", type="gpu", power_w=gpu),
+        )
+        return PowerReading(
+            source=self.name, monotonic=time.monotonic(), rails=rails, total_w=5.0 + gpu
+        )
+
+
+BURN = "import time\nwhile True: time.sleep(0.0005); sum(range(2000))\n"
+
+
+def test_the_gpu_rail_goes_to_the_target_holding_the_gpu(
+    spawn: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two CPU-busy targets; one holds a (stand-in) GPU device open. The GPU rail's
+    # 10 W above its idle goes to that one alone, whatever their CPU shares; the
+    # device's 5 W are its configured idle, so nothing is left for CPU time.
+    device = tmp_path / "nvhost-gpu"
+    device.write_text("")
+    monkeypatch.setattr(procfs, "GPU_DEVICES", (*procfs.GPU_DEVICES, str(device).encode()))
+    holder = spawn(f"f = open({str(device)!r})\n" + BURN)
+    other = spawn(BURN)
+    table = table_with(holder.pid)
+    other_id = table.register(other.pid, {}, True, os.getuid())[0].id
+    holder_id = next(t.id for t in table.running() if t.pid == holder.pid)
+    sampler = Sampler(
+        table,
+        interval=0.2,
+        host_name="h",
+        power=PowerMeter([JetsonBoard(gpu_w=10.0)], max_gap_s=5.0),
+        attribution=Attribution(idle_w=5.0, window_s=600.0),
+    )
+    wait_for(lambda: procfs.holds_gpu(holder.pid))
+    energies: dict[str, float] = {}
+    for _ in range(10):
+        snapshot = sampler.sample_once()
+        energies = {p.target_id: p.energy_j or 0.0 for p in snapshot.processes}
+        time.sleep(0.2)
+    device_j = snapshot.power.host_energy_j  # type: ignore[union-attr]
+    parts = snapshot.energy_parts_j
+    sampler.close()
+    assert energies[other_id] == pytest.approx(0.0, abs=1e-9)
+    # From the first pass at 10 W on: about 1.4 s of 10 W, all to the holder.
+    assert energies[holder_id] > 10.0
+    assert energies[holder_id] == pytest.approx(parts["attributed"], rel=1e-9)
+    assert parts["unattributed"] == pytest.approx(0.0, abs=1e-6)
+    # Every joule measured since the first pass is idle or attributed.
+    first_pass_j = 5.0 * 0.2  # the energy before the first pass with a reading before it
+    assert math.fsum(parts.values()) == pytest.approx(device_j - first_pass_j, rel=0.1)
+
+
+def test_with_no_gpu_holder_the_gpu_rail_is_unattributed(spawn: Any) -> None:
+    busy = spawn(BURN)
+    table = table_with(busy.pid)
+    sampler = Sampler(
+        table,
+        interval=0.2,
+        host_name="h",
+        power=PowerMeter([JetsonBoard(gpu_w=10.0)], max_gap_s=5.0),
+        attribution=Attribution(idle_w=5.0, window_s=600.0),
+    )
+    for _ in range(8):
+        snapshot = sampler.sample_once()
+        time.sleep(0.2)
+    sampler.close()
+    parts = snapshot.energy_parts_j
+    assert snapshot.processes[0].energy_j == pytest.approx(0.0, abs=1e-9)
+    assert parts["attributed"] == pytest.approx(0.0, abs=1e-9)
+    assert parts["unattributed"] > 8.0  # about 1 s of the GPU's 10 W, given to nobody

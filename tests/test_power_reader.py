@@ -1,0 +1,163 @@
+"""Energy at the sensor's rate: a stand-in INA3221 (and a stand-in tegrastats printing
+it at its --interval) whose power follows a known waveform, read by the real power
+reader and by the real daemon; the figures against the exact integral of what the
+stand-in's file held (tests/power_standin.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgewatt.core.power import ina3221
+from edgewatt.core.power.meter import DEFAULT_SAMPLE_HZ, PowerMeter
+from edgewatt.core.power.source import PowerOptions
+from tests.conftest import ROOT, DaemonProcess
+from tests.power_standin import Waveform, build_tree, start_writer
+
+STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
+
+
+@pytest.fixture
+def board(tmp_path: Path) -> Any:
+    """(sysfs root, current file, start a writer)."""
+    root = tmp_path / "sys"
+    current = build_tree(root)
+    writers: list[Waveform] = []
+
+    def writer(**kw: Any) -> Waveform:
+        wave = start_writer(current, tmp_path / f"writer{len(writers)}.log", **kw)
+        writers.append(wave)
+        return wave
+
+    yield root, current, writer
+    for wave in writers:
+        wave.stop()
+
+
+def test_ten_seconds_of_a_square_wave_within_one_percent(board: Any) -> None:
+    # 4 W / 14 W at 3 Hz plus a 150 ms burst at 24 W, read at the default rate, with a
+    # pass each second as the daemon runs them.
+    root, _, writer = board
+    wave = writer(square_hz=3.0, bursts=[(4.2, 0.15)])
+    meter = PowerMeter([ina3221.discover(PowerOptions(sysfs_path=str(root)))], max_gap_s=5.0)
+    meter.start()
+    try:
+        t0 = time.monotonic()
+        e0 = meter.read(t0).host_energy_j  # type: ignore[union-attr]
+        readings0 = meter.readings
+        for second in range(1, 11):
+            time.sleep(max(0.0, t0 + second - time.monotonic()))
+            snapshot = meter.read(time.monotonic())
+        assert snapshot is not None and snapshot.measured_at is not None
+        t1, e1 = snapshot.measured_at, snapshot.host_energy_j
+        readings = meter.readings - readings0
+    finally:
+        meter.close()
+    exact = wave.energy(t0, t1)
+    assert e1 is not None and e0 is not None
+    assert e1 - e0 == pytest.approx(exact, rel=0.01), (e1 - e0, exact)
+    # At the sensor's rate, not the pass's: most of 10 s x 50 Hz came (a busy machine
+    # may delay some), plus one per pass.
+    assert readings >= 0.6 * DEFAULT_SAMPLE_HZ * 10
+    assert snapshot.period_s == pytest.approx(1 / DEFAULT_SAMPLE_HZ)
+
+
+def test_between_passes_a_burst_is_seen(board: Any) -> None:
+    # Passes 1 s apart; a 150 ms burst at 24 W between them. One reading per pass
+    # would integrate 4 W across it; the stream holds it.
+    root, _, writer = board
+    wave = writer(square_hz=0.0, bursts=[(0.4, 0.15)])
+    meter = PowerMeter([ina3221.discover(PowerOptions(sysfs_path=str(root)))], max_gap_s=5.0)
+    start = wave.changes()[0][0]
+    meter.start()
+    try:
+        e0 = meter.read(t0 := start + 0.1).host_energy_j  # type: ignore[union-attr]
+        time.sleep(max(0.0, start + 1.1 - time.monotonic()))
+        e1 = meter.read(t1 := time.monotonic()).host_energy_j  # type: ignore[union-attr]
+    finally:
+        meter.close()
+    exact = wave.energy(t0, t1)
+    assert exact == pytest.approx(4.0 * (t1 - t0) + 20.0 * 0.15, rel=0.02)
+    assert e1 - e0 == pytest.approx(exact, rel=0.03)  # type: ignore[operator]
+
+
+TRACKED = """
+import json, sys, time
+from edgewatt import client
+start, lead = float(sys.argv[1]), float(sys.argv[2])
+time.sleep(max(0.0, start - lead - time.monotonic()))
+before = time.monotonic()
+with client.track("burst") as t:
+    inside_from = time.monotonic()
+    time.sleep(0.3)
+    inside_to = time.monotonic()
+after = time.monotonic()
+times = {"before": before, "after": after, "inside_from": inside_from, "inside_to": inside_to}
+print(json.dumps({**times, **t.last._asdict()}))
+"""
+
+
+def tracked_call(daemon: DaemonProcess, burst_at: float) -> dict[str, Any]:
+    """A client process's 300 ms ``track`` call holding the burst 75 ms after its start."""
+    out = subprocess.run(
+        [sys.executable, "-c", TRACKED, str(burst_at), "0.075"],
+        env={**os.environ, "EDGEWATT_SOCKET": daemon.socket},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def assert_window(measured: dict[str, Any], wave: Waveform) -> None:
+    # The call's edges are passes the daemon runs during the API calls of entering
+    # and leaving: after `before` and before the block runs, after the block and
+    # before `after`. The exact energy of the window lies between the two integrals
+    # (a few ms at 4 W apart, more on a busy machine), the burst inside both.
+    inner = wave.energy(measured["inside_from"], measured["inside_to"])
+    outer = wave.energy(measured["before"], measured["after"])
+    assert inner > 0.15 * 20.0  # the burst is inside
+    assert 0.95 * inner <= measured["device_energy_j"] <= 1.05 * outer, (measured, inner, outer)
+    assert measured["shorter_than_sensor_period"] is False
+
+
+def test_a_tracked_call_over_a_burst_from_sysfs(board: Any, daemon_factory: Any) -> None:
+    root, _, writer = board
+    daemon = daemon_factory(
+        interval=1.0,
+        env={
+            "EDGEWATT_SYSFS_PATH": str(root),
+            "EDGEWATT_POWER_SOURCES": "ina3221",
+            "EDGEWATT_POWER_SAMPLE_HZ": "200",
+        },
+    )
+    wave = writer(square_hz=0.0, bursts=[(3.0, 0.15)])
+    assert_window(tracked_call(daemon, wave.changes()[0][0] + 3.0), wave)
+
+
+def test_a_tracked_call_over_a_burst_from_tegrastats(board: Any, daemon_factory: Any) -> None:
+    # The stand-in prints what the file holds at each line, at the --interval the
+    # daemon runs it with (1 / power_sample_hz).
+    _, current, writer = board
+    log = current.parent / "tegrastats-args"
+    daemon = daemon_factory(
+        interval=1.0,
+        extra_args=["--tegrastats", STAND_IN],
+        env={
+            "EDGEWATT_POWER_SOURCES": "tegrastats",
+            "EDGEWATT_POWER_SAMPLE_HZ": "200",
+            "FAKE_TEGRASTATS_POWER_FILE": str(current),
+            "FAKE_TEGRASTATS_LOG": str(log),
+        },
+    )
+    wave = writer(square_hz=0.0, bursts=[(3.0, 0.15)])
+    assert_window(tracked_call(daemon, wave.changes()[0][0] + 3.0), wave)
+    assert log.read_text().split() == ["--interval", "5"]
