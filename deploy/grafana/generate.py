@@ -226,6 +226,17 @@ def device() -> dict[str, Any]:
         ),
         lay.panel(
             "timeseries",
+            "Power accounted: to targets, idle, to nobody",
+            "watt",
+            [
+                target(
+                    f"rate(edgewatt_host_energy_accounted_joules_total{{{d}}}[$__rate_interval])",
+                    "{{edgewatt_energy_part}}",
+                )
+            ],
+        ),
+        lay.panel(
+            "timeseries",
             "Temperatures",
             "celsius",
             [target(f"hw_temperature_celsius{{{d}}}", "{{hw_name}}")],
