@@ -8,6 +8,7 @@ stays standard-library only and cheap.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -58,7 +59,9 @@ class LocalSampler:
         meter = None
         if power:
             hz = sample_hz_from_environment()
-            found = power_sources.discover(PowerOptions(sample_hz=hz))
+            # The daemon's variable: a host's sysfs mounted elsewhere (a container).
+            sysfs = os.environ.get("EDGEWATT_SYSFS_PATH") or "/sys"
+            found = power_sources.discover(PowerOptions(sample_hz=hz, sysfs_path=sysfs))
             if found:
                 gap = max(5 * interval, 5.0)
                 meter = PowerMeter(found, max_gap_s=gap, sample_hz=hz).start()

@@ -131,6 +131,10 @@ class _Window:
             figures["cpu_s"] = user + system
         if phase.get("energy_j") is not None:
             figures["energy_j"] = phase["energy_j"]
+        if phase.get("device_energy_j") is not None:  # the whole device, at the sensor's rate
+            figures["device_energy_j"] = phase["device_energy_j"]
+        if phase.get("shorter_than_sensor_period") is not None:  # None: period unknown
+            figures["shorter_than_sensor_period"] = phase["shorter_than_sensor_period"]
         if phase.get("memory_rss_peak_bytes") is not None:
             figures["rss_peak_bytes"] = phase["memory_rss_peak_bytes"]
         return figures

@@ -121,9 +121,8 @@ class PowerMeter:
     def start(self) -> PowerMeter:
         """The reader's thread: the streamed sources at ``sample_hz``."""
         with self._lock:
-            now = time.monotonic()
             for source in self.sources:
-                self._take(source, now)
+                self._take(source)
         if self._streamed and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="edgewatt-power", daemon=True)
             self._thread.start()
@@ -154,17 +153,17 @@ class PowerMeter:
             except Exception:  # the next edge's whole reading logs it
                 return
             if total is None:
-                self._take(source, time.monotonic())
+                self._take(source)
                 return
             self._totals[source.name].add(total[0], total[1])
             self.readings += 1
 
-    def _take(self, source: PowerSource, now: float, wait_s: float = 0.0) -> None:
+    def _take(self, source: PowerSource) -> None:
         """Read ``source`` (its lines since the last take, for a push source) into the
         traces. A failing source is logged once and retried at the next take."""
         try:
             if source.pushed:
-                readings = source.arrived(now, wait_s)
+                readings = source.arrived()
             else:
                 reading = source.read()
                 readings = [reading] if reading is not None else []
@@ -213,13 +212,21 @@ class PowerMeter:
         (a push source's next line waited for), energies interpolated to ``now``."""
         if not self.sources:
             return None
+        waited = False
         for source in self.sources:
             wait = self._wait_s(source, now)
             if wait > 0:
-                source.arrived(now, wait)  # outside the lock: the reader goes on meanwhile
+                # Outside the lock: the reader goes on meanwhile. Nothing is taken
+                # here: the lines stay pending for the take below.
+                source.wait_newer(now, wait)
+                waited = True
+        if waited:
+            # The edge is now, right after the line: what the caller reads next (its
+            # targets' CPU) is read at the same instant as the energy, not a wait later.
+            now = max(now, time.monotonic())
         with self._lock:
             for source in self.sources:
-                self._take(source, now)
+                self._take(source)
             return self._snapshot(now)
 
     def _snapshot(self, now: float) -> PowerSnapshot:

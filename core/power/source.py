@@ -88,10 +88,14 @@ class PowerSource(Protocol):
         source has no cheaper way, read() is used)."""
         ...
 
-    def arrived(self, after: float, wait_s: float) -> list[PowerReading]:
-        """A push source's readings not handed over yet, oldest first, after waiting
-        up to ``wait_s`` for one measured later than ``after`` (monotonic). Pull
-        sources return []."""
+    def arrived(self) -> list[PowerReading]:
+        """A push source's readings not handed over yet, oldest first (a pull
+        source: [])."""
+        ...
+
+    def wait_newer(self, after: float, timeout_s: float) -> None:
+        """Until a push source has a reading measured later than ``after`` (monotonic),
+        or ``timeout_s`` passed (a pull source returns at once)."""
         ...
 
     def close(self) -> None: ...
@@ -143,8 +147,11 @@ class PullSource:
     def read_total(self) -> tuple[float, float] | None:
         return None
 
-    def arrived(self, after: float, wait_s: float) -> list[PowerReading]:
+    def arrived(self) -> list[PowerReading]:
         return []  # nothing arrives on its own: read() measures
+
+    def wait_newer(self, after: float, timeout_s: float) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -246,17 +246,19 @@ class TegrastatsReader:
                 self._pending.append(timed)
                 self._arrived.notify_all()
 
-    def take(self, after: float, wait_s: float) -> list[TimedSample]:
-        """The lines not taken yet, oldest first, after waiting up to ``wait_s`` for one
-        that arrived later than ``after``."""
+    def take(self) -> list[TimedSample]:
+        """The lines not taken yet, oldest first."""
         with self._arrived:
-            if wait_s > 0:
-                self._arrived.wait_for(
-                    lambda: self.latest is not None and self.latest.monotonic > after, wait_s
-                )
             taken = list(self._pending)
             self._pending.clear()
         return taken
+
+    def wait_newer(self, after: float, timeout_s: float) -> None:
+        """Until a line arrived later than ``after``, or ``timeout_s`` passed."""
+        with self._arrived:
+            self._arrived.wait_for(
+                lambda: self.latest is not None and self.latest.monotonic > after, timeout_s
+            )
 
     def close(self) -> None:
         self._stop.set()
@@ -288,8 +290,11 @@ class TegrastatsSource:
     def read_total(self) -> tuple[float, float] | None:
         return None  # it prints on its own
 
-    def arrived(self, after: float, wait_s: float) -> list[PowerReading]:
-        return [_reading(line) for line in self._reader.take(after, wait_s)]
+    def arrived(self) -> list[PowerReading]:
+        return [_reading(line) for line in self._reader.take()]
+
+    def wait_newer(self, after: float, timeout_s: float) -> None:
+        self._reader.wait_newer(after, timeout_s)
 
     def close(self) -> None:
         self._reader.close()
