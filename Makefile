@@ -25,6 +25,8 @@ CLIENT_TESTS := tests/test_client.py tests/test_monitors.py tests/test_run_repor
 # fetch-stores unpacks Debian 13's VictoriaMetrics and Prometheus into .cache/stores
 # for the fleet tests (no system change), fetch-flower Flower 1.42 into a venv of its
 # own in .cache/flower for the Flower tests; where they cannot, the tests say why.
+# other-pythons runs the client, run/report, daemon and exit tests on Python 3.8 and
+# 3.13 where they are present (pyenv here), each in .cache/python-X.Y.
 test: $(VENV)/.test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -32,6 +34,7 @@ test: $(VENV)/.test
 	tests/bin/fetch-flower
 	$(BIN)/pytest
 	EDGEWATT_CLIENT_BACKEND=psutil $(BIN)/pytest $(CLIENT_TESTS)
+	tests/bin/other-pythons 3.8 3.13
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check .

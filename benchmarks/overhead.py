@@ -22,6 +22,7 @@ comparison for each N and, with the `plot` extra, draws cost versus N.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -208,11 +209,10 @@ def process_exporter(workdir: Path) -> Iterator[tuple[int, str] | None]:
 
 
 def compare(targets: int, workdir: Path, args: argparse.Namespace) -> list[Result]:
-    with (
-        idle_processes(targets, "edgewatt-bench") as pids,
-        daemon(pids, workdir, args) as (pid, url),
-        process_exporter(workdir) as other,
-    ):
+    with contextlib.ExitStack() as stack:
+        pids = stack.enter_context(idle_processes(targets, "edgewatt-bench"))
+        pid, url = stack.enter_context(daemon(pids, workdir, args))
+        other = stack.enter_context(process_exporter(workdir))
         exporters = [Exporter("edgewatt", pid, url)]
         if other is not None:
             exporters.append(Exporter("process-exporter", *other))
@@ -283,7 +283,7 @@ def plot(results: list[Result], path: str) -> None:
             if r.exporter == name and not r.idle_processes
         )
         if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=name)
+            ax.plot(*zip(*points), marker="o", label=name)
     ax.set_xlabel("monitored processes (N)")
     ax.set_ylabel("CPU (% of one core)")
     ax.set_title("Monitoring cost at one sample and one scrape per second")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+import typing  # runtime aliases: Python 3.8's builtins and abc take no [...]
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,7 +25,7 @@ class Context:
     health: dict[str, Any] | None  # the daemon's /healthz; None when none answers
 
 
-Check = Callable[[Context], tuple[str, str]]  # (ok | warn | FAIL, explanation)
+Check = typing.Callable[[Context], typing.Tuple[str, str]]  # (ok | warn | FAIL, explanation)
 
 
 def look_up(config: Config, socket_path: str | None) -> Context:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import typing  # runtime aliases: Python 3.8's builtins take no [...]
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,9 @@ def load(
     return header, samples, phases, summary
 
 
-Line = tuple[str, list[float], list[float]]  # (name, seconds since start, values)
+Line = typing.Tuple[
+    str, typing.List[float], typing.List[float]
+]  # (name, seconds since start, values)
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def layout(
     # Each phase ends where the next begins; the last at the last sample.
     starts = [p["timestamp"] - t0 for p in phases]
     ends = [*starts[1:], end] if phases else []
-    spans = [(p["name"], a, b) for p, a, b in zip(phases, starts, ends, strict=True)]
+    spans = [(p["name"], a, b) for p, a, b in zip(phases, starts, ends)]
     return Layout(_title(header, summary), _panels(samples, times), spans, end)
 
 
@@ -130,7 +133,7 @@ def plot(drawn: Layout, out: str) -> None:
         raise RuntimeError("plotting needs matplotlib: pip install 'edgewatt[plot]'") from exc
     rows = max(1, len(drawn.panels))
     fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(9, 1.2 + 2.0 * rows), squeeze=False)
-    for ax, (label, lines) in zip(axes[:, 0], drawn.panels, strict=False):
+    for ax, (label, lines) in zip(axes[:, 0], drawn.panels):
         for name, xs, ys in lines:
             ax.plot(xs, ys, linewidth=1.2, label=name)
         ax.set_ylabel(label, fontsize=8)
@@ -156,7 +159,7 @@ def _panels(samples: list[dict[str, Any]], times: list[float]) -> list[tuple[str
     """(axis label with its unit, [(line name, x, y)]) for each quantity the file has."""
 
     def series(key: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
-        points = [(t, s[key] * scale) for t, s in zip(times, samples, strict=True) if key in s]
+        points = [(t, s[key] * scale) for t, s in zip(times, samples) if key in s]
         return [t for t, _ in points], [y for _, y in points]
 
     def rate(key: str) -> tuple[list[float], list[float]]:
@@ -233,7 +236,7 @@ def summary_from_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
     if any("cpu_usage" in s for s in samples):
         summary["cpu_time_s"] = sum(
             s["cpu_usage"] / 100 * (t1 - t0)
-            for s, t0, t1 in zip(samples[1:], times, times[1:], strict=False)
+            for s, t0, t1 in zip(samples[1:], times, times[1:])
             if "cpu_usage" in s
         )
         summary["avg_cpu_usage"] = summary["cpu_time_s"] / span * 100 if span > 0 else 0.0

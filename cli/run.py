@@ -30,6 +30,7 @@ from typing import Any
 
 from edgewatt.cli.report import summary_table
 from edgewatt.client._monitor import FileMonitor
+from edgewatt.core import compat
 from edgewatt.core.labels import validate_labels
 from edgewatt.core.sampling import procfs
 
@@ -181,7 +182,7 @@ def _wait_all(child: _Held) -> int:
     """The command's exit code, once it and every process re-parented to this one have
     exited and been reaped (PEP 475: waits are retried across signals)."""
     _, status = os.waitpid(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
+    child.returncode = compat.exit_code(status)
     with contextlib.suppress(ChildProcessError):
         while True:
             os.waitpid(-1, 0)

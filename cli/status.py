@@ -44,10 +44,7 @@ def render(targets: list[dict[str, Any]], logical_cpus: int | None = None) -> st
     # sequence reaches the screen of whoever reads the table (often root).
     rows = [tuple(printable(cell) for cell in row) for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     if len(rows) == 1:
         lines.append("(no registered targets)")
     lines.append("CPU% is percent of one core; READ/WRITE are bytes to storage since start.")

@@ -123,14 +123,14 @@ class Monitor:
     sink = ""
 
     def __init__(self, interval: float, labels: dict[str, str] | None, socket: str | None) -> None:
-        if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         self.interval = float(interval)
         self.labels = dict(labels or {})
         self.socket = socket  # None: looked for as register() looks (core.transport)
         self.pid = os.getpid()
         # What the file's header names the run by (`edgewatt run` sets the command).
-        self.command = " ".join(" ".join(getattr(sys, "orig_argv", sys.argv)).split())
+        self.command = " ".join(" ".join(_command_line()).split())
         self.metrics = {"cpu": True, "memory": True, "network": True, "power": False}
         self.source: str | None = None
         self._recorder = Recorder(self.metrics)
@@ -378,3 +378,17 @@ class RemoteMonitor(Monitor):
             "protocol": self.protocol,
             "buffer": self.buffer,
         }
+
+
+def _command_line() -> list[str]:
+    """The interpreter's own command line (sys.orig_argv is 3.10+: before it, Linux's
+    /proc/self/cmdline, else sys.argv, which has "-c" for the code it ran)."""
+    argv = getattr(sys, "orig_argv", None)
+    if argv:
+        return list(argv)
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return list(sys.argv)
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a] or list(sys.argv)

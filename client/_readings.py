@@ -38,7 +38,8 @@ def reading_from_api(target: dict[str, Any], host: dict[str, Any]) -> Reading | 
         net_sent_total=sent,
         net_recv_total=recv,
         power_w=power.get("host_power_w"),
-        energy_j=power.get("host_energy_j"),
+        # The device's energy at the sample's own instant (an exit sample's at the exit).
+        energy_j=latest.get("device_energy_j", power.get("host_energy_j")),
         rails_w={
             k: v["power_w"] for k, v in power.get("rails", {}).items() if v["power_w"] is not None
         },
@@ -62,7 +63,7 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading | None:
         net_sent_total=sent,
         net_recv_total=recv,
         power_w=power.host_power_w if power else None,
-        energy_j=power.host_energy_j if power else None,
+        energy_j=p.device_energy_j if power else None,
         rails_w={r.name: r.power_w for r in power.rails if r.power_w is not None} if power else {},
         process_energy_j=p.energy_j,
         carbon=snapshot.carbon,

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgewatt.core import compat
 from edgewatt.core.carbon import CarbonIntensity
 
 # heflwr's rail keys and the tegrastats / INA3221 rails they are read from. The
@@ -145,7 +146,7 @@ class Recorder:
         for key in ("power_vdd_in", *HEFLWR_RAILS):
             if key not in stats:
                 continue
-            name = key.removeprefix("power_")
+            name = compat.removeprefix(key, "power_")
             if key == "power_vdd_in" and "energy_j" in result:
                 # The board input is the device: one energy, the device's counter, set
                 # as the same float (a round trip through mJ can differ in the last digit).
@@ -167,7 +168,7 @@ class Recorder:
             # after the run began (a daemon that just started, a sensor's first line).
             times = [first.time] + [s["timestamp"] for s in self.samples]
             measured = (
-                math.fsum(t1 - t0 for t0, t1, s in zip(times, times[1:], self.samples, strict=False)
+                math.fsum(t1 - t0 for t0, t1, s in zip(times, times[1:], self.samples)
                           if "energy_j" in s)
                 if "energy_j" in result
                 else result["duration_s"]
@@ -195,6 +196,5 @@ def _mean(values: list[float]) -> float:
 
 def _trapezoid(times: list[float], values: list[float]) -> float:
     return math.fsum(
-        (v0 + v1) / 2 * (t1 - t0)
-        for t0, t1, v0, v1 in zip(times, times[1:], values, values[1:], strict=False)
+        (v0 + v1) / 2 * (t1 - t0) for t0, t1, v0, v1 in zip(times, times[1:], values, values[1:])
     )

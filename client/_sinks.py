@@ -16,6 +16,7 @@ import urllib.request
 from typing import Any
 
 from edgewatt.client._samples import UNITS, Reading
+from edgewatt.core import compat
 from edgewatt.core.metrics import BY_NAME
 
 log = logging.getLogger(__name__)
@@ -322,7 +323,7 @@ def _family(name: str, labels: list[str]) -> Any:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     metric = BY_NAME[name]
-    family_name = metric.prometheus_name.removesuffix("_total")
+    family_name = compat.removesuffix(metric.prometheus_name, "_total")
     kind = CounterMetricFamily if metric.instrument == "counter" else GaugeMetricFamily
     return kind(family_name, metric.description, labels=labels)
 

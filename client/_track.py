@@ -25,13 +25,13 @@ import functools
 import logging
 import threading
 import time
+import typing
 from collections import deque
-from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 log = logging.getLogger(__name__)
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=typing.Callable[..., Any])  # 3.8: abc.Callable takes no [...]
 
 # One registration for every track() of the process that is given none, created on
 # first use: a process is one target, and its phases follow each other.

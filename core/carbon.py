@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ class CarbonIntensity:
         return energy_j / J_PER_KWH * self.g_per_kwh
 
 
-@cache
+@lru_cache(maxsize=None)  # functools.cache is 3.9+
 def countries() -> dict[str, dict[str, Any]]:
     """The shipped table, by alpha-3 code: name, alpha2, g_per_kwh, year, source."""
     return json.loads(TABLE.read_text())["countries"]

@@ -415,13 +415,27 @@ class Sampler:
             processes=reading.processes,
             power_w=self.attribution.power_w.get(target.id) if self.power else None,
             energy_j=self.attribution.energy_j.get(target.id, 0.0) if self.power else None,
-            device_energy_j=power.host_energy_j if power is not None else None,
+            device_energy_j=self._device_energy(target, reading, power),
             network_transmit_bytes=network[0],
             network_receive_bytes=network[1],
             gpu_utilization=gpu[0],
             gpu_memory_bytes=gpu[1],
             members=reading.pids,
         )
+
+    def _device_energy(
+        self, target: Target, reading: TreeReading, power: PowerSnapshot | None
+    ) -> float | None:
+        """The device's energy at the sample's own instant: the pass's, or, for an exit
+        sample (dated at the exit by the kernel's records), the energy up to the exit."""
+        if power is None or self.power is None:
+            return None
+        if target.id in self._exited:
+            exited_at = time.monotonic() - max(0.0, time.time() - reading.time)
+            at_exit = self.power.energy_at(exited_at)
+            if at_exit is not None:
+                return at_exit
+        return power.host_energy_j
 
     def _sample_host(self) -> HostSample | None:
         try:

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.compat import SLOTS
 from edgewatt.core.power.meter import PowerSnapshot
 from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
 
 
-@dataclass(slots=True)
+@dataclass(**SLOTS)
 class ProcessSample:
     """One target (its descendants included unless registered with children=false).
 
@@ -54,7 +55,7 @@ class ProcessSample:
         return self.cpu_user_s + self.cpu_system_s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class HostSample:
     cpu: HostCpu
     cpu_utilization: float | None  # share of all cores busy over the last interval
@@ -62,7 +63,7 @@ class HostSample:
     network: Mapping[str, InterfaceBytes]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class SamplerStats:
     duration_s: float  # wall time the last pass took
     overruns: int  # passes that took longer than the interval, since start
@@ -73,7 +74,7 @@ class SamplerStats:
     overflows: Mapping[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class Snapshot:
     time: float  # unix seconds at the end of the pass
     sequence: int

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.compat import SLOTS
 from edgewatt.core.labels import LabelError, validate_value
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle
@@ -97,7 +98,7 @@ _row: Callable[[ProcessSample], tuple] = operator.attrgetter(*SAMPLE_FIELDS)
 """A sample as the history keeps it: the SAMPLE_FIELDS in order."""
 
 
-@dataclass(slots=True)
+@dataclass(**SLOTS)
 class Phase:
     """A named span bounded by samples: from the first sample taken after it began to
     the first taken after it ended. Adjacent phases share that boundary sample, so
@@ -120,7 +121,7 @@ class Phase:
             self.closed = True
 
 
-@dataclass(slots=True)
+@dataclass(**SLOTS)
 class History:
     """A bounded ring of samples plus running figures that outlive the ring."""
 
@@ -152,7 +153,7 @@ class History:
                 phase.add(row)
 
 
-@dataclass(slots=True)
+@dataclass(**SLOTS)
 class Target:
     id: str
     pid: int
@@ -188,7 +189,7 @@ class Target:
             "state": self.state,
             "registered_at": round(self.registered_at, 3),
             "exited_at": self.exited_at,
-            "latest": dict(zip(SAMPLE_FIELDS, latest, strict=True)) if latest else None,
+            "latest": dict(zip(SAMPLE_FIELDS, latest)) if latest else None,
         }
 
     def summary(
@@ -497,9 +498,7 @@ class TargetTable:
     def samples(self, target_id: str, since: float | None = None) -> list[dict[str, Any]]:
         with self._lock:
             rows = list(self._get(target_id).history.rows)
-        return [
-            dict(zip(SAMPLE_FIELDS, r, strict=True)) for r in rows if since is None or r[0] > since
-        ]
+        return [dict(zip(SAMPLE_FIELDS, r)) for r in rows if since is None or r[0] > since]
 
     # -- sampler side -------------------------------------------------------------
 

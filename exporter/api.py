@@ -356,7 +356,7 @@ class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         uid = _credentials(request)[1]
         with self._open_lock:
-            if self._open.total() >= MAX_CONNECTIONS:
+            if sum(self._open.values()) >= MAX_CONNECTIONS:  # Counter.total() is 3.10+
                 refused = f"at most {MAX_CONNECTIONS} at once"
             elif uid != 0 and self._open[uid] >= MAX_CONNECTIONS_PER_UID:
                 refused = f"at most {MAX_CONNECTIONS_PER_UID} at once per user"

@@ -139,7 +139,7 @@ def _power_sources(value: Any) -> tuple[str, ...] | None:
     if value == "auto":
         return None
     names = value.split(",") if isinstance(value, str) else value
-    if not isinstance(names, list | tuple) or not names:
+    if not isinstance(names, (list, tuple)) or not names:
         raise ValueError("must be 'auto' or a list of source names")
     clean = tuple(str(n).strip() for n in names)
     for name in clean:

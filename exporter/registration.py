@@ -69,7 +69,7 @@ def parse_saved(entry: object, pid_max: int) -> Saved:
     registered_at = entry.get("registered_at")
     if (
         isinstance(registered_at, bool)
-        or not isinstance(registered_at, int | float)
+        or not isinstance(registered_at, (int, float))
         or not math.isfinite(registered_at)
         or registered_at <= 0
     ):

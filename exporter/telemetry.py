@@ -20,7 +20,8 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import typing  # runtime aliases: Python 3.8's builtins and abc take no [...]
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from edgewatt.core.snapshot import ProcessSample, Snapshot
 
 log = logging.getLogger(__name__)
 
-Points = Iterator[tuple[float, Mapping[str, Any]]]
+Points = typing.Iterator[typing.Tuple[float, typing.Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,9 @@ def _phases(running_only: bool) -> Callable[[Snapshot], Points]:
 
 
 # (id of a target's attributes, added value) -> (those attributes, extended copy)
-_Memo = dict[tuple[int, str], tuple[Mapping[str, Any], Mapping[str, Any]]]
+_Memo = typing.Dict[
+    typing.Tuple[int, str], typing.Tuple[typing.Mapping[str, Any], typing.Mapping[str, Any]]
+]
 
 
 def _extend(
@@ -296,6 +299,14 @@ def _observer(name: str) -> Callable[[Snapshot], Points]:
 METRICS: tuple[MetricSpec, ...] = tuple(MetricSpec(m, _observer(m.name)) for m in TABLE)
 
 
+def _view(cardinality_limit: int) -> View:
+    """The edgewatt meter's view, its series limit lifted to ``cardinality_limit``."""
+    try:
+        return View(meter_name="edgewatt", aggregation_cardinality_limit=cardinality_limit)
+    except TypeError:  # the SDK before 1.34 (Python 3.8's): it has no limit to lift
+        return View(meter_name="edgewatt")
+
+
 class OtelPipeline:
     """METRICS as OTel observable instruments over the latest snapshot, for OTLP push.
 
@@ -336,9 +347,7 @@ class OtelPipeline:
         provider = MeterProvider(
             resource=self._resource,
             metric_readers=self._readers(),
-            views=[
-                View(meter_name="edgewatt", aggregation_cardinality_limit=self.cardinality_limit)
-            ],
+            views=[_view(self.cardinality_limit)],
         )
         meter = provider.get_meter("edgewatt")
         create = {

@@ -86,7 +86,7 @@ class Waveform:
         """Joules the file held between monotonic t0 and t1 (step-held values)."""
         changes = self.changes()
         total = 0.0
-        for (a, watts), (b, _) in zip(changes, [*changes[1:], (float("inf"), 0.0)], strict=True):
+        for (a, watts), (b, _) in zip(changes, [*changes[1:], (float("inf"), 0.0)]):
             lo, hi = max(a, t0), min(b, t1)
             if hi > lo:
                 total += watts * (hi - lo)

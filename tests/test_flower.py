@@ -137,7 +137,7 @@ def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
                 proc.kill()
     records = [json.loads(line) for line in fl_log.read_text().splitlines()]
     assert len(records) == 2 * ROUNDS  # the collector: one per client per round
-    for (measured, table), (_, out, log), tid in zip(results, nodes, targets, strict=True):
+    for (measured, table), (_, out, log), tid in zip(results, nodes, targets):
         rounds = [json.loads(line) for line in log.read_text().splitlines()]
         # The mod's figures of each message, on the SuperNode's own target.
         mine = {r["round"]: r for r in records if r["target"] == tid}
@@ -192,7 +192,7 @@ def test_report_prints_the_rounds_of_a_recorded_federation(tmp_path: Path) -> No
         "round", "kind", "clients", "slowest", "client", "CPU", "energy", "down", "up"
     ]  # fmt: skip
     records = [json.loads(line) for line in fixture.read_text().splitlines()]
-    for number, line in zip((1, 2, 3), lines[2:5], strict=True):
+    for number, line in zip((1, 2, 3), lines[2:5]):
         clients = [r for r in records if r["round"] == number]
         slowest = max(clients, key=lambda r: r["duration_s"])
         gap = slowest["duration_s"] - min(r["duration_s"] for r in clients)

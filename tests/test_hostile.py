@@ -406,7 +406,7 @@ def test_a_link_at_the_temporary_name_is_replaced_not_followed(
 BOMB = (
     "".join(
         f"{name}: &{name} [{', '.join([f'*{prev}'] * 9) if prev else ', '.join(['lol'] * 9)}]\n"
-        for prev, name in zip([None, *"abcdefgh"], "abcdefghi", strict=True)
+        for prev, name in zip([None, *"abcdefgh"], "abcdefghi")
     )
     + "interval: *i\n"
 )

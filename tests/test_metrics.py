@@ -13,6 +13,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from edgewatt.client._otlp import encode
 from edgewatt.client._samples import Reading
 from edgewatt.client._sinks import PrometheusSink
+from edgewatt.core import compat
 from edgewatt.core.metrics import BY_NAME, INSTRUMENTS, TABLE, markdown_table
 from edgewatt.exporter.telemetry import METRICS, OBSERVERS
 from tests.conftest import ROOT
@@ -92,7 +93,7 @@ def test_the_client_prometheus_sink_takes_names_and_help_from_the_table() -> Non
     families = {f.name: f for f in sink.collect()}
     for name in CLIENT_METRICS:
         metric = BY_NAME[name]
-        family = families[metric.prometheus_name.removesuffix("_total")]
+        family = families[compat.removesuffix(metric.prometheus_name, "_total")]
         assert family.documentation == metric.description
         assert family.type == ("counter" if metric.instrument == "counter" else "gauge")
         for sample in family.samples:

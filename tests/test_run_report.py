@@ -122,7 +122,9 @@ def test_run_through_the_daemon_reports_energy(daemon_factory: Any, tmp_path: Pa
         r"([\d.]+) J \(([\d.]+) Wh\), avg ([\d.]+) W", energy_line
     ).groups()  # type: ignore[union-attr]
     assert float(wh) == pytest.approx(float(joules) / 3600, abs=1e-4)
-    assert float(watts) == pytest.approx(16.802, abs=0.3)
+    # Constant 16.802 W: energy and time over the same instants, the exit sample's
+    # energy taken at the exit the kernel dates, not at the pass that found it later.
+    assert float(watts) == pytest.approx(16.802, abs=0.03)
     assert "attributed energy" in result.stderr
 
 

@@ -140,7 +140,7 @@ class PsutilTree:
         self._carry_departed(members)
         raw = [sum(m[0][i] for m in members.values()) for i in range(4)]
         combined = [raw[i] + self._carried[i] for i in range(4)]
-        self._value = tuple(max(v, c) for v, c in zip(self._value, combined, strict=True))  # type: ignore[assignment]
+        self._value = tuple(max(v, c) for v, c in zip(self._value, combined))  # type: ignore[assignment]
         user, system, read, write = self._value
         figures = [m[1] for m in members.values()]
         io_known = root[1]["io"] is not None

@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from edgewatt.core.compat import SLOTS
 from edgewatt.core.power.source import Gpu, PowerReading, PowerSource
 from edgewatt.core.power.trace import Trace
 
@@ -69,7 +70,7 @@ EDGE_WAIT_PERIODS = 1.5
 MAX_EDGE_WAIT_S = 0.25
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class RailState:
     id: str
     name: str
@@ -79,7 +80,7 @@ class RailState:
     energy_j: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class PowerSnapshot:
     host_power_w: float | None
     host_energy_j: float | None  # since the reader started, up to measured_at
@@ -132,9 +133,11 @@ class PowerMeter:
         period = 1.0 / self.sample_hz
         deadline = time.monotonic()
         streamed = [s for s in self.sources if s.name in self._streamed]
-        # Kept lean: at 100 Hz each reading's few microseconds are the reader's cost
-        # (benchmarks/power_reader.py). time.sleep, not an Event: a wait on a lock
-        # with a timeout costs more per wake; close() waits one period at most.
+        # A reading costs little (two preads); this thread's wake per reading is most
+        # of the reader's cost (benchmarks/power_reader.py). time.sleep, not an Event:
+        # a wait on a lock with a timeout costs more per wake; close() waits one
+        # period at most. The stream carries the device's total; rails are read at
+        # the edges.
         while not self._stop.is_set():
             for source in streamed:
                 self._stream(source)
@@ -272,6 +275,15 @@ class PowerMeter:
             measured_at=now if host_energy is not None else None,
             period_s=self.period_s,
         )
+
+    def energy_at(self, t: float) -> float | None:
+        """The device's energy up to a past instant ``t`` (monotonic) within the
+        readings kept: a target's exit, which the kernel dates before the pass that
+        finds it."""
+        with self._lock:
+            if not self._totals:
+                return None
+            return min(self._host_energy, sum(trace.at(t) for trace in self._totals.values()))
 
     @property
     def period_s(self) -> float | None:

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from edgewatt.core.compat import SLOTS
+
 
 @dataclass(frozen=True)
 class PowerOptions:
@@ -29,7 +31,7 @@ class NoData(Exception):
     """This source has nothing on this machine (no such hardware, no permission)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class Rail:
     id: str  # stable hw.id, "<source>:<name>"
     name: str  # as the hardware names it (VDD_IN, package-0, GPU-...)
@@ -38,13 +40,13 @@ class Rail:
     energy_j: float | None = None  # the hardware's own monotonic counter, where it has one
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class GpuProcess:
     utilization: float | None  # share of the GPU's SMs, 0..1
     memory_bytes: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class Gpu:
     id: str
     name: str
@@ -56,7 +58,7 @@ class Gpu:
     processes: Mapping[int, GpuProcess] = field(default_factory=dict)  # by host pid
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class PowerReading:
     source: str
     monotonic: float  # when the values were measured

@@ -18,6 +18,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.netlink import NLMSGHDR, drain, messages
 
 NETLINK_CONNECTOR = 11
@@ -36,7 +37,7 @@ _EXIT = struct.Struct("=iiII")  # pid, tgid, exit code, exit signal
 _EXIT_PARENT = struct.Struct("=ii")  # parent pid, parent tgid (Linux 4.18 on)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class ProcEvent:
     """A process forked (``pid`` the child, ``parent`` its parent) or exited (``parent``
     then the parent at the exit, who will reap it; 0 where unknown)."""

@@ -28,15 +28,17 @@ pages, and its parent can change, without it running.
 from __future__ import annotations
 
 import time
+import typing  # runtime aliases: Python 3.8's builtins take no [...]
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.membership import Lineage
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
 from edgewatt.core.sampling.taskstats import TaskExits
 
 # Channels accounted as counters: user ticks, system ticks, read bytes, write bytes.
-_Vec = tuple[float, float, float, float]  # ticks may be fractional: exit records are in us
+_Vec = typing.Tuple[float, float, float, float]  # ticks may be fractional: exit records are in us
 _ZERO: _Vec = (0, 0, 0, 0)
 # Departed members remembered, so that a zombie already counted is not let back in
 # by a walk of the parent links (bounded: a target may fork millions over its life).
@@ -46,7 +48,7 @@ MAX_DEPARTED = 4096
 RECHECK_EVERY = 10
 
 
-@dataclass(slots=True)  # not frozen: one per target per pass (see ProcessSample)
+@dataclass(**SLOTS)  # not frozen: one per target per pass (see ProcessSample)
 class TreeReading:
     time: float  # unix seconds when the target's own counters were read
     cpu_user_s: float
@@ -68,7 +70,7 @@ class TreeReading:
         return len(self.pids)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class ExitFigures:
     """A target's counters at its exit, as the kernel counted them."""
 
@@ -80,7 +82,7 @@ class ExitFigures:
     rss_peak_bytes: int | None  # the kernel's peak RSS, for a target of one process
 
 
-@dataclass(slots=True)
+@dataclass(**SLOTS)
 class _Member:
     handle: ProcHandle
     ppid: int

@@ -13,6 +13,8 @@ import errno
 import os
 from typing import NamedTuple
 
+from edgewatt.core import compat
+
 # Importable where os.sysconf is missing (Windows): the client's psutil backend shares
 # the bookkeeping modules that import these; nothing here reads /proc at import.
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -222,7 +224,7 @@ def executable_name(pid: int, comm: str, proc: str = "/proc") -> str:
         return comm
     # Bytes, decoded with replacement: a path need not be UTF-8, and a lone surrogate
     # (what str paths would give) could not be written to /metrics.
-    name = os.path.basename(target.removesuffix(b" (deleted)")).decode("utf-8", "replace")
+    name = os.path.basename(compat.removesuffix(target, b" (deleted)")).decode("utf-8", "replace")
     return name or comm
 
 

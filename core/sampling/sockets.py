@@ -24,6 +24,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.netlink import NLMSGHDR, attributes, drain, messages
 
 NETLINK_SOCK_DIAG = 4
@@ -52,7 +53,7 @@ _BYTES_ACKED_OFFSET = 120
 _NEEDED_INFO = 136
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class TcpSocket:
     inode: int
     family: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.procfs import CLOCK_TICKS
 
 # /proc/stat "cpu" columns mapped to OTel semconv cpu.mode values; guest time is
@@ -19,7 +20,7 @@ _CPU_COLUMNS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class HostCpu:
     seconds_by_mode: dict[str, float]  # summed over all logical CPUs
     logical_cpus: int
@@ -33,13 +34,13 @@ class HostCpu:
         return sum(self.seconds_by_mode.values())
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class HostMemory:
     total_bytes: int
     bytes_by_state: dict[str, int]  # used, free, buffers, cached: they add up to total
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class InterfaceBytes:
     receive: int
     transmit: int

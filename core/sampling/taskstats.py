@@ -27,6 +27,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.netlink import NLATTR, NLMSGHDR, align, attributes, drain, messages
 
 NETLINK_GENERIC = 16
@@ -62,7 +63,7 @@ TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # /proc's start times are in these
 RECEIVE_BUFFER = 8 << 20  # ~27,000 records: several seconds of 1,000 exits/s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class TaskExit:
     """One exited thread, as the kernel counted it over its whole life."""
 
@@ -207,7 +208,7 @@ class TaskstatsSocket:
         self._sock.close()
 
 
-@dataclass(slots=True)
+@dataclass(**SLOTS)
 class ExitedProcess:
     """A process's exited threads, summed; complete once its leader has exited."""
 
