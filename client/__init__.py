@@ -121,8 +121,11 @@ class Registration:
         return (described or {}).get("latest") or {}
 
     def summary(self) -> dict[str, Any]:
-        """What the process consumed while registered, and per phase."""
-        return self._call("summary", lambda: self._daemon("GET", "/summary"), _summary) or {}
+        """What the process consumed while registered, and per phase, to now (a
+        sample is taken at the call)."""
+        return (
+            self._call("summary", lambda: self._daemon("GET", "/summary?fresh=1"), _summary) or {}
+        )
 
     def reading(self) -> Any:
         """The latest raw reading (a monitor's input), or None when there is none yet."""

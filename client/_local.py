@@ -115,6 +115,9 @@ class LocalSampler:
         return self.table.describe(self.target.id).get("latest") or {}
 
     def summary(self) -> dict[str, Any]:
+        """To now: a pass first while the target runs, as the daemon's ?fresh=1."""
+        if self.table.describe(self.target.id)["state"] == "running":
+            self.sampler.sample_now()
         return self.table.summary(self.target.id, self.sampler.logical_cpus)
 
     def samples(self) -> list[dict[str, Any]]:

@@ -58,6 +58,40 @@ def test_with_daemon_the_daemon_samples_and_no_thread_starts(daemon: DaemonProce
     assert daemon.call("GET", f"/v1/targets/{data['id']}")[0] == 404  # close() unregistered
 
 
+SUMMARY_TO_NOW = """
+import json, resource, time
+from edgewatt import client
+
+def cpu():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+with client.register(fallback=FALLBACK) as reg:
+    start = cpu()
+    end = time.process_time() + 0.6
+    while time.process_time() < end:
+        pass
+    s = reg.summary()  # at once: no pass since the burn but the one it asks for
+    used = cpu() - start
+    total = s["cpu_user_s"] + s["cpu_system_s"]
+    print(json.dumps({"mode": reg.mode, "summary": total, "used": used}))
+"""
+
+
+@pytest.mark.parametrize("fallback", ["never", "always"])
+def test_summary_runs_to_now(daemon_factory: Any, fallback: str) -> None:
+    # A 5 s interval: no regular pass falls in the 0.6 s burn, so a summary that ends
+    # at the last pass would miss it; it holds it, to a tick per mode, daemon or not.
+    daemon = daemon_factory(interval=5.0)
+    out = run_python(
+        SUMMARY_TO_NOW.replace("FALLBACK", repr(fallback)), EDGEWATT_SOCKET=daemon.socket
+    )
+    figures = json.loads(out.stdout)
+    assert figures["mode"] == ("daemon" if fallback == "never" else "local")
+    assert figures["used"] >= 0.6
+    assert figures["summary"] == pytest.approx(figures["used"], abs=0.025), figures
+
+
 def test_without_daemon_same_keys_one_warning(daemon: DaemonProcess, tmp_path: Path) -> None:
     code = (
         "import json, logging, time\n"
