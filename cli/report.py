@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgewatt.cli.rounds import is_rounds_file, load_rounds, rounds_table
+from edgewatt.cli.rounds import (
+    is_rounds_file,
+    load_rounds,
+    plot_rounds,
+    rounds_layout,
+    rounds_table,
+)
 from edgewatt.cli.status import human_bytes
 from edgewatt.core.text import printable
 
@@ -255,9 +261,13 @@ def summary_from_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 def report(path: str, plot_to: str | None) -> str:
     if is_rounds_file(path):  # a federation's per-round records (client/flower.py)
+        records = load_rounds(path)
+        text = rounds_table(records, f"edgewatt report: {path} (federated rounds)")
         if plot_to:
-            raise ValueError("--plot of a federation's rounds is not drawn yet")
-        return rounds_table(load_rounds(path), f"edgewatt report: {path} (federated rounds)")
+            drawn = rounds_layout(records, path)
+            plot_rounds(drawn, plot_to)
+            text += f"\n  plot written to {plot_to}"
+        return text
     header, samples, phases, summary = load(path)
     if summary is None:
         summary = summary_from_samples(samples)

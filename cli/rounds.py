@@ -5,6 +5,7 @@ client and by how much, energy and bytes, each with its unit."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,92 @@ def rounds_table(records: list[dict[str, Any]], title: str) -> str:
     if sources:
         lines.append(f"  bytes: {', '.join(sorted(sources))}")
     return "\n".join(printable(line.rstrip()) for line in lines)
+
+
+# What the rounds plot draws, each panel one quantity per client per round:
+# (axis label with its unit, record key, scale).
+ROUND_PANELS = (
+    ("duration (s)", "duration_s", 1.0),
+    ("CPU (s)", "cpu_s", 1.0),
+    ("energy attributed (J)", "energy_j", 1.0),
+    ("device energy (J)", "device_energy_j", 1.0),
+    ("received from the server (MiB)", "bytes_received", 1 / 2**20),
+    ("sent to the server (MiB)", "bytes_sent", 1 / 2**20),
+)
+
+
+@dataclass(frozen=True)
+class RoundsLayout:
+    """What the rounds plot shows, apart from drawing it: tested without pixels."""
+
+    title: str
+    rounds: list[str]  # "3/train", in order
+    clients: list[str]  # "node 1234 (host)"
+    # (axis label, {client: [value per round, None where it sent none]})
+    panels: list[tuple[str, dict[str, list[float | None]]]]
+
+
+def _client(record: dict[str, Any]) -> str:
+    return f"node {record['node_id']} ({record.get('host_name', '?')})"
+
+
+def rounds_layout(records: list[dict[str, Any]], title: str) -> RoundsLayout:
+    """Grouped bars: per round and kind, one bar per client; a panel per quantity any
+    record has (energy only where a sensor measured it)."""
+    keys = sorted({(r["round"], r["kind"]) for r in records}, key=lambda k: (str(k[0]), k[1]))
+    rounds = [f"{number}/{kind}" for number, kind in keys]
+    clients = sorted({_client(r) for r in records})
+    by = {(_client(r), (r["round"], r["kind"])): r for r in records}
+    panels = []
+    for label, key, scale in ROUND_PANELS:
+        if not any(r.get(key) is not None for r in records):
+            continue
+        values = {
+            c: [
+                None if by.get((c, k), {}).get(key) is None else by[(c, k)][key] * scale
+                for k in keys
+            ]
+            for c in clients
+        }
+        panels.append((label, values))
+    title = f"{title}: {len(rounds)} rounds, {len(clients)} clients"
+    return RoundsLayout(title, rounds, clients, panels)
+
+
+def plot_rounds(drawn: RoundsLayout, out: str) -> None:
+    """The rounds as grouped bars, one colour per client (needs edgewatt[plot])."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RuntimeError("plotting needs matplotlib: pip install 'edgewatt[plot]'") from exc
+    rows = max(1, len(drawn.panels))
+    fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(9, 1.4 + 1.8 * rows), squeeze=False)
+    width = 0.8 / max(1, len(drawn.clients))
+    positions = range(len(drawn.rounds))
+    for ax, (label, values) in zip(axes[:, 0], drawn.panels):
+        for i, client in enumerate(drawn.clients):
+            xs = [p - 0.4 + width * (i + 0.5) for p in positions]
+            ys = [0.0 if v is None else v for v in values[client]]
+            ax.bar(xs, ys, width=width * 0.95, color=f"C{i % 10}", label=client)
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    if drawn.panels:  # above the bars, never over them
+        axes[0, 0].legend(
+            fontsize=7,
+            loc="lower right",
+            bbox_to_anchor=(1.0, 1.0),
+            ncol=min(3, len(drawn.clients)),
+            frameon=False,
+        )
+    else:
+        axes[0, 0].text(0.5, 0.5, "no rounds in this file", ha="center", va="center")
+    axes[-1, 0].set_xticks(list(positions))
+    axes[-1, 0].set_xticklabels(drawn.rounds, fontsize=8)
+    axes[-1, 0].set_xlabel("round/kind")
+    fig.suptitle(drawn.title, fontsize=10, x=0.01, ha="left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

@@ -202,3 +202,30 @@ def test_report_prints_the_rounds_of_a_recorded_federation(tmp_path: Path) -> No
         assert f"{slowest['duration_s']:.2f} s, +{gap:.2f} s" in line
         assert f"{cpu:.2f} s" in line
     assert lines[-1].startswith("  bytes: flower payload")
+
+
+def test_plot_of_the_rounds_draws_each_client_per_round(tmp_path: Path) -> None:
+    from edgewatt.cli.rounds import load_rounds, rounds_layout
+
+    fixture = ROOT / "tests" / "fixtures" / "fl-rounds.jsonl"
+    records = load_rounds(str(fixture))
+    drawn = rounds_layout(records, "fl")
+    assert drawn.title == "fl: 3 rounds, 2 clients"
+    assert drawn.rounds == ["1/train", "2/train", "3/train"]
+    assert [label for label, _ in drawn.panels] == [  # no energy: no sensor on this VM
+        "duration (s)", "CPU (s)", "received from the server (MiB)", "sent to the server (MiB)"
+    ]  # fmt: skip
+    durations = dict(drawn.panels)["duration (s)"]
+    for record in records:
+        client = f"node {record['node_id']} ({record['host_name']})"
+        assert durations[client][record["round"] - 1] == record["duration_s"]
+    received = dict(drawn.panels)["received from the server (MiB)"]
+    assert all(v == 4000128 / 2**20 for values in received.values() for v in values)
+    png = tmp_path / "rounds.png"
+    report = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "report", str(fixture), "--plot", str(png)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.splitlines()[-1] == f"  plot written to {png}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
