@@ -95,6 +95,8 @@ class Registration:
         self.sample_on_read = sample_on_read
         self._local: Any = None
         self._lock = threading.Lock()
+        # One connection kept open for this registration's requests (transport.py).
+        self._connection = transport.Connection(socket_path)
         self._failing: set[str] = set()  # calls whose failure was already logged
 
     @property
@@ -133,7 +135,7 @@ class Registration:
 
         def daemon() -> Any:
             target = self._daemon("GET", "?fresh=1")  # sampled now, at the caller's cadence
-            host = transport.call_ok(self.socket, "GET", "/v1/host")
+            host = self._connection.call_ok("GET", "/v1/host")
             return reading_from_api(target, host)
 
         def local(sampler: Any) -> Any:
@@ -174,6 +176,7 @@ class Registration:
                 self._daemon("DELETE", "")
             except (OSError, DaemonError) as exc:
                 log.warning("edgewatt: unregistering %s failed: %s", self.info["id"], exc)
+        self._connection.close()
         self.info = {}
 
     def __enter__(self) -> Registration:
@@ -212,7 +215,7 @@ class Registration:
 
     def _daemon(self, method: str, sub: str, body: Any = None) -> Any:
         path = f"/v1/targets/{self.info['id']}{sub}"
-        return transport.call_ok(self.socket, method, path, body)
+        return self._connection.call_ok(method, path, body)
 
     def _lost_daemon(self, why: str) -> None:
         self.info = {}

@@ -8,6 +8,7 @@ import os
 import socket
 import stat
 import struct
+import threading
 import time
 from typing import Any, NamedTuple
 
@@ -192,6 +193,24 @@ def _connect(path: str, timeout: float | None) -> socket.socket:
         return sock
 
 
+def _exchange(conn: Any, socket_path: str, method: str, path: str, body: Any) -> tuple[int, Any]:
+    import http.client
+
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        raw = response.read()
+    except http.client.HTTPException as exc:
+        raise OSError(f"bad response from {socket_path}: {exc}") from exc
+    try:
+        decoded = json.loads(raw) if raw else None
+    except ValueError:
+        decoded = {"error": "invalid response", "detail": raw[:200].decode("utf-8", "replace")}
+    return response.status, decoded
+
+
 def call(
     socket_path: str,
     method: str,
@@ -199,25 +218,74 @@ def call(
     body: dict[str, Any] | None = None,
     timeout: float = REQUEST_TIMEOUT_S,
 ) -> tuple[int, Any]:
-    """One request; returns (status, decoded JSON). OSError when nobody answers."""
-    import http.client
-
+    """One request on a connection of its own; returns (status, decoded JSON).
+    OSError when nobody answers."""
     conn = _connection(socket_path, timeout)
     try:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        conn.request(method, path, body=data, headers=headers)
-        response = conn.getresponse()
-        raw = response.read()
-        try:
-            decoded = json.loads(raw) if raw else None
-        except ValueError:
-            decoded = {"error": "invalid response", "detail": raw[:200].decode("utf-8", "replace")}
-        return response.status, decoded
-    except http.client.HTTPException as exc:
-        raise OSError(f"bad response from {socket_path}: {exc}") from exc
+        return _exchange(conn, socket_path, method, path, body)
     finally:
         conn.close()
+
+
+class Connection:
+    """Requests to one daemon on a connection kept open between them: a phase edge
+    or a ``track`` call is then one round trip, without a connect, the server's
+    credential check and a new serving thread each time (benchmarks/track.py). The
+    daemon closes a connection idle longer than its request timeout; a request that
+    finds it closed before any answer came is sent again once, on a new one (the
+    daemon had not read it). Thread-safe: one request at a time."""
+
+    def __init__(self, socket_path: str, timeout: float = REQUEST_TIMEOUT_S) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self._conn: Any = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        import http.client
+
+        with self._lock:
+            if self._pid != os.getpid():
+                # A forked child (a DataLoader worker) gets a connection of its own:
+                # its copy of the parent's is closed here (a close, not a shutdown:
+                # the parent's stays open).
+                self._close()
+                self._pid = os.getpid()
+            reused = self._conn is not None
+            if self._conn is None:
+                self._conn = _connection(self.socket_path, self.timeout)
+            try:
+                return _exchange(self._conn, self.socket_path, method, path, body)
+            except (OSError, http.client.HTTPException) as exc:
+                self._close()
+                idle_closed = isinstance(
+                    exc.__cause__ or exc,
+                    (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError),
+                )
+                if not (reused and idle_closed):
+                    raise
+            self._conn = _connection(self.socket_path, self.timeout)
+            try:
+                return _exchange(self._conn, self.socket_path, method, path, body)
+            except OSError:
+                self._close()
+                raise
+
+    def call_ok(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        status, decoded = self.call(method, path, body)
+        if status >= 400:
+            raise DaemonError(status, decoded if isinstance(decoded, dict) else {})
+        return decoded
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
 
 
 def call_ok(
