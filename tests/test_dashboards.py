@@ -41,7 +41,7 @@ def test_checked_in_json_is_what_the_generator_writes() -> None:
         text=True,
     )
     assert out.returncode == 0, out.stderr
-    assert [p.name for p in DASHBOARDS] == ["device.json", "fleet.json", "run.json"]
+    assert [p.name for p in DASHBOARDS] == ["device.json", "fleet.json", "rounds.json", "run.json"]
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
@@ -143,11 +143,12 @@ WORK = "import time\nwhile True:\n    sum(range(20000))\n    time.sleep(0.005)"
 
 
 def start_run(daemon: DaemonProcess, spawn: Any) -> str:
-    """A registered worker with a run label and two phases; returns its target id."""
+    """A registered worker with a run label and two phases named as the Flower mod
+    names a client's rounds, the second still running; returns its target id."""
     tid = daemon.register(spawn(WORK).pid, labels={"run": "dash"})["id"]
-    daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "warmup"})
+    daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "round-1/train"})
     time.sleep(1)
-    daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "train"})
+    daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "round-2/train"})
     return tid
 
 

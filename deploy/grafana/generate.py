@@ -1,4 +1,4 @@
-"""Writes the three dashboards in deploy/grafana/dashboards/ from this one description.
+"""Writes the dashboards in deploy/grafana/dashboards/ from this one description.
 
     python deploy/grafana/generate.py          # rewrite the JSON files
     python deploy/grafana/generate.py --check  # exit 1 if they differ (the tests do this)
@@ -390,7 +390,82 @@ def run() -> dict[str, Any]:
     return dashboard("edgewatt-run", "edgewatt: process / run", variables, panels)
 
 
-DASHBOARDS = {"fleet.json": fleet, "device.json": device, "run.json": run}
+def rounds() -> dict[str, Any]:
+    """Federated rounds: each client is a device whose target runs one phase per
+    message, ``round-N/kind`` (edgewatt.client.flower's mod)."""
+    lay = Layout()
+    d = 'host_name=~"$device"'
+    in_round = f'edgewatt_phase=~"round-.*", {d}'
+    # 1 while a round runs on that client's target: CPU and power read through it.
+    phase = ratio("edgewatt_process_phase")
+    running = f"max by (host_name, edgewatt_target_id) ({phase}, {in_round}}})"
+    panels = [
+        lay.panel(
+            "bargauge",
+            "Energy attributed per round and client (last 10 rounds each)",
+            "joule",
+            [
+                target(
+                    f"edgewatt_process_phase_energy_joules{{{in_round}}}",
+                    "{{host_name}} {{edgewatt_phase}}",
+                    instant=True,
+                )
+            ],
+            w=24,
+            options={"orientation": "horizontal", "displayMode": "basic"},
+        ),
+        lay.panel(
+            "timeseries",
+            "Round running, per client",
+            "short",
+            [target(running, "{{host_name}}")],
+        ),
+        lay.panel(
+            "timeseries",
+            "Client CPU while a round runs (cores busy)",
+            "short",
+            [
+                target(
+                    f"sum by (host_name) (rate(process_cpu_time_seconds_total{{{d}}}"
+                    f"[$__rate_interval]) * on (host_name, edgewatt_target_id) "
+                    f"group_left {running})",
+                    "{{host_name}}",
+                )
+            ],
+        ),
+        lay.panel(
+            "timeseries",
+            "Device power while a round runs",
+            "watt",
+            [
+                target(
+                    f"hw_host_power_watts{{{d}}} * on (host_name) group_left "
+                    f"max by (host_name) ({running})",
+                    "{{host_name}}",
+                )
+            ],
+        ),
+        lay.panel(
+            "timeseries",
+            "Client TCP bytes while a round runs",
+            "Bps",
+            [
+                target(
+                    f"sum by (host_name, network_io_direction) "
+                    f"(rate(process_network_io_bytes_total{{{d}}}[$__rate_interval]) "
+                    f"* on (host_name, edgewatt_target_id) group_left {running})",
+                    "{{host_name}} {{network_io_direction}}",
+                )
+            ],
+        ),
+    ]
+    variables = [
+        query_variable("device", "Client", "label_values(edgewatt_targets, host_name)", True)
+    ]
+    return dashboard("edgewatt-rounds", "edgewatt: federated rounds", variables, panels)
+
+
+DASHBOARDS = {"fleet.json": fleet, "device.json": device, "run.json": run, "rounds.json": rounds}
 
 
 def render() -> dict[str, str]:
