@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgewatt.cli.plotting import pyplot
 from edgewatt.cli.rounds import (
     is_rounds_file,
     load_rounds,
@@ -130,13 +131,7 @@ def layout(
 def plot(drawn: Layout, out: str) -> None:
     """CPU, memory, network and power over time, phases shaded, titled with what ran
     where and when (needs edgewatt[plot])."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise RuntimeError("plotting needs matplotlib: pip install 'edgewatt[plot]'") from exc
+    plt = pyplot()
     rows = max(1, len(drawn.panels))
     fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(9, 1.2 + 2.0 * rows), squeeze=False)
     for ax, (label, lines) in zip(axes[:, 0], drawn.panels):

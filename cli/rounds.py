@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgewatt.cli.plotting import pyplot
 from edgewatt.cli.status import human_bytes
 from edgewatt.core.text import printable
 
@@ -136,13 +137,7 @@ def rounds_layout(records: list[dict[str, Any]], title: str) -> RoundsLayout:
 
 def plot_rounds(drawn: RoundsLayout, out: str) -> None:
     """The rounds as grouped bars, one colour per client (needs edgewatt[plot])."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise RuntimeError("plotting needs matplotlib: pip install 'edgewatt[plot]'") from exc
+    plt = pyplot()
     rows = max(1, len(drawn.panels))
     fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(9, 1.4 + 1.8 * rows), squeeze=False)
     width = 0.8 / max(1, len(drawn.clients))
