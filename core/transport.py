@@ -273,10 +273,7 @@ class Connection:
                 raise
 
     def call_ok(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        status, decoded = self.call(method, path, body)
-        if status >= 400:
-            raise DaemonError(status, decoded if isinstance(decoded, dict) else {})
-        return decoded
+        return _ok(*self.call(method, path, body))
 
     def _close(self) -> None:
         if self._conn is not None:
@@ -295,7 +292,11 @@ def call_ok(
     body: dict[str, Any] | None = None,
     timeout: float = REQUEST_TIMEOUT_S,
 ) -> Any:
-    status, decoded = call(socket_path, method, path, body, timeout)
+    return _ok(*call(socket_path, method, path, body, timeout))
+
+
+def _ok(status: int, decoded: Any) -> Any:
+    """The decoded answer; DaemonError for an error status."""
     if status >= 400:
         raise DaemonError(status, decoded if isinstance(decoded, dict) else {})
     return decoded

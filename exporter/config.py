@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from edgewatt.core import carbon
-from edgewatt.core.power.meter import DEFAULT_SAMPLE_HZ, MAX_SAMPLE_HZ
+from edgewatt.core.power.source import DEFAULT_SAMPLE_HZ, MAX_SAMPLE_HZ
 from edgewatt.core.text import shown
 from edgewatt.core.transport import default_socket
 

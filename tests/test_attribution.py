@@ -68,6 +68,20 @@ passes = st.lists(
 )
 
 
+def pass_energy(
+    seconds: float, watts: float, busy: float, cpus: list[float], gpu_w: float, loads: list[float]
+) -> PassEnergy:
+    """What one pass of a random trace measured: the device at ``watts``, the host busy
+    ``busy`` CPU-s a second, one GPU at ``gpu_w`` loaded by the targets present."""
+    return PassEnergy(
+        seconds=seconds,
+        device_j=watts * seconds,
+        host_busy_cpu_s=busy * seconds,
+        gpu_j={"g": gpu_w * seconds},
+        gpu_load={"g": min(1.0, sum(loads[: len(cpus)]))},
+    )
+
+
 @settings(max_examples=300, deadline=None)
 @given(passes, st.one_of(st.none(), st.floats(0.0, 30.0)))
 def test_attributed_power_never_exceeds_device_power(trace, idle_w) -> None:
@@ -77,13 +91,7 @@ def test_attributed_power_never_exceeds_device_power(trace, idle_w) -> None:
     for seconds, watts, busy, cpus, gpu_w, loads in trace:
         t += seconds
         targets = {f"t{i}": Usage(c * seconds, {"g": loads[i]}) for i, c in enumerate(cpus)}
-        measured = PassEnergy(
-            seconds=seconds,
-            device_j=watts * seconds,
-            host_busy_cpu_s=busy * seconds,
-            gpu_j={"g": gpu_w * seconds},
-            gpu_load={"g": min(1.0, sum(loads[: len(cpus)]))},
-        )
+        measured = pass_energy(seconds, watts, busy, cpus, gpu_w, loads)
         model.update(t, measured, targets)
         attributed = math.fsum(model.power_w[k] for k in targets)
         assert attributed <= watts * (1 + 1e-9) + 1e-12
@@ -109,13 +117,7 @@ def test_every_measured_joule_is_attributed_idle_or_unattributed(trace, idle_w, 
         }
         before = dict(model.parts_j)
         given_before = math.fsum(model.energy_j.values())
-        measured = PassEnergy(
-            seconds=seconds,
-            device_j=watts * seconds,
-            host_busy_cpu_s=busy * seconds,
-            gpu_j={"g": gpu_w * seconds},
-            gpu_load={"g": min(1.0, sum(loads[: len(cpus)]))},
-        )
+        measured = pass_energy(seconds, watts, busy, cpus, gpu_w, loads)
         model.update(t, measured, targets)
         measured_total += watts * seconds
         step = {k: model.parts_j[k] - before[k] for k in before}

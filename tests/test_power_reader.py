@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from edgewatt.core.power import ina3221
-from edgewatt.core.power.meter import DEFAULT_SAMPLE_HZ, PowerMeter
-from edgewatt.core.power.source import PowerOptions
+from edgewatt.core.power.meter import PowerMeter
+from edgewatt.core.power.source import DEFAULT_SAMPLE_HZ, PowerOptions
 from tests.conftest import ROOT, DaemonProcess
 from tests.power_standin import Waveform, build_tree, start_writer
 

@@ -132,6 +132,18 @@ class JetsonBoard(PullSource):
         )
 
 
+def jetson_sampler(table: Any) -> Sampler:
+    """A sampler over ``table`` reading a JetsonBoard whose GPU rail draws 10 W above
+    its idle once busy, the device's idle configured at its 5 W."""
+    return Sampler(
+        table,
+        interval=0.2,
+        host_name="h",
+        power=PowerMeter([JetsonBoard(gpu_w=10.0)], max_gap_s=5.0),
+        attribution=Attribution(idle_w=5.0, window_s=600.0),
+    )
+
+
 BURN = "import time\nwhile True: time.sleep(0.0005); sum(range(2000))\n"
 
 
@@ -149,13 +161,7 @@ def test_the_gpu_rail_goes_to_the_target_holding_the_gpu(
     table = table_with(holder.pid)
     other_id = table.register(other.pid, {}, True, os.getuid())[0].id
     holder_id = next(t.id for t in table.running() if t.pid == holder.pid)
-    sampler = Sampler(
-        table,
-        interval=0.2,
-        host_name="h",
-        power=PowerMeter([JetsonBoard(gpu_w=10.0)], max_gap_s=5.0),
-        attribution=Attribution(idle_w=5.0, window_s=600.0),
-    )
+    sampler = jetson_sampler(table)
     wait_for(lambda: procfs.holds_gpu(holder.pid))
     energies: dict[str, float] = {}
     for _ in range(10):
@@ -178,13 +184,7 @@ def test_the_gpu_rail_goes_to_the_target_holding_the_gpu(
 def test_with_no_gpu_holder_the_gpu_rail_is_unattributed(spawn: Any) -> None:
     busy = spawn(BURN)
     table = table_with(busy.pid)
-    sampler = Sampler(
-        table,
-        interval=0.2,
-        host_name="h",
-        power=PowerMeter([JetsonBoard(gpu_w=10.0)], max_gap_s=5.0),
-        attribution=Attribution(idle_w=5.0, window_s=600.0),
-    )
+    sampler = jetson_sampler(table)
     for _ in range(8):
         snapshot = sampler.sample_once()
         time.sleep(0.2)

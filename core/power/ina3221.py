@@ -14,7 +14,6 @@ Layouts (field notes):
 from __future__ import annotations
 
 import glob
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -145,11 +144,10 @@ class Ina3221Source(PullSource):
             total_w=board_total(watts),
         )
 
-    def read_total(self) -> tuple[float, float]:
+    def read_total(self) -> tuple[float, float] | None:
         """(monotonic, W) of the board total alone: the stream's reading, a few preads."""
-        if len(self._total) == 1:
-            return time.monotonic(), self._total[0].watts()
-        return time.monotonic(), round(math.fsum(c.watts() for c in self._total), 6)
+        t, watts = time.monotonic(), board_total({c.name: c.watts() for c in self._total})
+        return None if watts is None else (t, watts)
 
     def close(self) -> None:
         for channel in self.channels:

@@ -29,17 +29,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.power.source import Gpu, PowerReading, PowerSource
+from edgewatt.core.power.source import (
+    DEFAULT_SAMPLE_HZ,
+    MAX_SAMPLE_HZ,
+    Gpu,
+    PowerReading,
+    PowerSource,
+)
 from edgewatt.core.power.trace import Trace
 
 log = logging.getLogger(__name__)
-
-# The default rate of the power reader (config ``power_sample_hz``), from
-# benchmarks/power_reader.py and benchmarks/energy_accuracy.py (docs/performance.md):
-# 0.47 % of one core of the 2-core VM the figures come from; windows of 150 ms within
-# 1 % when they hold no step of the power, up to 7.5 % across a 10 W step.
-DEFAULT_SAMPLE_HZ = 50.0
-MAX_SAMPLE_HZ = 1000.0
 
 
 def sample_hz_from_environment() -> float:
@@ -261,9 +260,9 @@ class PowerMeter:
         # one edge must not make the host's energy go backwards. A power held past the
         # last reading (a push source's line not yet come) may come in lower once the
         # line comes, so the total is held where it was until it catches up.
+        counted = self._energy_at(now)
         host_energy = None
-        if self._totals:
-            counted = sum(t.at(now) for t in self._totals.values())
+        if counted is not None:
             host_energy = self._host_energy = max(self._host_energy, counted)
         return PowerSnapshot(
             host_power_w=host_power,
@@ -281,9 +280,14 @@ class PowerMeter:
         readings kept: a target's exit, which the kernel dates before the pass that
         finds it."""
         with self._lock:
-            if not self._totals:
-                return None
-            return min(self._host_energy, sum(trace.at(t) for trace in self._totals.values()))
+            counted = self._energy_at(t)
+            return None if counted is None else min(self._host_energy, counted)
+
+    def _energy_at(self, t: float) -> float | None:
+        """The contributing traces' joules up to ``t``, summed (None: no trace yet)."""
+        if not self._totals:
+            return None
+        return sum(trace.at(t) for trace in self._totals.values())
 
     @property
     def period_s(self) -> float | None:

@@ -16,12 +16,19 @@ from typing import Protocol
 
 from edgewatt.core.compat import SLOTS
 
+# The default rate of the power reader (config ``power_sample_hz``), from
+# benchmarks/power_reader.py and benchmarks/energy_accuracy.py (docs/performance.md):
+# 0.45 % of one core of the 2-core VM the figures come from; windows of 150 ms within
+# 1 % when they hold no step of the power, up to 12 % across a 10 W step.
+DEFAULT_SAMPLE_HZ = 50.0
+MAX_SAMPLE_HZ = 1000.0
+
 
 @dataclass(frozen=True)
 class PowerOptions:
     """What discovery needs from the daemon's config."""
 
-    sample_hz: float = 50.0  # the power reader's rate: a push source prints at it
+    sample_hz: float = DEFAULT_SAMPLE_HZ  # the power reader's rate: a push source prints at it
     sysfs_path: str = "/sys"
     tegrastats_path: str = "/usr/bin/tegrastats"
     sources: tuple[str, ...] | None = None  # None: discover automatically
