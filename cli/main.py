@@ -85,6 +85,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     run.add_argument("--output", metavar="FILE.jsonl", help="write samples as JSON Lines")
     run.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
     run.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
+    run.add_argument(
+        "--cgroup",
+        action="store_true",
+        help="run CMD in a cgroup of its own: exact CPU and every byte of its traffic "
+        "(root, or a delegated subtree; needs the daemon)",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command")
 
     report = sub.add_parser("report", help="summarise a monitor file")
@@ -173,7 +179,7 @@ def _run(args: argparse.Namespace) -> int:
         labels = parse_labels(args.label)
         if args.interval <= 0:
             raise ValueError("--interval must be a positive number of seconds")
-        return run(command, labels, args.output, args.interval, args.socket)
+        return run(command, labels, args.output, args.interval, args.socket, args.cgroup)
     except ValueError as exc:
         print(f"edgewatt run: {exc}", file=sys.stderr)
         return 2

@@ -42,7 +42,13 @@ def summary_table(summary: dict[str, Any], title: str) -> str:
     if summary.get("network_transmit_bytes") is not None:
         sent = human_bytes(summary["network_transmit_bytes"])
         recv = human_bytes(summary.get("network_receive_bytes") or 0)
-        rows.append(("TCP", f"sent {sent}, received {recv} (the command's, across its boundary)"))
+        if summary.get("network_counts") == "ip-bytes":  # a cgroup's nftables counters
+            what = "IP bytes of every connection, headers included"
+            rows.append(("IP", f"sent {sent}, received {recv} ({what}, across its boundary)"))
+        else:
+            rows.append(
+                ("TCP", f"sent {sent}, received {recv} (the command's, across its boundary)")
+            )
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
         line = f"{energy:.1f} J ({energy / 3600:.4f} Wh)"

@@ -32,7 +32,7 @@ from edgewatt.cli.report import summary_table
 from edgewatt.client._monitor import FileMonitor
 from edgewatt.core import compat
 from edgewatt.core.labels import validate_labels
-from edgewatt.core.sampling import procfs
+from edgewatt.core.sampling import cgroups, procfs
 
 FORWARDED = (
     signal.SIGINT,
@@ -66,9 +66,11 @@ def run(
     output: str | None,
     interval: float,
     socket: str | None,
+    cgroup: bool = False,
 ) -> int:
     if not command:
         raise ValueError("no command given: edgewatt run [options] -- CMD ARGS...")
+    own = _own_cgroup() if cgroup else None
     monitor = FileMonitor(output or os.devnull, interval, labels=labels, socket=socket)
     if output is None:
         monitor.sink = "none"
@@ -81,7 +83,18 @@ def run(
         child = _Held(command)
     except OSError as exc:
         print(f"edgewatt run: cannot start {command[0]}: {exc.strerror}", file=sys.stderr)
+        if own is not None:
+            own.remove()
         return 127
+    if own is not None:
+        try:
+            own.add(child.pid)  # before its exec: every process it starts is a member
+            monitor.cgroup = own.path
+        except OSError as exc:
+            print(f"edgewatt run: --cgroup: cannot move the command into {own.path}: {exc}; "
+                  "running without a cgroup of its own", file=sys.stderr)  # fmt: skip
+            own.remove()
+            own = None
     previous: dict[int, Any] = {}
 
     def forward(signum: int, _frame: Any) -> None:
@@ -114,15 +127,29 @@ def run(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        problem = own.remove() if own is not None else None
+        if problem is not None:
+            print(f"edgewatt run: {problem}", file=sys.stderr)
     status = 128 - code if code < 0 else code
     shown = " ".join(shlex.join(command).split())
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    title = f"edgewatt run: {shown} (exit status {status}, monitored via {monitor.source})"
+    where = f", cgroup {own.path}" if own is not None else ""
+    title = f"edgewatt run: {shown} (exit status {status}, monitored via {monitor.source}{where})"
     summary = monitor.summary() if monitor.source else final(monitor.summary(), None)
     print(summary_table(summary, title), file=sys.stderr)
     if output:
         print(f"  samples written to {output}", file=sys.stderr)
     return status
+
+
+def _own_cgroup() -> cgroups.OwnCgroup | None:
+    """A cgroup of the command's own, or None after one line saying why not."""
+    try:
+        return cgroups.OwnCgroup(cgroups.mounts())
+    except (OSError, cgroups.InvalidCgroup) as exc:
+        print(f"edgewatt run: --cgroup: {exc}; running without a cgroup of its own",
+              file=sys.stderr)  # fmt: skip
+        return None
 
 
 def become_subreaper() -> bool:
@@ -207,10 +234,15 @@ def _final(usage: dict | None, wall_s: float) -> Any:
         api = _daemon_summary(registration)
         if api is not None:
             cpu_s = api["cpu_user_s"] + api["cpu_system_s"]
-            summary["cpu_source"] = "daemon (exact: kernel's exit records, lineage)"
+            summary["cpu_source"] = (
+                "daemon (exact: the cgroup's own accounts)"
+                if api.get("kind") == "cgroup"
+                else "daemon (exact: kernel's exit records, lineage)"
+            )
             for key in ("network_transmit_bytes", "network_receive_bytes"):
                 if api.get(key) is not None:  # what crossed the target's boundary
                     summary[key] = api[key]
+                    summary["network_counts"] = api.get("network_counts")
         elif usage is not None:
             cpu_s = usage["cpu_s"]
             summary["cpu_source"] = "kernel (wait4 of every process the command started)"
@@ -231,6 +263,10 @@ def _daemon_summary(registration: Any) -> dict[str, Any] | None:
     """The daemon's final summary of the target, where it is exact, or None."""
     if registration is None or registration.mode != "daemon":
         return None
+    if registration.info.get("kind") == "cgroup":
+        # Every member has been reaped: the cgroup's counters are final now.
+        api = registration.summary()
+        return api if api.get("cpu_user_s") is not None else None
     deadline = time.monotonic() + FINAL_WAIT_S
     while True:
         api = registration.summary()

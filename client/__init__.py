@@ -280,7 +280,9 @@ def _register(
     **local_options: Any,
 ) -> Registration:
     """register(), with the in-process options a monitor sets (interval, power,
-    sample_on_read)."""
+    sample_on_read) and ``cgroup``: the daemon measures that cgroup (`edgewatt run
+    --cgroup` put the command in it); in-process, the pid's tree is sampled as ever."""
+    cgroup = local_options.pop("cgroup", None)
     if labels is not None and (
         not isinstance(labels, dict)
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
@@ -301,7 +303,9 @@ def _register(
         why = f"no daemon answering at {found.looked}"
     elif found is not None:
         body: dict[str, Any] = {"children": children, "labels": labels or {}}
-        if target_pid != os.getpid():
+        if cgroup is not None:
+            body = {"cgroup": cgroup, "labels": labels or {}}
+        elif target_pid != os.getpid():
             body["pid"] = target_pid
         try:
             info = transport.call_ok(path, "POST", "/v1/targets", body)

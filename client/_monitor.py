@@ -60,6 +60,7 @@ def sampling_loop(
             interval=spec["interval"],
             power=spec["metrics"]["power"],
             sample_on_read=True,
+            cgroup=spec.get("cgroup"),
         )
     except Exception as exc:  # bad labels: the caller's start() raises it
         ready(f"cannot monitor pid {spec['pid']}: {exc}", {})
@@ -129,6 +130,7 @@ class Monitor:
         self.labels = dict(labels or {})
         self.socket = socket  # None: looked for as register() looks (core.transport)
         self.pid = os.getpid()
+        self.cgroup: str | None = None  # the daemon measures this cgroup (edgewatt run)
         # What the file's header names the run by (`edgewatt run` sets the command).
         self.command = " ".join(" ".join(_command_line()).split())
         self.metrics = {"cpu": True, "memory": True, "network": True, "power": False}
@@ -155,6 +157,7 @@ class Monitor:
     def _spec(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
+            "cgroup": self.cgroup,
             "command": self.command,
             "labels": self.labels,
             "interval": self.interval,

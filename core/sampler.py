@@ -18,7 +18,9 @@ from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution, PassEnergy, Usage
 from edgewatt.core.power.meter import PowerMeter, PowerSnapshot
 from edgewatt.core.power.source import BOARD_SOURCES, Gpu, gpu_only
-from edgewatt.core.sampling import procfs, system
+from edgewatt.core.sampling import cgroups, procfs, system
+from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
+from edgewatt.core.sampling.cgroups import Cgroup, CgroupGone, CgroupTree, InvalidCgroup
 from edgewatt.core.sampling.membership import Membership
 from edgewatt.core.sampling.network import NetworkAccounting
 from edgewatt.core.sampling.process import TreeReading
@@ -48,6 +50,8 @@ class Sampler:
         exits: TaskExits | None = None,
         membership: Membership | None = None,
         carbon: CarbonIntensity | None = None,
+        cgroup_traffic: CgroupTraffic | None = None,
+        cgroup_mounts: cgroups.Mounts | None = None,
     ) -> None:
         self.table = table
         self.carbon = carbon
@@ -59,6 +63,9 @@ class Sampler:
         self.network = network
         self.exits = exits  # the kernel's exit records: exact figures at a target's exit
         self.membership = membership or Membership()  # who belongs to which target
+        self.cgroup_traffic = cgroup_traffic  # every byte of cgroup targets' sockets
+        self._cgroup_mounts = cgroup_mounts  # read at the first cgroup target
+        self._proc = getattr(self.platform, "proc", "/proc")  # cgroup members' stat files
         self._network_bytes: dict[str, tuple[int, int] | None] = {}
         self.attribution = attribution or Attribution(None, 3600.0)
         self._last_target_cpu: dict[str, float] = {}
@@ -225,6 +232,11 @@ class Sampler:
         self, target: Target, children_of: Callable[[int], list[int]]
     ) -> TreeReading | None:
         tree = self._trees.get(target.id)
+        if tree is None and target.cgroup_name is not None:
+            tree = self._cgroup_tree(target)
+            if tree is None:
+                return None
+            self._trees[target.id] = tree
         if tree is None:
             if target.handle is None:
                 return None
@@ -255,6 +267,30 @@ class Sampler:
         self._relist = self._relist or tree.lost_members
         return reading
 
+    def _cgroup_tree(self, target: Target) -> CgroupTree | None:
+        """A cgroup target's reader; None (and the target ends) when its cgroup is gone
+        and its name names none."""
+        if self._cgroup_mounts is None:
+            self._cgroup_mounts = cgroups.mounts()
+        mounts, name = self._cgroup_mounts, target.cgroup_name
+        assert name is not None
+
+        def locate() -> Cgroup | None:
+            try:
+                return Cgroup(name.resolve(), mounts)
+            except (InvalidCgroup, CgroupGone, OSError):
+                return None
+
+        try:
+            cgroup = Cgroup(target.cgroup or name.resolve(), mounts)
+        except (InvalidCgroup, CgroupGone, OSError):
+            cgroup = locate()
+        if cgroup is None:
+            self._exited.setdefault(target.id, time.time())
+            log.info("target %s (%s): its cgroup is gone", target.id, name.display)
+            return None
+        return CgroupTree(cgroup, self.logical_cpus, resolve=locate, proc=self._proc)
+
     def _overflows(self) -> dict[str, int]:
         counts = {}
         if self.exits is not None:
@@ -278,7 +314,7 @@ class Sampler:
         figures = None
         if self.exits is not None:
             figures = tree.exit_figures()
-            if figures is None:
+            if figures is None and target.cgroup_name is None:
                 log.info(
                     "target %s (pid %d): the kernel's exit records are incomplete "
                     "(it started before the listener, or records were lost): its "
@@ -370,31 +406,42 @@ class Sampler:
         return holders
 
     def _count_network(self, readings: list[tuple[Target, TreeReading]]) -> None:
+        self._network_bytes = {}
+        processes = [(t, r) for t, r in readings if t.cgroup_name is None]
+        if self.cgroup_traffic is not None and len(processes) < len(readings):
+            self._count_cgroup_traffic(self.cgroup_traffic, readings)
         if self.network is None:
             return
         try:
-            self._network_bytes = self.network.sample(
-                {t.id: r.pids for t, r in readings},
-                idle=frozenset().union(*(r.idle_pids for _, r in readings)),
+            self._network_bytes.update(
+                self.network.sample(
+                    {t.id: r.pids for t, r in processes},
+                    idle=frozenset().union(*(r.idle_pids for _, r in processes)),
+                )
             )
         except OSError as exc:  # netlink refused this pass: figures absent, retried next
             self._errors += 1
-            self._network_bytes = {}
             log.warning("reading TCP socket counters failed: %s", exc)
+
+    def _count_cgroup_traffic(
+        self, traffic: CgroupTraffic, readings: list[tuple[Target, TreeReading]]
+    ) -> None:
+        for target, reading in readings:
+            tree = self._trees.get(target.id)
+            if isinstance(tree, CgroupTree):
+                traffic.watch(target.id, tree.cgroup.path, tree.cgroup.level, reading.pids)
+        counts = traffic.sample()
+        self._network_bytes.update({k: v for k, v in counts.items() if k in self._trees})
 
     def _sample(
         self, target: Target, reading: TreeReading, power: PowerSnapshot | None
     ) -> ProcessSample:
         attributes = self._attributes.get(target.id)
         if attributes is None:
-            attributes = {
-                "process.pid": target.pid,
-                "process.executable.name": target.executable,
-                "edgewatt.target.id": target.id,
-                "host.name": self.host_name,
-                **target.labels,
-            }
+            attributes = self._target_attributes(target)
             self._attributes[target.id] = attributes
+        tree = self._trees.get(target.id)
+        usage = tree.usage if isinstance(tree, CgroupTree) else None
         network = self._network_bytes.get(target.id) or (None, None)
         gpu = _gpu_totals(power, reading)
         return ProcessSample(
@@ -421,7 +468,29 @@ class Sampler:
             gpu_utilization=gpu[0],
             gpu_memory_bytes=gpu[1],
             members=reading.pids,
+            cgroup=tree.cgroup.path if isinstance(tree, CgroupTree) else None,
+            cgroup_memory=(usage.memory_bytes, usage.memory_peak_bytes) if usage else (None, None),
         )
+
+    def _target_attributes(self, target: Target) -> dict[str, str | int]:
+        name = target.cgroup_name
+        if name is None:
+            identity: dict[str, str | int] = {
+                "process.pid": target.pid,
+                "process.executable.name": target.executable,
+            }
+        elif name.kind == "container":  # OpenTelemetry's container attributes
+            identity = {"container.name": name.name, "container.runtime": name.runtime}
+        elif name.kind == "unit":
+            identity = {"edgewatt.target.unit": name.name}
+        else:
+            identity = {"edgewatt.target.cgroup": name.name}
+        return {
+            **identity,
+            "edgewatt.target.id": target.id,
+            "host.name": self.host_name,
+            **target.labels,
+        }
 
     def _device_energy(
         self, target: Target, reading: TreeReading, power: PowerSnapshot | None
@@ -472,6 +541,8 @@ class Sampler:
         self.attribution.forget(target_id)
         if self.network is not None:
             self.network.forget(target_id)
+        if self.cgroup_traffic is not None:
+            self.cgroup_traffic.forget(target_id)
 
     def close(self) -> None:
         self._closed = True
@@ -481,6 +552,8 @@ class Sampler:
             self.power.close()
         if self.network is not None:
             self.network.close()
+        if self.cgroup_traffic is not None:
+            self.cgroup_traffic.close()
         if self.exits is not None:
             self.exits.close()
         self.membership.close()

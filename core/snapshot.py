@@ -49,6 +49,9 @@ class ProcessSample:
     # The last few phases: (name, running, energy J attributed in it or None).
     phases: tuple[tuple[str, bool, float | None], ...] = ()
     members: tuple[int, ...] = ()  # pids of its live members (membership.py)
+    # A cgroup target's cgroup now, and its memory (current, kernel's peak) bytes.
+    cgroup: str | None = None
+    cgroup_memory: tuple[int | None, int | None] = (None, None)
 
     @property
     def cpu_s(self) -> float:

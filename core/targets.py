@@ -6,6 +6,7 @@ read by both. One lock guards the table; every operation under it is short.
 
 from __future__ import annotations
 
+import grp
 import operator
 import secrets
 import threading
@@ -18,6 +19,9 @@ from typing import Any
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.labels import LabelError, validate_value
+from edgewatt.core.sampling import cgroup_names, cgroups
+from edgewatt.core.sampling.cgroup_names import CgroupName
+from edgewatt.core.sampling.cgroups import Cgroup, InvalidCgroup
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle
 from edgewatt.core.snapshot import ProcessSample
@@ -172,15 +176,44 @@ class Target:
     # Registrations holding it: a process registered by `edgewatt run` and by itself
     # is one target, which stays until the last of them unregisters (or it exits).
     holders: int = 1
+    # A cgroup target (a container, a unit, a path): what it was registered as, the
+    # cgroup it is in now, and that cgroup's memory (current, kernel's peak) bytes.
+    # Its pid is 0 and its start_ticks the cgroup's inode.
+    cgroup_name: CgroupName | None = None
+    cgroup: str | None = None
+    cgroup_memory: tuple[int | None, int | None] = (None, None)
 
     @property
     def state(self) -> str:
         return "running" if self.exited_at is None else "exited"
 
+    @property
+    def kind(self) -> str:
+        return "process" if self.cgroup_name is None else "cgroup"
+
+    def _membership(self, membership: str) -> str:
+        if self.cgroup_name is not None:
+            return "cgroup"
+        return membership if self.children else "process"
+
+    def cgroup_info(self) -> dict[str, Any] | None:
+        if self.cgroup_name is None:
+            return None
+        current, peak = self.cgroup_memory
+        return {
+            "kind": self.cgroup_name.kind,  # cgroup, unit or container
+            "name": self.cgroup_name.name,
+            "runtime": self.cgroup_name.runtime or None,
+            "path": self.cgroup,  # in the cgroup v2 tree
+            "memory_current_bytes": current,
+            "memory_peak_bytes": peak,  # the kernel's high-water mark, where it keeps one
+        }
+
     def describe(self) -> dict[str, Any]:
         latest = self.history.last
         return {
             "id": self.id,
+            "kind": self.kind,
             "pid": self.pid,
             "start_time": round(self.start_time, 2),
             "executable": self.executable,
@@ -190,6 +223,7 @@ class Target:
             "registered_at": round(self.registered_at, 3),
             "exited_at": self.exited_at,
             "latest": dict(zip(SAMPLE_FIELDS, latest)) if latest else None,
+            "cgroup": self.cgroup_info(),
         }
 
     def summary(
@@ -205,6 +239,7 @@ class Target:
         h = self.history
         result: dict[str, Any] = {
             "id": self.id,
+            "kind": self.kind,
             "pid": self.pid,
             "labels": dict(self.labels),
             "state": self.state,
@@ -217,13 +252,19 @@ class Target:
             # exits, learnt from the kernel's events ("lineage") or from the parent
             # links each pass sees ("parent-links": a double fork between two passes
             # escapes it).
-            "membership": membership if self.children else "process",
+            # ... or the kernel's members of a cgroup ("cgroup").
+            "membership": self._membership(membership),
+            # What the network figures count: TCP payload acknowledged, or every IP
+            # byte of the cgroup's sockets, headers included (docs/reference.md).
+            "network_counts": "tcp-payload" if self.cgroup_name is None else "ip-bytes",
             "samples": h.count,
         }
         result.update(_span(h.first, h.last, logical_cpus, carbon, period_s))
         result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
         result["memory_rss_avg_bytes"] = round(h.rss_sum / h.count) if h.count else None
         result["phases"] = [_phase_item(p, logical_cpus, carbon, period_s) for p in h.phases]
+        if self.cgroup_name is not None:
+            result["cgroup"] = self.cgroup_info()
         if carbon is not None:
             result["carbon_intensity_g_per_kwh"] = carbon.g_per_kwh
             result["carbon_intensity_source"] = carbon.source
@@ -298,7 +339,10 @@ class TargetTable:
         on_change: Callable[[list[dict[str, Any]]], None] | None = None,
         open_process: Callable[..., Any] = ProcHandle,
         carbon: CarbonIntensity | None = None,
+        locate_cgroup: Callable[[CgroupName], Cgroup] | None = None,
     ) -> None:
+        # locate_cgroup(name): the cgroup a name names now (cgroup_names.locate).
+        self._locate = locate_cgroup or (lambda name: cgroup_names.locate(name, cgroups.mounts()))
         # open_process(pid, proc, expect_start=...) pins a process's identity: /proc
         # here, psutil in the client where /proc is absent (client/_psutil.py).
         self._open = open_process
@@ -398,6 +442,63 @@ class TargetTable:
                 created = True
         self.persist()  # a new target, or one more holder: both are persisted
         return target, created
+
+    def register_cgroup(
+        self,
+        name: CgroupName,
+        labels: dict[str, str],
+        uid: int,
+        gids: frozenset[int] = frozenset(),
+        *,
+        target_id: str | None = None,
+        registered_at: float | None = None,
+        holders: int = 1,
+    ) -> tuple[Target, bool]:
+        """Register the cgroup ``name`` names now; returns (target, created). Root may
+        register any; a user the cgroups they own (a delegated subtree); the docker
+        group docker's containers, as its socket lets it run them anyway."""
+        try:
+            cgroup = self._locate(name)
+        except (InvalidCgroup, OSError) as exc:
+            raise TargetError("no such cgroup", str(exc)) from None
+        refusal = _cgroup_refusal(name, cgroup, uid, gids)
+        if refusal is not None:
+            raise Forbidden("not your cgroup", refusal)
+        key = (0, cgroup.inode)
+        with self._lock:
+            existing_id = self._by_identity.get(key)
+            if existing_id is not None:
+                existing = self._targets[existing_id]
+                if existing.labels != labels:
+                    raise Conflict(
+                        "already registered",
+                        f"cgroup {cgroup.path} is target {existing.id} with other labels",
+                    )
+                existing.holders += 1
+                return existing, False
+            refused = self._over_limit(uid)
+            if refused is not None:
+                raise refused
+            now = time.time()
+            target = Target(
+                id=target_id or secrets.token_hex(6),
+                pid=0,
+                start_ticks=cgroup.inode,
+                start_time=now,
+                labels=labels,
+                children=True,
+                uid=uid,
+                registered_at=registered_at or now,
+                history=History(self._history_samples),
+                executable=name.display,
+                holders=max(1, holders),
+                cgroup_name=name,
+                cgroup=cgroup.path,
+            )
+            self._targets[target.id] = target
+            self._by_identity[key] = target.id
+        self.persist()
+        return target, True
 
     def _over_limit(self, uid: int) -> TooMany | None:
         running = [t.uid for t in self._targets.values() if t.exited_at is None]
@@ -517,6 +618,8 @@ class TargetTable:
                 if target is None:
                     continue
                 target.members = sample.members
+                if sample.cgroup is not None:
+                    target.cgroup, target.cgroup_memory = sample.cgroup, sample.cgroup_memory
                 if only is None or target.id in only:
                     target.history.add(_row(sample))
                 if target.history.phases:
@@ -574,20 +677,7 @@ class TargetTable:
 
     def persistent_state(self) -> list[dict[str, Any]]:
         with self._lock:
-            return [
-                {
-                    "id": t.id,
-                    "pid": t.pid,
-                    "start_ticks": t.start_ticks,
-                    "labels": t.labels,
-                    "children": t.children,
-                    "uid": t.uid,
-                    "registered_at": t.registered_at,
-                    "holders": t.holders,
-                }
-                for t in self._targets.values()
-                if t.exited_at is None
-            ]
+            return [_saved(t) for t in self._targets.values() if t.exited_at is None]
 
     def persist(self) -> None:
         """Hand the state to on_change (the state file)."""
@@ -602,6 +692,44 @@ class TargetTable:
         if target is None:
             raise NotFound("no such target", f"no target with id {target_id!r}")
         return target
+
+
+def _saved(t: Target) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "id": t.id,
+        "pid": t.pid,
+        "start_ticks": t.start_ticks,
+        "labels": t.labels,
+        "children": t.children,
+        "uid": t.uid,
+        "registered_at": t.registered_at,
+        "holders": t.holders,
+    }
+    if t.cgroup_name is not None:  # resolved again at restore: it may have restarted
+        name = t.cgroup_name
+        entry["cgroup"] = {"kind": name.kind, "name": name.name, "runtime": name.runtime}
+    return entry
+
+
+def _cgroup_refusal(name: CgroupName, cgroup: Cgroup, uid: int, gids: frozenset[int]) -> str | None:
+    if uid == 0:
+        return None
+    try:
+        owner = cgroup.owner()
+    except OSError:
+        return f"cgroup {cgroup.path} is gone"
+    if owner == uid:
+        return None
+    if name.runtime == "docker":
+        try:
+            if grp.getgrnam("docker").gr_gid in gids:
+                return None
+        except KeyError:
+            pass
+    return (
+        f"cgroup {cgroup.path} belongs to uid {owner}: root or its owner may register it "
+        "(a user, cgroups delegated to them, such as under user@UID.service)"
+    )
 
 
 def _check_owner(target: Target, uid: int) -> None:

@@ -294,9 +294,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _register(self) -> tuple[int, Any]:
         request = parse_request(self._read_json(), self.peer_pid, self.server.pid_max)
-        target, created = self.server.table.register(
-            request.pid, request.labels, request.children, self.peer_uid
-        )
+        if request.cgroup is not None:
+            target, created = self.server.table.register_cgroup(
+                request.cgroup,
+                request.labels,
+                self.peer_uid,
+                procfs.groups(self.peer_pid, self.server.proc),
+            )
+        else:
+            target, created = self.server.table.register(
+                request.pid, request.labels, request.children, self.peer_uid
+            )
         if created:
             # Registration is a sample: the summary's baseline is read now, so what the
             # process did before is excluded and nothing after it is lost.
@@ -304,7 +312,9 @@ class _Handler(BaseHTTPRequestHandler):
         info = target.describe()
         return (201 if created else 200), {
             "id": info["id"],
+            "kind": info["kind"],
             "pid": info["pid"],
+            "cgroup": info["cgroup"],
             "start_time": info["start_time"],
             "labels": info["labels"],
             "children": info["children"],

@@ -27,7 +27,8 @@ from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.sampler import Sampler
-from edgewatt.core.sampling import procfs
+from edgewatt.core.sampling import cgroups, procfs
+from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
 from edgewatt.core.sampling.membership import LINEAGE, Membership
 from edgewatt.core.sampling.network import NetworkAccounting
 from edgewatt.core.sampling.proc_events import ProcEvents
@@ -272,6 +273,17 @@ class Daemon:
             try:
                 saved = parse_saved(entry, pid_max)
                 request = saved.registration
+                if request.cgroup is not None:  # resolved anew: it may have restarted
+                    self.table.register_cgroup(
+                        request.cgroup,
+                        request.labels,
+                        saved.uid,
+                        target_id=saved.target_id,
+                        registered_at=saved.registered_at,
+                        holders=saved.holders,
+                    )
+                    restored += 1
+                    continue
                 self.table.register(
                     request.pid,
                     request.labels,
@@ -391,6 +403,27 @@ class Daemon:
                 os.geteuid(),
             )
 
+    def _start_cgroup_traffic(self) -> None:
+        """nftables counters for cgroup targets: root (or CAP_NET_ADMIN), libnftables
+        and a cgroup v2 mount; without them a cgroup target has no network figures."""
+        where = cgroups.mounts()
+        if where.v2 is None:
+            log.info("no cgroup v2 mount: cgroup targets have no network figures")
+            return
+        try:
+            traffic = CgroupTraffic(where.v2, self.config.proc_path)
+            stale = traffic.clean_stale()
+        except OSError as exc:
+            log.warning(
+                "cgroup targets' network bytes unavailable (nftables: %s); the daemon needs "
+                "CAP_NET_ADMIN and libnftables (apt-get install nftables)",
+                exc,
+            )
+            return
+        if stale:
+            log.info("removed %d nftables table(s) left by an earlier daemon", stale)
+        self.sampler.cgroup_traffic = traffic
+
     def start(self) -> None:
         # Both endpoints first: a port or socket in use fails here, before a power
         # reader or a netlink listener was started (and would be left behind).
@@ -422,6 +455,7 @@ class Daemon:
         self._start_exits()
         self._start_lineage()
         self._start_network()
+        self._start_cgroup_traffic()
         self.sampler.sample_once()  # the first scrape already has data
         self.exposition.serve()
         self._spawn("api", self.api.serve_forever, 0.2)

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgewatt.core.labels import LabelError, validate_labels
+from edgewatt.core.sampling import cgroup_names
+from edgewatt.core.sampling.cgroup_names import CgroupName
+from edgewatt.core.sampling.cgroups import InvalidCgroup
 
 TARGET_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_UID = 2**32 - 2  # (uid_t)-1 means "no uid"
@@ -31,9 +34,10 @@ class InvalidRegistration(ValueError):
 
 @dataclass(frozen=True)
 class Registration:
-    pid: int
+    pid: int  # 0 for a cgroup
     labels: dict[str, str]
     children: bool
+    cgroup: CgroupName | None = None  # a cgroup target: a path, a unit or a container
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,30 @@ class Saved:
 
 
 def parse_request(body: dict[str, Any], caller_pid: int, pid_max: int) -> Registration:
-    """A POST /v1/targets body; the pid defaults to the caller's."""
-    reject_unknown(body, {"pid", "labels", "children"})
+    """A POST /v1/targets body: a process (``pid``, by default the caller's) or a
+    cgroup (``cgroup`` path, ``unit`` or ``container`` with an optional ``runtime``)."""
+    reject_unknown(body, {"pid", "labels", "children", *CGROUP_FIELDS, "runtime"})
+    named = [k for k in ("pid", *CGROUP_FIELDS) if k in body]
+    if len(named) > 1:
+        raise InvalidRegistration("conflicting fields", f"give one of {', '.join(named)}")
+    if "runtime" in body and named != ["container"]:
+        raise InvalidRegistration("invalid runtime", "runtime goes with container")
+    if named and named[0] in CGROUP_FIELDS:
+        if "children" in body:
+            raise InvalidRegistration("invalid children", "a cgroup is counted whole")
+        kind = named[0]
+        return Registration(0, _labels(body), True, _cgroup_name(kind, body[kind], body))
     return _registration(body, caller_pid, pid_max)
+
+
+CGROUP_FIELDS = ("cgroup", "unit", "container")
+
+
+def _cgroup_name(kind: str, name: object, body: dict[str, Any]) -> CgroupName:
+    try:
+        return cgroup_names.parse(kind, name, body.get("runtime"))
+    except InvalidCgroup as exc:
+        raise InvalidRegistration(f"invalid {kind}", str(exc)) from None
 
 
 def parse_saved(entry: object, pid_max: int) -> Saved:
@@ -59,7 +84,7 @@ def parse_saved(entry: object, pid_max: int) -> Saved:
     if not isinstance(entry, dict):
         raise InvalidRegistration("invalid entry", f"an object is needed, got {_kind(entry)}")
     reject_unknown(entry, {"id", "pid", "start_ticks", "labels", "children", "uid",
-                            "registered_at", "holders"})  # fmt: skip
+                            "registered_at", "holders", "cgroup"})  # fmt: skip
     for key in ("id", "pid", "start_ticks", "uid"):
         if key not in entry:
             raise InvalidRegistration(f"no {key}", f"the entry has no {key!r}")
@@ -74,8 +99,19 @@ def parse_saved(entry: object, pid_max: int) -> Saved:
         or registered_at <= 0
     ):
         raise InvalidRegistration("invalid registered_at", f"got {registered_at!r:.40}")
+    if "cgroup" in entry:
+        saved = entry["cgroup"]
+        if not isinstance(saved, dict) or not isinstance(saved.get("kind"), str):
+            raise InvalidRegistration("invalid cgroup", "an object with kind and name is needed")
+        if saved["kind"] not in CGROUP_FIELDS:
+            raise InvalidRegistration("invalid cgroup", f"kind {saved['kind']!r:.40} is unknown")
+        runtime = {"runtime": saved.get("runtime") or None}
+        name = _cgroup_name(saved["kind"], saved.get("name"), runtime)
+        registration = Registration(0, _labels(entry), True, name)
+    else:
+        registration = _registration(entry, None, pid_max)
     return Saved(
-        _registration(entry, None, pid_max),
+        registration,
         target_id,
         _integer(entry, "start_ticks", 0, 2**63 - 1),
         _integer(entry, "uid", 0, MAX_UID),
@@ -92,11 +128,14 @@ def _registration(body: dict[str, Any], caller_pid: int | None, pid_max: int) ->
     children = body.get("children", True)
     if not isinstance(children, bool):
         raise InvalidRegistration("invalid children", "children must be true or false")
+    return Registration(pid, _labels(body), children)
+
+
+def _labels(body: dict[str, Any]) -> dict[str, str]:
     try:
-        labels = validate_labels(body.get("labels"))
+        return validate_labels(body.get("labels"))
     except LabelError as exc:
         raise InvalidRegistration("invalid labels", str(exc)) from None
-    return Registration(pid, labels, children)
 
 
 def _integer(body: dict[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int:

@@ -375,6 +375,21 @@ def sees_other_users(proc: str = "/proc") -> bool:
     return False
 
 
+def groups(pid: int, proc: str = "/proc") -> frozenset[int]:
+    """The process's supplementary and effective group ids (empty when gone)."""
+    found: set[int] = set()
+    try:
+        with open(f"{proc}/{pid}/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    found.update(int(g) for g in line.split()[1:])
+                elif line.startswith("Gid:"):
+                    found.add(int(line.split()[2]))
+    except (OSError, ValueError):
+        return frozenset()
+    return frozenset(found)
+
+
 def boot_id(proc: str = "/proc") -> str:
     try:
         with open(f"{proc}/sys/kernel/random/boot_id") as f:

@@ -1,0 +1,115 @@
+"""Names a user gives a cgroup target, and the cgroup each names now.
+
+- a cgroup path ("/system.slice/x.service"), as it is;
+- a systemd unit ("flower-supernode.service"), through `systemctl show`;
+- a container (podman or docker, by name or id), through the runtime's own CLI: its
+  main process's pid, whose /proc/PID/cgroup is the truth whatever the cgroup manager.
+
+A name is resolved again when its cgroup goes (a restarted container or service), so
+one target follows the container across restarts.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edgewatt.core.compat import SLOTS
+from edgewatt.core.sampling.cgroups import (
+    Cgroup,
+    CgroupGone,
+    InvalidCgroup,
+    Mounts,
+    cgroup_of,
+    normalize,
+)
+
+KINDS = ("cgroup", "unit", "container")
+RUNTIMES = ("podman", "docker")
+_UNIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9:_.@\\-]{0,254}")  # never an option
+_CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
+_TIMEOUT_S = 10.0
+
+Runner = Callable[[list[str]], str]
+
+
+class UnknownName(InvalidCgroup):
+    """The name resolves to no running cgroup; the message says why."""
+
+
+def run_command(argv: list[str]) -> str:
+    """The command's standard output; UnknownName with its own message when it fails."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UnknownName(f"{argv[0]} failed: {exc}") from None
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).strip().splitlines()
+        raise UnknownName(f"{' '.join(argv[:2])}: {message[-1] if message else 'failed'}")
+    return done.stdout.strip()
+
+
+@dataclass(frozen=True, **SLOTS)
+class CgroupName:
+    """What a cgroup target was registered as; ``runtime`` only for a container."""
+
+    kind: str
+    name: str
+    runtime: str = ""
+
+    @property
+    def display(self) -> str:
+        return self.name if self.kind == "cgroup" else f"{self.runtime or self.kind}:{self.name}"
+
+    def resolve(self, run: Runner = run_command, proc: str = "/proc") -> str:
+        """The cgroup v2 path it names now; UnknownName when none."""
+        if self.kind == "cgroup":
+            return self.name
+        if self.kind == "unit":
+            path = run(["systemctl", "show", "--property=ControlGroup", "--value", self.name])
+            if not path:
+                raise UnknownName(f"unit {self.name} is not running (it has no cgroup)")
+            return normalize(path)
+        pid_text = run([self.runtime, "inspect", "--format", "{{.State.Pid}}", self.name])
+        if not pid_text.isdigit() or int(pid_text) == 0:
+            raise UnknownName(f"{self.runtime} container {self.name} is not running")
+        try:
+            return normalize(cgroup_of(int(pid_text), proc))
+        except FileNotFoundError:
+            raise UnknownName(f"{self.runtime} container {self.name} has just stopped") from None
+
+
+def locate(name: CgroupName, where: Mounts, run: Runner = run_command) -> Cgroup:
+    """The cgroup ``name`` names now; UnknownName saying why when none."""
+    path = name.resolve(run)
+    try:
+        return Cgroup(path, where)
+    except CgroupGone as exc:
+        raise UnknownName(str(exc)) from None
+
+
+def parse(kind: str, name: object, runtime: object = None) -> CgroupName:
+    """Check a name as the API receives it; InvalidCgroup naming the problem."""
+    if kind not in KINDS:
+        raise InvalidCgroup(f"kind must be one of {', '.join(KINDS)}")
+    if kind == "cgroup":
+        return CgroupName("cgroup", normalize(name))
+    if not isinstance(name, str):
+        raise InvalidCgroup(f"a {kind} name is a string, got {type(name).__name__}")
+    if kind == "unit":
+        if not _UNIT.fullmatch(name):
+            raise InvalidCgroup(f"{name!r:.80} is not a systemd unit name")
+        return CgroupName("unit", name if "." in name else name + ".service")
+    if not _CONTAINER.fullmatch(name):
+        raise InvalidCgroup(f"{name!r:.80} is not a container name or id")
+    if runtime is None:
+        found = [r for r in RUNTIMES if shutil.which(r)]
+        if not found:
+            raise InvalidCgroup("no container runtime found (podman or docker); name one")
+        runtime = found[0]
+    if runtime not in RUNTIMES:
+        raise InvalidCgroup(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r:.40}")
+    return CgroupName("container", name, str(runtime))

@@ -1,0 +1,365 @@
+"""Control groups: where they are mounted, which one a process is in, and a cgroup's
+own accounts. One function per fact, as in procfs.py.
+
+A cgroup target is named by its path in the v2 hierarchy ("/libpod_parent/libpod-ID",
+"/system.slice/x.service"). On a hybrid host (v1 controllers, v2 mounted beside them
+at /sys/fs/cgroup/unified: JetPack 5, Ubuntu 20.04, this CI) the v2 tree has the CPU
+figures but not the memory or storage controllers; those are read from the v1
+hierarchy at the same path, where runtimes and systemd place every process alike.
+
+The kernel's figures are cumulative over every process that was ever a member, so a
+member that comes and goes between two passes is counted whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edgewatt.core.compat import SLOTS
+from edgewatt.core.sampling.process import TreeReading
+from edgewatt.core.sampling.procfs import NoSuchProcess, parse_stat
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+class CgroupGone(Exception):
+    """The cgroup was removed (its service stopped, its container ended)."""
+
+
+class InvalidCgroup(ValueError):
+    pass
+
+
+@dataclass(frozen=True, **SLOTS)
+class Mounts:
+    """Where the hierarchies are: the v2 mount (None on a v1-only host) and each v1
+    controller's mount."""
+
+    v2: str | None
+    v1: dict[str, str]
+
+
+def mounts(path: str = "/proc/self/mounts") -> Mounts:
+    v2, v1 = None, {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 4:
+                continue
+            if fields[2] == "cgroup2" and v2 is None:
+                v2 = fields[1]
+            elif fields[2] == "cgroup":
+                for option in fields[3].split(","):
+                    v1.setdefault(option, fields[1])
+    return Mounts(v2, v1)
+
+
+def normalize(path: object) -> str:
+    """A cgroup path as the API takes it: absolute, no '.' or '..' parts, no quotes
+    (it goes into nftables rules), at most 4096 bytes."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise InvalidCgroup(f"a cgroup path starts with '/', got {path!r:.80}")
+    parts = [p for p in path.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise InvalidCgroup(f"'.' and '..' are not allowed in a cgroup path: {path!r:.80}")
+    if any(c in path for c in '"\\\n\r\0'):
+        raise InvalidCgroup(f"quotes, backslashes and control characters are refused: {path!r:.80}")
+    if len(path.encode()) > 4096:
+        raise InvalidCgroup("a cgroup path is at most 4096 bytes")
+    return "/" + "/".join(parts)
+
+
+def cgroup_of(pid: int, proc: str = "/proc") -> str:
+    """The process's v2 cgroup ("0::" line of /proc/PID/cgroup); FileNotFoundError
+    when the process is gone."""
+    with open(f"{proc}/{pid}/cgroup", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("0::"):
+                return line[3:].strip() or "/"
+    raise InvalidCgroup(f"process {pid} has no cgroup v2 membership (a v1-only host)")
+
+
+def parse_cpu_stat(text: str) -> tuple[float, float]:
+    """(user, system) seconds from a v2 cpu.stat."""
+    values = dict(line.split(None, 1) for line in text.splitlines() if " " in line)
+    try:
+        return int(values["user_usec"]) / 1e6, int(values["system_usec"]) / 1e6
+    except (KeyError, ValueError):
+        raise ValueError(f"no user_usec/system_usec in cpu.stat: {text[:80]!r}") from None
+
+
+def parse_io_stat(text: str) -> tuple[int, int]:
+    """(read, written) bytes summed over devices, from a v2 io.stat."""
+    read = written = 0
+    for line in text.splitlines():
+        for item in line.split()[1:]:
+            key, _, value = item.partition("=")
+            if key == "rbytes":
+                read += int(value)
+            elif key == "wbytes":
+                written += int(value)
+    return read, written
+
+
+def parse_blkio(text: str) -> tuple[int, int]:
+    """(read, written) bytes from v1 blkio.throttle.io_service_bytes_recursive."""
+    read = written = 0
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[1] == "Read":
+            read += int(fields[2])
+        elif len(fields) == 3 and fields[1] == "Write":
+            written += int(fields[2])
+    return read, written
+
+
+@dataclass(frozen=True, **SLOTS)
+class Usage:
+    """A cgroup's accounts at one instant, in seconds and bytes."""
+
+    time: float  # unix seconds
+    cpu_user_s: float
+    cpu_system_s: float
+    memory_bytes: int | None  # memory.current (v2) or memory.usage_in_bytes (v1)
+    memory_peak_bytes: int | None  # the kernel's high-water mark, where it keeps one
+    read_bytes: int | None
+    write_bytes: int | None
+    pids: tuple[int, ...]  # members, its sub-cgroups' included
+
+
+class Cgroup:
+    """One cgroup, read where each figure lives (v2 first, v1 at the same path)."""
+
+    def __init__(self, path: str, where: Mounts) -> None:
+        self.path = normalize(path)
+        self._where = where
+        self.v2_dir = None if where.v2 is None else where.v2 + self.path.rstrip("/")
+        base = self.v2_dir
+        if base is None:
+            raise CgroupGone("this host has no cgroup v2 mount (cgroup targets need one)")
+        if not os.path.isdir(base):
+            raise CgroupGone(f"no cgroup {self.path} (looked for {base})")
+        # Its inode names this cgroup: one made again under the same path is another.
+        self.inode = os.stat(base).st_ino
+
+    @property
+    def level(self) -> int:
+        """Its depth in the v2 tree, as nftables' `socket cgroupv2 level` counts it."""
+        return self.path.count("/") if self.path != "/" else 0
+
+    def owner(self) -> int:
+        return os.stat(self._require_v2()).st_uid
+
+    def _require_v2(self) -> str:
+        if self.v2_dir is None:
+            raise CgroupGone(f"no cgroup {self.path}")
+        return self.v2_dir
+
+    def _v1(self, controller: str, name: str) -> str | None:
+        root = self._where.v1.get(controller)
+        if root is None:
+            return None
+        return _read(f"{root}{self.path.rstrip('/')}/{name}")
+
+    def read(self) -> Usage:
+        now = time.time()
+        base = self._require_v2()
+        try:
+            if os.stat(base).st_ino != self.inode:
+                raise CgroupGone(f"cgroup {self.path} was removed and made again")
+            cpu_text = _read(f"{base}/cpu.stat")
+        except FileNotFoundError:
+            raise CgroupGone(f"cgroup {self.path} was removed") from None
+        if cpu_text is None:
+            raise CgroupGone(f"cgroup {self.path} was removed")
+        user, system = parse_cpu_stat(cpu_text)
+        memory = _int(_read(f"{base}/memory.current"))
+        peak = _int(_read(f"{base}/memory.peak"))
+        if memory is None:  # hybrid host: the memory controller is v1's
+            memory = _int(self._v1("memory", "memory.usage_in_bytes"))
+            peak = _int(self._v1("memory", "memory.max_usage_in_bytes"))
+        io_text = _read(f"{base}/io.stat")
+        io = parse_io_stat(io_text) if io_text is not None else None
+        if io is None:
+            blkio = self._v1("blkio", "blkio.throttle.io_service_bytes_recursive")
+            io = parse_blkio(blkio) if blkio is not None else None
+        return Usage(
+            time=now,
+            cpu_user_s=user,
+            cpu_system_s=system,
+            memory_bytes=memory,
+            memory_peak_bytes=peak,
+            read_bytes=None if io is None else io[0],
+            write_bytes=None if io is None else io[1],
+            pids=members(base),
+        )
+
+
+def members(directory: str) -> tuple[int, ...]:
+    """Pids in the cgroup and every cgroup below it."""
+    pids: list[int] = []
+    for dirpath, _dirs, _files in os.walk(directory):
+        text = _read(f"{dirpath}/cgroup.procs")
+        if text:
+            pids.extend(int(p) for p in text.split())
+    return tuple(pids)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+class CgroupTree:
+    """A cgroup target read once per pass, as the sampler reads a process tree
+    (platforms.Tree). ``resolve`` names the cgroup anew when it is gone: a container
+    restarted under a new cgroup goes on, its counters added to those before."""
+
+    lost_members = False  # membership is the kernel's: there is never a list to redo
+
+    def __init__(
+        self,
+        cgroup: Cgroup,
+        logical_cpus: int,
+        resolve: Callable[[], Cgroup | None] | None = None,
+        proc: str = "/proc",
+    ) -> None:
+        self.cgroup = cgroup
+        self._cpus = logical_cpus
+        self._resolve = resolve
+        self._proc = proc
+        self._base = (0.0, 0.0, 0, 0)  # what earlier incarnations counted
+        self.last: TreeReading | None = None
+        self.usage: Usage | None = None
+
+    def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading:
+        del children_of  # members come from the cgroup, not from parent links
+        try:
+            usage = self.cgroup.read()
+        except CgroupGone:
+            usage = self._next_incarnation()
+        user_base, system_base, read_base, write_base = self._base
+        rss = vms = threads = 0
+        for pid in usage.pids:
+            try:
+                with open(f"{self._proc}/{pid}/stat", encoding="utf-8") as f:
+                    stat = parse_stat(f.read())
+            except (OSError, ValueError):
+                continue  # gone since cgroup.procs was read
+            rss += stat.rss_pages * PAGE_SIZE
+            vms += stat.vsize
+            threads += stat.num_threads
+        cpu = user_base + system_base + usage.cpu_user_s + usage.cpu_system_s
+        utilization = None
+        if self.last is not None and usage.time > self.last.time:
+            used = cpu - self.last.cpu_user_s - self.last.cpu_system_s
+            utilization = max(0.0, used / (usage.time - self.last.time) / self._cpus)
+        reading = TreeReading(
+            time=usage.time,
+            cpu_user_s=user_base + usage.cpu_user_s,
+            cpu_system_s=system_base + usage.cpu_system_s,
+            cpu_utilization=utilization,
+            rss_bytes=rss,
+            vms_bytes=vms,
+            read_bytes=None if usage.read_bytes is None else read_base + usage.read_bytes,
+            write_bytes=None if usage.write_bytes is None else write_base + usage.write_bytes,
+            threads=threads,
+            open_fds=None,
+            pids=usage.pids,
+        )
+        self.last, self.usage = reading, usage
+        return reading
+
+    def _next_incarnation(self) -> Usage:
+        """The cgroup went: its next one (a restarted container), or the end."""
+        fresh = self._resolve() if self._resolve is not None else None
+        if fresh is None or fresh.inode == self.cgroup.inode:
+            raise NoSuchProcess(0, f"cgroup {self.cgroup.path} is gone")
+        last = self.last
+        if last is not None:
+            self._base = (
+                last.cpu_user_s,
+                last.cpu_system_s,
+                last.read_bytes or 0,
+                last.write_bytes or 0,
+            )
+        self.cgroup = fresh
+        return fresh.read()
+
+    def exit_figures(self) -> None:
+        return None  # a removed cgroup's counters go with it: the last pass is the end
+
+    def close(self) -> None:
+        pass
+
+
+RUN_PARENT = "/edgewatt"  # root's cgroups for `edgewatt run --cgroup`, one per run
+
+
+class OwnCgroup:
+    """A cgroup made for one command (`edgewatt run --cgroup`): under /edgewatt for
+    root, else under the caller's own cgroup where it was delegated to them (systemd
+    -run --user --scope). PermissionError says why it cannot be made."""
+
+    def __init__(self, where: Mounts, proc: str = "/proc") -> None:
+        if where.v2 is None:
+            raise PermissionError("this host has no cgroup v2 mount")
+        uid = os.geteuid()
+        if uid == 0:
+            parent = RUN_PARENT
+        else:
+            parent = cgroup_of(os.getpid(), proc)
+            owner = os.stat(where.v2 + parent.rstrip("/")).st_uid
+            if owner != uid:
+                raise PermissionError(
+                    f"your cgroup {parent} is not delegated to you (owned by uid {owner}); "
+                    "run under `systemd-run --user --scope`, or as root"
+                )
+        parent_dir = where.v2 + parent.rstrip("/")
+        os.makedirs(parent_dir, exist_ok=True)
+        _remove_stale(parent_dir, proc)
+        name = f"run-{os.getpid()}"
+        self.path = normalize(f"{parent}/{name}")
+        self.directory = f"{parent_dir}/{name}"
+        os.mkdir(self.directory)
+
+    def add(self, pid: int) -> None:
+        with open(f"{self.directory}/cgroup.procs", "w", encoding="ascii") as f:
+            f.write(str(pid))
+
+    def remove(self) -> str | None:
+        """Remove it once empty; why not, or None."""
+        try:
+            os.rmdir(self.directory)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            left = len(members(self.directory))
+            return f"cgroup {self.path} left in place ({left} processes still in it): {exc}"
+        return None
+
+
+def _remove_stale(parent_dir: str, proc: str) -> None:
+    """Empty run cgroups of runs that are gone (killed before they could remove them):
+    rmdir refuses a cgroup that still has members, so only empty ones go."""
+    for entry in os.listdir(parent_dir):
+        if not entry.startswith("run-") or not entry[4:].isdigit():
+            continue
+        if os.path.exists(f"{proc}/{entry[4:]}"):
+            continue  # that run is still alive
+        with contextlib.suppress(OSError):
+            os.rmdir(f"{parent_dir}/{entry}")
