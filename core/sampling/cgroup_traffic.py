@@ -1,21 +1,27 @@
 """Every byte a cgroup's sockets send and receive, short connections and UDP included,
-from nftables counters in a table of the daemon's own (``inet edgewatt``) in each
+from nftables counters in a table of the daemon's own (``inet edgewatt_PID``) in each
 network namespace the cgroup's members use (docs/reference.md, "Cgroup targets").
 
-Per target, in each such namespace:
+Per target, in each such namespace (``socket cgroupv2 level L "PATH"`` is "a socket
+of the cgroup's"):
 
-- output: ``socket cgroupv2 level L "PATH" counter`` (sent), and on loopback a tag in
-  the packet mark (bits 0x00ff0000) naming the target;
-- input: ``socket cgroupv2 level L "PATH" counter`` (received), and a counter of
-  loopback packets that carry the target's own tag and reach one of its sockets:
-  traffic between two members, which is not the target's and is taken off both
-  directions. The tag is cleared there, before any other table sees the packet.
+- output, not loopback: a counter (sent out of the host);
+- output, loopback: a tag in the packet mark (bits 0x00ff0000) naming the target;
+- input: a counter of tagged packets (sent by a member over loopback), of tagged
+  packets reaching one of its sockets (between two members: not the target's, taken
+  off both directions), and of packets reaching its sockets (received). The tag is
+  cleared there, before any other table sees the packet.
 
-The figures are IP bytes: payload plus IP and TCP/UDP headers, one set per segment
-the stack hands over (with segmentation offload, one per batch). A context holds its
+Loopback is counted on the way in because segmentation offload splits a packet after
+the output hook: a 64 KB batch leaves as one packet and arrives as many, each with its
+headers, and only figures taken on the same side subtract exactly.
+
+The figures are IP bytes: payload plus IP and TCP/UDP headers, one set per packet as
+the hook sees it (sent out of the host with offload: one per batch). A context holds its
 namespace open, so a stopped container's last counts are still read; the namespace
 is let go once no member uses it. Rules go with their target, the table with the
-daemon; a table left by a daemon killed with -9 is removed at the next start.
+daemon; a table left by a daemon killed with -9 (its pid is gone) is removed at the
+next start, and a live daemon's (tests run several) is left alone.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from edgewatt.core.sampling.nftables import Nft, NftError
 
 log = logging.getLogger(__name__)
 
-TABLE = "inet edgewatt"
+FAMILY = "inet"
+PREFIX = "edgewatt_"
 MARK_MASK = 0x00FF0000
 MARK_SHIFT = 16
 MAX_TAGS = 255
@@ -54,7 +61,7 @@ class _Watch:
     level: int
     tag: int | None
     namespaces: set[int] = field(default_factory=set)
-    last: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # ns -> tx, rx, internal
+    last: dict[int, tuple[int, int]] = field(default_factory=dict)  # ns -> sent, received
     carried: tuple[int, int] = (0, 0)  # from namespaces no member uses any more
     ns_of: dict[int, int] = field(default_factory=dict)  # member pid -> namespace inode
 
@@ -82,6 +89,7 @@ class CgroupTraffic:
         self._own = os.stat(f"{proc}/self/ns/net").st_ino
         self._namespaces: dict[int, _Namespace] = {}
         self._watches: dict[str, _Watch] = {}
+        self.table = f"{FAMILY} {PREFIX}{os.getpid()}"
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -103,8 +111,8 @@ class CgroupTraffic:
             except OSError:
                 continue  # gone meanwhile, or a namespace we may not join
             try:
-                if _has_table(nft):
-                    nft.run(f"delete table {TABLE}")
+                for table in _stale_tables(nft, self._proc):
+                    nft.run(f"delete table {FAMILY} {table}")
                     removed += 1
             except NftError as exc:
                 log.warning("removing a stale nftables table failed: %s", exc)
@@ -152,7 +160,7 @@ class CgroupTraffic:
         counts: dict[int, dict[str, tuple[int, int, int]]] = {}
         for inode, namespace in list(self._namespaces.items()):
             try:
-                counts[inode] = _counters(namespace.nft)
+                counts[inode] = _counters(namespace.nft, self.table)
             except NftError as exc:
                 log.warning("reading nftables counters failed: %s", exc)
         result = {}
@@ -161,9 +169,8 @@ class CgroupTraffic:
                 if target_id in counts.get(inode, {}):
                     watch.last[inode] = counts[inode][target_id]
             tx, rx = watch.carried
-            for sent, received, internal in watch.last.values():
-                tx += sent - internal
-                rx += received - internal
+            for sent, received in watch.last.values():
+                tx, rx = tx + sent, rx + received
             result[target_id] = (tx, rx)
         return result
 
@@ -182,23 +189,9 @@ class CgroupTraffic:
             if namespace is None:
                 nft = self._open(None if inode == self._own else link)
                 namespace = _Namespace(inode, nft)
-                _create_table(nft)
+                _create_table(nft, self.table)
                 self._namespaces[inode] = namespace
-            match = f'socket cgroupv2 level {watch.level} "{watch.path}"'
-            rules = [
-                f'add rule {TABLE} output {match} counter comment "{target_id} tx"',
-                f'insert rule {TABLE} input {match} counter comment "{target_id} rx"',
-            ]
-            if watch.tag is not None:
-                tag = watch.tag << MARK_SHIFT
-                keep = 0xFFFFFFFF ^ MARK_MASK
-                rules += [
-                    f'add rule {TABLE} output oif "lo" {match} '
-                    f'meta mark set meta mark & {keep:#x} | {tag:#x} comment "{target_id} tag"',
-                    f'insert rule {TABLE} input iif "lo" meta mark & {MARK_MASK:#x} == {tag:#x} '
-                    f'{match} counter comment "{target_id} internal"',
-                ]
-            namespace.nft.run("\n".join(rules))
+            namespace.nft.run("\n".join(_rules_for(self.table, target_id, watch)))
         except OSError as exc:
             log.warning(
                 "target %s: cannot count the traffic of cgroup %s in network namespace %d: %s",
@@ -217,14 +210,13 @@ class CgroupTraffic:
             namespace = self._namespaces.get(inode)
             if namespace is not None:
                 try:
-                    final = _counters(namespace.nft).get(target_id)
+                    final = _counters(namespace.nft, self.table).get(target_id)
                 except NftError:
                     final = None
                 if final is not None:
                     watch.last[inode] = final
-            sent, received, internal = watch.last.pop(inode, (0, 0, 0))
-            tx, rx = watch.carried
-            watch.carried = (tx + sent - internal, rx + received - internal)
+            sent, received = watch.last.pop(inode, (0, 0))
+            watch.carried = (watch.carried[0] + sent, watch.carried[1] + received)
             self._uninstall(target_id, inode)
             watch.namespaces.discard(inode)
 
@@ -237,16 +229,18 @@ class CgroupTraffic:
             self._drop_namespace(namespace)
             return
         try:
-            handles = _rule_handles(namespace.nft, target_id)
-            namespace.nft.run("\n".join(f"delete rule {TABLE} {c} handle {h}" for c, h in handles))
+            handles = _rule_handles(namespace.nft, self.table, target_id)
+            namespace.nft.run(
+                "\n".join(f"delete rule {self.table} {c} handle {h}" for c, h in handles)
+            )
         except NftError as exc:
             log.warning("removing target %s's nftables rules failed: %s", target_id, exc)
 
     def _drop_namespace(self, namespace: _Namespace) -> None:
         self._namespaces.pop(namespace.inode, None)
         try:
-            if _has_table(namespace.nft):
-                namespace.nft.run(f"delete table {TABLE}")
+            if self.table.split()[1] in _tables(namespace.nft):
+                namespace.nft.run(f"delete table {self.table}")
         except NftError as exc:
             log.warning("removing the nftables table failed: %s", exc)
         finally:
@@ -265,54 +259,89 @@ class CgroupTraffic:
         return None
 
 
-def _create_table(nft: Nft) -> None:
+def _rules_for(table: str, target_id: str, watch: _Watch) -> list[str]:
+    """The target's rules (input ones inserted: before the rule that clears tags)."""
+    mine = f'socket cgroupv2 level {watch.level} "{watch.path}"'
+    if watch.tag is None:  # no tag left: loopback counted as sent, members' included
+        return [
+            f'add rule {table} output {mine} counter comment "{target_id} tx"',
+            f'insert rule {table} input {mine} counter comment "{target_id} rx"',
+        ]
+    tag = watch.tag << MARK_SHIFT
+    tagged = f"meta mark & {MARK_MASK:#x} == {tag:#x}"
+    return [
+        f'add rule {table} output oif != "lo" {mine} counter comment "{target_id} tx"',
+        f'add rule {table} output oif "lo" {mine} meta mark set meta mark & '
+        f'{0xFFFFFFFF ^ MARK_MASK:#x} | {tag:#x} comment "{target_id} tag"',
+        f'insert rule {table} input {mine} counter comment "{target_id} rx"',
+        f'insert rule {table} input iif "lo" {tagged} counter comment "{target_id} lo-tx"',
+        f'insert rule {table} input iif "lo" {tagged} {mine} counter '
+        f'comment "{target_id} internal"',
+    ]
+
+
+def _create_table(nft: Nft, table: str) -> None:
     nft.run(
         "\n".join(
             (
-                f"add table {TABLE}",
-                f"add chain {TABLE} output {{ type filter hook output priority "
+                f"add table {table}",
+                f"add chain {table} output {{ type filter hook output priority "
                 f"{OUTPUT_PRIORITY}; policy accept; }}",
-                f"add chain {TABLE} input {{ type filter hook input priority "
+                f"add chain {table} input {{ type filter hook input priority "
                 f"{INPUT_PRIORITY}; policy accept; }}",
-                f'add rule {TABLE} input iif "lo" meta mark & {MARK_MASK:#x} != 0 '
+                f'add rule {table} input iif "lo" meta mark & {MARK_MASK:#x} != 0 '
                 f"meta mark set meta mark & {0xFFFFFFFF ^ MARK_MASK:#x}",
             )
         )
     )
 
 
-def _has_table(nft: Nft) -> bool:
+def _tables(nft: Nft) -> list[str]:
     answer = nft.run("list tables") or {}
-    return any(
-        item.get("table", {}).get("family") == "inet"
-        and item.get("table", {}).get("name") == "edgewatt"
+    return [
+        item["table"]["name"]
         for item in answer.get("nftables", [])
-    )
+        if "table" in item and item["table"].get("family") == FAMILY
+    ]
 
 
-def _rules(nft: Nft) -> list[dict]:
-    answer = nft.run(f"list table {TABLE}") or {}
+def _stale_tables(nft: Nft, proc: str) -> list[str]:
+    """edgewatt tables whose daemon is gone (named by its pid)."""
+    return [
+        name
+        for name in _tables(nft)
+        if name.startswith(PREFIX)
+        and name[len(PREFIX) :].isdigit()
+        and (
+            int(name[len(PREFIX) :]) == os.getpid()
+            or not os.path.exists(f"{proc}/{name[len(PREFIX) :]}")
+        )
+    ]
+
+
+def _rules(nft: Nft, table: str) -> list[dict]:
+    answer = nft.run(f"list table {table}") or {}
     return [item["rule"] for item in answer.get("nftables", []) if "rule" in item]
 
 
-def _counters(nft: Nft) -> dict[str, tuple[int, int, int]]:
-    """Per target id: (sent, received, internal) bytes."""
+def _counters(nft: Nft, table: str) -> dict[str, tuple[int, int]]:
+    """Per target id: (sent, received) bytes, traffic between members taken off."""
     found: dict[str, list[int]] = {}
-    slot = {"tx": 0, "rx": 1, "internal": 2}
-    for rule in _rules(nft):
+    slot = {"tx": 0, "lo-tx": 1, "rx": 2, "internal": 3}
+    for rule in _rules(nft, table):
         target_id, _, kind = str(rule.get("comment", "")).rpartition(" ")
         if kind not in slot:
             continue
         for expression in rule.get("expr", []):
             counter = expression.get("counter") if isinstance(expression, dict) else None
             if counter is not None:
-                found.setdefault(target_id, [0, 0, 0])[slot[kind]] += int(counter["bytes"])
-    return {k: (v[0], v[1], v[2]) for k, v in found.items()}
+                found.setdefault(target_id, [0, 0, 0, 0])[slot[kind]] += int(counter["bytes"])
+    return {k: (tx + lo - internal, rx - internal) for k, (tx, lo, rx, internal) in found.items()}
 
 
-def _rule_handles(nft: Nft, target_id: str) -> list[tuple[str, int]]:
+def _rule_handles(nft: Nft, table: str, target_id: str) -> list[tuple[str, int]]:
     return [
         (rule["chain"], rule["handle"])
-        for rule in _rules(nft)
+        for rule in _rules(nft, table)
         if str(rule.get("comment", "")).rpartition(" ")[0] == target_id
     ]

@@ -1,0 +1,241 @@
+"""A cgroup's traffic from real nftables counters (sampling/cgroup_traffic.py): short
+connections and UDP counted, loopback between members not, and no rule or table
+left behind (at forget, at close, and after a kill -9 at the next start)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgewatt.core.sampling import cgroups, nftables
+from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
+from edgewatt.core.sampling.nftables import Nft
+
+WHERE = cgroups.mounts()
+pytestmark = pytest.mark.skipif(
+    WHERE.v2 is None or os.geteuid() != 0 or nftables.available() is not None,
+    reason=f"needs root, cgroup v2 and nftables ({nftables.available()})",
+)
+UDP_HEADERS = 20 + 8  # IPv4 and UDP, once per datagram
+TCP_CONNECTION_MIN = 60 + 52 + 52  # SYN with options, then at least two segments
+
+
+def tables() -> list[str]:
+    answer = Nft().run("list tables") or {}
+    return [
+        f"{t['table']['family']} {t['table']['name']}" for t in answer["nftables"] if "table" in t
+    ]
+
+
+@pytest.fixture
+def cgroup_dir() -> Iterator[Path]:
+    assert WHERE.v2 is not None
+    made = Path(WHERE.v2) / f"edgewatt-traffic-{os.getpid()}"
+    made.mkdir()
+    yield made
+    for pid in (made / "cgroup.procs").read_text().split():
+        os.kill(int(pid), 9)
+    for _ in range(1000):
+        try:
+            made.rmdir()
+            break
+        except OSError:
+            os.sched_yield()
+
+
+@pytest.fixture
+def traffic() -> Iterator[CgroupTraffic]:
+    assert WHERE.v2 is not None
+    counted = CgroupTraffic(WHERE.v2)
+    yield counted
+    counted.close()
+    assert counted.table not in tables()
+
+
+def member(cgroup: Path, code: str) -> subprocess.Popen:
+    """A Python process inside ``cgroup`` from its first instruction, that runs
+    ``code`` once a line arrives on its stdin (so the rules are in place first)."""
+
+    def join() -> None:
+        with open(cgroup / "cgroup.procs", "w") as f:
+            f.write("0")
+
+    return subprocess.Popen(
+        [sys.executable, "-c", f"import sys; sys.stdin.readline()\n{code}"],
+        stdin=subprocess.PIPE,
+        preexec_fn=join,
+    )
+
+
+def tcp_server(replies: int) -> tuple[int, dict[str, int], threading.Thread]:
+    """A server outside the cgroup: per connection it reads until EOF, answers
+    ``replies`` bytes; ``counts`` holds the payload it received and sent."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    counts = {"received": 0, "sent": 0, "connections": 0}
+
+    def serve() -> None:
+        with listener:
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    if conn.recv(1) == b"q":
+                        return
+                    counts["received"] += 1
+                    while chunk := conn.recv(65536):
+                        counts["received"] += len(chunk)
+                    conn.sendall(b"r" * replies)
+                    counts["sent"] += replies
+                    counts["connections"] += 1
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], counts, thread
+
+
+def stop_server(port: int, thread: threading.Thread) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"q")
+    thread.join(5)
+
+
+def test_every_short_connection_is_counted(cgroup_dir: Path, traffic: CgroupTraffic) -> None:
+    port, counts, thread = tcp_server(replies=50_000)
+    code = (
+        "import socket\n"
+        "for _ in range(40):\n"  # a new connection each, none alive at any pass
+        f"    s = socket.create_connection(('127.0.0.1', {port}))\n"
+        "    s.sendall(b'x' * 10_000)\n"
+        "    s.shutdown(socket.SHUT_WR)\n"
+        "    while s.recv(65536): pass\n"
+        "    s.close()\n"
+    )
+    proc = member(cgroup_dir, code)
+    path, level = "/" + cgroup_dir.name, 1
+    traffic.watch("t1", path, level, [proc.pid])
+    assert traffic.sample() == {"t1": (0, 0)}
+    proc.communicate(b"go\n")
+    assert proc.returncode == 0
+    stop_server(port, thread)
+    sent, received = traffic.sample()["t1"]
+    assert counts["connections"] == 40
+    assert counts["received"] == 40 * 10_000
+    # IP bytes: the payload the server counted, plus headers (each connection's SYN
+    # and at least two more segments; never more than one per 100 payload bytes).
+    assert counts["received"] + 40 * TCP_CONNECTION_MIN <= sent
+    assert sent <= counts["received"] + 40 * TCP_CONNECTION_MIN + counts["received"] // 100 * 60
+    assert counts["sent"] + 40 * TCP_CONNECTION_MIN <= received
+    assert received <= counts["sent"] + 40 * TCP_CONNECTION_MIN + counts["sent"] // 100 * 60
+    # The members are gone: the next pass carries the counts and lets the rules go.
+    traffic.watch("t1", path, level, [])
+    assert traffic.sample()["t1"] == (sent, received)
+    assert traffic.table not in tables()
+
+
+def test_udp_is_counted_to_the_byte(cgroup_dir: Path, traffic: CgroupTraffic) -> None:
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    code = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "for n in range(20):\n"
+        f"    s.sendto(b'q' * (100 + n), ('127.0.0.1', {port}))\n"
+        "    s.recv(2048)\n"
+    )
+    proc = member(cgroup_dir, code)
+    traffic.watch("t1", "/" + cgroup_dir.name, 1, [proc.pid])
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()
+    asked = answered = 0
+    for _ in range(20):
+        data, peer = server.recvfrom(2048)
+        asked += len(data)
+        answered += server.sendto(b"a" * 500, peer)
+    proc.communicate()
+    server.close()
+    assert traffic.sample()["t1"] == (asked + 20 * UDP_HEADERS, answered + 20 * UDP_HEADERS)
+    assert asked == sum(100 + n for n in range(20))
+
+
+def test_loopback_between_two_members_is_not_the_targets(
+    cgroup_dir: Path, traffic: CgroupTraffic
+) -> None:
+    port, counts, thread = tcp_server(replies=0)
+    code = (
+        "import socket, threading\n"
+        "inner = socket.socket(); inner.bind(('127.0.0.1', 0)); inner.listen()\n"
+        "def drain():\n"
+        "    c, _ = inner.accept()\n"
+        "    while c.recv(65536): pass\n"
+        "t = threading.Thread(target=drain); t.start()\n"
+        "s = socket.create_connection(inner.getsockname())\n"  # member to member
+        "s.sendall(b'i' * 3_000_000); s.close(); t.join()\n"
+        f"s = socket.create_connection(('127.0.0.1', {port}))\n"  # to the outside
+        "s.sendall(b'o' * 200_000); s.shutdown(socket.SHUT_WR)\n"
+        "while s.recv(65536): pass\n"
+    )
+    proc = member(cgroup_dir, code)
+    traffic.watch("t1", "/" + cgroup_dir.name, 1, [proc.pid])
+    proc.communicate(b"go\n")
+    stop_server(port, thread)
+    sent, received = traffic.sample()["t1"]
+    assert counts["received"] == 200_000
+    assert counts["received"] <= sent <= counts["received"] + 20_000  # headers only
+    assert received < 10_000  # the outside's ACKs and FIN, not the 3 MB
+
+
+def test_rules_go_with_their_target_and_the_table_with_the_last(
+    cgroup_dir: Path, traffic: CgroupTraffic
+) -> None:
+    proc = member(cgroup_dir, "")
+    traffic.watch("a", "/" + cgroup_dir.name, 1, [proc.pid])
+    traffic.watch("b", "/" + cgroup_dir.name, 1, [proc.pid])
+    rules = Nft().run(f"list table {traffic.table}")["nftables"]
+    comments = sorted(r["rule"]["comment"] for r in rules if "comment" in r.get("rule", {}))
+    kinds = ("tx", "rx", "tag", "lo-tx", "internal")
+    assert comments == sorted(f"{t} {k}" for t in "ab" for k in kinds)
+    traffic.forget("a")
+    rules = Nft().run(f"list table {traffic.table}")["nftables"]
+    assert all(r["rule"].get("comment", "b").startswith("b") for r in rules if "rule" in r)
+    traffic.forget("b")
+    assert traffic.table not in tables()
+    proc.communicate(b"\n")
+
+
+def test_a_table_left_by_a_killed_daemon_is_removed_at_the_next_start(cgroup_dir: Path) -> None:
+    live_code = (
+        "import os, sys\n"
+        "from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic\n"
+        f"t = CgroupTraffic({WHERE.v2!r})\n"
+        f"t.watch('t2', '/{cgroup_dir.name}', 1, [os.getpid()])\n"
+        "print(t.table, flush=True); sys.stdin.read(); t.close()\n"
+    )
+    code = (
+        "import os, sys\n"
+        "from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic\n"
+        f"t = CgroupTraffic({WHERE.v2!r})\n"
+        f"t.watch('t1', '/{cgroup_dir.name}', 1, [os.getpid()])\n"
+        "os.kill(os.getpid(), 9)\n"  # as kill -9: nothing cleaned up
+    )
+    killed = subprocess.run([sys.executable, "-c", code], check=False)
+    assert killed.returncode == -9
+    left = [t for t in tables() if t.startswith("inet edgewatt_")]
+    assert len(left) == 1
+    assert WHERE.v2 is not None
+    live = subprocess.Popen(  # a live daemon's table is left alone
+        [sys.executable, "-c", live_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    live_table = live.stdout.readline().decode().strip()
+    assert CgroupTraffic(WHERE.v2).clean_stale() == 1
+    assert [t for t in tables() if t.startswith("inet edgewatt_")] == [live_table]
+    live.communicate(b"")
+    assert not [t for t in tables() if t.startswith("inet edgewatt_")]
