@@ -67,6 +67,7 @@ class Sampler:
         self._cgroup_mounts = cgroup_mounts  # read at the first cgroup target
         self._proc = getattr(self.platform, "proc", "/proc")  # cgroup members' stat files
         self._network_bytes: dict[str, tuple[int, int] | None] = {}
+        self._network_packets: dict[str, tuple[int, int]] = {}  # cgroup targets' IP packets
         self.attribution = attribution or Attribution(None, 3600.0)
         self._last_target_cpu: dict[str, float] = {}
         self._gpu_pids: set[int] = set()  # members found holding a GPU device
@@ -430,8 +431,10 @@ class Sampler:
             tree = self._trees.get(target.id)
             if isinstance(tree, CgroupTree):
                 traffic.watch(target.id, tree.cgroup.path, tree.cgroup.level, reading.pids)
-        counts = traffic.sample()
-        self._network_bytes.update({k: v for k, v in counts.items() if k in self._trees})
+        for target_id, counts in traffic.sample().items():
+            if target_id in self._trees:
+                self._network_bytes[target_id] = (counts.sent_bytes, counts.received_bytes)
+                self._network_packets[target_id] = (counts.sent_packets, counts.received_packets)
 
     def _sample(
         self, target: Target, reading: TreeReading, power: PowerSnapshot | None
@@ -470,6 +473,7 @@ class Sampler:
             members=reading.pids,
             cgroup=tree.cgroup.path if isinstance(tree, CgroupTree) else None,
             cgroup_memory=(usage.memory_bytes, usage.memory_peak_bytes) if usage else (None, None),
+            cgroup_packets=self._network_packets.get(target.id),
         )
 
     def _target_attributes(self, target: Target) -> dict[str, str | int]:
@@ -537,6 +541,7 @@ class Sampler:
         self._attributes.pop(target_id, None)
         self._failed.discard(target_id)
         self._last_target_cpu.pop(target_id, None)
+        self._network_packets.pop(target_id, None)
         self.membership.forget(target_id)
         self.attribution.forget(target_id)
         if self.network is not None:

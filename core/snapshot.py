@@ -52,6 +52,7 @@ class ProcessSample:
     # A cgroup target's cgroup now, and its memory (current, kernel's peak) bytes.
     cgroup: str | None = None
     cgroup_memory: tuple[int | None, int | None] = (None, None)
+    cgroup_packets: tuple[int, int] | None = None  # IP packets sent, received (nftables)
 
     @property
     def cpu_s(self) -> float:

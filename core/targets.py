@@ -182,6 +182,7 @@ class Target:
     cgroup_name: CgroupName | None = None
     cgroup: str | None = None
     cgroup_memory: tuple[int | None, int | None] = (None, None)
+    cgroup_packets: tuple[int, int] | None = None  # IP packets sent, received, cumulative
 
     @property
     def state(self) -> str:
@@ -200,6 +201,7 @@ class Target:
         if self.cgroup_name is None:
             return None
         current, peak = self.cgroup_memory
+        packets = self.cgroup_packets
         return {
             "kind": self.cgroup_name.kind,  # cgroup, unit or container
             "name": self.cgroup_name.name,
@@ -207,6 +209,10 @@ class Target:
             "path": self.cgroup,  # in the cgroup v2 tree
             "memory_current_bytes": current,
             "memory_peak_bytes": peak,  # the kernel's high-water mark, where it keeps one
+            # The packets behind the network bytes (since registration): each carries
+            # its headers once, which makes the bytes checkable against a payload.
+            "network_transmit_packets": None if packets is None else packets[0],
+            "network_receive_packets": None if packets is None else packets[1],
         }
 
     def describe(self) -> dict[str, Any]:
@@ -620,6 +626,7 @@ class TargetTable:
                 target.members = sample.members
                 if sample.cgroup is not None:
                     target.cgroup, target.cgroup_memory = sample.cgroup, sample.cgroup_memory
+                    target.cgroup_packets = sample.cgroup_packets
                 if only is None or target.id in only:
                     target.history.add(_row(sample))
                 if target.history.phases:

@@ -447,3 +447,10 @@ def call_as(
     )  # fmt: skip
     status, answer = json.loads(out.stdout)
     return status, answer
+
+
+def assert_tcp_ip_bytes(figure: int, payload: int, packets: int) -> None:
+    """IP bytes of TCP traffic: the payload a peer counted plus each packet's headers,
+    IPv4's 20 and TCP's 20 to 60 (options: timestamps, SACK blocks, a SYN's MSS)."""
+    headers = figure - payload
+    assert 40 * packets <= headers <= 80 * packets, (figure, payload, packets)

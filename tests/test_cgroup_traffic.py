@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from edgewatt.core.sampling import cgroups, nftables
-from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
+from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic, Counts
 from edgewatt.core.sampling.nftables import Nft
+from tests.conftest import assert_tcp_ip_bytes
 
 WHERE = cgroups.mounts()
 pytestmark = pytest.mark.skipif(
@@ -24,7 +25,6 @@ pytestmark = pytest.mark.skipif(
     reason=f"needs root, cgroup v2 and nftables ({nftables.available()})",
 )
 UDP_HEADERS = 20 + 8  # IPv4 and UDP, once per datagram
-TCP_CONNECTION_MIN = 60 + 52 + 52  # SYN with options, then at least two segments
 
 
 def tables() -> list[str]:
@@ -121,22 +121,20 @@ def test_every_short_connection_is_counted(cgroup_dir: Path, traffic: CgroupTraf
     proc = member(cgroup_dir, code)
     path, level = "/" + cgroup_dir.name, 1
     traffic.watch("t1", path, level, [proc.pid])
-    assert traffic.sample() == {"t1": (0, 0)}
+    assert traffic.sample() == {"t1": Counts()}
     proc.communicate(b"go\n")
     assert proc.returncode == 0
     stop_server(port, thread)
-    sent, received = traffic.sample()["t1"]
+    counted = traffic.sample()["t1"]
     assert counts["connections"] == 40
     assert counts["received"] == 40 * 10_000
-    # IP bytes: the payload the server counted, plus headers (each connection's SYN
-    # and at least two more segments; never more than one per 100 payload bytes).
-    assert counts["received"] + 40 * TCP_CONNECTION_MIN <= sent
-    assert sent <= counts["received"] + 40 * TCP_CONNECTION_MIN + counts["received"] // 100 * 60
-    assert counts["sent"] + 40 * TCP_CONNECTION_MIN <= received
-    assert received <= counts["sent"] + 40 * TCP_CONNECTION_MIN + counts["sent"] // 100 * 60
+    # The payload the server counted, plus each packet's headers.
+    assert_tcp_ip_bytes(counted.sent_bytes, counts["received"], counted.sent_packets)
+    assert_tcp_ip_bytes(counted.received_bytes, counts["sent"], counted.received_packets)
+    assert counted.sent_packets >= 40 * 4  # SYN, ACK, data, FIN at least
     # The members are gone: the next pass carries the counts and lets the rules go.
     traffic.watch("t1", path, level, [])
-    assert traffic.sample()["t1"] == (sent, received)
+    assert traffic.sample()["t1"] == counted
     assert traffic.table not in tables()
 
 
@@ -162,7 +160,8 @@ def test_udp_is_counted_to_the_byte(cgroup_dir: Path, traffic: CgroupTraffic) ->
         answered += server.sendto(b"a" * 500, peer)
     proc.communicate()
     server.close()
-    assert traffic.sample()["t1"] == (asked + 20 * UDP_HEADERS, answered + 20 * UDP_HEADERS)
+    counted = traffic.sample()["t1"]
+    assert counted == Counts(asked + 20 * UDP_HEADERS, answered + 20 * UDP_HEADERS, 20, 20)
     assert asked == sum(100 + n for n in range(20))
 
 
@@ -187,10 +186,12 @@ def test_loopback_between_two_members_is_not_the_targets(
     traffic.watch("t1", "/" + cgroup_dir.name, 1, [proc.pid])
     proc.communicate(b"go\n")
     stop_server(port, thread)
-    sent, received = traffic.sample()["t1"]
+    counted = traffic.sample()["t1"]
     assert counts["received"] == 200_000
-    assert counts["received"] <= sent <= counts["received"] + 20_000  # headers only
-    assert received < 10_000  # the outside's ACKs and FIN, not the 3 MB
+    # Only the connection to the outside: its payload and headers, not the 3 MB.
+    assert_tcp_ip_bytes(counted.sent_bytes, 200_000, counted.sent_packets)
+    assert_tcp_ip_bytes(counted.received_bytes, 0, counted.received_packets)
+    assert counted.sent_packets < 50 and counted.received_packets < 50
 
 
 def test_rules_go_with_their_target_and_the_table_with_the_last(
@@ -214,14 +215,14 @@ def test_rules_go_with_their_target_and_the_table_with_the_last(
 def test_a_table_left_by_a_killed_daemon_is_removed_at_the_next_start(cgroup_dir: Path) -> None:
     live_code = (
         "import os, sys\n"
-        "from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic\n"
+        "from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic, Counts\n"
         f"t = CgroupTraffic({WHERE.v2!r})\n"
         f"t.watch('t2', '/{cgroup_dir.name}', 1, [os.getpid()])\n"
         "print(t.table, flush=True); sys.stdin.read(); t.close()\n"
     )
     code = (
         "import os, sys\n"
-        "from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic\n"
+        "from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic, Counts\n"
         f"t = CgroupTraffic({WHERE.v2!r})\n"
         f"t.watch('t1', '/{cgroup_dir.name}', 1, [os.getpid()])\n"
         "os.kill(os.getpid(), 9)\n"  # as kill -9: nothing cleaned up

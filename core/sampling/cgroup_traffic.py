@@ -48,6 +48,24 @@ INPUT_PRIORITY = -300
 COUNTS = "IP bytes: payload plus IP and TCP/UDP headers, every protocol, every connection"
 
 
+@dataclass(frozen=True)
+class Counts:
+    """A target's traffic: IP bytes and packets each way, as the hooks saw them."""
+
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    sent_packets: int = 0
+    received_packets: int = 0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            self.sent_bytes + other.sent_bytes,
+            self.received_bytes + other.received_bytes,
+            self.sent_packets + other.sent_packets,
+            self.received_packets + other.received_packets,
+        )
+
+
 @dataclass
 class _Namespace:
     inode: int
@@ -61,8 +79,8 @@ class _Watch:
     level: int
     tag: int | None
     namespaces: set[int] = field(default_factory=set)
-    last: dict[int, tuple[int, int]] = field(default_factory=dict)  # ns -> sent, received
-    carried: tuple[int, int] = (0, 0)  # from namespaces no member uses any more
+    last: dict[int, Counts] = field(default_factory=dict)  # per namespace inode
+    carried: Counts = Counts()  # from namespaces no member uses any more
     ns_of: dict[int, int] = field(default_factory=dict)  # member pid -> namespace inode
 
 
@@ -155,9 +173,9 @@ class CgroupTraffic:
         watch.ns_of = ns_of
         self._settle(target_id, watch, used)
 
-    def sample(self) -> dict[str, tuple[int, int]]:
-        """(sent, received) IP bytes per watched target, cumulative."""
-        counts: dict[int, dict[str, tuple[int, int, int]]] = {}
+    def sample(self) -> dict[str, Counts]:
+        """Each watched target's traffic, cumulative."""
+        counts: dict[int, dict[str, Counts]] = {}
         for inode, namespace in list(self._namespaces.items()):
             try:
                 counts[inode] = _counters(namespace.nft, self.table)
@@ -168,10 +186,10 @@ class CgroupTraffic:
             for inode in watch.namespaces:
                 if target_id in counts.get(inode, {}):
                     watch.last[inode] = counts[inode][target_id]
-            tx, rx = watch.carried
-            for sent, received in watch.last.values():
-                tx, rx = tx + sent, rx + received
-            result[target_id] = (tx, rx)
+            total = watch.carried
+            for part in watch.last.values():
+                total += part
+            result[target_id] = total
         return result
 
     def forget(self, target_id: str) -> None:
@@ -215,8 +233,7 @@ class CgroupTraffic:
                     final = None
                 if final is not None:
                     watch.last[inode] = final
-            sent, received = watch.last.pop(inode, (0, 0))
-            watch.carried = (watch.carried[0] + sent, watch.carried[1] + received)
+            watch.carried += watch.last.pop(inode, Counts())
             self._uninstall(target_id, inode)
             watch.namespaces.discard(inode)
 
@@ -324,10 +341,10 @@ def _rules(nft: Nft, table: str) -> list[dict]:
     return [item["rule"] for item in answer.get("nftables", []) if "rule" in item]
 
 
-def _counters(nft: Nft, table: str) -> dict[str, tuple[int, int]]:
-    """Per target id: (sent, received) bytes, traffic between members taken off."""
+def _counters(nft: Nft, table: str) -> dict[str, Counts]:
+    """Per target id, traffic between members taken off."""
     found: dict[str, list[int]] = {}
-    slot = {"tx": 0, "lo-tx": 1, "rx": 2, "internal": 3}
+    slot = {"tx": 0, "lo-tx": 2, "rx": 4, "internal": 6}  # bytes, then packets
     for rule in _rules(nft, table):
         target_id, _, kind = str(rule.get("comment", "")).rpartition(" ")
         if kind not in slot:
@@ -335,8 +352,16 @@ def _counters(nft: Nft, table: str) -> dict[str, tuple[int, int]]:
         for expression in rule.get("expr", []):
             counter = expression.get("counter") if isinstance(expression, dict) else None
             if counter is not None:
-                found.setdefault(target_id, [0, 0, 0, 0])[slot[kind]] += int(counter["bytes"])
-    return {k: (tx + lo - internal, rx - internal) for k, (tx, lo, rx, internal) in found.items()}
+                values = found.setdefault(target_id, [0] * 8)
+                values[slot[kind]] += int(counter["bytes"])
+                values[slot[kind] + 1] += int(counter["packets"])
+    return {k: _net(*v) for k, v in found.items()}
+
+
+def _net(
+    tx: int, tx_n: int, lo: int, lo_n: int, rx: int, rx_n: int, inner: int, inner_n: int
+) -> Counts:
+    return Counts(tx + lo - inner, rx - inner, tx_n + lo_n - inner_n, rx_n - inner_n)
 
 
 def _rule_handles(nft: Nft, table: str, target_id: str) -> list[tuple[str, int]]:

@@ -14,6 +14,7 @@ member that comes and goes between two passes is counted whole.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.procfs import NoSuchProcess, parse_stat
 
+log = logging.getLogger(__name__)
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -297,6 +299,7 @@ class CgroupTree:
                 last.read_bytes or 0,
                 last.write_bytes or 0,
             )
+        log.info("cgroup %s is gone; followed to %s (restarted)", self.cgroup.path, fresh.path)
         self.cgroup = fresh
         return fresh.read()
 

@@ -1,0 +1,308 @@
+"""Containers and commands as cgroup targets, end to end: a real podman (Debian's
+package) runs an image built here from Debian's busybox-static, the real daemon
+registers it by name, and the figures are checked against the cgroup's own files and
+what a server outside the container counted. `edgewatt run --cgroup` gets the same."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgewatt.core.sampling import cgroups, nftables
+from tests.conftest import ROOT, DaemonProcess, assert_tcp_ip_bytes, wait_for
+
+WHERE = cgroups.mounts()
+BUSYBOX = "/bin/busybox"
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0
+    or WHERE.v2 is None
+    or shutil.which("podman") is None
+    or not os.path.exists(BUSYBOX)
+    or nftables.available() is not None,
+    reason="needs root, cgroup v2, nftables, podman and busybox-static (.ci/run installs them)",
+)
+IMAGE = "localhost/edgewatt-test-busybox:1"
+UDP_HEADERS = 20 + 8
+
+
+def podman(*args: str, check: bool = True) -> str:
+    """podman as this VM needs it: runc (crun refuses the hybrid cgroup layout) and
+    cgroupfs (no systemd here); the limits a container gets by default cannot be set."""
+    runtime = ["--runtime", "runc"] if shutil.which("runc") else []
+    done = subprocess.run(
+        ["podman", *runtime, "--cgroup-manager=cgroupfs", *args],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    if check and done.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)}: {done.stderr}")
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("rootfs")
+    (root / "bin").mkdir()
+    shutil.copy(BUSYBOX, root / "bin" / "busybox")
+    for tool in ("sh", "sleep", "wget", "tftp", "cat", "seq", "dd"):
+        (root / "bin" / tool).symlink_to("busybox")
+    tar = root.parent / "rootfs.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True)
+    podman("import", str(tar), IMAGE)
+    return IMAGE
+
+
+@pytest.fixture
+def container(image: str) -> Iterator[str]:
+    name = f"edgewatt-test-{os.getpid()}"
+    podman("rm", "-f", name, check=False)
+    podman(
+        "run", "-d", "--name", name,
+        "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+        image, "/bin/sleep", "600",
+    )  # fmt: skip
+    yield name
+    podman("rm", "-f", "-t", "0", name, check=False)
+
+
+def main_pid(name: str) -> int:
+    return int(podman("inspect", "--format", "{{.State.Pid}}", name))
+
+
+def gateway(name: str) -> str:
+    return podman("inspect", "--format", "{{.NetworkSettings.Gateway}}", name)
+
+
+def cgroup_cpu(name: str) -> float:
+    path = cgroups.cgroup_of(main_pid(name))
+    user, system = cgroups.parse_cpu_stat(Path(f"{WHERE.v2}{path}/cpu.stat").read_text())
+    return user + system
+
+
+def tables_in(pid: int) -> list[str]:
+    listing = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "nft", "list", "tables"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [line.split()[-1] for line in listing.splitlines() if "edgewatt_" in line]
+
+
+class HttpServer:
+    """Outside the container: answers every request with ``body`` bytes and closes;
+    counts the payload it received and sent, per connection."""
+
+    def __init__(self, host: str, body: int) -> None:
+        self.listener = socket.create_server((host, 0))
+        self.port = self.listener.getsockname()[1]
+        self.body = body
+        self.received = self.sent = self.connections = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                request = b""
+                while b"\r\n\r\n" not in request and (chunk := conn.recv(4096)):
+                    request += chunk
+                answer = b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % self.body
+                conn.sendall(answer + b"b" * self.body)
+                self.received += len(request)
+                self.sent += len(answer) + self.body
+                self.connections += 1
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+class TftpServer:
+    """A TFTP server (RFC 1350, UDP) outside the container serving one file of
+    ``size`` bytes; counts every datagram's payload each way."""
+
+    def __init__(self, host: str, size: int) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((host, 0))
+        self.port = self.sock.getsockname()[1]
+        self.host = host
+        self.data = b"t" * size
+        self.received = self.sent = self.datagrams_in = self.datagrams_out = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        request, peer = self.sock.recvfrom(2048)
+        self._count_in(request)
+        transfer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # its own TID
+        transfer.bind((self.host, 0))
+        transfer.settimeout(5)
+        block = 1
+        while True:
+            chunk = self.data[(block - 1) * 512 : block * 512]
+            self.sent += transfer.sendto(struct.pack("!HH", 3, block) + chunk, peer)
+            self.datagrams_out += 1
+            ack, _ = transfer.recvfrom(2048)
+            self._count_in(ack)
+            if len(chunk) < 512:
+                break
+            block += 1
+        transfer.close()
+
+    def _count_in(self, datagram: bytes) -> None:
+        self.received += len(datagram)
+        self.datagrams_in += 1
+
+
+def summary(daemon: DaemonProcess, target_id: str) -> dict[str, Any]:
+    status, body = daemon.call("GET", f"/v1/targets/{target_id}/summary?fresh=1")
+    assert status == 200, body
+    return body
+
+
+def test_a_container_registered_by_name_is_measured_whole(
+    daemon_factory: Any, container: str
+) -> None:
+    daemon = daemon_factory(interval=2.0)
+    status, target = daemon.call(
+        "POST", "/v1/targets", {"container": container, "labels": {"app": "fl-client"}}
+    )
+    assert status == 201, target
+    assert target["kind"] == "cgroup"
+    assert target["cgroup"]["runtime"] == "podman"  # the one installed, found
+    assert target["cgroup"]["path"] == cgroups.cgroup_of(main_pid(container))
+    cpu_before = cgroup_cpu(container)
+    host = gateway(container)
+    http = HttpServer(host, body=100_000)
+    tftp = TftpServer(host, size=3_000)
+    # 40 requests, a connection each, all inside one 2 s interval; then a UDP transfer.
+    podman(
+        "exec", container, "sh", "-c",
+        f"for i in $(seq 40); do wget -q -O /dev/null http://{host}:{http.port}/; done; "
+        f"tftp -g -r file -l /dev/null {host} {tftp.port}",
+    )  # fmt: skip
+    tftp.thread.join(5)
+    figures = summary(daemon, target["id"])
+    http.close()
+    assert http.connections == 40
+    assert tftp.datagrams_out == 6  # 5 full blocks and one of 440 bytes
+    # Every byte both servers counted, plus each packet's headers (UDP's exactly).
+    packets = figures["cgroup"]
+    assert_tcp_ip_bytes(
+        figures["network_transmit_bytes"] - tftp.received - tftp.datagrams_in * UDP_HEADERS,
+        http.received,
+        packets["network_transmit_packets"] - tftp.datagrams_in,
+    )
+    assert_tcp_ip_bytes(
+        figures["network_receive_bytes"] - tftp.sent - tftp.datagrams_out * UDP_HEADERS,
+        http.sent,
+        packets["network_receive_packets"] - tftp.datagrams_out,
+    )
+    assert packets["network_transmit_packets"] >= 40 * 4 + tftp.datagrams_in
+    assert figures["network_counts"] == "ip-bytes"
+    assert figures["membership"] == "cgroup"
+    cpu = figures["cpu_user_s"] + figures["cpu_system_s"]
+    assert cpu == pytest.approx(cgroup_cpu(container) - cpu_before, abs=0.003)
+    assert cpu > 0
+    assert figures["cgroup"]["memory_current_bytes"] > 0
+    assert figures["memory_rss_peak_bytes"] > 0
+    labels = {"container_name": container, "container_runtime": "podman", "app": "fl-client"}
+    exported = daemon.series("process_cpu_time_seconds_total", **labels)
+    assert {series["cpu_mode"] for series, _ in exported} == {"user", "system"}
+    # The series are the cgroup's counters themselves (cumulative since it was made).
+    assert sum(value for _, value in exported) == pytest.approx(cgroup_cpu(container), abs=0.01)
+
+
+def test_a_restarted_container_is_followed_and_nothing_is_left_behind(
+    daemon_factory: Any, container: str, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    daemon = daemon_factory(interval=0.5, state_dir=state)
+    status, target = daemon.call("POST", "/v1/targets", {"container": container})
+    assert status == 201, target
+    first_pid = main_pid(container)
+    wait_for(lambda: tables_in(first_pid))
+    assert tables_in(first_pid) == [f"edgewatt_{daemon.proc.pid}"]
+    host = gateway(container)
+    http = HttpServer(host, body=100_000)
+    fetch = f"wget -q -O /dev/null http://{host}:{http.port}/"
+    podman("exec", container, "sh", "-c", fetch)
+    before = summary(daemon, target["id"])
+    assert before["network_receive_bytes"] >= 100_000
+    podman("restart", "-t", "0", container)  # a new cgroup, a new network namespace
+    assert main_pid(container) != first_pid
+    # Counted from the pass that finds it again (within one interval, the log says).
+    wait_for(lambda: tables_in(main_pid(container)))
+    podman("exec", container, "sh", "-c", fetch)
+    after = summary(daemon, target["id"])
+    assert after["state"] == "running"
+    assert after["network_receive_bytes"] >= before["network_receive_bytes"] + 100_000
+    assert after["cpu_user_s"] + after["cpu_system_s"] >= before["cpu_user_s"]
+    # kill -9: its table stays in the container's namespace until the next start.
+    pid = main_pid(container)
+    wait_for(lambda: tables_in(pid))
+    killed = daemon.proc.pid
+    daemon.stop(signal.SIGKILL)
+    assert tables_in(pid) == [f"edgewatt_{killed}"]
+    again = daemon_factory(interval=0.5, state_dir=state)  # restores the registration
+    wait_for(lambda: tables_in(pid) == [f"edgewatt_{again.proc.pid}"])
+    assert "removed 1 nftables table(s) left by an earlier daemon" in again.log()
+    again.stop()
+    assert tables_in(pid) == []
+    assert tables_in(os.getpid()) == []
+    http.close()
+
+
+def test_run_cgroup_counts_a_connection_shorter_than_one_interval(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    received = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        got = 0
+        while chunk := conn.recv(65536):
+            got += len(chunk)
+        received.append(got)
+        conn.close()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    code = (
+        f"import socket; s = socket.create_connection(('127.0.0.1', {port})); "
+        "s.sendall(b'x' * 6_000_000); s.close()"
+    )
+    output = tmp_path / "run.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "run", "--cgroup", "--interval", "2",
+         "--output", str(output), "--", sys.executable, "-c", code],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, "EDGEWATT_SOCKET": daemon.socket},
+    )  # fmt: skip
+    thread.join(5)
+    listener.close()
+    assert done.returncode == 0, done.stderr
+    assert received == [6_000_000]
+    final = json.loads(output.read_text().splitlines()[-1])
+    assert final["type"] == "summary"
+    assert final["network_counts"] == "ip-bytes"
+    assert 6_000_000 < final["network_transmit_bytes"] < 6_000_000 * 1.02
+    assert "cgroup /edgewatt/run-" in done.stderr
+    assert "IP        sent 5.7 MiB" in done.stderr
+    assert final["cpu_source"] == "daemon (exact: the cgroup's own accounts)"
+    assert not [p for p in Path(WHERE.v2 + cgroups.RUN_PARENT).glob("run-*")]
