@@ -132,7 +132,9 @@ def test_registration_defaults_to_the_caller(daemon: DaemonProcess, spawn: Any) 
     assert status == 201
     # The caller has exited by now; its pid was taken from SO_PEERCRED, not the body.
     assert body["pid"] > 0
-    assert set(body) == {"id", "pid", "start_time", "labels", "children", "min_interval_s"}
+    assert set(body) == {
+        "id", "kind", "pid", "cgroup", "start_time", "labels", "children", "min_interval_s"
+    }  # fmt: skip
 
 
 def test_same_process_twice_same_id_and_conflict(daemon: DaemonProcess, spawn: Any) -> None:

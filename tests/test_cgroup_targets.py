@@ -1,0 +1,99 @@
+"""Registering a cgroup target through the real daemon's API: what a request may hold,
+who may register which cgroup, and a registration that survives a daemon restart."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgewatt.core.sampling import cgroups
+from edgewatt.exporter.registration import InvalidRegistration, parse_request, parse_saved
+from tests.conftest import call_as
+
+NOBODY = 65534
+WHERE = cgroups.mounts()
+needs_v2 = pytest.mark.skipif(
+    WHERE.v2 is None or os.geteuid() != 0, reason="needs root and a cgroup v2 mount"
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "detail"),
+    [
+        ({"cgroup": "/a", "pid": 1}, "conflicting fields", "give one of pid, cgroup"),
+        ({"unit": "x", "container": "y"}, "conflicting fields", "unit, container"),
+        ({"cgroup": "/a", "runtime": "podman"}, "invalid runtime", "goes with container"),
+        ({"cgroup": "/a", "children": False}, "invalid children", "counted whole"),
+        ({"cgroup": "a/b"}, "invalid cgroup", "starts with '/'"),
+        ({"unit": "-x"}, "invalid unit", "not a systemd unit name"),
+        ({"container": "c", "runtime": "lxc"}, "invalid container", "podman, docker"),
+        ({"container": "c", "runtim": "podman"}, "unknown field", "'runtim'"),
+    ],
+)
+def test_a_bad_cgroup_request_is_refused_by_name(body: dict, error: str, detail: str) -> None:
+    with pytest.raises(InvalidRegistration) as refused:
+        parse_request(body, caller_pid=1, pid_max=4194304)
+    assert refused.value.error == error
+    assert detail in refused.value.detail
+
+
+def test_a_saved_cgroup_registration_is_checked_like_a_new_one() -> None:
+    entry = {"id": "a1", "pid": 0, "start_ticks": 5, "uid": 0, "registered_at": 1.0}
+    saved = parse_saved({**entry, "cgroup": {"kind": "unit", "name": "x"}}, 4194304)
+    assert saved.registration.cgroup is not None
+    assert saved.registration.cgroup.name == "x.service"
+    with pytest.raises(InvalidRegistration, match="unknown"):
+        parse_saved({**entry, "cgroup": {"kind": "vm", "name": "x"}}, 4194304)
+
+
+@pytest.fixture
+def cgroup_dir() -> Iterator[Path]:
+    assert WHERE.v2 is not None
+    made = Path(WHERE.v2) / f"edgewatt-api-{os.getpid()}"
+    made.mkdir()
+    yield made
+    made.rmdir()
+
+
+@needs_v2
+def test_who_may_register_a_cgroup(daemon_factory: Any, public_dir: Path, cgroup_dir: Path) -> None:
+    daemon = daemon_factory(socket_dir=public_dir)
+    body = {"cgroup": f"/{cgroup_dir.name}"}
+    status, answer = call_as(NOBODY, public_dir, daemon.socket, "POST", "/v1/targets", body)
+    assert status == 403 and answer["error"] == "not your cgroup"
+    assert "belongs to uid 0: root or its owner may register it" in answer["detail"]
+    os.chown(cgroup_dir, NOBODY, NOBODY)  # delegated to that user, as systemd does
+    os.chown(cgroup_dir / "cgroup.procs", NOBODY, NOBODY)
+    status, answer = call_as(NOBODY, public_dir, daemon.socket, "POST", "/v1/targets", body)
+    assert status == 201 and answer["kind"] == "cgroup", answer
+    status, answer = daemon.call("POST", "/v1/targets", {"cgroup": "/no-such-cgroup"})
+    assert status == 400 and answer["error"] == "no such cgroup"
+    assert "no cgroup /no-such-cgroup" in answer["detail"]
+
+
+@needs_v2
+def test_a_cgroup_target_survives_a_restart_and_ends_with_its_cgroup(
+    daemon_factory: Any, tmp_path: Path, cgroup_dir: Path
+) -> None:
+    state = tmp_path / "state"
+    daemon = daemon_factory(interval=0.2, state_dir=state)
+    status, target = daemon.call(
+        "POST", "/v1/targets", {"cgroup": f"/{cgroup_dir.name}", "labels": {"task": "etl"}}
+    )
+    assert status == 201, target
+    daemon.stop()
+    again = daemon_factory(interval=0.2, state_dir=state)
+    status, found = again.call("GET", f"/v1/targets/{target['id']}")
+    assert status == 200, found
+    assert found["cgroup"]["path"] == f"/{cgroup_dir.name}"
+    assert found["labels"] == {"task": "etl"}
+    cgroup_dir.rmdir()  # the service went: so does its target
+    try:
+        status, summary = again.call("GET", f"/v1/targets/{target['id']}/summary?fresh=1")
+        assert status == 200 and summary["state"] == "exited"
+    finally:
+        cgroup_dir.mkdir()
