@@ -191,10 +191,30 @@ def clock(ctx: Context) -> tuple[str, str]:
     return "ok", f"clock {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(now))} UTC, up since boot"
 
 
+def cgroup_targets(ctx: Context) -> tuple[str, str]:
+    if ctx.health is None:
+        return "ok", "cgroup targets: checked once a daemon answers"
+    problem = ctx.health.get("cgroup_traffic")
+    if problem is not None:
+        return "warn", (
+            f"cgroup targets (containers, units, edgewatt run --cgroup) have CPU, memory and "
+            f"storage but no network figures: {problem}; the daemon needs CAP_NET_ADMIN, "
+            "libnftables (apt-get install nftables) and cgroup v2"
+        )
+    if not ctx.health.get("cgroup_other_namespaces"):
+        return "warn", (
+            "cgroup targets: every byte counted in the host's network namespace; a container "
+            "with a namespace of its own needs CAP_SYS_ADMIN for its network figures "
+            "(docs/reference.md, Cgroup targets)"
+        )
+    return "ok", "cgroup targets: every byte of their traffic, containers' namespaces included"
+
+
 CHECKS: tuple[Check, ...] = (
     daemon_answers,
     exact_exits,
     lineage,
+    cgroup_targets,
     other_users_visible,
     power_sources,
     metrics_port,

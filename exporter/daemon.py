@@ -157,6 +157,7 @@ class Daemon:
         self.metrics_port = 0
         self._threads: list[threading.Thread] = []
         self._started = time.time()
+        self._cgroup_traffic_problem: str | None = "not started"
 
     def _on_pass(self, snapshot: Any) -> None:
         self.exposition.update(snapshot)
@@ -325,6 +326,9 @@ class Daemon:
             "exit_figures": "exact" if self._exact_exits() else "last-sample",
             # How a target's descendants are learnt (sampling/membership.py).
             "membership": self.table.membership,
+            # Cgroup targets' network figures: None where counted, else why not.
+            "cgroup_traffic": self._cgroup_traffic_problem,
+            "cgroup_other_namespaces": procfs.may_join_namespaces(),
         }
 
     def _exact_exits(self) -> bool:
@@ -408,18 +412,26 @@ class Daemon:
         and a cgroup v2 mount; without them a cgroup target has no network figures."""
         where = cgroups.mounts()
         if where.v2 is None:
+            self._cgroup_traffic_problem = "no cgroup v2 mount"
             log.info("no cgroup v2 mount: cgroup targets have no network figures")
             return
         try:
             traffic = CgroupTraffic(where.v2, self.config.proc_path)
             stale = traffic.clean_stale()
         except OSError as exc:
+            self._cgroup_traffic_problem = f"nftables: {exc}"
             log.warning(
                 "cgroup targets' network bytes unavailable (nftables: %s); the daemon needs "
                 "CAP_NET_ADMIN and libnftables (apt-get install nftables)",
                 exc,
             )
             return
+        self._cgroup_traffic_problem = None
+        if not procfs.may_join_namespaces():
+            log.info(
+                "without CAP_SYS_ADMIN, containers with a network namespace of their own "
+                "have no network figures (docs/reference.md, Cgroup targets)"
+            )
         if stale:
             log.info("removed %d nftables table(s) left by an earlier daemon", stale)
         self.sampler.cgroup_traffic = traffic

@@ -390,6 +390,22 @@ def groups(pid: int, proc: str = "/proc") -> frozenset[int]:
     return frozenset(found)
 
 
+CAP_SYS_ADMIN = 21
+
+
+def may_join_namespaces(proc: str = "/proc") -> bool:
+    """Whether this process may enter another network namespace (setns needs
+    CAP_SYS_ADMIN): to count a container's traffic where it has its own."""
+    try:
+        with open(f"{proc}/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 def boot_id(proc: str = "/proc") -> str:
     try:
         with open(f"{proc}/sys/kernel/random/boot_id") as f:
