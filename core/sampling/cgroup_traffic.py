@@ -1,50 +1,39 @@
 """Every byte a cgroup's sockets send and receive, short connections and UDP included,
 from nftables counters in a table of the daemon's own (``inet edgewatt_PID``) in each
-network namespace the cgroup's members use (docs/reference.md, "Cgroup targets").
+network namespace the cgroup's members use (docs/reference.md, "Cgroup targets"; the
+rules themselves: cgroup_rules.py).
 
-Per target, in each such namespace (``socket cgroupv2 level L "PATH"`` is "a socket
-of the cgroup's"):
-
-- output, not loopback: a counter (sent out of the host);
-- output, loopback: a tag in the packet mark (bits 0x00ff0000) naming the target;
-- input: a counter of tagged packets (sent by a member over loopback), of tagged
-  packets reaching one of its sockets (between two members: not the target's, taken
-  off both directions), and of packets reaching its sockets (received). The tag is
-  cleared there, before any other table sees the packet.
-
-Loopback is counted on the way in because segmentation offload splits a packet after
-the output hook: a 64 KB batch leaves as one packet and arrives as many, each with its
-headers, and only figures taken on the same side subtract exactly.
+Sent: what its sockets hand to an interface other than loopback, plus what they send
+over loopback to sockets outside it. Received: what reaches its sockets from outside
+it. Traffic between two members is not the target's. Loopback is counted on the way
+in: segmentation offload splits a 64 KB batch after the output hook, so it leaves as
+one packet and arrives as many, and only counts taken on one side subtract exactly.
 
 The figures are IP bytes: payload plus IP and TCP/UDP headers, one set per packet as
-the hook sees it (sent out of the host with offload: one per batch). A context holds its
-namespace open, so a stopped container's last counts are still read; the namespace
-is let go once no member uses it. Rules go with their target, the table with the
-daemon; a table left by a daemon killed with -9 (its pid is gone) is removed at the
-next start, and a live daemon's (tests run several) is left alone.
+the hook sees it (sent out of the host with offload: one per batch), with the packet
+counts beside them. A context holds its namespace open, so a stopped container's last
+counts are still read; the namespace is let go once no member uses it. Rules go with
+their target, the table with the daemon; a table left by a daemon killed with -9 (its
+pid is gone) is removed at the next start, and a live daemon's is left alone.
 """
 
 from __future__ import annotations
 
 import glob
+import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from edgewatt.core.sampling import cgroup_rules
+from edgewatt.core.sampling.cgroup_rules import MAX_TAGS, Spec
 from edgewatt.core.sampling.nftables import Nft, NftError
 
 log = logging.getLogger(__name__)
 
 FAMILY = "inet"
 PREFIX = "edgewatt_"
-MARK_MASK = 0x00FF0000
-MARK_SHIFT = 16
-MAX_TAGS = 255
-# Output counts late (after other tables' verdicts: what really left), input early,
-# so the loopback tag is cleared before other tables look at the mark.
-OUTPUT_PRIORITY = 300
-INPUT_PRIORITY = -300
 COUNTS = "IP bytes: payload plus IP and TCP/UDP headers, every protocol, every connection"
 
 
@@ -70,14 +59,13 @@ class Counts:
 class _Namespace:
     inode: int
     nft: Nft
-    users: set[str] = field(default_factory=set)
+    users: set[str] = field(default_factory=set)  # target ids with rules here
+    levels: set[int] = field(default_factory=set)  # cgroup depths with maps here
 
 
 @dataclass
 class _Watch:
-    path: str  # as nftables resolves it: relative to /sys/fs/cgroup
-    level: int
-    tag: int | None
+    spec: Spec
     namespaces: set[int] = field(default_factory=set)
     last: dict[int, Counts] = field(default_factory=dict)  # per namespace inode
     carried: Counts = Counts()  # from namespaces no member uses any more
@@ -107,6 +95,7 @@ class CgroupTraffic:
         self._own = os.stat(f"{proc}/self/ns/net").st_ino
         self._namespaces: dict[int, _Namespace] = {}
         self._watches: dict[str, _Watch] = {}
+        self._names = (f"w{n}" for n in itertools.count(1))
         self.table = f"{FAMILY} {PREFIX}{os.getpid()}"
 
     # -- lifecycle ----------------------------------------------------------------
@@ -129,8 +118,8 @@ class CgroupTraffic:
             except OSError:
                 continue  # gone meanwhile, or a namespace we may not join
             try:
-                for table in _stale_tables(nft, self._proc):
-                    nft.run(f"delete table {FAMILY} {table}")
+                for name in _stale_tables(nft, self._proc):
+                    nft.run(f"delete table {FAMILY} {name}")
                     removed += 1
             except NftError as exc:
                 log.warning("removing a stale nftables table failed: %s", exc)
@@ -148,14 +137,15 @@ class CgroupTraffic:
     def watch(self, target_id: str, path: str, level: int, pids: Iterable[int]) -> None:
         """Count the traffic of cgroup ``path`` (v2, absolute) in every namespace its
         members ``pids`` use; a new path (a restarted container) starts new rules."""
-        nft_path = (self._prefix + path).strip("/") if self._prefix else path.strip("/")
+        nft_path = f"{self._prefix}/{path.strip('/')}".strip("/")
         current = self._watches.get(target_id)
-        if current is not None and current.path != nft_path:
+        if current is not None and current.spec.path != nft_path:
             self._settle(target_id, current, set())  # its earlier cgroup's counts stay
-            current = self._watches.pop(target_id)
-            self._watches[target_id] = _Watch(nft_path, level, current.tag, carried=current.carried)
+            spec = Spec(current.spec.name, nft_path, level, current.spec.tag)
+            self._watches[target_id] = _Watch(spec, carried=current.carried)
         elif current is None:
-            self._watches[target_id] = _Watch(nft_path, level, self._free_tag())
+            spec = Spec(next(self._names), nft_path, level, self._free_tag())
+            self._watches[target_id] = _Watch(spec)
         watch = self._watches[target_id]
         used: set[int] = set()
         ns_of = {}
@@ -178,14 +168,15 @@ class CgroupTraffic:
         counts: dict[int, dict[str, Counts]] = {}
         for inode, namespace in list(self._namespaces.items()):
             try:
-                counts[inode] = _counters(namespace.nft, self.table)
+                counts[inode] = self._read(namespace)
             except NftError as exc:
                 log.warning("reading nftables counters failed: %s", exc)
         result = {}
         for target_id, watch in self._watches.items():
             for inode in watch.namespaces:
-                if target_id in counts.get(inode, {}):
-                    watch.last[inode] = counts[inode][target_id]
+                found = counts.get(inode, {}).get(watch.spec.name)
+                if found is not None:
+                    watch.last[inode] = found
             total = watch.carried
             for part in watch.last.values():
                 total += part
@@ -197,24 +188,41 @@ class CgroupTraffic:
         if watch is None:
             return
         for inode in list(watch.namespaces):
-            self._uninstall(target_id, inode)
+            self._uninstall(target_id, watch, inode)
 
-    # -- rules --------------------------------------------------------------------
+    # -- one namespace ------------------------------------------------------------
+
+    def _read(self, namespace: _Namespace) -> dict[str, Counts]:
+        """Per target name: its traffic in this namespace, members' own taken off."""
+        raw = cgroup_rules.counts(namespace.nft.run(f"list counters table {self.table}"))
+        return {
+            name: Counts(tx + lo - inner, rx - inner, tx_n + lo_n - inner_n, rx_n - inner_n)
+            for name, (tx, tx_n, lo, lo_n, rx, rx_n, inner, inner_n) in raw.items()
+        }
 
     def _install(self, target_id: str, watch: _Watch, inode: int, link: str) -> None:
-        namespace = self._namespaces.get(inode)
+        spec = watch.spec
         try:
+            namespace = self._namespaces.get(inode)
             if namespace is None:
                 nft = self._open(None if inode == self._own else link)
-                namespace = _Namespace(inode, nft)
-                _create_table(nft, self.table)
-                self._namespaces[inode] = namespace
-            namespace.nft.run("\n".join(_rules_for(self.table, target_id, watch)))
+                try:
+                    nft.run("\n".join(cgroup_rules.table(self.table)))
+                except NftError:
+                    nft.close()
+                    raise
+                namespace = self._namespaces[inode] = _Namespace(inode, nft)
+            commands = cgroup_rules.install(self.table, spec)
+            new_level = spec.level not in namespace.levels
+            if new_level:
+                commands = cgroup_rules.level(self.table, spec.level) + commands
+            namespace.nft.run("\n".join(commands))
+            namespace.levels.add(spec.level)
         except OSError as exc:
             log.warning(
                 "target %s: cannot count the traffic of cgroup %s in network namespace %d: %s",
                 target_id,
-                watch.path,
+                spec.path,
                 inode,
                 exc,
             )
@@ -228,16 +236,16 @@ class CgroupTraffic:
             namespace = self._namespaces.get(inode)
             if namespace is not None:
                 try:
-                    final = _counters(namespace.nft, self.table).get(target_id)
+                    final = self._read(namespace).get(watch.spec.name)
                 except NftError:
                     final = None
                 if final is not None:
                     watch.last[inode] = final
             watch.carried += watch.last.pop(inode, Counts())
-            self._uninstall(target_id, inode)
-            watch.namespaces.discard(inode)
+            self._uninstall(target_id, watch, inode)
 
-    def _uninstall(self, target_id: str, inode: int) -> None:
+    def _uninstall(self, target_id: str, watch: _Watch, inode: int) -> None:
+        watch.namespaces.discard(inode)
         namespace = self._namespaces.get(inode)
         if namespace is None:
             return
@@ -245,13 +253,17 @@ class CgroupTraffic:
         if not namespace.users:
             self._drop_namespace(namespace)
             return
+        staying = [
+            other.spec
+            for user in namespace.users
+            if (other := self._watches.get(user)) is not None
+            and other.spec.level == watch.spec.level
+            and os.path.isdir(f"/sys/fs/cgroup/{other.spec.path}")  # else it goes next
+        ]
         try:
-            handles = _rule_handles(namespace.nft, self.table, target_id)
-            namespace.nft.run(
-                "\n".join(f"delete rule {self.table} {c} handle {h}" for c, h in handles)
-            )
+            namespace.nft.run("\n".join(cgroup_rules.uninstall(self.table, watch.spec, staying)))
         except NftError as exc:
-            log.warning("removing target %s's nftables rules failed: %s", target_id, exc)
+            log.warning("removing cgroup %s's nftables rules failed: %s", watch.spec.path, exc)
 
     def _drop_namespace(self, namespace: _Namespace) -> None:
         self._namespaces.pop(namespace.inode, None)
@@ -264,7 +276,7 @@ class CgroupTraffic:
             namespace.nft.close()
 
     def _free_tag(self) -> int | None:
-        taken = {w.tag for w in self._watches.values()}
+        taken = {w.spec.tag for w in self._watches.values()}
         for tag in range(1, MAX_TAGS + 1):
             if tag not in taken:
                 return tag
@@ -274,43 +286,6 @@ class CgroupTraffic:
             MAX_TAGS,
         )
         return None
-
-
-def _rules_for(table: str, target_id: str, watch: _Watch) -> list[str]:
-    """The target's rules (input ones inserted: before the rule that clears tags)."""
-    mine = f'socket cgroupv2 level {watch.level} "{watch.path}"'
-    if watch.tag is None:  # no tag left: loopback counted as sent, members' included
-        return [
-            f'add rule {table} output {mine} counter comment "{target_id} tx"',
-            f'insert rule {table} input {mine} counter comment "{target_id} rx"',
-        ]
-    tag = watch.tag << MARK_SHIFT
-    tagged = f"meta mark & {MARK_MASK:#x} == {tag:#x}"
-    return [
-        f'add rule {table} output oif != "lo" {mine} counter comment "{target_id} tx"',
-        f'add rule {table} output oif "lo" {mine} meta mark set meta mark & '
-        f'{0xFFFFFFFF ^ MARK_MASK:#x} | {tag:#x} comment "{target_id} tag"',
-        f'insert rule {table} input {mine} counter comment "{target_id} rx"',
-        f'insert rule {table} input iif "lo" {tagged} counter comment "{target_id} lo-tx"',
-        f'insert rule {table} input iif "lo" {tagged} {mine} counter '
-        f'comment "{target_id} internal"',
-    ]
-
-
-def _create_table(nft: Nft, table: str) -> None:
-    nft.run(
-        "\n".join(
-            (
-                f"add table {table}",
-                f"add chain {table} output {{ type filter hook output priority "
-                f"{OUTPUT_PRIORITY}; policy accept; }}",
-                f"add chain {table} input {{ type filter hook input priority "
-                f"{INPUT_PRIORITY}; policy accept; }}",
-                f'add rule {table} input iif "lo" meta mark & {MARK_MASK:#x} != 0 '
-                f"meta mark set meta mark & {0xFFFFFFFF ^ MARK_MASK:#x}",
-            )
-        )
-    )
 
 
 def _tables(nft: Nft) -> list[str]:
@@ -324,49 +299,12 @@ def _tables(nft: Nft) -> list[str]:
 
 def _stale_tables(nft: Nft, proc: str) -> list[str]:
     """edgewatt tables whose daemon is gone (named by its pid)."""
-    return [
-        name
-        for name in _tables(nft)
-        if name.startswith(PREFIX)
-        and name[len(PREFIX) :].isdigit()
-        and (
-            int(name[len(PREFIX) :]) == os.getpid()
-            or not os.path.exists(f"{proc}/{name[len(PREFIX) :]}")
+    stale = []
+    for name in _tables(nft):
+        pid = name[len(PREFIX) :]
+        mine_or_dead = pid.isdigit() and (
+            int(pid) == os.getpid() or not os.path.exists(f"{proc}/{pid}")
         )
-    ]
-
-
-def _rules(nft: Nft, table: str) -> list[dict]:
-    answer = nft.run(f"list table {table}") or {}
-    return [item["rule"] for item in answer.get("nftables", []) if "rule" in item]
-
-
-def _counters(nft: Nft, table: str) -> dict[str, Counts]:
-    """Per target id, traffic between members taken off."""
-    found: dict[str, list[int]] = {}
-    slot = {"tx": 0, "lo-tx": 2, "rx": 4, "internal": 6}  # bytes, then packets
-    for rule in _rules(nft, table):
-        target_id, _, kind = str(rule.get("comment", "")).rpartition(" ")
-        if kind not in slot:
-            continue
-        for expression in rule.get("expr", []):
-            counter = expression.get("counter") if isinstance(expression, dict) else None
-            if counter is not None:
-                values = found.setdefault(target_id, [0] * 8)
-                values[slot[kind]] += int(counter["bytes"])
-                values[slot[kind] + 1] += int(counter["packets"])
-    return {k: _net(*v) for k, v in found.items()}
-
-
-def _net(
-    tx: int, tx_n: int, lo: int, lo_n: int, rx: int, rx_n: int, inner: int, inner_n: int
-) -> Counts:
-    return Counts(tx + lo - inner, rx - inner, tx_n + lo_n - inner_n, rx_n - inner_n)
-
-
-def _rule_handles(nft: Nft, table: str, target_id: str) -> list[tuple[str, int]]:
-    return [
-        (rule["chain"], rule["handle"])
-        for rule in _rules(nft, table)
-        if str(rule.get("comment", "")).rpartition(" ")[0] == target_id
-    ]
+        if name.startswith(PREFIX) and mine_or_dead:
+            stale.append(name)
+    return stale
