@@ -324,9 +324,10 @@ class Sampler:
                     target.pid,
                 )
         # Whether its sockets' final counts all came is known after this pass's network
-        # accounting: the mode is settled when the exit is recorded (sample_once).
+        # accounting: the mode is settled when the exit is recorded (sample_once). A
+        # cgroup's counters are final once it is empty: its last reading then is exact.
         self._exit_modes[target.id] = (
-            figures is not None,
+            figures is not None or (target.cgroup_name is not None and not last.pids),
             figures.rss_peak_bytes if figures is not None else None,
         )
         if figures is None:

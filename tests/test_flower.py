@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from edgewatt.core.sampling import cgroups, nftables
 from tests.conftest import ROOT, DaemonProcess, fetched, free_port, wait_for
 
 FLOWER = ROOT / ".cache" / "flower"  # tests/bin/fetch-flower
@@ -84,13 +85,19 @@ def superlink(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
 
 
 def _supernode(
-    daemon: DaemonProcess, tmp_path: Path, n: int, link_port: int, env: dict[str, str]
+    daemon: DaemonProcess,
+    tmp_path: Path,
+    n: int,
+    link_port: int,
+    env: dict[str, str],
+    cgroup: bool,
 ) -> tuple[subprocess.Popen[str], Path, Path]:
-    """`edgewatt run -- flower-supernode` under a measuring subreaper."""
+    """`edgewatt run [--cgroup] -- flower-supernode` under a measuring subreaper."""
     out, log = tmp_path / f"node{n}.jsonl", tmp_path / f"clientapp{n}.jsonl"
     command = [
         sys.executable, "-m", "edgewatt.cli", "run", "--socket", daemon.socket,
-        "--interval", str(daemon.interval), "--output", str(out), "--",
+        "--interval", str(daemon.interval), "--output", str(out),
+        *(["--cgroup"] if cgroup else []), "--",
         flower_bin("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{link_port}",
         "--port", str(free_port()), "--node-config", f"log='{log}'",
     ]  # fmt: skip
@@ -101,12 +108,27 @@ def _supernode(
     return proc, out, log
 
 
+CGROUPS = cgroups.mounts()
+# A cgroup of its own needs root, cgroup v2 and nftables (CI has them).
+CGROUP_RUN = os.geteuid() == 0 and CGROUPS.v2 is not None and nftables.available() is None
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        False,
+        pytest.param(
+            True, marks=pytest.mark.skipif(not CGROUP_RUN, reason="needs root and nftables")
+        ),
+    ],
+    ids=["process", "cgroup"],
+)
 def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
-    daemon_factory: Any, superlink: tuple[int, dict[str, str]], tmp_path: Path
+    daemon_factory: Any, superlink: tuple[int, dict[str, str]], tmp_path: Path, cgroup: bool
 ) -> None:
     port, env = superlink
     daemon = daemon_factory(interval=1.0)
-    nodes = [_supernode(daemon, tmp_path, n, port, env) for n in range(2)]
+    nodes = [_supernode(daemon, tmp_path, n, port, env, cgroup) for n in range(2)]
     try:
         run_pids, targets = [], []
         for proc, out, _ in nodes:
@@ -115,8 +137,14 @@ def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
             wait_for(lambda out=out: out.exists() and out.read_text(), 30)
             # A second hold on the SuperNode's target: its summary stays readable
             # after edgewatt run lets go of its own.
-            pid = json.loads(out.read_text().splitlines()[0])["pid"]
-            targets.append(daemon.register(pid)["id"])
+            if cgroup:
+                body = {"cgroup": f"{cgroups.RUN_PARENT}/run-{run_pids[-1]}"}
+                status, held = daemon.call("POST", "/v1/targets", body)
+                assert status == 200 and held["kind"] == "cgroup", held  # the same target
+                targets.append(held["id"])
+            else:
+                pid = json.loads(out.read_text().splitlines()[0])["pid"]
+                targets.append(daemon.register(pid)["id"])
         fl_log = tmp_path / "fl.jsonl"
         flwr = subprocess.run(
             [flower_bin("flwr"), "run", str(APP), "edge", "--stream",
@@ -156,6 +184,9 @@ def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
                 assert work[app] <= record[key] <= work[app] * 1.1 + 64 * 1024, (record, work)
         assert sorted(r["round"] for r in rounds) == [1, 2, 3]
         assert len({r["pid"] for r in rounds}) == ROUNDS  # one ClientApp process each
+        if cgroup:  # edgewatt run removed its cgroup: the next pass finds the end
+            wait_for(lambda tid=tid: daemon.call("GET", f"/v1/targets/{tid}/summary?fresh=1")[
+                1]["state"] == "exited")  # fmt: skip
         summary = daemon.call("GET", f"/v1/targets/{tid}/summary")[1]
         assert summary["state"] == "exited" and summary["exit"] == "exact", summary
         cpu = summary["cpu_user_s"] + summary["cpu_system_s"]
@@ -169,8 +200,11 @@ def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
         # Bytes: the SuperNode passes each model to its ClientApp and back over
         # loopback, inside the target: not counted (with it, twice the model or more).
         # Its HTTP requests to the SuperLink open and close within a pass, which a
-        # process target cannot see (docs/reference.md): only a cgroup target's
-        # kernel counters hold every one of them, so no lower bound is asserted here.
+        # process target cannot see (docs/reference.md). A cgroup target's kernel
+        # counters should hold every one, but here one SuperNode in most runs misses
+        # 4 or 8 MB it pushed: packets of some of its connections do not match
+        # `socket cgroupv2` at the output hook (not understood yet; the same stack
+        # outside Flower, httpx to uvicorn, is counted whole). No lower bound yet.
         received = sum(r["received_bytes"] for r in rounds)
         sent = sum(r["sent_bytes"] for r in rounds)
         for got, model in ((summary["network_receive_bytes"], received),
