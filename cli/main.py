@@ -1,4 +1,4 @@
-"""The `edgewatt` command: serve (the daemon) and status."""
+"""The `edgewatt` command: serve (the daemon), run, register, summary, status and more."""
 
 from __future__ import annotations
 
@@ -112,6 +112,27 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     config = sub.add_parser("config", help="configuration helpers")
     config.add_argument("what", choices=["example"], help="example: every key, its default")
 
+    register = sub.add_parser(
+        "register",
+        help="register a container, a systemd unit, a cgroup or a process",
+        description="Register a target with the daemon; prints its id.",
+    )
+    what = register.add_mutually_exclusive_group(required=True)
+    what.add_argument("--container", metavar="NAME", help="a podman or docker container")
+    what.add_argument("--unit", metavar="UNIT", help="a systemd unit (.service if no suffix)")
+    what.add_argument("--cgroup", metavar="PATH", help="a cgroup v2 path, e.g. /system.slice/x")
+    what.add_argument("--pid", type=int, metavar="PID", help="a process and its descendants")
+    register.add_argument("--runtime", choices=["podman", "docker"], help="the container's")
+    register.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    register.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
+    summary = sub.add_parser("summary", help="a target's figures since it was registered")
+    summary.add_argument("id", metavar="ID")
+    summary.add_argument("--json", action="store_true", help="print the API's JSON")
+    summary.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
+    unregister = sub.add_parser("unregister", help="let go of a registered target")
+    unregister.add_argument("id", metavar="ID")
+    unregister.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
+
     status = sub.add_parser("status", help="show the registered targets")
     status.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
     status.add_argument("--json", action="store_true", help="print the API's JSON")
@@ -169,6 +190,35 @@ def _status(args: argparse.Namespace) -> int:
     else:
         print(render(targets, health.get("logical_cpus")))
     return 0
+
+
+def _register(args: argparse.Namespace) -> int:
+    from edgewatt.cli.run import parse_labels
+    from edgewatt.cli.targets import register
+
+    try:
+        body: dict = {"labels": parse_labels(args.label)}
+    except ValueError as exc:
+        print(f"edgewatt register: {exc}", file=sys.stderr)
+        return 2
+    for key in ("container", "unit", "cgroup", "pid"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    if args.runtime is not None:
+        body["runtime"] = args.runtime
+    return register(body, args.socket)
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from edgewatt.cli.targets import summary
+
+    return summary(args.id, args.socket, args.json)
+
+
+def _unregister(args: argparse.Namespace) -> int:
+    from edgewatt.cli.targets import unregister
+
+    return unregister(args.id, args.socket)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -242,6 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {
         "serve": _serve,
         "status": _status,
+        "register": _register,
+        "summary": _summary,
+        "unregister": _unregister,
         "run": _run,
         "report": _report,
         "install-service": _install,

@@ -29,7 +29,7 @@ def render(targets: list[dict[str, Any]], logical_cpus: int | None = None) -> st
         rows.append(
             (
                 t["id"],
-                str(t["pid"]),
+                str(t["pid"]) if t.get("kind", "process") == "process" else "cgroup",
                 t.get("executable") or "-",
                 t["state"],
                 cpu,

@@ -1,0 +1,123 @@
+"""`edgewatt register`, `edgewatt summary`, `edgewatt unregister`: a target by hand.
+
+    edgewatt register --container fl-client [--runtime podman] [--label k=v]...
+    edgewatt register --unit flower-supernode.service
+    edgewatt register --cgroup /system.slice/x.service
+    edgewatt register --pid 1234
+    edgewatt summary ID [--json]
+    edgewatt unregister ID
+
+Each talks to the daemon found as clients find it (or --socket), which checks the
+caller's right to the target (SO_PEERCRED) and resolves a name through the runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from edgewatt.cli.status import human_bytes
+from edgewatt.core import transport
+
+
+def _daemon(socket: str | None, command: str) -> str | None:
+    found = transport.find_daemon(socket)
+    if found.path is None:
+        print(
+            f"edgewatt {command}: no daemon answering; looked at {found.looked}. Start one: "
+            "sudo systemctl start edgewatt, or edgewatt serve",
+            file=sys.stderr,
+        )
+    return found.path
+
+
+def _call(path: str, command: str, method: str, url: str, body: Any = None) -> Any:
+    try:
+        return transport.call_ok(path, method, url, body)
+    except transport.DaemonError as exc:
+        print(f"edgewatt {command}: the daemon refused: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"edgewatt {command}: the daemon at {path} failed: {exc}", file=sys.stderr)
+    return None
+
+
+def register(body: dict[str, Any], socket: str | None) -> int:
+    path = _daemon(socket, "register")
+    if path is None:
+        return 1
+    answer = _call(path, "register", "POST", "/v1/targets", body)
+    if answer is None:
+        return 1
+    cgroup = answer.get("cgroup") or {}
+    where = f"cgroup {cgroup['path']}" if cgroup else f"pid {answer['pid']}"
+    print(answer["id"])
+    print(
+        f"registered {where} as target {answer['id']}; read it with: "
+        f"edgewatt summary {answer['id']}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def unregister(target_id: str, socket: str | None) -> int:
+    path = _daemon(socket, "unregister")
+    if path is None:
+        return 1
+    return 0 if _call(path, "unregister", "DELETE", f"/v1/targets/{target_id}") else 1
+
+
+def summary(target_id: str, socket: str | None, as_json: bool) -> int:
+    path = _daemon(socket, "summary")
+    if path is None:
+        return 1
+    answer = _call(path, "summary", "GET", f"/v1/targets/{target_id}/summary?fresh=1")
+    if answer is None:
+        return 1
+    print(json.dumps(answer, indent=2) if as_json else render(answer))
+    return 0
+
+
+def render(s: dict[str, Any]) -> str:
+    """A summary as a person reads it: every figure with its unit."""
+
+    def value(key: str, unit: str) -> str:
+        v = s.get(key)
+        if v is None:
+            return "-"
+        return human_bytes(v) if unit == "bytes" else f"{v:g} {unit}"
+
+    cgroup = s.get("cgroup") or {}
+    name = f"{cgroup.get('kind')} {cgroup.get('name')}" if cgroup else f"pid {s['pid']}"
+    counts = "IP bytes, headers included" if s.get("network_counts") == "ip-bytes" else "TCP"
+    lines = [
+        f"target {s['id']}: {name} ({s['state']}, {s['membership']})",
+        f"  duration   {value('duration_s', 's')}",
+        f"  CPU        user {value('cpu_user_s', 's')}, system {value('cpu_system_s', 's')}",
+        f"  memory     RSS peak {value('memory_rss_peak_bytes', 'bytes')}",
+        f"  storage    read {value('disk_read_bytes', 'bytes')}, "
+        f"written {value('disk_write_bytes', 'bytes')}",
+        f"  network    sent {value('network_transmit_bytes', 'bytes')}, "
+        f"received {value('network_receive_bytes', 'bytes')} ({counts})",
+        f"  energy     {_energy(s)}",
+    ]
+    if cgroup:
+        lines.insert(
+            4,
+            f"  cgroup     {cgroup.get('path')}: memory now "
+            f"{value_of(cgroup, 'memory_current_bytes')}, kernel's peak "
+            f"{value_of(cgroup, 'memory_peak_bytes')}",
+        )
+    return "\n".join(lines)
+
+
+def _energy(s: dict[str, Any]) -> str:
+    if s.get("energy_j") is None:
+        return "unknown: no power source on this device"
+    device = s.get("device_energy_j")
+    whole = "" if device is None else f" (the whole device: {device:g} J)"
+    return f"{s['energy_j']:g} J attributed{whole}"
+
+
+def value_of(d: dict[str, Any], key: str) -> str:
+    return "-" if d.get(key) is None else human_bytes(d[key])
