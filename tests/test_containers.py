@@ -306,3 +306,33 @@ def test_run_cgroup_counts_a_connection_shorter_than_one_interval(
     assert "IP        sent 5.7 MiB" in done.stderr
     assert final["cpu_source"] == "daemon (exact: the cgroup's own accounts)"
     assert not [p for p in Path(WHERE.v2 + cgroups.RUN_PARENT).glob("run-*")]
+
+
+def test_the_cli_registers_a_container_by_name_and_reads_it(
+    daemon: DaemonProcess, container: str
+) -> None:
+    def edgewatt(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "edgewatt.cli", *args, "--socket", daemon.socket],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+
+    registered = edgewatt("register", "--container", container, "--label", "app=fl")
+    assert registered.returncode == 0, registered.stderr
+    target_id = registered.stdout.strip()
+    path = cgroups.cgroup_of(main_pid(container))
+    assert f"registered cgroup {path} as target {target_id}" in registered.stderr
+    shown = edgewatt("summary", target_id)
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        shown.stdout.splitlines()[0]
+        == f"target {target_id}: container {container} (running, cgroup)"
+    )
+    assert "(IP bytes, headers included)" in shown.stdout
+    status = edgewatt("status")
+    assert f"{target_id}  cgroup  podman:{container}  running" in status.stdout
+    missing = edgewatt("register", "--container", "no-such-container")
+    assert missing.returncode == 1
+    assert "no such cgroup: podman inspect" in missing.stderr
+    assert edgewatt("unregister", target_id).returncode == 0
+    assert edgewatt("summary", target_id).returncode == 1
