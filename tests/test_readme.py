@@ -13,7 +13,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import ROOT, free_port, wait_for
+from tests.test_containers import AVAILABLE as CONTAINERS
+from tests.test_containers import IMAGE, LIMITS, build_image, podman
 
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, re.S)
@@ -82,7 +86,7 @@ def test_the_example_and_every_sh_command_run_as_written(
     assert float(cpu) > 0.05 and float(joules) > 0
     assert ran.stderr == ""  # a daemon answered: no fallback warning
 
-    run_cmd, report_cmd, status_cmd, curl_cmd, doctor_cmd = commands("sh")
+    run_cmd, report_cmd, status_cmd, curl_cmd, doctor_cmd = commands("sh")[:5]
     result = shell(run_cmd, tmp_path, env)
     assert result.returncode == 0, result.stderr
     assert "(exit status 0, monitored via daemon)" in result.stderr
@@ -146,3 +150,28 @@ def _health(transport: Any, path: str) -> Any:
         return transport.call_ok(path, "GET", "/healthz")
     except OSError:
         return None
+
+
+@pytest.mark.skipif(not CONTAINERS, reason="needs root, cgroup v2, nftables and podman")
+def test_the_container_commands_run_as_written(daemon: Any, tmp_path: Path) -> None:
+    register_cmd, summary_cmd, run_cmd = commands("sh")[5:]
+    env = user_env(daemon.socket)
+    [example] = [body for lang, body in BLOCKS if lang == "python"]
+    (tmp_path / "train.py").write_text(example)
+    tar = build_image(tmp_path)
+    podman("import", str(tar), IMAGE)
+    podman("rm", "-f", "fl-client", check=False)
+    podman("run", "-d", "--name", "fl-client", *LIMITS, IMAGE, "/bin/sleep", "120")
+    try:
+        registered = shell(register_cmd, tmp_path, env)
+        assert registered.returncode == 0, registered.stderr
+        target_id = registered.stdout.strip()
+        shown = shell(summary_cmd.replace("ID", target_id), tmp_path, env)
+        assert shown.returncode == 0, shown.stderr
+        assert "container fl-client (running, cgroup)" in shown.stdout
+    finally:
+        podman("rm", "-f", "-t", "0", "fl-client", check=False)
+    ran = shell(run_cmd, tmp_path, env)
+    assert ran.returncode == 0, ran.stderr
+    assert ", cgroup /edgewatt/run-" in ran.stderr
+    assert re.search(r"CPU time +[\d.]+ s", ran.stderr)
