@@ -8,6 +8,7 @@ ClientApps over loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -104,6 +105,7 @@ def _supernode(
     proc = subprocess.Popen(
         [sys.executable, "-c", SUBREAPER, *command],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+        start_new_session=True,  # a failing test kills the whole node at the end
     )  # fmt: skip
     return proc, out, log
 
@@ -160,9 +162,9 @@ def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
             assert proc.returncode == 0, stderr
             results.append((json.loads(stdout.splitlines()[-1]), stderr))
     finally:
-        for proc, _, _ in nodes:
-            if proc.poll() is None:
-                proc.kill()
+        for proc, _, _ in nodes:  # everything of a node left by a failure
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     records = [json.loads(line) for line in fl_log.read_text().splitlines()]
     assert len(records) == 2 * ROUNDS  # the collector: one per client per round
     for (measured, table), (_, out, log), tid in zip(results, nodes, targets):
