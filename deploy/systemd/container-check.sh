@@ -9,8 +9,9 @@
 #                        sudo .venv/bin/edgewatt install-service
 #   pipx         alice: pipx install ~/edgewatt; sudo ~/.local/bin/edgewatt install-service
 #   pipx-global  sudo pipx install --global ~alice/edgewatt; sudo edgewatt install-service
-# Once, with the venv: the notify/watchdog supervision (a daemon stopped with SIGSTOP
-# must be restarted) and the unit's exposure level.
+# Once, with the venv: a systemd unit registered by name (its cgroup's figures), the
+# notify/watchdog supervision (a daemon stopped with SIGSTOP must be restarted) and the
+# unit's exposure level.
 #
 # Needs root, debootstrap and systemd-container, and downloads (~300 MB of Debian
 # packages, edgewatt's dependencies from PyPI): not run in CI. The Debian mirror is the
@@ -79,6 +80,14 @@ say venv install
 as_alice "cd ~/edgewatt && python3 -m venv .venv && .venv/bin/pip install -q ." || echo "FAIL pip"
 cd /home/alice/edgewatt && sudo .venv/bin/edgewatt install-service; cd /
 prove venv /home/alice/edgewatt/.venv/bin/python /home/alice/edgewatt/.venv/bin/edgewatt
+say unit target  # a service registered by name: its cgroup measured whole
+systemd-run --unit=edgewatt-demo /bin/sh -c \
+    'i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; sleep 30'
+sleep 3
+EW=/home/alice/edgewatt/.venv/bin/edgewatt
+id=$(sudo $EW register --unit edgewatt-demo.service) && sudo $EW summary "$id"
+systemctl stop edgewatt-demo
+as_alice "$EW register --unit edgewatt-demo.service" || echo "(refused, as it must be: root's unit)"
 say watchdog; kill -STOP "$(systemctl show -p MainPID --value edgewatt)"; sleep 40
 systemctl show edgewatt -p ActiveState -p NRestarts | tr '\n' ' '; echo
 journalctl -b -u edgewatt --no-pager | grep -E "Watchdog timeout|restart counter" || true
