@@ -110,6 +110,7 @@ class _Window:
     def close(self, reply: Message) -> dict[str, Any]:
         duration = time.monotonic() - self.started
         phase = self.registration._end_phase() or {}
+        source = self.registration.mode  # before closing: a closed one is "inactive"
         if not self.attached:
             self.registration.close()
         user, system = phase.get("cpu_user_s"), phase.get("cpu_system_s")
@@ -122,7 +123,7 @@ class _Window:
             "bytes_sent": payload_bytes(reply.content) if reply.has_content() else 0,
             "bytes_source": BYTES_SOURCE,
             "host_name": socket.gethostname(),
-            "source": self.registration.mode,
+            "source": source,
             "target": self.registration.id or "",
             # From samples taken at the window's two edges, by the daemon or in-process.
             "exact": user is not None and system is not None,

@@ -213,6 +213,41 @@ def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
                 assert got >= model, (summary, received, sent)
 
 
+def test_the_mod_on_a_legacy_app_the_round_from_group_id_and_the_aggregation_untouched(
+    tmp_path: Path,
+) -> None:
+    """tests/flower_app/check_mod.py, in Flower's venv, with no daemon (in-process)."""
+    collected = tmp_path / "fl.jsonl"
+    done = subprocess.run(
+        [str(FLOWER / "bin" / "python"), str(APP / "check_mod.py"), str(collected)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "EDGEWATT_SOCKET": str(tmp_path / "none.sock")},
+    )  # fmt: skip
+    flower_bin("flwr")  # says how to fetch Flower where it is absent
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["round_from_config"] == 3  # server-round of the config record
+    assert out["round_from_group_id"] == 7  # a legacy strategy's message: group_id only
+    native, legacy = out["native"]["record"], out["legacy"]["record"]
+    assert set(native) == set(legacy)  # the same record for both kinds of app
+    for record in (native, legacy):
+        assert record["phase"] == "round-2/train"
+        assert record["source"] == "local" and record["exact"] is True
+        assert record["cpu_s"] == pytest.approx(0.2, abs=0.05)  # the 0.2 s burn
+        # The 1 MiB model as Flower serialises it (the array and its 128-byte header).
+        assert record["bytes_received"] == record["bytes_sent"] == 1_048_704
+    # The legacy strategy reads its FitRes as the client returned it.
+    assert out["legacy"]["fitres"] == {"num_examples": 10, "metrics": {"loss": 0.5},
+                                       "sum": 262144.0}  # fmt: skip
+    assert out["legacy"]["arrays"] == ["fitres.parameters"]
+    # FedAvg aggregates the same with the mod's record in the replies as without it.
+    aggregate = out["aggregate"]
+    assert aggregate["metrics_with_mod"] == aggregate["metrics_plain"] == {"loss": 0.5}
+    assert aggregate["arrays_equal"] is True
+    lines = [json.loads(line) for line in collected.read_text().splitlines()]
+    assert [(r["round"], r["kind"]) for r in lines] == [(1, "train"), (1, "train")]
+
+
 def test_report_prints_the_rounds_of_a_recorded_federation(tmp_path: Path) -> None:
     # Recorded from the deployment above (tests/fixtures/fl-rounds.jsonl).
     fixture = ROOT / "tests" / "fixtures" / "fl-rounds.jsonl"
