@@ -1,7 +1,7 @@
 """The ClientApp: adds one to the model (and its node's own mark), burns a known CPU
-time, and writes what it did (the model bytes it received and returned, its own CPU time and wall time) as
-one JSON line to the file named by the node's config "log". edgewatt's mod measures
-every message it handles."""
+time, and writes what it did (the model bytes it received and returned, its own CPU
+time and wall time) as one JSON line to the file named by the node's config "log".
+edgewatt's mod measures every message it handles."""
 
 import json
 import os
