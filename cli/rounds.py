@@ -106,6 +106,7 @@ class RoundsLayout:
     clients: list[str]  # "node 1234 (host)"
     # (axis label, {client: [value per round, None where it sent none]})
     panels: list[tuple[str, dict[str, list[float | None]]]]
+    stragglers: list[str]  # per round: the client that took longest, marked on the plot
 
 
 def _client(record: dict[str, Any]) -> str:
@@ -131,8 +132,13 @@ def rounds_layout(records: list[dict[str, Any]], title: str) -> RoundsLayout:
             for c in clients
         }
         panels.append((label, values))
+    stragglers = [
+        _client(max((r for r in records if (r["round"], r["kind"]) == k),
+                    key=lambda r: r["duration_s"]))
+        for k in keys
+    ]  # fmt: skip
     title = f"{title}: {len(rounds)} rounds, {len(clients)} clients"
-    return RoundsLayout(title, rounds, clients, panels)
+    return RoundsLayout(title, rounds, clients, panels, stragglers)
 
 
 def plot_rounds(drawn: RoundsLayout, out: str) -> None:
@@ -146,15 +152,28 @@ def plot_rounds(drawn: RoundsLayout, out: str) -> None:
         for i, client in enumerate(drawn.clients):
             xs = [p - 0.4 + width * (i + 0.5) for p in positions]
             ys = [0.0 if v is None else v for v in values[client]]
-            ax.bar(xs, ys, width=width * 0.95, color=f"C{i % 10}", label=client)
+            slowest = [s == client for s in drawn.stragglers]
+            ax.bar(xs, ys, width=width * 0.95, color=f"C{i % 10}",
+                   edgecolor=["black" if s else "none" for s in slowest],
+                   linewidth=1.2)  # fmt: skip
+            if label == ROUND_PANELS[0][0]:  # the straggler named on its duration bar
+                for x, y, s in zip(xs, ys, slowest):
+                    if s:
+                        ax.annotate("slowest", (x, y), ha="center", va="bottom", fontsize=7)
         ax.set_ylabel(label, fontsize=8)
         ax.grid(axis="y", alpha=0.3)
+        ax.margins(y=0.15)  # room for the straggler's mark
     if drawn.panels:  # above the bars, never over them
+        from matplotlib.patches import Patch
+
+        handles = [Patch(color=f"C{i % 10}", label=c) for i, c in enumerate(drawn.clients)]
+        handles.append(Patch(facecolor="white", edgecolor="black", label="slowest of its round"))
         axes[0, 0].legend(
+            handles=handles,
             fontsize=7,
             loc="lower right",
             bbox_to_anchor=(1.0, 1.0),
-            ncol=min(3, len(drawn.clients)),
+            ncol=min(3, len(handles)),
             frameon=False,
         )
     else:

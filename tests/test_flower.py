@@ -289,6 +289,9 @@ def test_plot_of_the_rounds_draws_each_client_per_round(tmp_path: Path) -> None:
     for record in records:
         client = f"node {record['node_id']} ({record['host_name']})"
         assert durations[client][record["round"] - 1] == record["duration_s"]
+    for number, straggler in enumerate(drawn.stragglers, 1):
+        slowest = max((r for r in records if r["round"] == number), key=lambda r: r["duration_s"])
+        assert straggler == f"node {slowest['node_id']} ({slowest['host_name']})"
     received = dict(drawn.panels)["received from the server (MiB)"]
     assert all(v == 4000128 / 2**20 for values in received.values() for v in values)
     png = tmp_path / "rounds.png"
