@@ -179,6 +179,14 @@ TABLE: tuple[Metric, ...] = (
         ("edgewatt.phase",),
     ),
     Metric(
+        "edgewatt.process.phase.duration",
+        "gauge",
+        "s",
+        "Duration of each of the target's last 10 phases, from the sample at its start "
+        "to the one at its end (so far, while it runs)",
+        ("edgewatt.phase",),
+    ),
+    Metric(
         "hw.host.power",
         "gauge",
         "W",

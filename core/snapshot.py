@@ -46,8 +46,9 @@ class ProcessSample:
     network_receive_bytes: int | None = None  # TCP bytes received
     gpu_utilization: float | None = None  # SM load summed over GPUs (NVML), 0..n_gpus
     gpu_memory_bytes: int | None = None  # GPU memory held by its processes (NVML)
-    # The last few phases: (name, running, energy J attributed in it or None).
-    phases: tuple[tuple[str, bool, float | None], ...] = ()
+    # The last few phases: (name, running, energy J attributed in it or None, its
+    # duration s from edge to edge, so far while it runs).
+    phases: tuple[tuple[str, bool, float | None, float], ...] = ()
     members: tuple[int, ...] = ()  # pids of its live members (membership.py)
     # A cgroup target's cgroup now, and its memory (current, kernel's peak) bytes.
     cgroup: str | None = None

@@ -277,6 +277,12 @@ class Target:
         return result
 
 
+def _recent(phase: Phase) -> tuple[str, bool, float | None, float]:
+    """A phase as exported: (name, running, energy J, duration s so far)."""
+    span = _span(phase.first, phase.last, 1, None)
+    return phase.name, phase.ended_at is None, span["energy_j"], span["duration_s"]
+
+
 def _phase_item(
     phase: Phase, logical_cpus: int, carbon: CarbonIntensity | None, period_s: float | None
 ) -> dict[str, Any]:
@@ -611,7 +617,7 @@ class TargetTable:
 
     def record(
         self, samples: list[ProcessSample], phases: int, only: set[str] | None = None
-    ) -> dict[str, tuple[tuple[str, bool, float | None], ...]]:
+    ) -> dict[str, tuple[tuple[str, bool, float | None, float], ...]]:
         """Add one pass's samples to the targets' histories (one lock for the pass),
         or, with ``only``, those of these targets (a pass on demand: the others' next
         rows carry their cumulative counters all the same); returns (name, running,
@@ -630,10 +636,7 @@ class TargetTable:
                 if only is None or target.id in only:
                     target.history.add(_row(sample))
                 if target.history.phases:
-                    recent[target.id] = tuple(
-                        (p.name, p.ended_at is None, _span(p.first, p.last, 1, None)["energy_j"])
-                        for p in target.history.phases[-phases:]
-                    )
+                    recent[target.id] = tuple(_recent(p) for p in target.history.phases[-phases:])
         return recent
 
     def mark_exited(

@@ -93,18 +93,22 @@ def _per_process_split(
     return observe
 
 
-def _phases(running_only: bool) -> Callable[[Snapshot], Points]:
+def _phases(figure: str) -> Callable[[Snapshot], Points]:
+    """Per phase of each target: 1 while it runs ("running"), or its "energy" or
+    "duration"."""
     memo: _Memo = {}
 
     def observe(snapshot: Snapshot) -> Points:
         nonlocal memo
         seen: _Memo = {}
         for p in snapshot.processes:
-            for name, running, energy in p.phases:
-                if running_only and running:
-                    yield 1, _extend(memo, seen, p.attributes, "edgewatt.phase", name)
-                elif not running_only and energy is not None:
-                    yield energy, _extend(memo, seen, p.attributes, "edgewatt.phase", name)
+            for name, running, energy, duration in p.phases:
+                if figure == "running":
+                    value = 1 if running else None
+                else:
+                    value = energy if figure == "energy" else duration
+                if value is not None:
+                    yield value, _extend(memo, seen, p.attributes, "edgewatt.phase", name)
         memo = seen
 
     return observe
@@ -252,8 +256,9 @@ OBSERVERS: Mapping[str, Callable[[Snapshot], Points]] = {
     "edgewatt.process.gpu.memory.usage": _per_process(lambda p: p.gpu_memory_bytes),
     "hw.gpu.memory.usage": _power(_gpu_value(lambda g: g.memory_used_bytes)),
     "hw.gpu.memory.limit": _power(_gpu_value(lambda g: g.memory_total_bytes)),
-    "edgewatt.process.phase": _phases(running_only=True),
-    "edgewatt.process.phase.energy": _phases(running_only=False),
+    "edgewatt.process.phase": _phases("running"),
+    "edgewatt.process.phase.energy": _phases("energy"),
+    "edgewatt.process.phase.duration": _phases("duration"),
     "hw.host.power": _power(_one(lambda p: p.host_power_w)),
     "hw.host.energy": _power(_one(lambda p: p.host_energy_j)),
     "edgewatt.host.carbon": _host_carbon,

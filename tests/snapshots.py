@@ -36,7 +36,7 @@ def process(i: int, cpu: float = 1.5) -> ProcessSample:
         network_receive_bytes=2000,
         gpu_utilization=0.4,
         gpu_memory_bytes=2**30,
-        phases=(("warmup", False, 3.5), ("train", True, 1.25)),
+        phases=(("warmup", False, 3.5, 12.0), ("train", True, 1.25, 4.5)),
     )
 
 

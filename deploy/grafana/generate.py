@@ -415,6 +415,32 @@ def rounds() -> dict[str, Any]:
             options={"orientation": "horizontal", "displayMode": "basic"},
         ),
         lay.panel(
+            "bargauge",
+            "Round duration per client (last 10 rounds each): the longest is the straggler",
+            "s",
+            [
+                target(
+                    f"edgewatt_process_phase_duration_seconds{{{in_round}}}",
+                    "{{host_name}} {{edgewatt_phase}}",
+                    instant=True,
+                )
+            ],
+            options={"orientation": "horizontal", "displayMode": "basic"},
+        ),
+        lay.panel(
+            "table",
+            "Straggler of each round",
+            "s",
+            [
+                target(
+                    "topk by (edgewatt_phase) (1, "
+                    f"edgewatt_process_phase_duration_seconds{{{in_round}}})",
+                    "{{edgewatt_phase}} {{host_name}}",
+                    instant=True,
+                )
+            ],
+        ),
+        lay.panel(
             "timeseries",
             "Round running, per client",
             "short",
