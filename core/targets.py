@@ -6,7 +6,6 @@ read by both. One lock guards the table; every operation under it is short.
 
 from __future__ import annotations
 
-import grp
 import operator
 import secrets
 import threading
@@ -14,17 +13,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.labels import LabelError, validate_value
-from edgewatt.core.sampling import cgroup_names, cgroups
-from edgewatt.core.sampling.cgroup_names import CgroupName
-from edgewatt.core.sampling.cgroups import Cgroup, InvalidCgroup
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle
 from edgewatt.core.snapshot import ProcessSample
+
+if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
+    from edgewatt.core.sampling.cgroup_names import CgroupName
+    from edgewatt.core.sampling.cgroups import Cgroup
 
 SAMPLE_FIELDS = (
     "time",
@@ -354,7 +354,7 @@ class TargetTable:
         locate_cgroup: Callable[[CgroupName], Cgroup] | None = None,
     ) -> None:
         # locate_cgroup(name): the cgroup a name names now (cgroup_names.locate).
-        self._locate = locate_cgroup or (lambda name: cgroup_names.locate(name, cgroups.mounts()))
+        self._locate = locate_cgroup or _locate
         # open_process(pid, proc, expect_start=...) pins a process's identity: /proc
         # here, psutil in the client where /proc is absent (client/_psutil.py).
         self._open = open_process
@@ -471,7 +471,7 @@ class TargetTable:
         group docker's containers, as its socket lets it run them anyway."""
         try:
             cgroup = self._locate(name)
-        except (InvalidCgroup, OSError) as exc:
+        except (ValueError, OSError) as exc:  # InvalidCgroup is a ValueError
             raise TargetError("no such cgroup", str(exc)) from None
         refusal = _cgroup_refusal(name, cgroup, uid, gids)
         if refusal is not None:
@@ -721,6 +721,12 @@ def _saved(t: Target) -> dict[str, Any]:
     return entry
 
 
+def _locate(name: CgroupName) -> Cgroup:
+    from edgewatt.core.sampling import cgroup_names, cgroups
+
+    return cgroup_names.locate(name, cgroups.mounts())
+
+
 def _cgroup_refusal(name: CgroupName, cgroup: Cgroup, uid: int, gids: frozenset[int]) -> str | None:
     if uid == 0:
         return None
@@ -730,12 +736,10 @@ def _cgroup_refusal(name: CgroupName, cgroup: Cgroup, uid: int, gids: frozenset[
         return f"cgroup {cgroup.path} is gone"
     if owner == uid:
         return None
-    if name.runtime == "docker":
-        try:
-            if grp.getgrnam("docker").gr_gid in gids:
-                return None
-        except KeyError:
-            pass
+    from edgewatt.core.sampling.cgroup_names import runs_docker
+
+    if name.runtime == "docker" and runs_docker(gids):
+        return None
     return (
         f"cgroup {cgroup.path} belongs to uid {owner}: root or its owner may register it "
         "(a user, cgroups delegated to them, such as under user@UID.service)"

@@ -11,6 +11,7 @@ one target follows the container across restarts.
 
 from __future__ import annotations
 
+import grp
 import re
 import shutil
 import subprocess
@@ -89,6 +90,14 @@ def locate(name: CgroupName, where: Mounts, run: Runner = run_command) -> Cgroup
         return Cgroup(path, where)
     except CgroupGone as exc:
         raise UnknownName(str(exc)) from None
+
+
+def runs_docker(gids: frozenset[int]) -> bool:
+    """Whether a caller with these groups may run docker containers (its socket)."""
+    try:
+        return grp.getgrnam("docker").gr_gid in gids
+    except KeyError:
+        return False
 
 
 def parse(kind: str, name: object, runtime: object = None) -> CgroupName:

@@ -25,7 +25,6 @@ from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.procfs import NoSuchProcess, parse_stat
 
 log = logging.getLogger(__name__)
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 class CgroupGone(Exception):
@@ -226,6 +225,9 @@ def _int(text: str | None) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 class CgroupTree:
     """A cgroup target read once per pass, as the sampler reads a process tree
     (platforms.Tree). ``resolve`` names the cgroup anew when it is gone: a container
@@ -262,7 +264,7 @@ class CgroupTree:
                     stat = parse_stat(f.read())
             except (OSError, ValueError):
                 continue  # gone since cgroup.procs was read
-            rss += stat.rss_pages * PAGE_SIZE
+            rss += stat.rss_pages * _PAGE_SIZE
             vms += stat.vsize
             threads += stat.num_threads
         cpu = user_base + system_base + usage.cpu_user_s + usage.cpu_system_s
