@@ -15,7 +15,7 @@ import grp
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+import typing
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
@@ -34,7 +34,7 @@ _UNIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9:_.@\\-]{0,254}")  # never an option
 _CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
 _TIMEOUT_S = 10.0
 
-Runner = Callable[[list[str]], str]
+Runner = typing.Callable[[typing.List[str]], str]  # runtime alias: 3.8 subscripts typing only
 
 
 class UnknownName(InvalidCgroup):
