@@ -274,27 +274,22 @@ class Daemon:
             try:
                 saved = parse_saved(entry, pid_max)
                 request = saved.registration
+                kept = {
+                    "target_id": saved.target_id,
+                    "registered_at": saved.registered_at,
+                    "holders": saved.holders,
+                }
                 if request.cgroup is not None:  # resolved anew: it may have restarted
-                    self.table.register_cgroup(
-                        request.cgroup,
+                    self.table.register_cgroup(request.cgroup, request.labels, saved.uid, **kept)
+                else:
+                    self.table.register(
+                        request.pid,
                         request.labels,
+                        request.children,
                         saved.uid,
-                        target_id=saved.target_id,
-                        registered_at=saved.registered_at,
-                        holders=saved.holders,
+                        expect_start=saved.start_ticks,
+                        **kept,
                     )
-                    restored += 1
-                    continue
-                self.table.register(
-                    request.pid,
-                    request.labels,
-                    request.children,
-                    saved.uid,
-                    target_id=saved.target_id,
-                    expect_start=saved.start_ticks,
-                    registered_at=saved.registered_at,
-                    holders=saved.holders,
-                )
                 restored += 1
             except (InvalidRegistration, TargetError) as exc:
                 name = entry.get("id") if isinstance(entry, dict) else None

@@ -454,3 +454,30 @@ def assert_tcp_ip_bytes(figure: int, payload: int, packets: int) -> None:
     IPv4's 20 and TCP's 20 to 60 (options: timestamps, SACK blocks, a SYN's MSS)."""
     headers = figure - payload
     assert 40 * packets <= headers <= 80 * packets, (figure, payload, packets)
+
+
+@pytest.fixture
+def cgroup_dir() -> Iterator[Path]:
+    """A cgroup v2 directory of the test's own (root and a v2 mount: the tests that use
+    it say so); at the end its members and sub-cgroups are removed with it."""
+    from edgewatt.core.sampling import cgroups
+
+    where = cgroups.mounts().v2
+    assert where is not None
+    made = Path(where) / f"edgewatt-test-{os.getpid()}"
+    made.mkdir()
+    yield made
+    for directory in [*sorted(made.rglob("*"), reverse=True), made]:
+        if not directory.is_dir() or not (directory / "cgroup.procs").exists():
+            continue
+        for pid in (directory / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        for _ in range(1000):  # until the killed members are gone
+            try:
+                directory.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.005)

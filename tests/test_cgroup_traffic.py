@@ -35,22 +35,6 @@ def tables() -> list[str]:
 
 
 @pytest.fixture
-def cgroup_dir() -> Iterator[Path]:
-    assert WHERE.v2 is not None
-    made = Path(WHERE.v2) / f"edgewatt-traffic-{os.getpid()}"
-    made.mkdir()
-    yield made
-    for pid in (made / "cgroup.procs").read_text().split():
-        os.kill(int(pid), 9)
-    for _ in range(1000):
-        try:
-            made.rmdir()
-            break
-        except OSError:
-            os.sched_yield()
-
-
-@pytest.fixture
 def traffic() -> Iterator[CgroupTraffic]:
     assert WHERE.v2 is not None
     counted = CgroupTraffic(WHERE.v2)
