@@ -206,6 +206,12 @@ def _register(args: argparse.Namespace) -> int:
             body[key] = getattr(args, key)
     if args.runtime is not None:
         body["runtime"] = args.runtime
+    if args.container is not None:
+        from edgewatt.cli.targets import container_id
+
+        found = container_id(args.container, args.runtime)
+        if found is not None:  # the daemon finds it by id where it may not ask the runtime
+            body["runtime"], body["container_id"] = found
     return register(body, args.socket)
 
 

@@ -276,14 +276,16 @@ class Sampler:
         mounts, name = self._cgroup_mounts, target.cgroup_name
         assert name is not None
 
+        from edgewatt.core.sampling import cgroup_names  # the daemon's alone (grp)
+
         def locate() -> Cgroup | None:
             try:
-                return Cgroup(name.resolve(), mounts)
-            except (InvalidCgroup, CgroupGone, OSError):
+                return cgroup_names.locate(name, mounts)
+            except (InvalidCgroup, OSError):
                 return None
 
         try:
-            cgroup = Cgroup(target.cgroup or name.resolve(), mounts)
+            cgroup = Cgroup(target.cgroup or "", mounts)
         except (InvalidCgroup, CgroupGone, OSError):
             cgroup = locate()
         if cgroup is None:

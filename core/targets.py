@@ -717,7 +717,12 @@ def _saved(t: Target) -> dict[str, Any]:
     }
     if t.cgroup_name is not None:  # resolved again at restore: it may have restarted
         name = t.cgroup_name
-        entry["cgroup"] = {"kind": name.kind, "name": name.name, "runtime": name.runtime}
+        entry["cgroup"] = {
+            "kind": name.kind,
+            "name": name.name,
+            "runtime": name.runtime,
+            "container_id": name.container_id,
+        }
     return entry
 
 

@@ -55,12 +55,13 @@ class Saved:
 def parse_request(body: dict[str, Any], caller_pid: int, pid_max: int) -> Registration:
     """A POST /v1/targets body: a process (``pid``, by default the caller's) or a
     cgroup (``cgroup`` path, ``unit`` or ``container`` with an optional ``runtime``)."""
-    reject_unknown(body, {"pid", "labels", "children", *CGROUP_FIELDS, "runtime"})
+    reject_unknown(body, {"pid", "labels", "children", *CGROUP_FIELDS, "runtime", "container_id"})
     named = [k for k in ("pid", *CGROUP_FIELDS) if k in body]
     if len(named) > 1:
         raise InvalidRegistration("conflicting fields", f"give one of {', '.join(named)}")
-    if "runtime" in body and named != ["container"]:
-        raise InvalidRegistration("invalid runtime", "runtime goes with container")
+    for extra in ("runtime", "container_id"):
+        if extra in body and named != ["container"]:
+            raise InvalidRegistration(f"invalid {extra}", f"{extra} goes with container")
     if named and named[0] in CGROUP_FIELDS:
         if "children" in body:
             raise InvalidRegistration("invalid children", "a cgroup is counted whole")
@@ -74,7 +75,7 @@ CGROUP_FIELDS = ("cgroup", "unit", "container")
 
 def _cgroup_name(kind: str, name: object, body: dict[str, Any]) -> CgroupName:
     try:
-        return cgroup_names.parse(kind, name, body.get("runtime"))
+        return cgroup_names.parse(kind, name, body.get("runtime"), body.get("container_id"))
     except InvalidCgroup as exc:
         raise InvalidRegistration(f"invalid {kind}", str(exc)) from None
 
@@ -105,8 +106,11 @@ def parse_saved(entry: object, pid_max: int) -> Saved:
             raise InvalidRegistration("invalid cgroup", "an object with kind and name is needed")
         if saved["kind"] not in CGROUP_FIELDS:
             raise InvalidRegistration("invalid cgroup", f"kind {saved['kind']!r:.40} is unknown")
-        runtime = {"runtime": saved.get("runtime") or None}
-        name = _cgroup_name(saved["kind"], saved.get("name"), runtime)
+        extra = {
+            "runtime": saved.get("runtime") or None,
+            "container_id": saved.get("container_id") or None,
+        }
+        name = _cgroup_name(saved["kind"], saved.get("name"), extra)
         registration = Registration(0, _labels(entry), True, name)
     else:
         registration = _registration(entry, None, pid_max)

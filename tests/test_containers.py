@@ -347,3 +347,32 @@ def test_the_cli_registers_a_container_by_name_and_reads_it(
     assert "no such cgroup: podman inspect" in missing.stderr
     assert edgewatt("unregister", target_id).returncode == 0
     assert edgewatt("summary", target_id).returncode == 1
+
+
+def test_a_daemon_that_may_not_run_the_runtime_finds_the_container_by_its_id(
+    daemon_factory: Any, container: str
+) -> None:
+    """As under the systemd unit, whose dynamic user may not ask podman: the CLI asks
+    the runtime as its user for the id, the daemon finds the cgroup by the runtime's
+    naming, and again after a restart."""
+    daemon = daemon_factory(interval=0.5, env={"PATH": "/nonexistent"})
+    body = {"container": container, "runtime": "podman"}
+    status, refused = daemon.call("POST", "/v1/targets", body)
+    assert status == 400 and "asks the runtime as you, for its id" in refused["detail"]
+    registered = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "register", "--container", container,
+         "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr
+    target_id = registered.stdout.strip()
+    status, target = daemon.call("GET", f"/v1/targets/{target_id}")
+    assert target["cgroup"]["path"] == cgroups.cgroup_of(main_pid(container))
+    podman("restart", "-t", "0", container)
+    wait_for(
+        lambda: (
+            daemon.call("GET", f"/v1/targets/{target_id}")[1]["cgroup"]["path"]
+            == cgroups.cgroup_of(main_pid(container))
+            and daemon.call("GET", f"/v1/targets/{target_id}")[1]["state"] == "running"
+        )
+    )

@@ -12,6 +12,7 @@ one target follows the container across restarts.
 from __future__ import annotations
 
 import grp
+import os
 import re
 import shutil
 import subprocess
@@ -60,13 +61,18 @@ class CgroupName:
     kind: str
     name: str
     runtime: str = ""
+    # A container's full id, as the registering user's runtime gave it: found in the
+    # cgroup tree by the runtime's own naming where the daemon may not run the runtime
+    # (a service's dynamic user is neither root nor in the docker group).
+    container_id: str = ""
 
     @property
     def display(self) -> str:
         return self.name if self.kind == "cgroup" else f"{self.runtime or self.kind}:{self.name}"
 
-    def resolve(self, run: Runner = run_command, proc: str = "/proc") -> str:
-        """The cgroup v2 path it names now; UnknownName when none."""
+    def resolve(self, run: Runner = run_command, proc: str = "/proc", v2: str | None = None) -> str:
+        """The cgroup v2 path it names now (``v2``: the v2 mount, to find a container
+        by its id); UnknownName when none."""
         if self.kind == "cgroup":
             return self.name
         if self.kind == "unit":
@@ -74,7 +80,14 @@ class CgroupName:
             if not path:
                 raise UnknownName(f"unit {self.name} is not running (it has no cgroup)")
             return normalize(path)
-        pid_text = run([self.runtime, "inspect", "--format", "{{.State.Pid}}", self.name])
+        try:
+            pid_text = run([self.runtime, "inspect", "--format", "{{.State.Pid}}", self.name])
+        except UnknownName as failed:
+            found = by_container_id(self.container_id, v2) if self.container_id and v2 else None
+            if found is None:
+                hint = "; edgewatt register --container asks the runtime as you, for its id"
+                raise UnknownName(f"{failed}{'' if self.container_id else hint}") from None
+            return found
         if not pid_text.isdigit() or int(pid_text) == 0:
             raise UnknownName(f"{self.runtime} container {self.name} is not running")
         try:
@@ -83,9 +96,27 @@ class CgroupName:
             raise UnknownName(f"{self.runtime} container {self.name} has just stopped") from None
 
 
+# How runtimes name a container's cgroup: podman (cgroupfs or systemd), docker, CRI-O
+# and containerd; the id is the full one.
+_CONTAINER_CGROUPS = ("{}", "libpod-{}", "libpod-{}.scope", "docker-{}.scope", "crio-{}.scope",
+                      "cri-containerd-{}.scope")  # fmt: skip
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+
+
+def by_container_id(container_id: str, v2: str) -> str | None:
+    """The cgroup (v2 path) of the container with this full id, by its runtime's naming;
+    None when no cgroup has it (not running)."""
+    names = {pattern.format(container_id) for pattern in _CONTAINER_CGROUPS}
+    for directory, subdirs, _files in os.walk(v2):
+        for sub in subdirs:
+            if sub in names:
+                return normalize("/" + os.path.relpath(os.path.join(directory, sub), v2))
+    return None
+
+
 def locate(name: CgroupName, where: Mounts, run: Runner = run_command) -> Cgroup:
     """The cgroup ``name`` names now; UnknownName saying why when none."""
-    path = name.resolve(run)
+    path = name.resolve(run, v2=where.v2)
     try:
         return Cgroup(path, where)
     except CgroupGone as exc:
@@ -100,7 +131,9 @@ def runs_docker(gids: frozenset[int]) -> bool:
         return False
 
 
-def parse(kind: str, name: object, runtime: object = None) -> CgroupName:
+def parse(
+    kind: str, name: object, runtime: object = None, container_id: object = None
+) -> CgroupName:
     """Check a name as the API receives it; InvalidCgroup naming the problem."""
     if kind not in KINDS:
         raise InvalidCgroup(f"kind must be one of {', '.join(KINDS)}")
@@ -121,4 +154,8 @@ def parse(kind: str, name: object, runtime: object = None) -> CgroupName:
         runtime = found[0]
     if runtime not in RUNTIMES:
         raise InvalidCgroup(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r:.40}")
-    return CgroupName("container", name, str(runtime))
+    if container_id is not None and not (
+        isinstance(container_id, str) and _CONTAINER_ID.fullmatch(container_id)
+    ):
+        raise InvalidCgroup(f"a container id is 64 hex digits, got {container_id!r:.80}")
+    return CgroupName("container", name, str(runtime), container_id or "")
