@@ -209,3 +209,16 @@ def test_a_run_cgroup_is_made_used_and_removed_and_stale_ones_go() -> None:
     child.communicate(b"")
     assert own.remove() is None
     assert not Path(own.directory).exists()
+
+
+@needs_v2
+def test_a_unit_is_found_by_its_cgroup_name_where_systemctl_fails(cgroup_dir: Path) -> None:
+    (cgroup_dir / "x.service").mkdir()  # as systemd names a unit's cgroup, in its slice
+
+    def no_bus(argv: list[str]) -> str:
+        raise UnknownName("systemctl show: Failed to get properties: no bus")
+
+    name = CgroupName("unit", "x.service")
+    assert name.resolve(no_bus, v2=WHERE.v2) == f"/{cgroup_dir.name}/x.service"
+    with pytest.raises(UnknownName, match="no bus; no cgroup is named so"):
+        CgroupName("unit", "y.service").resolve(no_bus, v2=WHERE.v2)

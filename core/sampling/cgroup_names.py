@@ -76,10 +76,7 @@ class CgroupName:
         if self.kind == "cgroup":
             return self.name
         if self.kind == "unit":
-            path = run(["systemctl", "show", "--property=ControlGroup", "--value", self.name])
-            if not path:
-                raise UnknownName(f"unit {self.name} is not running (it has no cgroup)")
-            return normalize(path)
+            return self._unit(run, v2)
         try:
             pid_text = run([self.runtime, "inspect", "--format", "{{.State.Pid}}", self.name])
         except UnknownName as failed:
@@ -94,6 +91,21 @@ class CgroupName:
             return normalize(cgroup_of(int(pid_text), proc))
         except FileNotFoundError:
             raise UnknownName(f"{self.runtime} container {self.name} has just stopped") from None
+
+    def _unit(self, run: Runner, v2: str | None) -> str:
+        """systemd's word where the daemon may ask it; else the cgroup named as the
+        unit (a service's sandbox may not reach systemd's bus)."""
+        try:
+            path = run(["systemctl", "show", "--property=ControlGroup", "--value", self.name])
+        except UnknownName as failed:
+            found = by_unit_name(self.name, v2) if v2 else []
+            if len(found) != 1:
+                why = "no cgroup is named so" if not found else f"{len(found)} are named so"
+                raise UnknownName(f"{failed}; {why}") from None
+            return found[0]
+        if not path:
+            raise UnknownName(f"unit {self.name} is not running (it has no cgroup)")
+        return normalize(path)
 
 
 # How runtimes name a container's cgroup: podman (cgroupfs or systemd), docker, CRI-O
@@ -112,6 +124,16 @@ def by_container_id(container_id: str, v2: str) -> str | None:
             if sub in names:
                 return normalize("/" + os.path.relpath(os.path.join(directory, sub), v2))
     return None
+
+
+def by_unit_name(unit: str, v2: str) -> list[str]:
+    """Cgroups (v2 paths) named as the unit: systemd names a unit's cgroup after it,
+    in its slice (/system.slice/x.service, or a user's under user@UID.service)."""
+    found = []
+    for directory, subdirs, _files in os.walk(v2):
+        if unit in subdirs:
+            found.append(normalize("/" + os.path.relpath(os.path.join(directory, unit), v2)))
+    return found
 
 
 def locate(name: CgroupName, where: Mounts, run: Runner = run_command) -> Cgroup:
