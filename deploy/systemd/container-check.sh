@@ -86,8 +86,8 @@ systemd-run --unit=edgewatt-demo /bin/sh -c \
 sleep 3
 EW=/home/alice/edgewatt/.venv/bin/edgewatt
 id=$(sudo $EW register --unit edgewatt-demo.service) && sudo $EW summary "$id"
-systemctl stop edgewatt-demo
 as_alice "$EW register --unit edgewatt-demo.service" || echo "(refused, as it must be: root's unit)"
+systemctl stop edgewatt-demo
 say watchdog; kill -STOP "$(systemctl show -p MainPID --value edgewatt)"; sleep 40
 systemctl show edgewatt -p ActiveState -p NRestarts | tr '\n' ' '; echo
 journalctl -b -u edgewatt --no-pager | grep -E "Watchdog timeout|restart counter" || true
