@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 # Phases exported per target as series (each phase name is a label value): enough for
 # a dashboard's recent-phases table, bounded whatever a client sends.
 EXPORTED_PHASES = 10
+# Seconds a container's or unit's target waits for its cgroup to come back (a restart:
+# podman and docker take under a second, a unit its RestartSec) before it ends.
+RESTART_GRACE_S = 10.0
 
 
 class Sampler:
@@ -292,7 +295,12 @@ class Sampler:
             self._exited.setdefault(target.id, time.time())
             log.info("target %s (%s): its cgroup is gone", target.id, name.display)
             return None
-        return CgroupTree(cgroup, self.logical_cpus, resolve=locate, proc=self._proc)
+        # A container or service restarting has no cgroup for a moment: its target
+        # waits for the next one; a plain cgroup path ends with its cgroup.
+        grace = RESTART_GRACE_S if name.kind != "cgroup" else 0.0
+        return CgroupTree(
+            cgroup, self.logical_cpus, resolve=locate, proc=self._proc, restart_grace_s=grace
+        )
 
     def _overflows(self) -> dict[str, int]:
         counts = {}

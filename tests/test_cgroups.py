@@ -222,3 +222,28 @@ def test_a_unit_is_found_by_its_cgroup_name_where_systemctl_fails(cgroup_dir: Pa
     assert name.resolve(no_bus, v2=WHERE.v2) == f"/{cgroup_dir.name}/x.service"
     with pytest.raises(UnknownName, match="no bus; no cgroup is named so"):
         CgroupName("unit", "y.service").resolve(no_bus, v2=WHERE.v2)
+
+
+@needs_v2
+def test_a_restarting_cgroup_is_waited_for_within_the_grace(cgroup_dir: Path) -> None:
+    path = "/" + cgroup_dir.name
+
+    def locate() -> Cgroup | None:
+        return Cgroup(path, WHERE) if cgroup_dir.exists() else None
+
+    tree = CgroupTree(Cgroup(path, WHERE), 1, resolve=locate, restart_grace_s=60)
+    first = _burn_in(cgroup_dir, 0.1, 1)
+    before = tree.sample(lambda pid: [])
+    cgroup_dir.rmdir()  # stopped: no cgroup for a moment
+    waiting = tree.sample(lambda pid: [])
+    assert waiting.cpu_user_s + waiting.cpu_system_s == before.cpu_user_s + before.cpu_system_s
+    assert waiting.pids == ()
+    cgroup_dir.mkdir()  # started again
+    second = _burn_in(cgroup_dir, 0.1, 1)
+    after = tree.sample(lambda pid: [])
+    assert after.cpu_user_s + after.cpu_system_s == pytest.approx(first + second, abs=0.02)
+    ended = CgroupTree(Cgroup(path, WHERE), 1, resolve=lambda: None, restart_grace_s=0)
+    ended.sample(lambda pid: [])
+    cgroup_dir.rmdir()
+    with pytest.raises(NoSuchProcess):
+        ended.sample(lambda pid: [])

@@ -14,6 +14,7 @@ member that comes and goes between two passes is counted whole.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -241,11 +242,16 @@ class CgroupTree:
         logical_cpus: int,
         resolve: Callable[[], Cgroup | None] | None = None,
         proc: str = "/proc",
+        restart_grace_s: float = 0.0,
     ) -> None:
         self.cgroup = cgroup
         self._cpus = logical_cpus
         self._resolve = resolve
         self._proc = proc
+        # How long a gone cgroup may stay unresolved before its target ends: a
+        # restarting container or service has none for a moment.
+        self._grace = restart_grace_s
+        self._gone_since: float | None = None
         self._base = (0.0, 0.0, 0, 0)  # what earlier incarnations counted
         self.last: TreeReading | None = None
         self.usage: Usage | None = None
@@ -256,6 +262,9 @@ class CgroupTree:
             usage = self.cgroup.read()
         except CgroupGone:
             usage = self._next_incarnation()
+            if usage is None:  # restarting: nothing runs, nothing more is counted
+                assert self.last is not None
+                return dataclasses.replace(self.last, cpu_utilization=None, pids=())
         user_base, system_base, read_base, write_base = self._base
         rss = vms = threads = 0
         for pid in usage.pids:
@@ -288,11 +297,17 @@ class CgroupTree:
         self.last, self.usage = reading, usage
         return reading
 
-    def _next_incarnation(self) -> Usage:
-        """The cgroup went: its next one (a restarted container), or the end."""
+    def _next_incarnation(self) -> Usage | None:
+        """The cgroup went: its next one (a restarted container), None while it may
+        still come within the grace, or the end."""
         fresh = self._resolve() if self._resolve is not None else None
         if fresh is None or fresh.inode == self.cgroup.inode:
+            now = time.monotonic()
+            self._gone_since = self._gone_since or now
+            if self.last is not None and now - self._gone_since < self._grace:
+                return None
             raise NoSuchProcess(0, f"cgroup {self.cgroup.path} is gone")
+        self._gone_since = None
         last = self.last
         if last is not None:
             self._base = (
