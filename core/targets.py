@@ -418,42 +418,31 @@ class TargetTable:
         if reason is not None:
             handle.close()
             raise Forbidden("not your process", reason)
-        with self._lock:
-            existing_id = self._by_identity.get((pid, handle.start_ticks))
-            if existing_id is not None:
-                handle.close()
-                existing = self._targets[existing_id]
-                if existing.labels != labels or existing.children != children:
-                    raise Conflict(
-                        "already registered",
-                        f"pid {pid} is target {existing.id} with other labels or children flag",
-                    )
-                existing.holders += 1
-                target, created = existing, False
-            else:
-                refusal = self._over_limit(uid)
-                if refusal is not None:
-                    handle.close()
-                    raise refusal
-                target = Target(
-                    id=target_id or secrets.token_hex(6),
-                    pid=pid,
-                    start_ticks=handle.start_ticks,
-                    start_time=self._boot_time + handle.start_ticks / self._clock_ticks,
-                    labels=labels,
-                    children=children,
-                    uid=uid,
-                    registered_at=registered_at or time.time(),
-                    history=History(self._history_samples),
-                    handle=handle,
-                    executable=handle.executable,
-                    holders=max(1, holders),
-                )
-                self._targets[target.id] = target
-                self._by_identity[(pid, handle.start_ticks)] = target.id
-                created = True
-        self.persist()  # a new target, or one more holder: both are persisted
-        return target, created
+
+        def make() -> Target:
+            return Target(
+                id=target_id or secrets.token_hex(6),
+                pid=pid,
+                start_ticks=handle.start_ticks,
+                start_time=self._boot_time + handle.start_ticks / self._clock_ticks,
+                labels=labels,
+                children=children,
+                uid=uid,
+                registered_at=registered_at or time.time(),
+                history=History(self._history_samples),
+                handle=handle,
+                executable=handle.executable,
+                holders=max(1, holders),
+            )
+
+        return self._hold_or_add(
+            (pid, handle.start_ticks),
+            uid,
+            same=lambda t: t.labels == labels and t.children == children,
+            conflict=lambda t: f"pid {pid} is target {t.id} with other labels or children flag",
+            make=make,
+            discard=handle.close,
+        )
 
     def register_cgroup(
         self,
@@ -476,23 +465,10 @@ class TargetTable:
         refusal = _cgroup_refusal(name, cgroup, uid, gids)
         if refusal is not None:
             raise Forbidden("not your cgroup", refusal)
-        key = (0, cgroup.inode)
-        with self._lock:
-            existing_id = self._by_identity.get(key)
-            if existing_id is not None:
-                existing = self._targets[existing_id]
-                if existing.labels != labels:
-                    raise Conflict(
-                        "already registered",
-                        f"cgroup {cgroup.path} is target {existing.id} with other labels",
-                    )
-                existing.holders += 1
-                return existing, False
-            refused = self._over_limit(uid)
-            if refused is not None:
-                raise refused
+
+        def make() -> Target:
             now = time.time()
-            target = Target(
+            return Target(
                 id=target_id or secrets.token_hex(6),
                 pid=0,
                 start_ticks=cgroup.inode,
@@ -507,10 +483,49 @@ class TargetTable:
                 cgroup_name=name,
                 cgroup=cgroup.path,
             )
-            self._targets[target.id] = target
-            self._by_identity[key] = target.id
-        self.persist()
-        return target, True
+
+        return self._hold_or_add(
+            (0, cgroup.inode),
+            uid,
+            same=lambda t: t.labels == labels,
+            conflict=lambda t: f"cgroup {cgroup.path} is target {t.id} with other labels",
+            make=make,
+        )
+
+    def _hold_or_add(
+        self,
+        key: tuple[int, int],
+        uid: int,
+        *,
+        same: Callable[[Target], bool],
+        conflict: Callable[[Target], str],
+        make: Callable[[], Target],
+        discard: Callable[[], None] = lambda: None,
+    ) -> tuple[Target, bool]:
+        """The target of identity ``key`` held once more (the ``same`` registration,
+        else Conflict saying ``conflict(it)``), or ``make()``'s, within the limits;
+        ``discard`` lets go of what a new target would have kept (its process
+        handle). Both are persisted."""
+        with self._lock:
+            existing_id = self._by_identity.get(key)
+            if existing_id is not None:
+                discard()
+                existing = self._targets[existing_id]
+                if not same(existing):
+                    raise Conflict("already registered", conflict(existing))
+                existing.holders += 1
+                target, created = existing, False
+            else:
+                refusal = self._over_limit(uid)
+                if refusal is not None:
+                    discard()
+                    raise refusal
+                target = make()
+                self._targets[target.id] = target
+                self._by_identity[key] = target.id
+                created = True
+        self.persist()  # a new target, or one more holder: both are persisted
+        return target, created
 
     def _over_limit(self, uid: int) -> TooMany | None:
         running = [t.uid for t in self._targets.values() if t.exited_at is None]

@@ -4,6 +4,7 @@ who may register which cgroup, and a registration that survives a daemon restart
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +72,15 @@ def test_a_cgroup_target_survives_a_restart_and_ends_with_its_cgroup(
 ) -> None:
     state = tmp_path / "state"
     daemon = daemon_factory(interval=0.2, state_dir=state)
-    status, target = daemon.call(
-        "POST", "/v1/targets", {"cgroup": f"/{cgroup_dir.name}", "labels": {"task": "etl"}}
-    )
+    body = {"cgroup": f"/{cgroup_dir.name}", "labels": {"task": "etl"}}
+    status, target = daemon.call("POST", "/v1/targets", body)
     assert status == 201, target
-    daemon.stop()
+    status, held = daemon.call("POST", "/v1/targets", body)  # a second holder
+    assert status == 200 and held["id"] == target["id"]
+    daemon.stop(signal.SIGKILL)  # what was persisted at each registration, no more
     again = daemon_factory(interval=0.2, state_dir=state)
+    # Both holds came back: letting go of one keeps the target.
+    assert again.call("DELETE", f"/v1/targets/{target['id']}")[0] == 200
     status, found = again.call("GET", f"/v1/targets/{target['id']}")
     assert status == 200, found
     assert found["cgroup"]["path"] == f"/{cgroup_dir.name}"
