@@ -14,7 +14,6 @@ caller's right to the target (SO_PEERCRED) and resolves a name through the runti
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 from typing import Any
@@ -47,14 +46,19 @@ def _call(path: str, command: str, method: str, url: str, body: Any = None) -> A
 def container_id(name: str, runtime: str | None) -> tuple[str, str] | None:
     """(runtime, full id) of the container as the caller's own runtime tells it, or
     None (no runtime, no such container, no right to ask: the daemon asks itself)."""
-    from edgewatt.core.sampling.cgroup_names import RUNTIMES, UnknownName, run_command
+    from edgewatt.core.sampling.cgroup_names import (
+        CONTAINER_ID,
+        RUNTIMES,
+        UnknownName,
+        run_command,
+    )
 
     for candidate in [runtime] if runtime else [r for r in RUNTIMES if shutil.which(r)]:
         try:
             found = run_command([candidate, "inspect", "--format", "{{.Id}}", name])
         except UnknownName:
             continue
-        if re.fullmatch(r"[0-9a-f]{64}", found):
+        if CONTAINER_ID.fullmatch(found):
             return candidate, found
     return None
 

@@ -228,7 +228,7 @@ class _Handler(BaseHTTPRequestHandler):
             # To now: a running target is sampled first (a script's summary at its
             # end holds its last second too).
             fresh = parse_qs(parts.query).get("fresh") == ["1"]
-            if fresh and table.describe(target_id)["state"] == "running":
+            if fresh and table.get(target_id).state == "running":
                 self.server.sample_now(target_id)
             return 200, table.summary(target_id, self.server.logical_cpus)
         since = _since(parts.query)

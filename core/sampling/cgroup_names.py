@@ -112,28 +112,30 @@ class CgroupName:
 # and containerd; the id is the full one.
 _CONTAINER_CGROUPS = ("{}", "libpod-{}", "libpod-{}.scope", "docker-{}.scope", "crio-{}.scope",
                       "cri-containerd-{}.scope")  # fmt: skip
-_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+CONTAINER_ID = re.compile(r"[0-9a-f]{64}")  # a full id, as runtimes print it
 
 
 def by_container_id(container_id: str, v2: str) -> str | None:
     """The cgroup (v2 path) of the container with this full id, by its runtime's naming;
     None when no cgroup has it (not running)."""
-    names = {pattern.format(container_id) for pattern in _CONTAINER_CGROUPS}
-    for directory, subdirs, _files in os.walk(v2):
-        for sub in subdirs:
-            if sub in names:
-                return normalize("/" + os.path.relpath(os.path.join(directory, sub), v2))
-    return None
+    found = _named(v2, {pattern.format(container_id) for pattern in _CONTAINER_CGROUPS})
+    return found[0] if found else None
 
 
 def by_unit_name(unit: str, v2: str) -> list[str]:
     """Cgroups (v2 paths) named as the unit: systemd names a unit's cgroup after it,
     in its slice (/system.slice/x.service, or a user's under user@UID.service)."""
-    found = []
-    for directory, subdirs, _files in os.walk(v2):
-        if unit in subdirs:
-            found.append(normalize("/" + os.path.relpath(os.path.join(directory, unit), v2)))
-    return found
+    return _named(v2, {unit})
+
+
+def _named(v2: str, names: set[str]) -> list[str]:
+    """The v2 paths of every cgroup whose own name is one of ``names``."""
+    return [
+        normalize("/" + os.path.relpath(os.path.join(directory, sub), v2))
+        for directory, subdirs, _files in os.walk(v2)
+        for sub in subdirs
+        if sub in names
+    ]
 
 
 def locate(name: CgroupName, where: Mounts, run: Runner = run_command) -> Cgroup:
@@ -177,7 +179,7 @@ def parse(
     if runtime not in RUNTIMES:
         raise InvalidCgroup(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r:.40}")
     if container_id is not None and not (
-        isinstance(container_id, str) and _CONTAINER_ID.fullmatch(container_id)
+        isinstance(container_id, str) and CONTAINER_ID.fullmatch(container_id)
     ):
         raise InvalidCgroup(f"a container id is 64 hex digits, got {container_id!r:.80}")
     return CgroupName("container", name, str(runtime), container_id or "")

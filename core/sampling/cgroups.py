@@ -139,14 +139,13 @@ class Cgroup:
     def __init__(self, path: str, where: Mounts) -> None:
         self.path = normalize(path)
         self._where = where
-        self.v2_dir = None if where.v2 is None else where.v2 + self.path.rstrip("/")
-        base = self.v2_dir
-        if base is None:
+        if where.v2 is None:
             raise CgroupGone("this host has no cgroup v2 mount (cgroup targets need one)")
-        if not os.path.isdir(base):
-            raise CgroupGone(f"no cgroup {self.path} (looked for {base})")
+        self.v2_dir = where.v2 + self.path.rstrip("/")
+        if not os.path.isdir(self.v2_dir):
+            raise CgroupGone(f"no cgroup {self.path} (looked for {self.v2_dir})")
         # Its inode names this cgroup: one made again under the same path is another.
-        self.inode = os.stat(base).st_ino
+        self.inode = os.stat(self.v2_dir).st_ino
 
     @property
     def level(self) -> int:
@@ -154,12 +153,7 @@ class Cgroup:
         return self.path.count("/") if self.path != "/" else 0
 
     def owner(self) -> int:
-        return os.stat(self._require_v2()).st_uid
-
-    def _require_v2(self) -> str:
-        if self.v2_dir is None:
-            raise CgroupGone(f"no cgroup {self.path}")
-        return self.v2_dir
+        return os.stat(self.v2_dir).st_uid
 
     def _v1(self, controller: str, name: str) -> str | None:
         root = self._where.v1.get(controller)
@@ -169,15 +163,15 @@ class Cgroup:
 
     def read(self) -> Usage:
         now = time.time()
-        base = self._require_v2()
+        base = self.v2_dir
         try:
-            if os.stat(base).st_ino != self.inode:
-                raise CgroupGone(f"cgroup {self.path} was removed and made again")
-            cpu_text = _read(f"{base}/cpu.stat")
+            made_again = os.stat(base).st_ino != self.inode
         except FileNotFoundError:
-            raise CgroupGone(f"cgroup {self.path} was removed") from None
+            made_again = False
+        cpu_text = None if made_again else _read(f"{base}/cpu.stat")
         if cpu_text is None:
-            raise CgroupGone(f"cgroup {self.path} was removed")
+            again = " and made again" if made_again else ""
+            raise CgroupGone(f"cgroup {self.path} was removed{again}")
         user, system = parse_cpu_stat(cpu_text)
         memory = _int(_read(f"{base}/memory.current"))
         peak = _int(_read(f"{base}/memory.peak"))
@@ -266,6 +260,7 @@ class CgroupTree:
                 assert self.last is not None
                 return dataclasses.replace(self.last, cpu_utilization=None, pids=())
         user_base, system_base, read_base, write_base = self._base
+        user, system = user_base + usage.cpu_user_s, system_base + usage.cpu_system_s
         rss = vms = threads = 0
         for pid in usage.pids:
             try:
@@ -276,15 +271,14 @@ class CgroupTree:
             rss += stat.rss_pages * _PAGE_SIZE
             vms += stat.vsize
             threads += stat.num_threads
-        cpu = user_base + system_base + usage.cpu_user_s + usage.cpu_system_s
         utilization = None
         if self.last is not None and usage.time > self.last.time:
-            used = cpu - self.last.cpu_user_s - self.last.cpu_system_s
+            used = user + system - self.last.cpu_user_s - self.last.cpu_system_s
             utilization = max(0.0, used / (usage.time - self.last.time) / self._cpus)
         reading = TreeReading(
             time=usage.time,
-            cpu_user_s=user_base + usage.cpu_user_s,
-            cpu_system_s=system_base + usage.cpu_system_s,
+            cpu_user_s=user,
+            cpu_system_s=system,
             cpu_utilization=utilization,
             rss_bytes=rss,
             vms_bytes=vms,
