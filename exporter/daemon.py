@@ -158,6 +158,7 @@ class Daemon:
         self._threads: list[threading.Thread] = []
         self._started = time.time()
         self._cgroup_traffic_problem: str | None = "not started"
+        self._may_join_namespaces = procfs.may_join_namespaces()  # a container's own
 
     def _on_pass(self, snapshot: Any) -> None:
         self.exposition.update(snapshot)
@@ -323,7 +324,7 @@ class Daemon:
             "membership": self.table.membership,
             # Cgroup targets' network figures: None where counted, else why not.
             "cgroup_traffic": self._cgroup_traffic_problem,
-            "cgroup_other_namespaces": procfs.may_join_namespaces(),
+            "cgroup_other_namespaces": self._may_join_namespaces,
         }
 
     def _exact_exits(self) -> bool:
@@ -422,7 +423,7 @@ class Daemon:
             )
             return
         self._cgroup_traffic_problem = None
-        if not procfs.may_join_namespaces():
+        if not self._may_join_namespaces:
             log.info(
                 "without CAP_SYS_ADMIN, containers with a network namespace of their own "
                 "have no network figures (docs/reference.md, Cgroup targets)"

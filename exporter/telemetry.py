@@ -93,9 +93,11 @@ def _per_process_split(
     return observe
 
 
-def _phases(figure: str) -> Callable[[Snapshot], Points]:
-    """Per phase of each target: 1 while it runs ("running"), or its "energy" or
-    "duration"."""
+def _phases(
+    value: Callable[[bool, float | None, float], float | None],
+) -> Callable[[Snapshot], Points]:
+    """Per phase of each target: ``value(running, energy J, duration s)``, where not
+    None."""
     memo: _Memo = {}
 
     def observe(snapshot: Snapshot) -> Points:
@@ -103,12 +105,9 @@ def _phases(figure: str) -> Callable[[Snapshot], Points]:
         seen: _Memo = {}
         for p in snapshot.processes:
             for name, running, energy, duration in p.phases:
-                if figure == "running":
-                    value = 1 if running else None
-                else:
-                    value = energy if figure == "energy" else duration
-                if value is not None:
-                    yield value, _extend(memo, seen, p.attributes, "edgewatt.phase", name)
+                v = value(running, energy, duration)
+                if v is not None:
+                    yield v, _extend(memo, seen, p.attributes, "edgewatt.phase", name)
         memo = seen
 
     return observe
@@ -256,9 +255,9 @@ OBSERVERS: Mapping[str, Callable[[Snapshot], Points]] = {
     "edgewatt.process.gpu.memory.usage": _per_process(lambda p: p.gpu_memory_bytes),
     "hw.gpu.memory.usage": _power(_gpu_value(lambda g: g.memory_used_bytes)),
     "hw.gpu.memory.limit": _power(_gpu_value(lambda g: g.memory_total_bytes)),
-    "edgewatt.process.phase": _phases("running"),
-    "edgewatt.process.phase.energy": _phases("energy"),
-    "edgewatt.process.phase.duration": _phases("duration"),
+    "edgewatt.process.phase": _phases(lambda running, _j, _s: 1 if running else None),
+    "edgewatt.process.phase.energy": _phases(lambda _running, joules, _s: joules),
+    "edgewatt.process.phase.duration": _phases(lambda _running, _j, seconds: seconds),
     "hw.host.power": _power(_one(lambda p: p.host_power_w)),
     "hw.host.energy": _power(_one(lambda p: p.host_energy_j)),
     "edgewatt.host.carbon": _host_carbon,
