@@ -302,11 +302,13 @@ def _register(
     if found is not None and found.path is None:
         why = f"no daemon answering at {found.looked}"
     elif found is not None:
-        body: dict[str, Any] = {"children": children, "labels": labels or {}}
-        if cgroup is not None:
-            body = {"cgroup": cgroup, "labels": labels or {}}
-        elif target_pid != os.getpid():
-            body["pid"] = target_pid
+        body: dict[str, Any] = {"labels": labels or {}}
+        if cgroup is not None:  # a cgroup is counted whole: no children flag
+            body["cgroup"] = cgroup
+        else:
+            body["children"] = children
+            if target_pid != os.getpid():
+                body["pid"] = target_pid
         try:
             info = transport.call_ok(path, "POST", "/v1/targets", body)
         except DaemonError as exc:

@@ -116,7 +116,7 @@ class LocalSampler:
 
     def summary(self) -> dict[str, Any]:
         """To now: a pass first while the target runs, as the daemon's ?fresh=1."""
-        if self.table.describe(self.target.id)["state"] == "running":
+        if self.table.get(self.target.id).state == "running":
             self.sampler.sample_now()
         return self.table.summary(self.target.id, self.sampler.logical_cpus)
 
