@@ -110,8 +110,12 @@ def uninstall(table: str, spec: Spec, staying: list[Spec]) -> list[str]:
     return commands + [f"delete counter {table} {kind}_{name}" for kind in KINDS]
 
 
-def counts(answer: dict | None) -> dict[str, tuple[int, int, int, int, int, int, int, int]]:
-    """A `list counters` answer: per target name, bytes and packets of each kind."""
+def counts(answer: dict | None) -> dict[str, tuple[int, int, int, int]]:
+    """A `list counters` answer: per target name, (sent bytes, received bytes, sent
+    packets, received packets), traffic between its members taken off: sent is what
+    left by another interface (tx) plus what its tagged packets brought over loopback
+    (lotx), received what reached its sockets (rx), less the tagged packets that
+    reached them (internal)."""
     slot = {kind: 2 * n for n, kind in enumerate(KINDS)}
     found: dict[str, list[int]] = {}
     for item in (answer or {}).get("nftables", []):
@@ -123,4 +127,7 @@ def counts(answer: dict | None) -> dict[str, tuple[int, int, int, int, int, int,
             values = found.setdefault(name, [0] * 8)
             values[slot[kind]] += int(counter["bytes"])
             values[slot[kind] + 1] += int(counter["packets"])
-    return {name: tuple(v) for name, v in found.items()}  # type: ignore[misc]
+    return {
+        name: (tx + lo - inner, rx - inner, tx_n + lo_n - inner_n, rx_n - inner_n)
+        for name, (tx, tx_n, lo, lo_n, rx, rx_n, inner, inner_n) in found.items()
+    }

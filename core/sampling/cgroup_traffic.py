@@ -194,11 +194,8 @@ class CgroupTraffic:
 
     def _read(self, namespace: _Namespace) -> dict[str, Counts]:
         """Per target name: its traffic in this namespace, members' own taken off."""
-        raw = cgroup_rules.counts(namespace.nft.run(f"list counters table {self.table}"))
-        return {
-            name: Counts(tx + lo - inner, rx - inner, tx_n + lo_n - inner_n, rx_n - inner_n)
-            for name, (tx, tx_n, lo, lo_n, rx, rx_n, inner, inner_n) in raw.items()
-        }
+        answer = namespace.nft.run(f"list counters table {self.table}")
+        return {name: Counts(*net) for name, net in cgroup_rules.counts(answer).items()}
 
     def _install(self, target_id: str, watch: _Watch, inode: int, link: str) -> None:
         spec = watch.spec
