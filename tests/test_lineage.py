@@ -50,6 +50,7 @@ if middle == 0:
 os.waitpid(middle, 0)
 burn(0.1)
 print("root", own() - start, flush=True)
+os._exit(0)  # no interpreter teardown after the figure it printed
 """
 )
 
@@ -150,6 +151,7 @@ try:
 except ChildProcessError:
     pass
 os.write(1, f"process {own() - start}\\n".encode())
+os._exit(0)  # the interpreter's teardown (7 ms or more) would come after its figure
 """
 )
 
@@ -164,7 +166,7 @@ def test_a_subreaper_inside_the_target_never_counts_twice(daemon_factory: Any) -
 
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(one, range(200)))
-    # Each process's own getrusage just before its exit: its address-space teardown
+    # Each process's own getrusage just before its _exit: its address-space teardown
     # after it (tenths of a ms for a forked copy) is counted, and the baseline the
     # daemon read at the registration is floored to /proc's 10 ms ticks in user and
     # system time: up to 20 ms high (30 ms allowed), never by a process (each burns
@@ -179,7 +181,9 @@ def test_edgewatt_run_reaps_the_orphans_and_shows_one_figure(
 ) -> None:
     daemon = daemon_factory(interval=2.0)
     burner = tmp_path / "burner.py"
-    burner.write_text(OWN + "burn(float(sys.argv[1]))\nprint('burner', own(), file=sys.stderr)\n")
+    burner.write_text(
+        OWN + "burn(float(sys.argv[1]))\nprint('burner', own(), file=sys.stderr)\nos._exit(0)\n"
+    )
     out = tmp_path / "run.jsonl"
     command = f"sleep 1; {sys.executable} {burner} 0.4 & {sys.executable} {burner} 0.6 & exit 0"
     run = subprocess.Popen(
