@@ -9,18 +9,12 @@ watts.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-import subprocess
-import threading
-import time
-from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import BinaryIO
 
+from edgewatt.core.power.child import ChildReader, ChildSource, Timed, bounded_lines
 from edgewatt.core.power.source import (
     Gpu,
     NoData,
@@ -31,8 +25,6 @@ from edgewatt.core.power.source import (
     rail_type,
 )
 from edgewatt.core.text import shown
-
-log = logging.getLogger(__name__)
 
 SENSOR_OFF_C = -256.0
 
@@ -148,159 +140,28 @@ def parse_line(line: str) -> TegrastatsSample:
     return TegrastatsSample(**values)
 
 
-def bounded_lines(stream: BinaryIO, limit: int) -> Iterator[bytes | None]:
-    """The lines of ``stream``, none held longer than ``limit`` bytes: a longer line
-    is read to its end in pieces and given as None."""
-    while line := stream.readline(limit + 1):
-        if len(line) > limit and not line.endswith(b"\n"):
-            while (rest := stream.readline(limit)) and not rest.endswith(b"\n"):
-                pass
-            yield None
-        else:
-            yield line
+def _parse_frame(frame: bytes) -> TegrastatsSample:
+    return parse_line(frame.decode("utf-8", "replace"))
 
 
-@dataclass(frozen=True)
-class TimedSample:
-    monotonic: float  # when the line arrived
-    sample: TegrastatsSample
-
-
-# Lines kept for the power reader between two of its takes (every pass takes them):
-# a minute at 100 Hz; older ones are dropped, and their time integrated as a line.
-MAX_PENDING_LINES = 6000
-
-
-class TegrastatsReader:
-    """One long-running ``tegrastats --interval MS`` child, its lines read as they come.
-
-    The child is restarted with exponential backoff when it dies, or when its output
-    breaks the reader in any way (it is killed first), and terminated (this child only)
-    on close. Lines are read as bytes, at most ``MAX_LINE_BYTES`` each (a longer one is
-    skipped to its end, never held), and decoded with replacement. ``tegrastats
-    --stop`` is never used: it kills every instance on the system, other users'
-    included.
-    """
+class TegrastatsReader(ChildReader[TegrastatsSample]):
+    """One long-running ``tegrastats --interval MS`` child, its lines read as they come
+    (child.py: restarts, bounds). Lines are read as bytes, at most ``MAX_LINE_BYTES``
+    each, and decoded with replacement. ``tegrastats --stop`` is never used: it kills
+    every instance on the system, other users' included."""
 
     def __init__(self, path: str, interval_s: float, *, max_backoff_s: float = 30.0) -> None:
-        self.path = path
         self.interval_ms = max(1, round(interval_s * 1000))
-        self.max_backoff_s = max_backoff_s
-        self.latest: TimedSample | None = None
-        self._pending: deque[TimedSample] = deque(maxlen=MAX_PENDING_LINES)
-        self._arrived = threading.Condition()
-        self.restarts = 0
-        self.bad_lines = 0
-        self._stop = threading.Event()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._thread = threading.Thread(target=self._run, name="tegrastats", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                self._proc = subprocess.Popen(
-                    [self.path, "--interval", str(self.interval_ms)],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    stdin=subprocess.DEVNULL,
-                )
-            except OSError as exc:
-                log.warning("cannot start %s: %s", self.path, exc)
-            else:
-                try:
-                    self._read(self._proc)
-                except Exception:  # whatever the output did: restart, never stop
-                    log.exception("reading %s failed; restarting it", self.path)
-                    self._proc.kill()
-                code = self._proc.wait()
-                if self._stop.is_set():
-                    return
-                log.warning("%s exited with status %s; restarting", self.path, code)
-            if time.monotonic() - started > 10 * backoff:
-                backoff = 0.5  # it ran for a good while: not a crash loop
-            self.restarts += 1
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, self.max_backoff_s)
-
-    def _read(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        for raw in bounded_lines(proc.stdout, MAX_LINE_BYTES):
-            line = raw.decode("utf-8", "replace") if raw is not None else None
-            try:
-                if line is None:
-                    raise ValueError(f"a line longer than {MAX_LINE_BYTES} bytes")
-                sample = parse_line(line)
-            except ValueError as exc:
-                self.bad_lines += 1
-                if self.bad_lines == 1:
-                    log.warning("ignoring output that is not tegrastats: %s", exc)
-                continue
-            timed = TimedSample(time.monotonic(), sample)
-            with self._arrived:
-                self.latest = timed
-                self._pending.append(timed)
-                self._arrived.notify_all()
-
-    def take(self) -> list[TimedSample]:
-        """The lines not taken yet, oldest first."""
-        with self._arrived:
-            taken = list(self._pending)
-            self._pending.clear()
-        return taken
-
-    def wait_newer(self, after: float, timeout_s: float) -> None:
-        """Until a line arrived later than ``after``, or ``timeout_s`` passed."""
-        with self._arrived:
-            self._arrived.wait_for(
-                lambda: self.latest is not None and self.latest.monotonic > after, timeout_s
-            )
-
-    def close(self) -> None:
-        self._stop.set()
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        self._thread.join(timeout=3)
+        super().__init__(
+            "tegrastats",
+            [path, "--interval", str(self.interval_ms)],
+            lambda stream: bounded_lines(stream, MAX_LINE_BYTES),
+            _parse_frame,
+            max_backoff_s=max_backoff_s,
+        )
 
 
-class TegrastatsSource:
-    """Power rails, GPU load and temperatures from a running tegrastats."""
-
-    name = "tegrastats"
-    board = True  # measures the whole board: the host total comes from here
-    pushed = True  # it prints at its --interval: every line is integrated
-
-    def __init__(self, reader: TegrastatsReader) -> None:
-        self._reader = reader
-        self.period_s = reader.interval_ms / 1000
-
-    def read(self) -> PowerReading | None:
-        latest = self._reader.latest
-        return None if latest is None else _reading(latest)
-
-    def read_total(self) -> tuple[float, float] | None:
-        return None  # it prints on its own
-
-    def arrived(self) -> list[PowerReading]:
-        return [_reading(line) for line in self._reader.take()]
-
-    def wait_newer(self, after: float, timeout_s: float) -> None:
-        self._reader.wait_newer(after, timeout_s)
-
-    def close(self) -> None:
-        self._reader.close()
-
-
-def _reading(latest: TimedSample) -> PowerReading:
+def _reading(latest: Timed[TegrastatsSample]) -> PowerReading:
     s = latest.sample
     rails = tuple(
         Rail(id=f"tegrastats:{name}", name=name, type=rail_type(name), power_w=watts)
@@ -310,7 +171,7 @@ def _reading(latest: TimedSample) -> PowerReading:
     if s.gpu_percent is not None:
         gpus = (Gpu(id="tegrastats:GR3D", name="GR3D", utilization=s.gpu_percent / 100),)
     return PowerReading(
-        source=TegrastatsSource.name,
+        source="tegrastats",
         monotonic=latest.monotonic,
         rails=rails,
         total_w=s.total_w,
@@ -327,3 +188,12 @@ def discover(options: PowerOptions) -> TegrastatsSource:
     reader = TegrastatsReader(path, 1.0 / options.sample_hz)
     reader.start()
     return TegrastatsSource(reader)
+
+
+class TegrastatsSource(ChildSource[TegrastatsSample]):
+    """Power rails, GPU load and temperatures from a running tegrastats."""
+
+    board = True  # measures the whole board: the host total comes from here
+
+    def __init__(self, reader: TegrastatsReader) -> None:
+        super().__init__("tegrastats", reader, reader.interval_ms / 1000, _reading)
