@@ -26,7 +26,7 @@ import shutil
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from edgewatt.cli.report import summary_table
 from edgewatt.client._monitor import FileMonitor
@@ -99,7 +99,8 @@ def run(
 
     def forward(signum: int, _frame: Any) -> None:
         # Once the command is gone: the orphans it left, adopted by this process.
-        for pid in [child.pid] if child.returncode is None else procfs.child_pids(os.getpid()):
+        pids = [child.pid] if child.returncode is None else _orphans(monitor.helper_pids())
+        for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signum)
 
@@ -116,7 +117,7 @@ def run(
         failure = child.release(monitor.daemon_socket)
         if failure is not None:
             print(f"edgewatt run: cannot start {command[0]}: {failure}", file=sys.stderr)
-        code = _wait_all(child)
+        code = _wait_all(child, subreaper, monitor.helper_pids)
         if failure is not None:
             code = 127
         wall_s = time.monotonic() - started
@@ -205,14 +206,30 @@ class _Held:
         return failure.decode() or None
 
 
-def _wait_all(child: _Held) -> int:
+def _orphans(helpers: set[int]) -> list[int]:
+    """This process's children but the monitoring's own helpers: the orphans the
+    command left (from every /proc/PID/stat where the kernel lacks the children file)."""
+    own = os.getpid()
+    if os.path.exists(f"/proc/{own}/task/{own}/children"):
+        children = procfs.child_pids(own)
+    else:
+        children = procfs.ParentIndex().children(fresh=True).get(own, [])
+    return [pid for pid in children if pid not in helpers]
+
+
+def _wait_all(child: _Held, subreaper: bool, helpers: Callable[[], set[int]]) -> int:
     """The command's exit code, once it and every process re-parented to this one have
-    exited and been reaped (PEP 475: waits are retried across signals)."""
+    exited and been reaped (PEP 475: waits are retried across signals). The children
+    in-process monitoring runs for itself (a power source's tegrastats or powermetrics)
+    are not waited for; without the subreaper (macOS) orphans go elsewhere."""
     _, status = os.waitpid(child.pid, 0)
     child.returncode = compat.exit_code(status)
-    with contextlib.suppress(ChildProcessError):
-        while True:
-            os.waitpid(-1, 0)
+    # A zombie's children are re-parented at its exit, before it is reaped: each round
+    # lists those the last reaped ones left.
+    while subreaper and (orphans := _orphans(helpers())):
+        for pid in orphans:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
     return child.returncode
 
 

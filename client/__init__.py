@@ -115,6 +115,12 @@ class Registration:
     def active(self) -> bool:
         return self.mode != "inactive"
 
+    def helper_pids(self) -> set[int]:
+        """The processes in-process sampling runs for its power readings (none with a
+        daemon): children of this process that are not the monitored work's."""
+        local = self._local
+        return local.helper_pids() if local is not None else set()
+
     def stats(self) -> dict[str, Any]:
         """The latest sample of this process (units: README, "Registration API")."""
         described = self._call(
@@ -131,7 +137,11 @@ class Registration:
 
     def reading(self) -> Any:
         """The latest raw reading (a monitor's input), or None when there is none yet."""
-        from edgewatt.client._readings import reading_from_api, reading_from_snapshot
+        from edgewatt.client._readings import (
+            reading_after_exit,
+            reading_from_api,
+            reading_from_snapshot,
+        )
 
         def daemon() -> Any:
             target = self._daemon("GET", "?fresh=1")  # sampled now, at the caller's cadence
@@ -140,7 +150,10 @@ class Registration:
 
         def local(sampler: Any) -> Any:
             snapshot = sampler.sample() if self.sample_on_read else sampler.snapshot()
-            return reading_from_snapshot(snapshot)
+            reading = reading_from_snapshot(snapshot)
+            if reading is None and sampler.exited():
+                reading = reading_after_exit(snapshot, sampler.stats())
+            return reading
 
         return self._call("reading", daemon, local)
 

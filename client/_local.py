@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.transport import current_uid
@@ -61,7 +62,10 @@ class LocalSampler:
             hz = sample_hz_from_environment()
             # The daemon's variable: a host's sysfs mounted elsewhere (a container).
             sysfs = os.environ.get("EDGEWATT_SYSFS_PATH") or "/sys"
-            found = power_sources.discover(PowerOptions(sample_hz=hz, sysfs_path=sysfs))
+            options = PowerOptions(sample_hz=hz, sysfs_path=sysfs)
+            if os.environ.get("EDGEWATT_POWERMETRICS"):  # macOS: another powermetrics
+                options = replace(options, powermetrics_path=os.environ["EDGEWATT_POWERMETRICS"])
+            found = power_sources.discover(options)
             if found:
                 gap = max(5 * interval, 5.0)
                 meter = PowerMeter(found, max_gap_s=gap, sample_hz=hz).start()
@@ -81,6 +85,11 @@ class LocalSampler:
     @property
     def id(self) -> str:
         return self.target.id
+
+    def helper_pids(self) -> set[int]:
+        """The processes this sampling runs (a power source's tegrastats, powermetrics)."""
+        power = self.sampler.power
+        return power.child_pids() if power is not None else set()
 
     def start(self, thread: bool = True) -> LocalSampler:
         """A first reading (the next one has a rate), then a sampling thread, or none
@@ -110,6 +119,9 @@ class LocalSampler:
             self._thread.join(timeout=5)
         else:
             self.sampler.close()
+
+    def exited(self) -> bool:
+        return self.table.get(self.target.id).state == "exited"
 
     def stats(self) -> dict[str, Any]:
         return self.table.describe(self.target.id).get("latest") or {}

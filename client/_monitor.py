@@ -177,6 +177,12 @@ class Monitor:
     def running(self) -> bool:
         return self._worker is not None
 
+    def helper_pids(self) -> set[int]:
+        """The processes the monitoring itself runs (a power source's powermetrics or
+        tegrastats, where it samples in-process), not the monitored work's."""
+        source = self._shared.get("source")
+        return source.helper_pids() if source is not None else set()
+
     def start(self) -> None:
         """Start monitoring; a path that cannot be written or a port in use raises here."""
         if self.running:

@@ -48,6 +48,32 @@ def reading_from_api(target: dict[str, Any], host: dict[str, Any]) -> Reading | 
     )
 
 
+def reading_after_exit(snapshot: Snapshot, last: dict[str, Any]) -> Reading | None:
+    """A reading at ``snapshot``'s pass of a target that has exited (``last``: its last
+    sample, as the table describes it): its figures as they ended, and the device's
+    energy up to this pass. The last reading of `edgewatt run`'s in-process monitor,
+    taken once the command and its orphans are gone: the run's device energy then
+    covers the whole run, not up to the last interval before the exit."""
+    if not last or snapshot.host is None:
+        return None
+    host, power = snapshot.host, snapshot.power
+    sent, recv = _network_totals({n: (io.receive, io.transmit) for n, io in host.network.items()})
+    return Reading(
+        time=snapshot.time,
+        cpu_user_s=last["cpu_user_s"],
+        cpu_system_s=last["cpu_system_s"],
+        memory_rss_bytes=last["memory_rss_bytes"],
+        memory_total_bytes=host.memory.total_bytes,
+        net_sent_total=sent,
+        net_recv_total=recv,
+        power_w=power.host_power_w if power else None,
+        energy_j=power.host_energy_j if power else None,
+        rails_w={r.name: r.power_w for r in power.rails if r.power_w is not None} if power else {},
+        process_energy_j=last.get("energy_j"),
+        carbon=snapshot.carbon,
+    )
+
+
 def reading_from_snapshot(snapshot: Snapshot) -> Reading | None:
     """A reading from an in-process sampler's snapshot of its one target."""
     if not snapshot.processes or snapshot.host is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from edgewatt.core.power import ina3221, nvml, rapl, tegrastats
+from edgewatt.core.power import ina3221, nvml, powermetrics, rapl, tegrastats
 from edgewatt.core.power.source import NoData, PowerOptions, PowerSource
 
 log = logging.getLogger(__name__)
@@ -20,6 +20,7 @@ SOURCES: dict[str, Callable[[PowerOptions], PowerSource]] = {
     "tegrastats": tegrastats.discover,
     "rapl": rapl.discover,
     "nvml": nvml.discover,
+    "powermetrics": powermetrics.discover,  # macOS: the only one there
 }
 
 

@@ -81,6 +81,12 @@ class ChildReader(Generic[T]):
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def pid(self) -> int | None:
+        """The child running now, if any."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.returncode is None else None
+
     def _run(self) -> None:
         backoff = 0.5
         while not self._stop.is_set():
@@ -185,6 +191,9 @@ class ChildSource(Generic[T]):
 
     def wait_newer(self, after: float, timeout_s: float) -> None:
         self._reader.wait_newer(after, timeout_s)
+
+    def child_pid(self) -> int | None:
+        return self._reader.pid
 
     def close(self) -> None:
         self._reader.close()

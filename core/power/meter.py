@@ -67,6 +67,10 @@ def sample_hz_from_environment() -> float:
 # the edge holds the last power instead.
 EDGE_WAIT_PERIODS = 1.5
 MAX_EDGE_WAIT_S = 0.25
+# At start, a push source's first line is waited for this long at most: a target
+# registered at once (the client's own, in-process) has the device's energy from its
+# first sample on, not from the second pass.
+FIRST_LINE_WAIT_S = 2.0
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -119,7 +123,12 @@ class PowerMeter:
         self._thread: threading.Thread | None = None
 
     def start(self) -> PowerMeter:
-        """The reader's thread: the streamed sources at ``sample_hz``."""
+        """The reader's thread: the streamed sources at ``sample_hz``, after the push
+        sources' first lines (within FIRST_LINE_WAIT_S)."""
+        deadline = time.monotonic() + FIRST_LINE_WAIT_S
+        for source in self.sources:
+            if source.pushed:
+                source.wait_newer(0.0, max(0.0, deadline - time.monotonic()))
         with self._lock:
             for source in self.sources:
                 self._take(source)
@@ -302,6 +311,10 @@ class PowerMeter:
             if period is not None:
                 periods.append(period)
         return max(periods) if periods else None
+
+    def child_pids(self) -> set[int]:
+        """The processes the sources run for their readings (tegrastats, powermetrics)."""
+        return {pid for source in self.sources if (pid := source.child_pid()) is not None}
 
     def close(self) -> None:
         self._stop.set()

@@ -31,6 +31,7 @@ class PowerOptions:
     sample_hz: float = DEFAULT_SAMPLE_HZ  # the power reader's rate: a push source prints at it
     sysfs_path: str = "/sys"
     tegrastats_path: str = "/usr/bin/tegrastats"
+    powermetrics_path: str = "/usr/bin/powermetrics"  # macOS
     sources: tuple[str, ...] | None = None  # None: discover automatically
 
 
@@ -107,6 +108,11 @@ class PowerSource(Protocol):
         or ``timeout_s`` passed (a pull source returns at once)."""
         ...
 
+    def child_pid(self) -> int | None:
+        """The process it runs for its readings (tegrastats, powermetrics), if any: not
+        one of the monitored command's (edgewatt run waits for those alone)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -161,6 +167,9 @@ class PullSource:
 
     def wait_newer(self, after: float, timeout_s: float) -> None:
         pass
+
+    def child_pid(self) -> int | None:
+        return None
 
     def close(self) -> None:
         pass
