@@ -198,6 +198,7 @@ class Sampler:
             # An exit sample goes to the target's history only: its series leave the
             # exporters in the pass that finds the exit.
             processes=tuple(s for s in samples if s.target_id not in self._exited),
+            exits=tuple(s for s in samples if s.target_id in self._exited),
             power=power,
             idle_power_w=self.attribution.idle_w_in_use if power is not None else None,
             energy_parts_j=dict(self.attribution.parts_j) if power is not None else {},

@@ -85,6 +85,9 @@ class Snapshot:
     sequence: int
     host: HostSample | None
     processes: tuple[ProcessSample, ...] = ()
+    # The final samples of targets found exited this pass: in no live series (the
+    # exporters drop them), but a store that keeps history writes them as last points.
+    exits: tuple[ProcessSample, ...] = ()
     power: PowerSnapshot | None = None
     idle_power_w: float | None = None  # the attribution baseline in use
     # The measured energy since start by part (attributed, idle, unattributed): they

@@ -65,6 +65,16 @@ class Config:
     otlp_insecure: bool = False
     otlp_interval: float = 60.0
     otlp_timeout: float = 5.0
+    influx_url: str = ""  # "" means no InfluxDB push
+    influx_database: str = ""
+    influx_org: str = ""
+    influx_bucket: str = ""
+    influx_token: str = ""
+    influx_username: str = ""
+    influx_password: str = ""
+    influx_interval: float = 10.0
+    influx_timeout: float = 5.0
+    influx_buffer_lines: int = 200_000
 
     def resolved(self) -> Config:
         return replace(
@@ -283,7 +293,7 @@ KEYS: Mapping[str, Key] = {
     "power_sources": Key(
         _power_sources,
         "auto, or the sources to use: a YAML list or comma-separated names of ina3221, "
-        "tegrastats, rapl, nvml",
+        "tegrastats, rapl, nvml, powermetrics (macOS)",
     ),
     "power_sample_hz": Key(
         _ranged(float, 1, MAX_SAMPLE_HZ, "a rate in Hz"),
@@ -356,6 +366,32 @@ KEYS: Mapping[str, Key] = {
         "seconds an export may take before it is dropped (OTEL_EXPORTER_OTLP_TIMEOUT, in ms there)",
         live=True,
     ),
+    "influx_url": Key(
+        _endpoint,
+        "InfluxDB to write the figures to over the line protocol, e.g. http://influx:8086 "
+        "(INFLUX_HOST); unset: no push",
+    ),
+    "influx_database": Key(
+        _text,
+        "1.x database (or 3.x's, through its v1 API): writes go to /write?db= (INFLUX_DATABASE); "
+        "unset: the v2 API with influx_org and influx_bucket",
+    ),
+    "influx_org": Key(_text, "2.x/3.x organization for /api/v2/write (INFLUX_ORG)"),
+    "influx_bucket": Key(_text, "2.x/3.x bucket for /api/v2/write (INFLUX_BUCKET)"),
+    "influx_token": Key(_text, "2.x/3.x API token, sent as Authorization: Token (INFLUX_TOKEN)"),
+    "influx_username": Key(_text, "1.x user, by Basic auth (INFLUX_USERNAME)"),
+    "influx_password": Key(_text, "1.x password (INFLUX_PASSWORD)"),
+    "influx_interval": Key(
+        _seconds(0.1, 86400),
+        "seconds between two writes: each carries the latest pass's points and the final "
+        "sample of every target that exited since",
+    ),
+    "influx_timeout": Key(_seconds(0.1, 60), "seconds a write may take before it is retried"),
+    "influx_buffer_lines": Key(
+        _count(1000, 10_000_000),
+        "lines kept while InfluxDB is unreachable (about 150 bytes each), the oldest dropped "
+        "beyond",
+    ),
 }
 
 # The standard OpenTelemetry variables, read like EDGEWATT_* ones (which win over
@@ -368,6 +404,16 @@ OTEL_ENVIRONMENT: Mapping[str, tuple[str, Callable[[str], Any]]] = {
     "OTEL_EXPORTER_OTLP_INSECURE": ("otlp_insecure", str),
     "OTEL_METRIC_EXPORT_INTERVAL": ("otlp_interval", lambda ms: float(ms) / 1000),
     "OTEL_EXPORTER_OTLP_TIMEOUT": ("otlp_timeout", lambda ms: float(ms) / 1000),
+}
+# InfluxDB's usual variables (its CLI's and client libraries'), read the same way.
+INFLUX_ENVIRONMENT: Mapping[str, tuple[str, Callable[[str], Any]]] = {
+    "INFLUX_HOST": ("influx_url", str),
+    "INFLUX_DATABASE": ("influx_database", str),
+    "INFLUX_ORG": ("influx_org", str),
+    "INFLUX_BUCKET": ("influx_bucket", str),
+    "INFLUX_TOKEN": ("influx_token", str),
+    "INFLUX_USERNAME": ("influx_username", str),
+    "INFLUX_PASSWORD": ("influx_password", str),
 }
 
 
@@ -455,7 +501,7 @@ def build(yaml_path: str | None, environ: Mapping[str, str], flags: Mapping[str,
     config = Config()
     if yaml_path:
         config = _apply(config, load_yaml(yaml_path), f"in {yaml_path}")
-    for name, (key, convert) in OTEL_ENVIRONMENT.items():
+    for name, (key, convert) in {**OTEL_ENVIRONMENT, **INFLUX_ENVIRONMENT}.items():
         if environ.get(name):
             try:
                 value = convert(environ[name])
@@ -467,6 +513,13 @@ def build(yaml_path: str | None, environ: Mapping[str, str], flags: Mapping[str,
         config = _apply(config, {key: value}, f"from EDGEWATT_{key.upper()}")
     for key, value in flags.items():
         config = _apply(config, {key: value}, f"from --{key.replace('_', '-')}")
+    if config.influx_url and not config.influx_database:
+        missing = [k for k in ("influx_org", "influx_bucket") if not getattr(config, k)]
+        if missing:
+            raise ConfigError(
+                f"influx_url: needs influx_database (InfluxDB 1.x) or influx_org and "
+                f"influx_bucket (2.x, 3.x); {' and '.join(missing)} unset"
+            )
     return config.resolved()
 
 

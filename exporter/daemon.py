@@ -40,6 +40,7 @@ from edgewatt.core.text import printable
 from edgewatt.exporter.api import ApiServer
 from edgewatt.exporter.config import KEYS, Config, ConfigError
 from edgewatt.exporter.exposition import Exposition
+from edgewatt.exporter.influx import InfluxOptions, InfluxPusher
 from edgewatt.exporter.notify import Notifier
 from edgewatt.exporter.otlp import OtlpOptions, build_reader
 from edgewatt.exporter.registration import InvalidRegistration, parse_saved
@@ -143,6 +144,7 @@ class Daemon:
             if config.otlp_endpoint
             else None
         )
+        self.influx = InfluxPusher(_influx_options(config)) if config.influx_url else None
         self.sampler = Sampler(
             self.table,
             interval=config.interval,
@@ -164,6 +166,8 @@ class Daemon:
         self.exposition.update(snapshot)
         if self.pipeline is not None:
             self.pipeline.update(snapshot)
+        if self.influx is not None:
+            self.influx.add(snapshot)
         # Pinged from the sampling loop itself: a stalled sampler stops the pings.
         self.notifier.watchdog()
         self.notifier.status(self._status(snapshot))
@@ -325,6 +329,9 @@ class Daemon:
             # Cgroup targets' network figures: None where counted, else why not.
             "cgroup_traffic": self._cgroup_traffic_problem,
             "cgroup_other_namespaces": self._may_join_namespaces,
+            # The InfluxDB push (null where none is configured): lines waiting in the
+            # buffer, written, dropped from a full buffer, refused by the server.
+            "influx": self.influx.status() if self.influx is not None else None,
         }
 
     def _exact_exits(self) -> bool:
@@ -466,6 +473,8 @@ class Daemon:
         self._start_cgroup_traffic()
         self.sampler.sample_once()  # the first scrape already has data
         self.exposition.serve()
+        if self.influx is not None:
+            self.influx.start()
         self._spawn("api", self.api.serve_forever, 0.2)
         self._spawn("sampler", self.sampler.run, self.stop_event)
         self.notifier.ready(self._status(self.sampler.snapshot))
@@ -496,6 +505,8 @@ class Daemon:
             self.pipeline.shutdown()
         for thread in self._threads:
             thread.join(timeout=1.0)
+        if self.influx is not None:
+            self.influx.close()  # a last write of what is queued, the final samples with it
         self.table.persist()
         self.statefile.close()
         log.info("edgewatt stopped")
@@ -528,6 +539,21 @@ def raise_open_files_limit() -> int:
         except (ValueError, OSError) as exc:
             log.warning("cannot raise the open files limit from %d: %s", soft, exc)
     return soft
+
+
+def _influx_options(c: Config) -> InfluxOptions:
+    return InfluxOptions(
+        url=c.influx_url,
+        database=c.influx_database,
+        org=c.influx_org,
+        bucket=c.influx_bucket,
+        token=c.influx_token,
+        username=c.influx_username,
+        password=c.influx_password,
+        interval_s=c.influx_interval,
+        timeout_s=c.influx_timeout,
+        buffer_lines=c.influx_buffer_lines,
+    )
 
 
 def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:

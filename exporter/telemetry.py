@@ -2,7 +2,7 @@
 
 The table itself (names, instruments, units, descriptions, attributes) lives in
 ``edgewatt.core.metrics``; here each metric gets the function that reads its points off
-the latest :class:`Snapshot` (``OBSERVERS``). Both the /metrics endpoint
+the latest :class:`Snapshot` (``observers()``). Both the /metrics endpoint
 (``exposition.py``) and the OTel instruments read through ``METRICS``, never /proc.
 
 Bounded memory under process churn: the SDK keeps one aggregation per attribute set
@@ -226,60 +226,63 @@ def _temperatures(power: PowerSnapshot) -> Points:
         yield celsius, {"hw.id": f"{source}:{name}", "hw.name": name, "hw.type": "temperature"}
 
 
-# How each metric of the table is read off a snapshot: (value, attributes) points.
-OBSERVERS: Mapping[str, Callable[[Snapshot], Points]] = {
-    "process.cpu.time": _per_process_split(
-        "cpu.mode", {"user": lambda p: p.cpu_user_s, "system": lambda p: p.cpu_system_s}
-    ),
-    "process.cpu.utilization": _per_process(lambda p: p.cpu_utilization),
-    "process.memory.usage": _per_process(lambda p: p.memory_rss_bytes),
-    "process.memory.virtual": _per_process(lambda p: p.memory_virtual_bytes),
-    "process.disk.io": _per_process_split(
-        "disk.io.direction",
-        {"read": lambda p: p.disk_read_bytes, "write": lambda p: p.disk_write_bytes},
-    ),
-    "process.network.io": _per_process_split(
-        "network.io.direction",
-        {
-            "transmit": lambda p: p.network_transmit_bytes,
-            "receive": lambda p: p.network_receive_bytes,
-        },
-    ),
-    "process.threads": _per_process(lambda p: p.threads),
-    "process.open_file_descriptors": _per_process(lambda p: p.open_fds),
-    "edgewatt.process.members": _per_process(lambda p: p.processes),
-    "edgewatt.process.power": _per_process(lambda p: p.power_w),
-    "edgewatt.process.energy": _per_process(lambda p: p.energy_j),
-    "edgewatt.process.carbon": _process_carbon,
-    "edgewatt.process.gpu.utilization": _per_process(lambda p: p.gpu_utilization),
-    "edgewatt.process.gpu.memory.usage": _per_process(lambda p: p.gpu_memory_bytes),
-    "hw.gpu.memory.usage": _power(_gpu_value(lambda g: g.memory_used_bytes)),
-    "hw.gpu.memory.limit": _power(_gpu_value(lambda g: g.memory_total_bytes)),
-    "edgewatt.process.phase": _phases(lambda running, _j, _s: 1 if running else None),
-    "edgewatt.process.phase.energy": _phases(lambda _running, joules, _s: joules),
-    "edgewatt.process.phase.duration": _phases(lambda _running, _j, seconds: seconds),
-    "hw.host.power": _power(_one(lambda p: p.host_power_w)),
-    "hw.host.energy": _power(_one(lambda p: p.host_energy_j)),
-    "edgewatt.host.carbon": _host_carbon,
-    "hw.power": _power(_rails(lambda r: r.power_w)),
-    "hw.energy": _power(_rails(lambda r: r.energy_j)),
-    "hw.gpu.utilization": _power(_gpu_value(lambda g: g.utilization)),
-    "hw.temperature": _power(_temperatures),
-    "edgewatt.host.idle_power": _one(lambda s: s.idle_power_w),
-    "edgewatt.host.energy.accounted": _energy_parts,
-    "system.cpu.time": _host(_host_cpu_time),
-    "system.cpu.utilization": _host(_one(lambda s: s.host.cpu_utilization)),  # type: ignore[union-attr],
-    "edgewatt.host.logical_cpus": _host(_one(lambda s: s.host.cpu.logical_cpus)),  # type: ignore[union-attr],
-    "system.memory.usage": _host(_host_memory),
-    "system.memory.limit": _host(_one(lambda s: s.host.memory.total_bytes)),  # type: ignore[union-attr],
-    "system.network.io": _host(_host_network),
-    "edgewatt.targets": _one(lambda s: len(s.processes)),
-    "edgewatt.sampler.duration": _one(lambda s: s.stats.duration_s),
-    "edgewatt.sampler.overruns": _one(lambda s: s.stats.overruns),
-    "edgewatt.target.exits": _one(lambda s: s.stats.exits),
-    "edgewatt.exit.overflows": _overflows,
-    "edgewatt.sampler.errors": _one(lambda s: s.stats.errors),
-}
+def observers() -> Mapping[str, Callable[[Snapshot], Points]]:
+    """How each metric of the table is read off a snapshot: (value, attributes) points.
+    A new set per call: some keep a per-pass memo, so each reader (the exposition and
+    the OTLP pipeline, the InfluxDB push) has its own."""
+    return {
+        "process.cpu.time": _per_process_split(
+            "cpu.mode", {"user": lambda p: p.cpu_user_s, "system": lambda p: p.cpu_system_s}
+        ),
+        "process.cpu.utilization": _per_process(lambda p: p.cpu_utilization),
+        "process.memory.usage": _per_process(lambda p: p.memory_rss_bytes),
+        "process.memory.virtual": _per_process(lambda p: p.memory_virtual_bytes),
+        "process.disk.io": _per_process_split(
+            "disk.io.direction",
+            {"read": lambda p: p.disk_read_bytes, "write": lambda p: p.disk_write_bytes},
+        ),
+        "process.network.io": _per_process_split(
+            "network.io.direction",
+            {
+                "transmit": lambda p: p.network_transmit_bytes,
+                "receive": lambda p: p.network_receive_bytes,
+            },
+        ),
+        "process.threads": _per_process(lambda p: p.threads),
+        "process.open_file_descriptors": _per_process(lambda p: p.open_fds),
+        "edgewatt.process.members": _per_process(lambda p: p.processes),
+        "edgewatt.process.power": _per_process(lambda p: p.power_w),
+        "edgewatt.process.energy": _per_process(lambda p: p.energy_j),
+        "edgewatt.process.carbon": _process_carbon,
+        "edgewatt.process.gpu.utilization": _per_process(lambda p: p.gpu_utilization),
+        "edgewatt.process.gpu.memory.usage": _per_process(lambda p: p.gpu_memory_bytes),
+        "hw.gpu.memory.usage": _power(_gpu_value(lambda g: g.memory_used_bytes)),
+        "hw.gpu.memory.limit": _power(_gpu_value(lambda g: g.memory_total_bytes)),
+        "edgewatt.process.phase": _phases(lambda running, _j, _s: 1 if running else None),
+        "edgewatt.process.phase.energy": _phases(lambda _running, joules, _s: joules),
+        "edgewatt.process.phase.duration": _phases(lambda _running, _j, seconds: seconds),
+        "hw.host.power": _power(_one(lambda p: p.host_power_w)),
+        "hw.host.energy": _power(_one(lambda p: p.host_energy_j)),
+        "edgewatt.host.carbon": _host_carbon,
+        "hw.power": _power(_rails(lambda r: r.power_w)),
+        "hw.energy": _power(_rails(lambda r: r.energy_j)),
+        "hw.gpu.utilization": _power(_gpu_value(lambda g: g.utilization)),
+        "hw.temperature": _power(_temperatures),
+        "edgewatt.host.idle_power": _one(lambda s: s.idle_power_w),
+        "edgewatt.host.energy.accounted": _energy_parts,
+        "system.cpu.time": _host(_host_cpu_time),
+        "system.cpu.utilization": _host(_one(lambda s: s.host.cpu_utilization)),  # type: ignore[union-attr],
+        "edgewatt.host.logical_cpus": _host(_one(lambda s: s.host.cpu.logical_cpus)),  # type: ignore[union-attr],
+        "system.memory.usage": _host(_host_memory),
+        "system.memory.limit": _host(_one(lambda s: s.host.memory.total_bytes)),  # type: ignore[union-attr],
+        "system.network.io": _host(_host_network),
+        "edgewatt.targets": _one(lambda s: len(s.processes)),
+        "edgewatt.sampler.duration": _one(lambda s: s.stats.duration_s),
+        "edgewatt.sampler.overruns": _one(lambda s: s.stats.overruns),
+        "edgewatt.target.exits": _one(lambda s: s.stats.exits),
+        "edgewatt.exit.overflows": _overflows,
+        "edgewatt.sampler.errors": _one(lambda s: s.stats.errors),
+    }
 
 
 def _on_device(observe: Callable[[Snapshot], Points]) -> Callable[[Snapshot], Points]:
@@ -294,13 +297,19 @@ def _on_device(observe: Callable[[Snapshot], Points]) -> Callable[[Snapshot], Po
     return named
 
 
-def _observer(name: str) -> Callable[[Snapshot], Points]:
-    per_process = name.startswith(("process.", "edgewatt.process."))  # carry it already
-    return OBSERVERS[name] if per_process else _on_device(OBSERVERS[name])
+def metric_specs() -> tuple[MetricSpec, ...]:
+    """Every metric of the table, in its order, with observers of its own (a metric
+    without an observer fails at import, through METRICS)."""
+    found = observers()
+
+    def observer(name: str) -> Callable[[Snapshot], Points]:
+        per_process = name.startswith(("process.", "edgewatt.process."))  # carry it already
+        return found[name] if per_process else _on_device(found[name])
+
+    return tuple(MetricSpec(m, observer(m.name)) for m in TABLE)
 
 
-# In the table's order; a metric of the table without an observer fails at import.
-METRICS: tuple[MetricSpec, ...] = tuple(MetricSpec(m, _observer(m.name)) for m in TABLE)
+METRICS: tuple[MetricSpec, ...] = metric_specs()
 
 
 def _view(cardinality_limit: int) -> View:

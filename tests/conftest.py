@@ -227,13 +227,13 @@ def kernel_cpu_seconds(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def binary(name: str) -> str:
+def binary(name: str, package: str = "prometheus") -> str:
     """A system binary the end-to-end tests need: skipped when absent, failed in CI."""
     path = shutil.which(name)
     if path is None:
         if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed; .ci/run must install Debian's prometheus")
-        pytest.skip(f"{name} not installed (apt-get install prometheus)")
+            pytest.fail(f"{name} is not installed; .ci/run must install Debian's {package}")
+        pytest.skip(f"{name} not installed (apt-get install {package})")
     return path
 
 

@@ -127,7 +127,11 @@ DATASOURCE_VARIABLE = {
 
 
 def dashboard(
-    uid: str, title: str, variables: list[dict[str, Any]], panels: list[dict[str, Any]]
+    uid: str,
+    title: str,
+    variables: list[dict[str, Any]],
+    panels: list[dict[str, Any]],
+    datasource: dict[str, Any] = DATASOURCE_VARIABLE,
 ) -> dict[str, Any]:
     return {
         "uid": uid,
@@ -139,7 +143,7 @@ def dashboard(
         "editable": False,
         "refresh": "30s",
         "time": {"from": "now-1h", "to": "now"},
-        "templating": {"list": [DATASOURCE_VARIABLE, *variables]},
+        "templating": {"list": [datasource, *variables]},
         "annotations": {"list": []},
         "panels": panels,
     }
@@ -491,7 +495,156 @@ def rounds() -> dict[str, Any]:
     return dashboard("edgewatt-rounds", "edgewatt: federated rounds", variables, panels)
 
 
-DASHBOARDS = {"fleet.json": fleet, "device.json": device, "run.json": run, "rounds.json": rounds}
+# InfluxDB (exporter/influx.py): a measurement per metric, named as its Prometheus series
+# without _total, tags for attributes, one field "value". InfluxQL, which 1.x speaks
+# natively and 2.x and 3.x through their v1 query APIs.
+INFLUX = {"type": "influxdb", "uid": "${datasource}"}
+INFLUX_DATASOURCE_VARIABLE = {
+    "name": "datasource",
+    "label": "Data source",
+    "type": "datasource",
+    "query": "influxdb",
+    "current": {"text": "InfluxDB", "value": "edgewatt-influxdb"},
+}
+
+
+def influxql(query: str, alias: str = "", ref: str = "A", table: bool = False) -> dict[str, Any]:
+    return {
+        "datasource": INFLUX,
+        "query": query,
+        "rawQuery": True,
+        "resultFormat": "table" if table else "time_series",
+        "alias": alias,
+        "refId": ref,
+    }
+
+
+def influxdb() -> dict[str, Any]:
+    lay = Layout()
+    d = '"host_name" =~ /^$device$/ AND $timeFilter'
+    per_target = '"host_name", "edgewatt_target_id", "process_executable_name"'
+    panels = [
+        lay.panel(
+            "timeseries",
+            "Device power",
+            "watt",
+            [
+                influxql(
+                    f'SELECT mean("value") FROM "hw_host_power_watts" WHERE {d} '
+                    'GROUP BY time($__interval), "host_name" fill(none)',
+                    "$tag_host_name",
+                )
+            ],
+            datasource=INFLUX,
+        ),
+        lay.panel(
+            "timeseries",
+            "Power per rail",
+            "watt",
+            [
+                influxql(
+                    f'SELECT mean("value") FROM "hw_power_watts" WHERE {d} '
+                    'GROUP BY time($__interval), "host_name", "hw_name" fill(none)',
+                    "$tag_host_name $tag_hw_name",
+                )
+            ],
+            datasource=INFLUX,
+        ),
+        lay.panel(
+            "stat",
+            "Device energy in the range",
+            "joule",
+            [
+                # The counter runs since its daemon started: differences, a restart's
+                # drop left out.
+                influxql(
+                    'SELECT sum("step") FROM (SELECT non_negative_difference("value") AS "step" '
+                    f'FROM "hw_host_energy_joules" WHERE {d} GROUP BY "host_name") '
+                    'GROUP BY "host_name"',
+                    "$tag_host_name",
+                )
+            ],
+            datasource=INFLUX,
+        ),
+        lay.panel(
+            "timeseries",
+            "Power per target",
+            "watt",
+            [
+                influxql(
+                    f'SELECT mean("value") FROM "edgewatt_process_power_watts" WHERE {d} '
+                    f"GROUP BY time($__interval), {per_target} fill(none)",
+                    "$tag_process_executable_name $tag_edgewatt_target_id",
+                )
+            ],
+            datasource=INFLUX,
+        ),
+        lay.panel(
+            "table",
+            "Energy per target (since its registration)",
+            "joule",
+            [
+                influxql(
+                    f'SELECT last("value") AS "energy" FROM "edgewatt_process_energy_joules" '
+                    f"WHERE {d} GROUP BY {per_target}",
+                    table=True,
+                )
+            ],
+            datasource=INFLUX,
+        ),
+        lay.panel(
+            "table",
+            "Energy per phase",
+            "joule",
+            [
+                influxql(
+                    f'SELECT last("value") AS "energy" FROM "edgewatt_process_phase_energy_joules" '
+                    f'WHERE {d} GROUP BY {per_target}, "edgewatt_phase"',
+                    table=True,
+                )
+            ],
+            datasource=INFLUX,
+        ),
+        lay.panel(
+            "timeseries",
+            "CPU per target",
+            "s",
+            [
+                influxql(
+                    'SELECT non_negative_derivative(last("value"), 1s) '
+                    f'FROM "process_cpu_time_seconds" WHERE {d} '
+                    f'GROUP BY time($__interval), {per_target}, "cpu_mode" fill(none)',
+                    "$tag_process_executable_name $tag_edgewatt_target_id $tag_cpu_mode",
+                )
+            ],
+            w=24,
+            datasource=INFLUX,
+            description="CPU seconds per second (cores busy), by mode",
+        ),
+    ]
+    variables = [
+        {
+            **query_variable(
+                "device",
+                "Device",
+                'SHOW TAG VALUES FROM "system_memory_limit_bytes" WITH KEY = "host_name"',
+            ),
+            "datasource": INFLUX,
+            "allValue": ".*",
+        }
+    ]
+    return dashboard(
+        "edgewatt-influxdb", "edgewatt: InfluxDB", variables, panels, INFLUX_DATASOURCE_VARIABLE
+    )
+
+
+DASHBOARDS = {
+    "fleet.json": fleet,
+    "device.json": device,
+    "run.json": run,
+    "rounds.json": rounds,
+    "influxdb.json": influxdb,
+}
 
 
 def render() -> dict[str, str]:

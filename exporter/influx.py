@@ -1,0 +1,254 @@
+"""InfluxDB as a store: the daemon's figures pushed over the line protocol.
+
+- 1.x (and 3.x's v1 API): ``POST {url}/write?db=DATABASE&precision=ns``, user and
+  password by Basic auth where set;
+- 2.x and 3.x: ``POST {url}/api/v2/write?org=ORG&bucket=BUCKET&precision=ns`` with
+  ``Authorization: Token TOKEN``.
+
+Schema, one source of truth with /metrics: each metric of the table is a measurement
+named as its Prometheus series without ``_total`` (``hw_power_watts``,
+``edgewatt_process_energy_joules``, ``edgewatt_process_phase_energy_joules``), its
+point's attributes are tags with dots as underscores (``host_name``, ``hw_name``,
+``edgewatt_target_id``, ``edgewatt_phase``, the user's labels), and one float field,
+``value``, in the metric's unit. So the power of each rail per host reads
+``SELECT mean("value") FROM "hw_power_watts" GROUP BY time(10s), "host_name", "hw_name"``.
+
+Every ``interval_s`` the latest pass's points are queued, and the final sample of each
+target that exited since (its last point is its final figure, as its summary's); the
+queue is written in gzip-compressed batches. While the server is unreachable or
+answers with an error worth retrying (5xx, 429, 404: a database not created yet), the
+queue keeps up to ``buffer_lines`` lines, the oldest dropped beyond that (counted),
+with one warning when writes start failing and one line when they work again. A batch
+the server refuses as bad (400, 401, 403, 413) is dropped with the server's reason:
+retrying would not change it.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import gzip
+import logging
+import math
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from edgewatt.core.snapshot import Snapshot
+from edgewatt.core.text import shown
+from edgewatt.exporter.telemetry import MetricSpec, metric_specs
+
+log = logging.getLogger(__name__)
+
+# Lines per request: InfluxDB advises batches of about 5,000 lines.
+BATCH_LINES = 5000
+RETRIED = {404, 429}  # and every 5xx
+
+
+@dataclass(frozen=True)
+class InfluxOptions:
+    url: str  # http(s)://host:8086
+    database: str = ""  # 1.x: /write?db=; else the v2 API with org and bucket
+    org: str = ""
+    bucket: str = ""
+    token: str = ""
+    username: str = ""
+    password: str = ""
+    interval_s: float = 10.0
+    timeout_s: float = 5.0
+    buffer_lines: int = 200_000
+
+    def write_url(self) -> str:
+        base = self.url.rstrip("/")
+        if self.database:
+            return f"{base}/write?" + urllib.parse.urlencode(
+                {"db": self.database, "precision": "ns"}
+            )
+        query = {"org": self.org, "bucket": self.bucket, "precision": "ns"}
+        return f"{base}/api/v2/write?" + urllib.parse.urlencode(query)
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "text/plain; charset=utf-8", "Content-Encoding": "gzip"}
+        if self.token:
+            headers["Authorization"] = f"Token {self.token}"
+        elif self.username:
+            pair = f"{self.username}:{self.password}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        return headers
+
+
+def escape_tag(text: str) -> str:
+    """A tag key or value as the line protocol carries it (checked against InfluxDB
+    1.6.7): commas, equals signs and spaces escaped; a backslash is literal, except
+    that one ending the value would escape what follows, so a space follows it; line
+    breaks, which no escape can carry, become spaces."""
+    text = text.replace("\r", " ").replace("\n", " ")
+    text = text.replace(",", r"\,").replace("=", r"\=").replace(" ", r"\ ")
+    if text.endswith("\\") and not text.endswith(r"\ "):
+        text += r"\ "
+    return text
+
+
+def measurement(spec: MetricSpec) -> str:
+    name = spec.metric.prometheus_name
+    return name[: -len("_total")] if name.endswith("_total") else name
+
+
+def line(name: str, attributes: Mapping[str, Any], value: float, time_ns: int) -> str | None:
+    """One point; None for a value the protocol cannot carry (NaN, infinity)."""
+    number = float(value)
+    if not math.isfinite(number):
+        return None
+    tags = "".join(
+        f",{escape_tag(key.replace('.', '_'))}={escape_tag(str(v))}"
+        for key, v in sorted(attributes.items())
+        if str(v) != ""  # an empty tag value is not allowed: the tag is left out
+    )
+    return f"{name}{tags} value={number!r} {time_ns}"
+
+
+def snapshot_lines(specs: tuple[MetricSpec, ...], snapshot: Snapshot) -> Iterator[str]:
+    """The points of a pass, at the pass's time; then each exit sample's process points,
+    at the sample's own time."""
+    at = int(snapshot.time * 1e9)
+    for spec in specs:
+        name = measurement(spec)
+        for value, attributes in spec.observe(snapshot):
+            if (text := line(name, attributes, value, at)) is not None:
+                yield text
+    for sample in snapshot.exits:
+        alone = dataclasses.replace(snapshot, processes=(sample,), exits=())
+        at = int(sample.time * 1e9)
+        for spec in specs:
+            if spec.metric.subject != "process":
+                continue
+            name = measurement(spec)
+            for value, attributes in spec.observe(alone):
+                if (text := line(name, attributes, value, at)) is not None:
+                    yield text
+
+
+class InfluxPusher:
+    """Queues the latest pass's lines every interval and writes them, on its thread."""
+
+    def __init__(self, options: InfluxOptions) -> None:
+        self.options = options
+        self.specs = metric_specs()  # observers of its own (they keep a per-pass memo)
+        self.queue: deque[str] = deque()
+        self.dropped = 0  # lines dropped from a full buffer, since start
+        self.refused = 0  # lines the server refused as bad, since start
+        self.written = 0
+        self.failing = False
+        self._latest: Snapshot | None = None
+        self._queued_sequence = -1
+        self._exits: list[Any] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="influx", daemon=True)
+
+    def start(self) -> InfluxPusher:
+        self._thread.start()
+        return self
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "failing": self.failing,
+            "queued_lines": len(self.queue),
+            "written_lines": self.written,
+            "dropped_lines": self.dropped,
+            "refused_lines": self.refused,
+        }
+
+    def add(self, snapshot: Snapshot) -> None:
+        """Each pass (the sampler's thread): cheap, the lines are made on push."""
+        with self._lock:
+            self._latest = snapshot
+            self._exits.extend(snapshot.exits)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.options.interval_s):
+            self.push()
+
+    def push(self) -> None:
+        """Queue the latest pass's lines (once per pass) and write what is queued."""
+        with self._lock:
+            latest, exits, self._exits = self._latest, self._exits, []
+        if latest is not None and (latest.sequence != self._queued_sequence or exits):
+            self._queued_sequence = latest.sequence
+            self._enqueue(
+                snapshot_lines(self.specs, dataclasses.replace(latest, exits=tuple(exits)))
+            )
+        while self.queue and self._write_batch():
+            pass
+
+    def _enqueue(self, lines: Iterator[str]) -> None:
+        limit = self.options.buffer_lines
+        for text in lines:
+            self.queue.append(text)
+            if len(self.queue) > limit:
+                self.queue.popleft()
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 100_000 == 0:
+                    log.warning(
+                        "InfluxDB buffer full (%d lines): %d oldest lines dropped so far",
+                        limit,
+                        self.dropped,
+                    )
+
+    def _write_batch(self) -> bool:
+        """Write the oldest batch; False when the server is not taking writes now."""
+        batch = [self.queue[i] for i in range(min(BATCH_LINES, len(self.queue)))]
+        body = gzip.compress(("\n".join(batch) + "\n").encode())
+        request = urllib.request.Request(
+            self.options.write_url(), data=body, headers=self.options.headers(), method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.options.timeout_s):
+                pass
+        except urllib.error.HTTPError as exc:
+            reason = shown(exc.read(300).decode("utf-8", "replace").strip())
+            if exc.code in RETRIED or exc.code >= 500:
+                return self._failed(f"HTTP {exc.code}: {reason}")
+            for _ in batch:
+                self.queue.popleft()
+            self.refused += len(batch)
+            log.warning("InfluxDB refused %d lines (HTTP %d): %s", len(batch), exc.code, reason)
+            return True
+        except (OSError, ValueError) as exc:  # unreachable, timed out, reset
+            return self._failed(str(exc))
+        for _ in batch:
+            self.queue.popleft()
+        self.written += len(batch)
+        if self.failing:
+            self.failing = False
+            log.info("InfluxDB writes to %s work again", self.options.url)
+        return True
+
+    def _failed(self, why: str) -> bool:
+        if not self.failing:
+            self.failing = True
+            log.warning(
+                "InfluxDB writes to %s are failing (%s); keeping up to %d lines and "
+                "retrying every %g s",
+                self.options.url,
+                why,
+                self.options.buffer_lines,
+                self.options.interval_s,
+            )
+        return False
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """A last push of what is queued, within ``timeout_s``; then stop."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.options.interval_s + self.options.timeout_s + 1)
+        deadline = time.monotonic() + timeout_s
+        self.push()
+        while self.queue and time.monotonic() < deadline and self._write_batch():
+            pass
