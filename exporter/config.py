@@ -389,8 +389,8 @@ KEYS: Mapping[str, Key] = {
     "influx_timeout": Key(_seconds(0.1, 60), "seconds a write may take before it is retried"),
     "influx_buffer_lines": Key(
         _count(1000, 10_000_000),
-        "lines kept while InfluxDB is unreachable (about 150 bytes each), the oldest dropped "
-        "beyond",
+        "lines kept while InfluxDB is unreachable (about 200 bytes of memory each), the oldest "
+        "dropped beyond",
     ),
 }
 
