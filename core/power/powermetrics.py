@@ -50,7 +50,26 @@ MIN_INTERVAL_MS = 100
 # Apple silicon's rails, in plist keys (mW; or mJ over the interval) and as named here.
 _RAILS = (("CPU", "cpu"), ("GPU", "gpu"), ("ANE", "ane"), ("DRAM", "dram"))
 _NUMBER = rb"-?[0-9]{1,15}(?:\.[0-9]{1,15})?(?:[eE][-+]?[0-9]{1,3})?"
-_SCALAR = re.compile(rb"<key>([a-z_]{1,40})</key>\s{0,64}<(real|integer)>(" + _NUMBER + rb")</\2>")
+# The processor's keys this source reads, and the two elsewhere: matched by name, so the
+# scan passes over the clusters' frequency tables (most of a sample) without stopping.
+_PROCESSOR_KEYS = (
+    *(f"{key}_{kind}" for _, key in _RAILS for kind in ("power", "energy")),
+    "combined_power",
+    "package_watts",
+    "package_joules",
+)
+
+
+def _scalars(*keys: str) -> re.Pattern[bytes]:
+    names = b"|".join(key.encode() for key in keys)
+    return re.compile(
+        rb"<key>(" + names + rb")</key>\s{0,64}<(real|integer)>(" + _NUMBER + rb")</\2>"
+    )
+
+
+_PROCESSOR = _scalars(*_PROCESSOR_KEYS)
+_ELAPSED_NS = _scalars("elapsed_ns")
+_IDLE_RATIO = _scalars("idle_ratio")
 _TEXT_NUMBER = r"([0-9]{1,12}(?:\.[0-9]{1,9})?)"
 _TEXT_RAIL = re.compile(rf"^(CPU|GPU|ANE|DRAM) Power: +{_TEXT_NUMBER} ?(mW|W)\s*$", re.M)
 _TEXT_TOTAL = re.compile(
@@ -77,11 +96,14 @@ def _watts(mw: float, what: str) -> float:
     return mw / 1000.0
 
 
-def _first_scalars(document: bytes, start: int = 0) -> dict[str, float]:
-    """Each key's first number from ``start`` on: a targeted scan, not a plist parse
-    (plistlib takes 4.6 ms per 56 KB sample here; this, a tenth of a ms)."""
+def _first_scalars(
+    pattern: re.Pattern[bytes], document: bytes, start: int, end: int
+) -> dict[str, float]:
+    """Each of ``pattern``'s keys' first number in ``document[start:end]``: a targeted
+    scan, not a plist parse (benchmarks/powermetrics_parse.py: a sixth of plistlib's
+    cost per sample, or less)."""
     found: dict[str, float] = {}
-    for match in _SCALAR.finditer(document, start):
+    for match in pattern.finditer(document, start, end):
         key = match.group(1).decode()
         if key not in found:
             found[key] = float(match.group(3))
@@ -94,8 +116,8 @@ def parse_plist(document: bytes) -> PowermetricsSample:
     Read: ``elapsed_ns``; in ``processor``, ``{cpu,gpu,ane,dram}_power`` (mW) or else
     ``..._energy`` (mJ over the interval), ``combined_power`` (mW), and on Intel
     ``package_watts`` (W) or ``package_joules`` (J over the interval); in ``gpu``,
-    ``idle_ratio``. The processor's own keys come before the gpu dictionary's (which
-    repeats ``gpu_energy``): the first of each after ``<key>processor</key>`` is its own.
+    ``idle_ratio``. The processor's keys are read between ``<key>processor</key>`` and
+    ``<key>gpu</key>`` (the gpu dictionary repeats ``gpu_energy``).
     """
     body = document.strip(b"\0\r\n\t ")
     if not body.startswith((b"<?xml", b"<plist")) or not body.endswith(b"</plist>"):
@@ -103,9 +125,9 @@ def parse_plist(document: bytes) -> PowermetricsSample:
     processor = body.find(b"<key>processor</key>")
     if processor < 0:
         raise ValueError("a plist without a processor dictionary: no cpu_power sampler")
-    top = _first_scalars(body[:processor])
-    values = _first_scalars(body, processor)
-    elapsed_ns = top.get("elapsed_ns")
+    gpu = body.find(b"<key>gpu</key>", processor)
+    values = _first_scalars(_PROCESSOR, body, processor, gpu if gpu >= 0 else len(body))
+    elapsed_ns = _first_scalars(_ELAPSED_NS, body, 0, processor).get("elapsed_ns")
     elapsed = elapsed_ns / 1e9 if elapsed_ns is not None and 0 < elapsed_ns < 1e13 else None
     rails: dict[str, float] = {}
     for rail, key in _RAILS:
@@ -125,9 +147,8 @@ def parse_plist(document: bytes) -> PowermetricsSample:
     if not rails and total is None:
         raise ValueError("a plist without power figures")
     busy = None
-    gpu = body.find(b"<key>gpu</key>", processor)
     if gpu >= 0:
-        idle = _first_scalars(body, gpu).get("idle_ratio")
+        idle = _first_scalars(_IDLE_RATIO, body, gpu, len(body)).get("idle_ratio")
         if idle is not None and 0 <= idle <= 1:
             busy = 1.0 - idle
     return PowermetricsSample(rails, total, elapsed, busy)
