@@ -17,7 +17,7 @@ from edgewatt.core.platforms import Platform, Tree
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution, PassEnergy, Usage
 from edgewatt.core.power.meter import PowerMeter, PowerSnapshot
-from edgewatt.core.power.source import BOARD_SOURCES, Gpu, gpu_only
+from edgewatt.core.power.source import BOARD_GPU_LOADS, BOARD_SOURCES, Gpu, gpu_only
 from edgewatt.core.sampling import cgroups, procfs, system
 from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
 from edgewatt.core.sampling.cgroups import Cgroup, CgroupGone, CgroupTree, InvalidCgroup
@@ -396,7 +396,9 @@ class Sampler:
             gpu_j={k: max(0.0, j - before[2].get(k, j)) for k, j in gpu_energy.items()},
             gpu_load={g.id: g.utilization or 0.0 for g in power.gpus if g.id in gpu_energy},
         )
-        holders = self._gpu_holders(readings) if gpu_rails else set()
+        # Only while the GPU is busy (GR3D above 0 at the pass's edge, where known):
+        # the rail's dynamic part while it idles is no holder's work (unattributed).
+        holders = self._gpu_holders(readings) if gpu_rails and _gpu_busy(power) else set()
         usage = {}
         for t, r in readings:
             cpu_s = max(0.0, cpu_now[t.id] - cpu_before.get(t.id, cpu_now[t.id]))
@@ -600,3 +602,10 @@ def _gpu_totals(
     use = _gpu_use(power, reading)
     sizes = [m for _, _, m in use if m is not None]
     return sum(load for _, load, _ in use), sum(sizes) if sizes else 0
+
+
+def _gpu_busy(power: PowerSnapshot) -> bool:
+    """Whether the board's GPU is busy at the edge: its load (GR3D) above 0, or unknown."""
+    loads = [g.utilization for g in power.gpus if g.id in BOARD_GPU_LOADS]
+    known = [load for load in loads if load is not None]
+    return not known or max(known) > 0

@@ -321,6 +321,12 @@ class Daemon:
             "logical_cpus": self.sampler.logical_cpus,
             "power_sources": speaking,
             "power_sources_silent": silent,
+            # The power reader's rate now (chosen on the device unless configured), and
+            # what a reading costs its thread in CPU, wake included (None: not yet known).
+            "power_sample_hz": meter.sample_hz if meter else None,
+            "power_reading_cpu_us": round(meter.cost_s * 1e6, 1)
+            if meter and meter.cost_s
+            else None,
             # Whether a target's figures end at its exit (the kernel's exit records and
             # TCP destroy notifications, CAP_NET_ADMIN) or at the last pass before it.
             "exit_figures": "exact" if self._exact_exits() else "last-sample",

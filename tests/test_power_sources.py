@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from edgewatt.core import power
-from edgewatt.core.power import ina3221, nvml, rapl
+from edgewatt.core.power import ina3221, nvml, rapl, tegra_gpu
 from edgewatt.core.power.source import NoData, PowerOptions
 
 
@@ -289,3 +289,50 @@ def test_ina3221_is_preferred_over_tegrastats(tmp_path: Path) -> None:
     finally:
         for s in forced:
             s.close()
+
+
+# The GPU's load in per mille, where nvgpu puts it.
+NANO_GPU_LOAD = {"devices/gpu.0/load": "523"}  # JetPack 4 and 5 (Nano, TX2, Xavier)
+ORIN_GPU_LOAD = {  # JetPack 6: the GPU's devfreq device
+    "class/devfreq/15a50000.nvdla/device/load": "999",  # not the GPU: never read
+    "class/devfreq/17000000.gpu/device/load": "0",
+}
+
+
+@pytest.mark.parametrize(
+    ("tree", "busy"), [(NANO_GPU_LOAD, 0.523), (ORIN_GPU_LOAD, 0.0)], ids=["nano", "orin"]
+)
+def test_the_jetson_gpu_load_file(tmp_path: Path, tree: dict[str, str], busy: float) -> None:
+    write(tmp_path, tree)
+    source = tegra_gpu.discover(options(tmp_path))
+    try:
+        reading = source.read()
+        assert reading.total_w is None and reading.rails == ()  # never the device's total
+        (gpu,) = reading.gpus
+        assert (gpu.id, gpu.utilization) == ("tegra_gpu:GPU", busy)
+        (tmp_path / next(iter(tree))).write_text("1000\n")  # read anew each time
+        if tree is NANO_GPU_LOAD:
+            assert source.read().gpus[0].utilization == 1.0
+    finally:
+        source.close()
+
+
+def test_a_gpu_load_that_is_not_one_is_no_data(tmp_path: Path) -> None:
+    write(tmp_path, {"devices/gpu.0/load": "-5"})
+    with pytest.raises(NoData, match="not a GPU load in per mille"):
+        tegra_gpu.discover(options(tmp_path))
+    with pytest.raises(NoData, match="no Jetson GPU load file"):
+        tegra_gpu.discover(options(tmp_path / "elsewhere"))
+
+
+def test_the_gpu_load_is_read_beside_the_ina3221s_only(tmp_path: Path) -> None:
+    write(tmp_path, {**ORIN_HWMON, **ORIN_GPU_LOAD})
+    found = power.discover(options(tmp_path))
+    try:
+        assert [s.name for s in found][:2] == ["ina3221", "tegra_gpu"]
+    finally:
+        for s in found:
+            s.close()
+    alone = tmp_path / "no-monitors"
+    write(alone, ORIN_GPU_LOAD)  # no board monitor: no load without a device total
+    assert "tegra_gpu" not in [s.name for s in power.discover(options(alone))]

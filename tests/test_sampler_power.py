@@ -193,3 +193,48 @@ def test_with_no_gpu_holder_the_gpu_rail_is_unattributed(spawn: Any) -> None:
     assert snapshot.processes[0].energy_j == pytest.approx(0.0, abs=1e-9)
     assert parts["attributed"] == pytest.approx(0.0, abs=1e-9)
     assert parts["unattributed"] > 8.0  # about 1 s of the GPU's 10 W, given to nobody
+
+
+@dataclass
+class GpuLoad(PullSource):
+    """The board GPU's load (GR3D), as the GPU's load file beside the INA3221s gives it."""
+
+    busy: float
+    name: str = "tegra_gpu"
+    board: bool = False
+
+    def read(self) -> PowerReading:
+        gpu = Gpu(id="tegra_gpu:GPU", name="GPU", utilization=self.busy)
+        return PowerReading(source=self.name, monotonic=time.monotonic(), gpus=(gpu,))
+
+
+@pytest.mark.parametrize("busy", [0.0, 0.6], ids=["idle", "busy"])
+def test_the_gpu_rail_goes_to_its_holder_only_while_gr3d_is_busy(
+    spawn: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, busy: float
+) -> None:
+    # The rail draws 10 W above its idle either way; with GR3D at 0 % that is no
+    # holder's work: unattributed, and the holder gets nothing.
+    device = tmp_path / "nvhost-gpu"
+    device.write_text("")
+    monkeypatch.setattr(procfs, "GPU_DEVICES", (*procfs.GPU_DEVICES, str(device).encode()))
+    holder = spawn(f"f = open({str(device)!r})\n" + BURN)
+    table = table_with(holder.pid)
+    sampler = Sampler(
+        table,
+        interval=0.2,
+        host_name="h",
+        power=PowerMeter([JetsonBoard(gpu_w=10.0), GpuLoad(busy)], max_gap_s=5.0),
+        attribution=Attribution(idle_w=5.0, window_s=600.0),
+    )
+    wait_for(lambda: procfs.holds_gpu(holder.pid))
+    for _ in range(10):
+        snapshot = sampler.sample_once()
+        time.sleep(0.2)
+    sampler.close()
+    parts, energy = snapshot.energy_parts_j, snapshot.processes[0].energy_j or 0.0
+    assert snapshot.power is not None and snapshot.power.host_power_w == pytest.approx(15.0)
+    if busy:
+        assert energy > 10.0 and parts["unattributed"] == pytest.approx(0.0, abs=1e-6)
+    else:
+        assert energy == pytest.approx(0.0, abs=1e-9)
+        assert parts["unattributed"] > 10.0 and parts["attributed"] == pytest.approx(0.0, abs=1e-9)

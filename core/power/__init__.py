@@ -7,17 +7,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from edgewatt.core.power import ina3221, nvml, powermetrics, rapl, tegrastats
+from edgewatt.core.power import ina3221, nvml, powermetrics, rapl, tegra_gpu, tegrastats
 from edgewatt.core.power.source import NoData, PowerOptions, PowerSource
 
 log = logging.getLogger(__name__)
 
 # In discovery order. A Jetson's INA3221 monitors are preferred to tegrastats (no
 # child process, no root): with the default selection tegrastats runs only where
-# no board source was found.
+# no board source was found, and the GPU's load file is read where the INA3221s are
+# (tegrastats prints the same load, GR3D).
 SOURCES: dict[str, Callable[[PowerOptions], PowerSource]] = {
     "ina3221": ina3221.discover,
     "tegrastats": tegrastats.discover,
+    "tegra_gpu": tegra_gpu.discover,
     "rapl": rapl.discover,
     "nvml": nvml.discover,
     "powermetrics": powermetrics.discover,  # macOS: the only one there
@@ -30,6 +32,8 @@ def discover(options: PowerOptions) -> list[PowerSource]:
     found: list[PowerSource] = []
     for name in options.sources or tuple(SOURCES):
         if automatic and name == "tegrastats" and any(s.board for s in found):
+            continue
+        if automatic and name == "tegra_gpu" and not any(s.name == "ina3221" for s in found):
             continue
         try:
             source = SOURCES[name](options)

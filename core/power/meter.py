@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.power.source import (
-    DEFAULT_SAMPLE_HZ,
+    AUTO_BUDGET,
+    AUTO_RATES_HZ,
+    AUTO_START_HZ,
     MAX_SAMPLE_HZ,
     Gpu,
     PowerReading,
@@ -41,25 +43,32 @@ from edgewatt.core.power.trace import Trace
 log = logging.getLogger(__name__)
 
 
-def sample_hz_from_environment() -> float:
+def sample_hz_from_environment() -> float | None:
     """In-process sampling's rate: EDGEWATT_POWER_SAMPLE_HZ as the daemon reads it, else
-    the default (a bad value is logged and ignored: monitoring never raises)."""
-    text = os.environ.get("EDGEWATT_POWER_SAMPLE_HZ")
-    if text is None:
-        return DEFAULT_SAMPLE_HZ
+    None, the rate chosen on the device (a bad value is logged and ignored: monitoring
+    never raises)."""
+    text = os.environ.get("EDGEWATT_POWER_SAMPLE_HZ", "").strip()
+    if text.lower() in ("", "auto"):
+        return None
     try:
         hz = float(text)
     except ValueError:
         hz = 0.0
     if not 1 <= hz <= MAX_SAMPLE_HZ:
         log.warning(
-            "EDGEWATT_POWER_SAMPLE_HZ=%r is not a rate from 1 to %g Hz: %g Hz used",
+            "EDGEWATT_POWER_SAMPLE_HZ=%r is not auto or a rate from 1 to %g Hz: auto used",
             text[:40],
             MAX_SAMPLE_HZ,
-            DEFAULT_SAMPLE_HZ,
         )
-        return DEFAULT_SAMPLE_HZ
+        return None
     return hz
+
+
+def auto_rate(cost_s: float) -> float:
+    """The highest automatic rate whose cost (``cost_s`` of the reader thread's CPU per
+    reading, wake included) stays within AUTO_BUDGET of one core; the lowest else."""
+    within = [hz for hz in AUTO_RATES_HZ if hz * cost_s <= AUTO_BUDGET]
+    return max(within) if within else AUTO_RATES_HZ[0]
 
 
 # An edge waits for a push source's next line at most this many of its periods (and
@@ -67,6 +76,9 @@ def sample_hz_from_environment() -> float:
 # the edge holds the last power instead.
 EDGE_WAIT_PERIODS = 1.5
 MAX_EDGE_WAIT_S = 0.25
+# The automatic rate is chosen again from each window of this many seconds of the
+# reader thread's own CPU clock (its cost varies with the machine's load and clocks).
+CALIBRATION_S = 10.0
 # At start, a push source's first line is waited for this long at most: a target
 # registered at once (the client's own, in-process) has the device's energy from its
 # first sample on, not from the second pass.
@@ -104,11 +116,16 @@ class PowerMeter:
         sources: Sequence[PowerSource],
         *,
         max_gap_s: float,
-        sample_hz: float = DEFAULT_SAMPLE_HZ,
+        sample_hz: float | None = None,
+        calibration_s: float = CALIBRATION_S,
     ) -> None:
         self.sources = list(sources)
         self.max_gap_s = max_gap_s
-        self.sample_hz = sample_hz
+        # None: chosen here, from the reader thread's measured cost (auto_rate).
+        self.auto = sample_hz is None
+        self.sample_hz = sample_hz if sample_hz is not None else AUTO_START_HZ
+        self.calibration_s = calibration_s
+        self.cost_s: float | None = None  # the reader thread's CPU per reading, measured
         boards = [s.name for s in self.sources if s.board]
         self._contributing = set(boards[:1] or [s.name for s in self.sources])
         self._rails: dict[str, Trace] = {}
@@ -141,6 +158,7 @@ class PowerMeter:
         period = 1.0 / self.sample_hz
         deadline = time.monotonic()
         streamed = [s for s in self.sources if s.name in self._streamed]
+        window = (time.thread_time(), deadline, 0)  # CPU, start, readings
         # A reading costs little (two preads); this thread's wake per reading is most
         # of the reader's cost (benchmarks/power_reader.py). time.sleep, not an Event:
         # a wait on a lock with a timeout costs more per wake; close() waits one
@@ -149,12 +167,37 @@ class PowerMeter:
         while not self._stop.is_set():
             for source in streamed:
                 self._stream(source)
+            cpu, started, count = window
+            window = (cpu, started, count + 1)
+            if deadline - started >= self.calibration_s:
+                self._calibrate(time.thread_time() - cpu, count + 1)
+                period = 1.0 / self.sample_hz
+                window = (time.thread_time(), deadline, 0)
             deadline += period
             delay = deadline - time.monotonic()
             if delay < -period:
                 deadline -= delay // period * period  # skip missed readings, never burst
             elif delay > 0:
                 time.sleep(delay)
+
+    def _calibrate(self, cpu_s: float, readings: int) -> None:
+        """One window's measured cost per reading; under the automatic rate, the rate
+        it allows (a change is logged)."""
+        first = self.cost_s is None
+        self.cost_s = cpu_s / readings
+        if not self.auto:
+            return
+        chosen = auto_rate(self.cost_s)
+        if first or chosen != self.sample_hz:
+            log.info(
+                "power reader: %g us of CPU a reading; %g Hz keeps it within %g %% of one "
+                "core (it ran at %g Hz)",
+                round(self.cost_s * 1e6),
+                chosen,
+                AUTO_BUDGET * 100,
+                self.sample_hz,
+            )
+            self.sample_hz = chosen
 
     def _stream(self, source: PowerSource) -> None:
         """One reading of a streamed source's total: its cheap path where it has one."""

@@ -363,7 +363,7 @@ def discover(options: PowerOptions) -> PowermetricsSource:
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise NoData(f"no powermetrics executable at {path}")
     reader = PowermetricsReader(
-        path, 1.0 / options.sample_hz, plist=apple_silicon(), sudo=sudo_prefix(path)
+        path, 1.0 / options.push_hz, plist=apple_silicon(), sudo=sudo_prefix(path)
     )
     reader.start()
     return PowermetricsSource(reader)

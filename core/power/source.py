@@ -16,11 +16,18 @@ from typing import Protocol
 
 from edgewatt.core.compat import SLOTS
 
-# The default rate of the power reader (config ``power_sample_hz``), from
-# benchmarks/power_reader.py and benchmarks/energy_accuracy.py (docs/performance.md):
-# 0.45 % of one core of the 2-core VM the figures come from; windows of 150 ms within
-# 1 % when they hold no step of the power, up to 12 % across a 10 W step.
-DEFAULT_SAMPLE_HZ = 50.0
+# The power reader's rate (config ``power_sample_hz``) is by default chosen on the
+# device itself (meter.py): the highest of AUTO_RATES_HZ whose cost, as the reader's
+# own thread measures it, stays within AUTO_BUDGET of one core. On the 2-core VM of
+# docs/performance.md that is 50 Hz (90 us a reading); a Jetson Nano core, about a
+# fifth as fast, would get 10 Hz. Windows of 150 ms are within 1 % at 50 Hz when they
+# hold no step of the power, up to 12 % across a 10 W step (1.3 % at 200 Hz).
+AUTO_RATES_HZ = (5.0, 10.0, 20.0, 50.0, 100.0, 200.0)
+AUTO_START_HZ = 50.0
+AUTO_BUDGET = 0.005  # of one core
+# A source that prints on its own runs at one rate for its life (a restart would lose
+# lines): under the automatic rate, this one, whatever the reader's thread settles at.
+AUTO_PUSH_HZ = 10.0
 MAX_SAMPLE_HZ = 1000.0
 
 
@@ -28,7 +35,13 @@ MAX_SAMPLE_HZ = 1000.0
 class PowerOptions:
     """What discovery needs from the daemon's config."""
 
-    sample_hz: float = DEFAULT_SAMPLE_HZ  # the power reader's rate: a push source prints at it
+    sample_hz: float | None = None  # the power reader's rate; None: chosen on the device
+
+    @property
+    def push_hz(self) -> float:
+        """The rate a source that prints on its own is run at."""
+        return self.sample_hz if self.sample_hz is not None else AUTO_PUSH_HZ
+
     sysfs_path: str = "/sys"
     tegrastats_path: str = "/usr/bin/tegrastats"
     powermetrics_path: str = "/usr/bin/powermetrics"  # macOS
@@ -132,6 +145,9 @@ def board_total(rails_w: Mapping[str, float]) -> float | None:
 
 # Sources whose rails are a board's power monitors (their GPU rail is the GPU's own).
 BOARD_SOURCES = ("ina3221", "tegrastats")
+# The board GPU's load, where one of them (or the GPU's load file beside the
+# INA3221s) reports it: GR3D.
+BOARD_GPU_LOADS = ("tegrastats:GR3D", "tegra_gpu:GPU")
 
 
 def gpu_only(rail: str) -> bool:

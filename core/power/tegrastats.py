@@ -185,7 +185,7 @@ def discover(options: PowerOptions) -> TegrastatsSource:
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise NoData(f"no tegrastats executable at {path}")
     # It prints at the power reader's rate: its lines are the power stream.
-    reader = TegrastatsReader(path, 1.0 / options.sample_hz)
+    reader = TegrastatsReader(path, 1.0 / options.push_hz)
     reader.start()
     return TegrastatsSource(reader)
 
