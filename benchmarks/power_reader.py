@@ -13,9 +13,9 @@ The rule of the automatic ``power_sample_hz`` (meter.py: the highest rate whose 
 stays within 0.5 % of one core, measured by the reader on the device itself) is
 checked against these figures, and against them scaled to a Jetson Nano core
 (``--nano-factor``: a Cortex-A57 at 1.43 GHz does about a fifth of this VM's Xeon
-core's single-thread work, Geekbench 5 single-core ~230 against ~1100). Almost all of a reading's cost
-is the thread's wake (about 25 us of kernel time per wake on this VM even for C's
-nanosleep); the reading itself (two preads, the trace) is about 2 us.
+core's single-thread work, Geekbench 5 single-core ~230 against ~1100). Almost all
+of a reading's cost is the thread's wake (about 25 us of kernel time per wake on this
+VM even for C's nanosleep); the reading itself (two preads, the trace) is about 2 us.
 On the stand-in the files are tmpfs, not the driver: a real read also runs the
 hwmon driver's show() (an I2C register read that sleeps rather than spins).
 """
