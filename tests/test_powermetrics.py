@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from edgewatt.core.power import powermetrics as pm
+from edgewatt.core.power.child import MAX_BAD_RUN
 from edgewatt.core.power.source import NoData, PowerOptions
 from tests.conftest import ROOT, SYSTEM_PYTHON, wait_for
 
@@ -220,6 +221,17 @@ def test_garbage_is_skipped_and_a_crash_is_restarted(monkeypatch: pytest.MonkeyP
     assert len(taken) >= 6  # three per run, on after each crash
     energies = [t.sample.total_j for t in taken]
     assert energies == sorted(energies)  # the counter never goes back across restarts
+
+    # Nothing but garbage: a wedged powermetrics is restarted.
+    monkeypatch.delenv("FAKE_POWERMETRICS_EXIT_AFTER")
+    monkeypatch.setenv("FAKE_POWERMETRICS_HOSTILE", "only")
+    reader = pm.PowermetricsReader(str(STAND_IN), 0.1, plist=True, max_backoff_s=0.2)
+    reader.start()
+    try:
+        wait_for(lambda: reader.restarts >= 1, timeout=30)
+    finally:
+        reader.close()
+    assert reader.latest is None and reader.bad_frames >= MAX_BAD_RUN
 
 
 DISCOVER = """

@@ -5,7 +5,8 @@ sample. It is restarted with exponential backoff when it dies, or when its outpu
 breaks the reader in any way (it is killed first), and terminated (this child only)
 on close. Its output is cut into frames of bounded size (a line, a plist document): a
 longer frame is read to its end in pieces and counted as bad, never held. A frame the
-parser refuses is counted and skipped, with one log line for the first.
+parser refuses is counted and skipped, with one log line for the first; a child that
+prints nothing else for MAX_BAD_RUN frames in a row is restarted (a wedged child).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# Bad frames in a row after which the child is restarted: its output has gone wrong.
+MAX_BAD_RUN = 20
 # Frames kept for the power reader between two of its takes (every pass takes them):
 # a minute at 100 Hz; older ones are dropped, and their time integrated as one.
 MAX_PENDING = 6000
@@ -118,6 +121,7 @@ class ChildReader(Generic[T]):
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
+        bad_run = 0
         for frame in self._frames(proc.stdout):
             try:
                 if frame is None:
@@ -125,9 +129,13 @@ class ChildReader(Generic[T]):
                 sample = self._parse(frame)
             except ValueError as exc:
                 self.bad_frames += 1
+                bad_run += 1
                 if self.bad_frames == 1:
                     log.warning("ignoring output that is not %s: %s", self.name, exc)
+                if bad_run >= MAX_BAD_RUN:
+                    raise RuntimeError(f"{bad_run} frames in a row were not {self.name}") from exc
                 continue
+            bad_run = 0
             timed = Timed(time.monotonic(), sample)
             with self._arrived:
                 self.latest = timed
