@@ -210,3 +210,24 @@ def test_the_reader_settles_at_the_rate_its_own_measured_cost_allows() -> None:
         assert fixed.sample_hz == 50.0  # a configured rate is kept, its cost measured
     finally:
         fixed.close()
+
+
+def test_a_higher_rate_is_tried_now_and_then_and_kept_only_within_the_budget() -> None:
+    # The state machine alone, fed the windows' measured usage (no thread).
+    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0)
+
+    def window(usage: float) -> float:
+        meter._calibrate(usage * 10, 10.0, round(meter.sample_hz * 10))  # CPU, wall, readings
+        return meter.sample_hz
+
+    assert [window(0.004) for _ in range(7)] == [50.0] * 6 + [100.0]  # tried after 6
+    assert window(0.0045) == 100.0  # it holds: kept
+    assert [window(0.004) for _ in range(6)] == [100.0] * 6
+    assert window(0.004) == 200.0  # tried
+    assert window(0.008) == 100.0  # over: back, and the next try waits twice as long
+    assert [window(0.004) for _ in range(12)] == [100.0] * 12
+    assert window(0.004) == 200.0
+    assert window(0.009) == 100.0 and meter._probe_wait == 24
+    fixed = PowerMeter([Costly(0.0)], max_gap_s=5.0, sample_hz=50.0)
+    fixed._calibrate(1.0, 10.0, 500)  # 10 % of a core: measured, not acted on
+    assert fixed.sample_hz == 50.0 and fixed.usage == pytest.approx(0.1)

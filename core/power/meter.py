@@ -79,6 +79,10 @@ MAX_EDGE_WAIT_S = 0.25
 # The automatic rate is chosen again from each window of this many seconds of the
 # reader thread's own CPU clock (its cost varies with the machine's load and clocks).
 CALIBRATION_S = 10.0
+# Windows within the budget before a higher rate is tried, at first; each failed try
+# doubles it, up to MAX_PROBE_WAIT (30 min of 10 s windows).
+PROBE_EVERY = 6
+MAX_PROBE_WAIT = 180
 # At start, a push source's first line is waited for this long at most: a target
 # registered at once (the client's own, in-process) has the device's energy from its
 # first sample on, not from the second pass.
@@ -126,6 +130,10 @@ class PowerMeter:
         self.sample_hz = sample_hz if sample_hz is not None else AUTO_START_HZ
         self.calibration_s = calibration_s
         self.cost_s: float | None = None  # the reader thread's CPU per reading, measured
+        self.usage: float | None = None  # its share of one core in the last window
+        self._windows = 0  # since the last change of rate
+        self._probing = False  # the rate was just raised, to be measured
+        self._probe_wait = PROBE_EVERY  # windows within the budget before trying higher
         boards = [s.name for s in self.sources if s.board]
         self._contributing = set(boards[:1] or [s.name for s in self.sources])
         self._rails: dict[str, Trace] = {}
@@ -170,7 +178,7 @@ class PowerMeter:
             cpu, started, count = window
             window = (cpu, started, count + 1)
             if deadline - started >= self.calibration_s:
-                self._calibrate(time.thread_time() - cpu, count + 1)
+                self._calibrate(time.thread_time() - cpu, deadline - started, count + 1)
                 period = 1.0 / self.sample_hz
                 window = (time.thread_time(), deadline, 0)
             deadline += period
@@ -180,24 +188,47 @@ class PowerMeter:
             elif delay > 0:
                 time.sleep(delay)
 
-    def _calibrate(self, cpu_s: float, readings: int) -> None:
-        """One window's measured cost per reading; under the automatic rate, the rate
-        it allows (a change is logged)."""
-        first = self.cost_s is None
+    def _calibrate(self, cpu_s: float, wall_s: float, readings: int) -> None:
+        """One window's measured cost. Under the automatic rate: over the budget, one
+        rate down (or lower, where the cost per reading says so); within it, a rate up
+        is tried now and then (a wake costs more per reading at a lower rate here, so
+        the cost at another rate is measured there, not extrapolated), each failed try
+        doubling the wait before the next."""
         self.cost_s = cpu_s / readings
-        if not self.auto:
+        self.usage = cpu_s / wall_s if wall_s > 0 else None
+        if not self.auto or self.usage is None:
             return
-        chosen = auto_rate(self.cost_s)
-        if first or chosen != self.sample_hz:
+        level = AUTO_RATES_HZ.index(self.sample_hz)
+        if self.usage > AUTO_BUDGET and level > 0:
+            if self._probing:  # the try failed: wait longer before the next
+                self._probing = False
+                self._probe_wait = min(2 * self._probe_wait, MAX_PROBE_WAIT)
+            self._set_rate(min(AUTO_RATES_HZ[level - 1], auto_rate(self.cost_s)), "over")
+        elif self._probing:
+            self._probing = False
+            self._probe_wait = PROBE_EVERY
+            self._set_rate(self.sample_hz, "within")  # the try holds: logged as chosen
+        elif level + 1 < len(AUTO_RATES_HZ) and self._windows >= self._probe_wait:
+            self._probing = True
+            self._set_rate(AUTO_RATES_HZ[level + 1], "try")
+        else:
+            self._windows += 1
+
+    def _set_rate(self, hz: float, why: str) -> None:
+        self._windows = 0
+        if why == "try":
+            log.debug("power reader: trying %g Hz", hz)
+        else:
             log.info(
-                "power reader: %g us of CPU a reading; %g Hz keeps it within %g %% of one "
-                "core (it ran at %g Hz)",
-                round(self.cost_s * 1e6),
-                chosen,
-                AUTO_BUDGET * 100,
+                "power reader: %g Hz (%.0f us of CPU a reading, %.2f %% of one core at %g Hz; "
+                "the budget is %g %%)",
+                hz,
+                (self.cost_s or 0.0) * 1e6,
+                (self.usage or 0.0) * 100,
                 self.sample_hz,
+                AUTO_BUDGET * 100,
             )
-            self.sample_hz = chosen
+        self.sample_hz = hz
 
     def _stream(self, source: PowerSource) -> None:
         """One reading of a streamed source's total: its cheap path where it has one."""
