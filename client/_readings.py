@@ -56,21 +56,14 @@ def reading_after_exit(snapshot: Snapshot, last: dict[str, Any]) -> Reading | No
     covers the whole run, not up to the last interval before the exit."""
     if not last or snapshot.host is None:
         return None
-    host, power = snapshot.host, snapshot.power
-    sent, recv = _network_totals({n: (io.receive, io.transmit) for n, io in host.network.items()})
-    return Reading(
+    power = snapshot.power
+    return _local_reading(
+        snapshot,
         time=snapshot.time,
-        cpu_user_s=last["cpu_user_s"],
-        cpu_system_s=last["cpu_system_s"],
-        memory_rss_bytes=last["memory_rss_bytes"],
-        memory_total_bytes=host.memory.total_bytes,
-        net_sent_total=sent,
-        net_recv_total=recv,
-        power_w=power.host_power_w if power else None,
-        energy_j=power.host_energy_j if power else None,
-        rails_w={r.name: r.power_w for r in power.rails if r.power_w is not None} if power else {},
+        cpu=(last["cpu_user_s"], last["cpu_system_s"]),
+        rss_bytes=last["memory_rss_bytes"],
+        device_energy_j=power.host_energy_j if power else None,
         process_energy_j=last.get("energy_j"),
-        carbon=snapshot.carbon,
     )
 
 
@@ -78,19 +71,40 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading | None:
     """A reading from an in-process sampler's snapshot of its one target."""
     if not snapshot.processes or snapshot.host is None:
         return None
-    p, host, power = snapshot.processes[0], snapshot.host, snapshot.power
+    p = snapshot.processes[0]
+    return _local_reading(
+        snapshot,
+        time=p.time,
+        cpu=(p.cpu_user_s, p.cpu_system_s),
+        rss_bytes=p.memory_rss_bytes,
+        device_energy_j=p.device_energy_j,
+        process_energy_j=p.energy_j,
+    )
+
+
+def _local_reading(
+    snapshot: Snapshot,
+    *,
+    time: float,
+    cpu: tuple[float, float],
+    rss_bytes: int,
+    device_energy_j: float | None,
+    process_energy_j: float | None,
+) -> Reading:
+    host, power = snapshot.host, snapshot.power
+    assert host is not None
     sent, recv = _network_totals({n: (io.receive, io.transmit) for n, io in host.network.items()})
     return Reading(
-        time=p.time,
-        cpu_user_s=p.cpu_user_s,
-        cpu_system_s=p.cpu_system_s,
-        memory_rss_bytes=p.memory_rss_bytes,
+        time=time,
+        cpu_user_s=cpu[0],
+        cpu_system_s=cpu[1],
+        memory_rss_bytes=rss_bytes,
         memory_total_bytes=host.memory.total_bytes,
         net_sent_total=sent,
         net_recv_total=recv,
         power_w=power.host_power_w if power else None,
-        energy_j=p.device_energy_j if power else None,
+        energy_j=device_energy_j if power else None,
         rails_w={r.name: r.power_w for r in power.rails if r.power_w is not None} if power else {},
-        process_energy_j=p.energy_j,
+        process_energy_j=process_energy_j,
         carbon=snapshot.carbon,
     )

@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import gzip
+import http.client
 import logging
 import math
 import threading
@@ -220,7 +221,7 @@ class InfluxPusher:
             self.refused += len(batch)
             log.warning("InfluxDB refused %d lines (HTTP %d): %s", len(batch), exc.code, reason)
             return True
-        except (OSError, ValueError) as exc:  # unreachable, timed out, reset
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # unreachable, reset
             return self._failed(str(exc))
         for _ in batch:
             self.queue.popleft()

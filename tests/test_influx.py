@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -372,3 +373,28 @@ def test_influx_settings_from_the_usual_variables_and_a_missing_bucket_named() -
     )  # fmt: skip
     with pytest.raises(config.ConfigError, match=re.escape("influx_bucket unset")):
         config.build(None, {"INFLUX_HOST": "http://influx:8086", "INFLUX_ORG": "lab"}, {})
+
+
+def test_a_server_that_answers_garbage_is_an_outage_not_a_crash() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            conn.sendall(b"SSH-2.0-not-http\r\n")
+            conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        pusher = InfluxPusher(InfluxOptions(f"http://127.0.0.1:{port}", database="x"))
+        pusher.add(_pass())
+        pusher.push()  # never raises
+        status = pusher.status()
+        assert status["failing"] and status["queued_lines"] > 0 and status["written_lines"] == 0
+    finally:
+        listener.close()
