@@ -42,9 +42,13 @@ def summary_table(summary: dict[str, Any], title: str) -> str:
     if summary.get("network_transmit_bytes") is not None:
         sent = human_bytes(summary["network_transmit_bytes"])
         recv = human_bytes(summary.get("network_receive_bytes") or 0)
-        if summary.get("network_counts") == "ip-bytes":  # a cgroup's nftables counters
+        counts = summary.get("network_counts")
+        if counts == "ip-bytes":  # a cgroup's nftables counters
             what = "IP bytes of every connection, headers included"
             rows.append(("IP", f"sent {sent}, received {recv} ({what}, across its boundary)"))
+        elif counts and "interface-bytes" in counts:  # a network namespace's interfaces
+            what = "frames on its network namespace's interfaces"
+            rows.append(("network", f"sent {sent}, received {recv} ({what})"))
         else:
             rows.append(
                 ("TCP", f"sent {sent}, received {recv} (the command's, across its boundary)")

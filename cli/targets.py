@@ -110,7 +110,11 @@ def render(s: dict[str, Any]) -> str:
 
     cgroup = s.get("cgroup") or {}
     name = f"{cgroup.get('kind')} {cgroup.get('name')}" if cgroup else f"pid {s['pid']}"
-    counts = "IP bytes, headers included" if s.get("network_counts") == "ip-bytes" else "TCP"
+    counts = {
+        "ip-bytes": "IP bytes, headers included",
+        "interface-bytes": "frames on its network namespace's interfaces",
+        "ip-bytes+interface-bytes": "IP bytes, and frames of a namespace it may not enter",
+    }.get(s.get("network_counts") or "", "TCP")
     lines = [
         f"target {s['id']}: {name} ({s['state']}, {s['membership']})",
         f"  duration   {value('duration_s', 's')}",

@@ -71,6 +71,7 @@ class Sampler:
         self._proc = getattr(self.platform, "proc", "/proc")  # cgroup members' stat files
         self._network_bytes: dict[str, tuple[int, int] | None] = {}
         self._network_packets: dict[str, tuple[int, int]] = {}  # cgroup targets' IP packets
+        self._network_counts: dict[str, str] = {}  # what a cgroup target's figures count
         self.attribution = attribution or Attribution(None, 3600.0)
         self._last_target_cpu: dict[str, float] = {}
         self._gpu_pids: set[int] = set()  # members found holding a GPU device
@@ -449,6 +450,7 @@ class Sampler:
             if target_id in self._trees:
                 self._network_bytes[target_id] = (counts.sent_bytes, counts.received_bytes)
                 self._network_packets[target_id] = (counts.sent_packets, counts.received_packets)
+                self._network_counts[target_id] = traffic.kind(target_id)
 
     def _sample(
         self, target: Target, reading: TreeReading, power: PowerSnapshot | None
@@ -488,6 +490,7 @@ class Sampler:
             cgroup=tree.cgroup.path if isinstance(tree, CgroupTree) else None,
             cgroup_memory=(usage.memory_bytes, usage.memory_peak_bytes) if usage else (None, None),
             cgroup_packets=self._network_packets.get(target.id),
+            network_counts=self._network_counts.get(target.id),
         )
 
     def _target_attributes(self, target: Target) -> dict[str, str | int]:
@@ -556,6 +559,7 @@ class Sampler:
         self._failed.discard(target_id)
         self._last_target_cpu.pop(target_id, None)
         self._network_packets.pop(target_id, None)
+        self._network_counts.pop(target_id, None)
         self.membership.forget(target_id)
         self.attribution.forget(target_id)
         if self.network is not None:

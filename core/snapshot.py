@@ -54,6 +54,8 @@ class ProcessSample:
     cgroup: str | None = None
     cgroup_memory: tuple[int | None, int | None] = (None, None)
     cgroup_packets: tuple[int, int] | None = None  # IP packets sent, received (nftables)
+    # What its network figures count where not TCP payload (cgroup_traffic.py's kinds).
+    network_counts: str | None = None
 
     @property
     def cpu_s(self) -> float:

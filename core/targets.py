@@ -183,6 +183,7 @@ class Target:
     cgroup: str | None = None
     cgroup_memory: tuple[int | None, int | None] = (None, None)
     cgroup_packets: tuple[int, int] | None = None  # IP packets sent, received, cumulative
+    network_counts: str | None = None  # a cgroup target's (cgroup_traffic.py's kinds)
 
     @property
     def state(self) -> str:
@@ -261,8 +262,12 @@ class Target:
             # ... or the kernel's members of a cgroup ("cgroup").
             "membership": self._membership(membership),
             # What the network figures count: TCP payload acknowledged, or every IP
-            # byte of the cgroup's sockets, headers included (docs/reference.md).
-            "network_counts": "tcp-payload" if self.cgroup_name is None else "ip-bytes",
+            # byte of the cgroup's sockets, headers included, or the frames of the
+            # interfaces of a network namespace the daemon may not enter, or both
+            # (docs/reference.md).
+            "network_counts": "tcp-payload"
+            if self.cgroup_name is None
+            else self.network_counts or "ip-bytes",
             "samples": h.count,
         }
         result.update(_span(h.first, h.last, logical_cpus, carbon, period_s))
@@ -648,6 +653,7 @@ class TargetTable:
                 if sample.cgroup is not None:
                     target.cgroup, target.cgroup_memory = sample.cgroup, sample.cgroup_memory
                     target.cgroup_packets = sample.cgroup_packets
+                    target.network_counts = sample.network_counts or target.network_counts
                 if only is None or target.id in only:
                     target.history.add(_row(sample))
                 if target.history.phases:

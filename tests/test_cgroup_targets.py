@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +17,7 @@ import pytest
 
 from edgewatt.core.sampling import cgroups
 from edgewatt.exporter.registration import InvalidRegistration, parse_request, parse_saved
-from tests.conftest import call_as
+from tests.conftest import call_as, wait_for
 
 NOBODY = 65534
 WHERE = cgroups.mounts()
@@ -88,3 +93,80 @@ def test_a_cgroup_target_survives_a_restart_and_ends_with_its_cgroup(
     cgroup_dir.rmdir()  # the service went: so does its target
     status, summary = again.call("GET", f"/v1/targets/{target['id']}/summary?fresh=1")
     assert status == 200 and summary["state"] == "exited"
+
+
+SENDER = """
+import socket, sys
+sys.stdin.readline()  # registered
+for _ in range(40):
+    with socket.create_connection((sys.argv[1], int(sys.argv[2]))) as s:
+        s.sendall(b"x" * 20000)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+@needs_v2
+def test_a_namespace_the_daemon_may_not_enter_is_counted_by_its_interfaces(
+    daemon_factory: Any, cgroup_dir: Path
+) -> None:
+    # As under the systemd unit: no CAP_SYS_ADMIN, so no setns into a container's own
+    # network. Its member sends 40 connections of 20,000 bytes over a veth to a server
+    # outside; the figure is the frames of the namespace's interfaces (IP bytes plus a
+    # 14-byte link header each, ARP beside them), from when the target first saw it.
+    name, subnet = f"ewt{os.getpid() % 100000}", f"10.231.{os.getpid() % 250}"
+    run = lambda *args: subprocess.run(args, check=True, capture_output=True)  # noqa: E731
+    run("ip", "netns", "add", name)
+    try:
+        run("ip", "link", "add", f"{name}h", "type", "veth", "peer", "name", f"{name}c")
+        run("ip", "link", "set", f"{name}c", "netns", name)
+        run("ip", "addr", "add", f"{subnet}.1/30", "dev", f"{name}h")
+        run("ip", "link", "set", f"{name}h", "up")
+        inside = ["ip", "netns", "exec", name]
+        run(*inside, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
+        run(*inside, "ip", "addr", "add", f"{subnet}.2/30", "dev", f"{name}c")
+        run(*inside, "ip", "link", "set", f"{name}c", "up")
+        run(*inside, "ip", "link", "set", "lo", "up")
+        server = socket.create_server((f"{subnet}.1", 0))
+        received = []
+
+        def serve() -> None:
+            for _ in range(40):
+                conn, _ = server.accept()
+                with conn:
+                    while chunk := conn.recv(65536):
+                        received.append(len(chunk))
+
+        threading.Thread(target=serve, daemon=True).start()
+        sender = subprocess.Popen(
+            [*inside, sys.executable, "-c", SENDER, f"{subnet}.1", str(server.getsockname()[1])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        (cgroup_dir / "cgroup.procs").write_text(str(sender.pid))
+        daemon = daemon_factory(
+            interval=0.2, prefix=["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
+        )
+        assert daemon.call("GET", "/healthz")[1]["cgroup_other_namespaces"] is False
+        status, target = daemon.call("POST", "/v1/targets", {"cgroup": f"/{cgroup_dir.name}"})
+        assert status == 201, target
+        wait_for(lambda: "cannot be entered" in daemon.log(), timeout=10)
+        assert sender.stdin is not None and sender.stdout is not None
+        sender.stdin.write("go\n")
+        sender.stdin.flush()
+        assert sender.stdout.readline() == "done\n"
+        wait_for(lambda: sum(received) == 40 * 20000, timeout=10)
+        time.sleep(1.0)  # a pass after the last frame
+        summary = daemon.call("GET", f"/v1/targets/{target['id']}/summary?fresh=1")[1]
+        info = daemon.call("GET", f"/v1/targets/{target['id']}")[1]["cgroup"]
+        sent, packets = summary["network_transmit_bytes"], info["network_transmit_packets"]
+        assert summary["network_counts"] == "interface-bytes", summary
+        # Each packet: 14 bytes of link header, 20 of IP, 20 to 60 of TCP; plus an ARP
+        # request or reply (42 bytes) or two.
+        overhead = sent - 40 * 20000
+        assert 54 * packets <= overhead <= 94 * packets + 200, (sent, packets)
+        assert summary["network_receive_bytes"] > 40 * 3 * 54  # SYN-ACKs, ACKs, FINs
+        sender.stdin.close()
+        sender.wait(timeout=10)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"{name}h"], capture_output=True)

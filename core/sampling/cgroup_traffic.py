@@ -15,10 +15,20 @@ counts beside them. A context holds its namespace open, so a stopped container's
 counts are still read; the namespace is let go once no member uses it. Rules go with
 their target, the table with the daemon; a table left by a daemon killed with -9 (its
 pid is gone) is removed at the next start, and a live daemon's is left alone.
+
+A namespace the daemon may not enter (setns needs CAP_SYS_ADMIN, which the systemd unit
+does not grant: a container with a network of its own) is counted from outside: the
+bytes and packets of its interfaces but loopback (``/proc/PID/net/dev`` of a member,
+which needs no capability), from when the target first saw it. Those are frames:
+IP bytes plus each packet's link header (14 bytes on Ethernet and veth), and every
+frame of the namespace, ARP and neighbour discovery included: the namespace's traffic,
+which is the container's own where it does not share it. The target's summary says so
+(``network_counts``).
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import itertools
 import logging
@@ -35,6 +45,10 @@ log = logging.getLogger(__name__)
 FAMILY = "inet"
 PREFIX = "edgewatt_"
 COUNTS = "IP bytes: payload plus IP and TCP/UDP headers, every protocol, every connection"
+# What a target's figures count, by how its namespaces are counted (the summary's
+# network_counts): by its sockets' rules, by the interfaces of namespaces it may not
+# enter, or both.
+IP_BYTES, INTERFACE_BYTES = "ip-bytes", "interface-bytes"
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,33 @@ class Counts:
             self.received_packets + other.received_packets,
         )
 
+    def since(self, start: Counts) -> Counts:
+        """What was counted after ``start`` (never negative: a counter that went back
+        restarted, its interface recreated)."""
+        return Counts(
+            max(0, self.sent_bytes - start.sent_bytes),
+            max(0, self.received_bytes - start.received_bytes),
+            max(0, self.sent_packets - start.sent_packets),
+            max(0, self.received_packets - start.received_packets),
+        )
+
+
+def interface_counts(net_dev: str) -> Counts:
+    """A network namespace's traffic on every interface but loopback, from a member's
+    ``/proc/PID/net/dev`` (bytes and packets, transmit as sent)."""
+    sent = received = sent_packets = received_packets = 0
+    with open(net_dev, encoding="ascii", errors="replace") as f:
+        for line in f.readlines()[2:]:  # two header lines
+            name, _, values = line.partition(":")
+            fields = values.split()
+            if name.strip() == "lo" or len(fields) < 10:
+                continue
+            received += int(fields[0])
+            received_packets += int(fields[1])
+            sent += int(fields[8])
+            sent_packets += int(fields[9])
+    return Counts(sent, received, sent_packets, received_packets)
+
 
 @dataclass
 class _Namespace:
@@ -70,6 +111,10 @@ class _Watch:
     last: dict[int, Counts] = field(default_factory=dict)  # per namespace inode
     carried: Counts = Counts()  # from namespaces no member uses any more
     ns_of: dict[int, int] = field(default_factory=dict)  # member pid -> namespace inode
+    # Namespaces it may not enter, counted by their interfaces: inode -> the counts
+    # when it was first seen.
+    interfaces: dict[int, Counts] = field(default_factory=dict)
+    counted_by_interfaces: bool = False  # ever, in this target's life
 
 
 class CgroupTraffic:
@@ -174,7 +219,10 @@ class CgroupTraffic:
         result = {}
         for target_id, watch in self._watches.items():
             for inode in watch.namespaces:
-                found = counts.get(inode, {}).get(watch.spec.name)
+                if inode in watch.interfaces:
+                    found = self._interfaces_now(watch, inode)
+                else:
+                    found = counts.get(inode, {}).get(watch.spec.name)
                 if found is not None:
                     watch.last[inode] = found
             total = watch.carried
@@ -182,6 +230,28 @@ class CgroupTraffic:
                 total += part
             result[target_id] = total
         return result
+
+    def kind(self, target_id: str) -> str:
+        """What the target's figures count: IP_BYTES, INTERFACE_BYTES, or both."""
+        watch = self._watches.get(target_id)
+        if watch is None or not watch.counted_by_interfaces:
+            return IP_BYTES
+        by_rules = any(inode not in watch.interfaces for inode in watch.namespaces)
+        return f"{IP_BYTES}+{INTERFACE_BYTES}" if by_rules else INTERFACE_BYTES
+
+    def _interfaces_now(self, watch: _Watch, inode: int) -> Counts | None:
+        """The namespace's interface counts since the target first saw it, read through
+        a member in it (None: none could be read this pass)."""
+        for pid, member_inode in watch.ns_of.items():
+            if member_inode != inode:
+                continue
+            try:
+                return interface_counts(f"{self._proc}/{pid}/net/dev").since(
+                    watch.interfaces[inode]
+                )
+            except OSError:
+                continue  # exited meanwhile: another member, or the next pass
+        return None
 
     def forget(self, target_id: str) -> None:
         watch = self._watches.pop(target_id, None)
@@ -216,6 +286,9 @@ class CgroupTraffic:
             namespace.nft.run("\n".join(commands))
             namespace.levels.add(spec.level)
         except OSError as exc:
+            if exc.errno in (errno.EPERM, errno.EACCES) and inode != self._own:
+                self._count_interfaces(target_id, watch, inode, link)
+                return
             log.warning(
                 "target %s: cannot count the traffic of cgroup %s in network namespace %d: %s",
                 target_id,
@@ -227,9 +300,31 @@ class CgroupTraffic:
         namespace.users.add(target_id)
         watch.namespaces.add(inode)
 
+    def _count_interfaces(self, target_id: str, watch: _Watch, inode: int, link: str) -> None:
+        """A namespace it may not enter: counted by its interfaces from now on."""
+        net_dev = link[: -len("ns/net")] + "net/dev"
+        try:
+            start = interface_counts(net_dev)
+        except OSError as exc:
+            log.warning("target %s: cannot read %s: %s", target_id, net_dev, exc)
+            return
+        log.info(
+            "target %s: network namespace %d cannot be entered (no CAP_SYS_ADMIN): its "
+            "interfaces' frames are counted instead",
+            target_id,
+            inode,
+        )
+        watch.interfaces[inode] = start
+        watch.namespaces.add(inode)
+        watch.counted_by_interfaces = True
+
     def _settle(self, target_id: str, watch: _Watch, used: set[int]) -> None:
         """Namespaces no member uses any more: their counts are carried, their rules go."""
         for inode in watch.namespaces - used:
+            if watch.interfaces.pop(inode, None) is not None:
+                watch.namespaces.discard(inode)
+                watch.carried += watch.last.pop(inode, Counts())
+                continue
             namespace = self._namespaces.get(inode)
             if namespace is not None:
                 try:
