@@ -376,3 +376,39 @@ def test_a_daemon_that_may_not_run_the_runtime_finds_the_container_by_its_id(
             and daemon.call("GET", f"/v1/targets/{target_id}")[1]["state"] == "running"
         )
     )
+
+
+def test_under_the_units_capabilities_a_containers_own_network_is_counted_by_its_interfaces(
+    daemon_factory: Any, container: str
+) -> None:
+    """The unit grants no CAP_SYS_ADMIN: the container's namespace cannot be entered,
+    and its frames are counted from its interfaces instead."""
+    daemon = daemon_factory(
+        interval=0.5, prefix=["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
+    )
+    registered = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "register", "--container", container,
+         "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr
+    target_id = registered.stdout.strip()
+    wait_for(lambda: "cannot be entered" in daemon.log(), timeout=10)
+    host = gateway(container)
+    http = HttpServer(host, body=100_000)
+    podman(
+        "exec", container, "sh", "-c",
+        f"for i in $(seq 40); do wget -q -O /dev/null http://{host}:{http.port}/; done",
+    )  # fmt: skip
+    figures = summary(daemon, target_id)
+    http.close()
+    assert http.connections == 40
+    assert figures["network_counts"] == "interface-bytes"
+    packets = figures["cgroup"]
+    # Frames: each packet's IP bytes and its 14-byte link header, ARP beside them.
+    sent_overhead = figures["network_transmit_bytes"] - http.received
+    received_overhead = figures["network_receive_bytes"] - http.sent
+    assert 54 * packets["network_transmit_packets"] <= sent_overhead
+    assert sent_overhead <= 94 * packets["network_transmit_packets"] + 200
+    assert 54 * packets["network_receive_packets"] <= received_overhead
+    assert received_overhead <= 94 * packets["network_receive_packets"] + 200
