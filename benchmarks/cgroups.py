@@ -8,7 +8,10 @@ second in all). Side by side in one run, in turns of ``--window`` seconds:
 - none: no daemon (the workers' own CPU, the baseline);
 - process: the daemon with the 20 workers registered as process targets (sock_diag:
   connections that open and close between passes are not seen);
-- cgroup: the daemon with the 20 cgroups registered (nftables counters in the kernel).
+- cgroup: the daemon with the 20 cgroups registered (nftables counters in the kernel);
+- ebpf: no daemon, an eBPF cgroup_skb program per cgroup and direction counting the
+  same IP bytes (benchmarks/ebpf_counter.py): the alternative the issue asks to
+  measure. Its per-packet cost lands in the workers' CPU, as the rules' does.
 
 Per turn: the daemon's CPU (from /proc/PID/stat) as % of one core, the workers' CPU
 (their cgroups' cpu.stat: the rules' per-packet cost lands there), and the bytes the
@@ -38,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.ebpf_counter import CgroupCounter  # noqa: E402
 from benchmarks.measure import free_port, start_daemon  # noqa: E402
 from edgewatt.core import transport  # noqa: E402
 from edgewatt.core.sampling import cgroups  # noqa: E402
@@ -140,6 +144,7 @@ def main() -> int:
             turn("none", None, directories, server, args, work),
             turn("process", "pid", directories, server, args, work, workers),
             turn("cgroup", "cgroup", directories, server, args, work),
+            ebpf_turn(directories, server, args),
         ]
     finally:
         for w in workers:
@@ -161,7 +166,8 @@ def main() -> int:
     base_workers = rows[0]["workers_pct"]
     print(
         f"cgroup/process daemon CPU ratio: {rows[2]['daemon_pct'] / rows[1]['daemon_pct']:.2f}; "
-        f"workers' CPU with the rules: {rows[2]['workers_pct'] / base_workers:.3f} x baseline"
+        f"workers' CPU with the rules: {rows[2]['workers_pct'] / base_workers:.3f} x baseline, "
+        f"with eBPF: {rows[3]['workers_pct'] / base_workers:.3f} x baseline"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
@@ -214,6 +220,31 @@ def turn(
         daemon.terminate()
         daemon.wait()
     return row
+
+
+def ebpf_turn(directories: list[Path], server: Server, args: argparse.Namespace) -> dict:
+    counters = [CgroupCounter(str(d)) for d in directories]
+    try:
+        time.sleep(args.interval * 2)  # as the daemon turns wait past their registrations
+        before_server = server.received
+        before_workers = cgroup_cpu(directories)
+        before_seen = sum(c.read()[0] for c in counters)
+        started = time.monotonic()
+        time.sleep(args.window)
+        elapsed = time.monotonic() - started
+        seen = sum(c.read()[0] for c in counters) - before_seen
+        row = {
+            "mode": "ebpf",
+            "daemon_pct": 0.0,  # no daemon: reading 40 maps a window costs nothing measurable
+            "workers_pct": (cgroup_cpu(directories) - before_workers) / elapsed * 100,
+            "server_bytes": server.received - before_server,
+            "seen_bytes": seen,
+        }
+        row["seen_share"] = seen / row["server_bytes"]
+        return row
+    finally:
+        for counter in counters:
+            counter.close()
 
 
 def _sent(sock: str, target_id: str) -> int:
