@@ -41,6 +41,10 @@ def copy_package(into: Path) -> None:
         p.chmod(0o755 if p.is_dir() else 0o644)
 
 
+# A daemon with the systemd unit's lack of CAP_SYS_ADMIN (no setns into a container's
+# network namespace), as root otherwise: DaemonProcess.prefix.
+WITHOUT_SYS_ADMIN = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
+
 # For code run as another user, who cannot read root's venv.
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 

@@ -17,7 +17,7 @@ import pytest
 
 from edgewatt.core.sampling import cgroups
 from edgewatt.exporter.registration import InvalidRegistration, parse_request, parse_saved
-from tests.conftest import call_as, wait_for
+from tests.conftest import WITHOUT_SYS_ADMIN, call_as, wait_for
 
 NOBODY = 65534
 WHERE = cgroups.mounts()
@@ -143,9 +143,7 @@ def test_a_namespace_the_daemon_may_not_enter_is_counted_by_its_interfaces(
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         (cgroup_dir / "cgroup.procs").write_text(str(sender.pid))
-        daemon = daemon_factory(
-            interval=0.2, prefix=["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
-        )
+        daemon = daemon_factory(interval=0.2, prefix=WITHOUT_SYS_ADMIN)
         assert daemon.call("GET", "/healthz")[1]["cgroup_other_namespaces"] is False
         status, target = daemon.call("POST", "/v1/targets", {"cgroup": f"/{cgroup_dir.name}"})
         assert status == 201, target

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from edgewatt.core.sampling import cgroups, nftables
-from tests.conftest import ROOT, DaemonProcess, assert_tcp_ip_bytes, wait_for
+from tests.conftest import ROOT, WITHOUT_SYS_ADMIN, DaemonProcess, assert_tcp_ip_bytes, wait_for
 
 WHERE = cgroups.mounts()
 BUSYBOX = "/bin/busybox"
@@ -349,6 +349,17 @@ def test_the_cli_registers_a_container_by_name_and_reads_it(
     assert edgewatt("summary", target_id).returncode == 1
 
 
+def register_with_the_cli(daemon: Any, container: str) -> str:
+    """`edgewatt register --container NAME`, which asks the runtime as its user: the id."""
+    registered = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "register", "--container", container,
+         "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr
+    return registered.stdout.strip()
+
+
 def test_a_daemon_that_may_not_run_the_runtime_finds_the_container_by_its_id(
     daemon_factory: Any, container: str
 ) -> None:
@@ -359,13 +370,7 @@ def test_a_daemon_that_may_not_run_the_runtime_finds_the_container_by_its_id(
     body = {"container": container, "runtime": "podman"}
     status, refused = daemon.call("POST", "/v1/targets", body)
     assert status == 400 and "asks the runtime as you, for its id" in refused["detail"]
-    registered = subprocess.run(
-        [sys.executable, "-m", "edgewatt.cli", "register", "--container", container,
-         "--socket", daemon.socket],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
-    assert registered.returncode == 0, registered.stderr
-    target_id = registered.stdout.strip()
+    target_id = register_with_the_cli(daemon, container)
     status, target = daemon.call("GET", f"/v1/targets/{target_id}")
     assert target["cgroup"]["path"] == cgroups.cgroup_of(main_pid(container))
     podman("restart", "-t", "0", container)
@@ -383,16 +388,8 @@ def test_under_the_units_capabilities_a_containers_own_network_is_counted_by_its
 ) -> None:
     """The unit grants no CAP_SYS_ADMIN: the container's namespace cannot be entered,
     and its frames are counted from its interfaces instead."""
-    daemon = daemon_factory(
-        interval=0.5, prefix=["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
-    )
-    registered = subprocess.run(
-        [sys.executable, "-m", "edgewatt.cli", "register", "--container", container,
-         "--socket", daemon.socket],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
-    assert registered.returncode == 0, registered.stderr
-    target_id = registered.stdout.strip()
+    daemon = daemon_factory(interval=0.5, prefix=WITHOUT_SYS_ADMIN)
+    target_id = register_with_the_cli(daemon, container)
     wait_for(lambda: "cannot be entered" in daemon.log(), timeout=10)
     host = gateway(container)
     http = HttpServer(host, body=100_000)
