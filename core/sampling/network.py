@@ -22,7 +22,8 @@ and closed between two passes is never seen, so not counted (measured in
 A target's traffic is what crosses its boundary: a connection whose two ends are both
 held by its members (a SuperNode and its ClientApp over loopback) is the target
 talking to itself and counts in neither direction; loopback to any process outside
-the target still counts.
+the target still counts, a pass late (``_Account.pending``: one end of a connection
+can be listed before the other exists).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from edgewatt.core.sampling.sockets import (
     TcpSocket,
     cookie,
     endpoints,
+    on_this_host,
     socket_inodes,
 )
 
@@ -54,6 +56,12 @@ class _Account:
     # direction from the pass that sees both ends (what one end carried before that
     # stays: totals never go backwards).
     internal: set[int] = field(default_factory=set)
+    # Connections to this host first seen without their other end: counted from the
+    # next pass, with every byte since they opened, unless that pass finds the other
+    # end held by a member. Two members' ends are listed one after the other, so a
+    # connection made between the two listings shows one end only; the next pass
+    # lists both (a ClientApp's model over loopback was once counted this way).
+    pending: dict[int, TcpSocket] = field(default_factory=dict)
 
     def totals(self) -> tuple[int, int]:
         if not self.live:
@@ -114,7 +122,9 @@ class NetworkAccounting:
         self._hidden.intersection_update(alive)
         for pid in self._fd_dirs.keys() - alive:
             os.close(self._fd_dirs.pop(pid))
-        tracked = {i: s for a in self._accounts.values() for i, s in a.live.items()}
+        tracked = {
+            i: s for a in self._accounts.values() for i, s in (*a.live.items(), *a.pending.items())
+        }
         wanted = set().union(*held.values()) if held else set()
         self._not_tcp &= wanted  # forget inodes no longer held: they may be reused
         internal = set().union(*(a.internal for a in self._accounts.values()))
@@ -142,11 +152,16 @@ class NetworkAccounting:
             if account is None:
                 account = self._accounts[target] = _Account()
             account.internal &= held[target]  # a closed one's inode may be reused
+            waited, account.pending = account.pending, {}
+            account.live.update(waited)  # a pass has gone by: counted from now on
             seen = held[target] & in_kernel - account.internal
             new = seen - account.live.keys()
             for inode in seen:
-                account.live[inode] = current[inode]
-            self._set_aside_internal(account, new)
+                if inode in new and on_this_host(current[inode].sockid):
+                    account.pending[inode] = current[inode]
+                else:
+                    account.live[inode] = current[inode]
+            self._set_aside_internal(account, new | waited.keys())
             for inode in list(account.live):
                 if inode in current:
                     account.live[inode] = current[inode]
@@ -155,34 +170,46 @@ class NetworkAccounting:
                     last = self._finals.pop(cookie(last), last)
                     account.closed_tx += last.bytes_acked
                     account.closed_rx += last.bytes_received
-            result[target] = None if target in hidden and not account.live else account.totals()
+            result[target] = (
+                None
+                if target in hidden and not account.live and not account.pending
+                else account.totals()
+            )
         if self.destroyed is not None:
             self.destroyed.listen(
-                {cookie(s) for a in self._accounts.values() for s in a.live.values()}
+                {
+                    cookie(s)
+                    for a in self._accounts.values()
+                    for s in (*a.live.values(), *a.pending.values())
+                }
             )
             # A socket first seen this pass that closed before the filter took it in
             # has no final counts coming: say so rather than count it short unseen.
             for inode, sock in fresh.items():
                 if self.diag.lookup(sock) is None and any(
-                    inode in a.live for a in self._accounts.values()
+                    inode in a.live or inode in a.pending for a in self._accounts.values()
                 ):
                     self._overflowed = True
         return result
 
     @staticmethod
-    def _set_aside_internal(account: _Account, new: AbstractSet[int]) -> None:
+    def _set_aside_internal(account: _Account, uncounted: AbstractSet[int]) -> None:
         """Connections whose two ends the target holds leave its accounts: its traffic
         is what crosses its boundary (loopback to a process outside it counts). One end
-        counted in an earlier pass keeps what it was counted with (``new``: first seen
-        in this pass, counted with nothing)."""
-        ends = {endpoints(s.sockid): inode for inode, s in account.live.items()}
+        counted in an earlier pass keeps what it was counted with (``uncounted``: first
+        counted in this pass, so with nothing yet)."""
+        ends = {
+            endpoints(s.sockid): inode
+            for inode, s in (*account.live.items(), *account.pending.items())
+        }
         for (local, remote), inode in ends.items():
             peer = ends.get((remote, local))
             if peer is None or peer == inode:
                 continue
             for one in (inode, peer):
+                account.pending.pop(one, None)
                 sock = account.live.pop(one, None)
-                if sock is not None and one not in new:  # what it was counted with stays
+                if sock is not None and one not in uncounted:  # what it was counted with stays
                     account.closed_tx += sock.bytes_acked
                     account.closed_rx += sock.bytes_received
                 account.internal.add(one)

@@ -194,6 +194,17 @@ def endpoints(sockid: bytes) -> tuple[bytes, bytes]:
     return end(sockid[4:20], sockid[0:2]), end(sockid[20:36], sockid[2:4])
 
 
+_LOOPBACK_V6 = bytes(15) + b"\x01"
+
+
+def on_this_host(sockid: bytes) -> bool:
+    """Whether the socket's peer is on this host (a loopback address, or the socket's
+    own): its other end may be held by a process here."""
+    local, remote = endpoints(sockid)
+    address = remote[:-2]
+    return (address[:1] == b"\x7f" and len(address) == 4) or address in (_LOOPBACK_V6, local[:-2])
+
+
 def parse_destroyed(data: bytes, cookies: set[bytes]) -> list[TcpSocket]:
     """The destroyed sockets in one datagram whose cookie is wanted (others skipped
     without decoding): their final counts."""
