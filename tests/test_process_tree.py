@@ -159,9 +159,11 @@ def test_sockets_of_a_waiting_member_are_found_once_it_connects(waiter: subproce
         # The peer's bytes wait in the receive queue: received by the kernel, unread.
         # Sent: nothing but the SYN, which the kernel counts as one byte acked.
         assert account(reading) in ((0, 5000), (1, 5000))
-        # Listed for this pass, and once more before the dump its new socket asks for:
-        # only inodes still held are dumped (one closed meanwhile costs none).
-        assert scans[waiter.pid] == 3
+        # Listed for this pass, once more before the dump its new socket asks for (only
+        # inodes still held are dumped: one closed meanwhile costs none), and once more
+        # as the target's members are, to see whether the other end of this new
+        # loopback connection is theirs (it is this test's).
+        assert scans[waiter.pid] == 4
         peer.close()
     finally:
         tree.close()

@@ -21,9 +21,9 @@ and closed between two passes is never seen, so not counted (measured in
 
 A target's traffic is what crosses its boundary: a connection whose two ends are both
 held by its members (a SuperNode and its ClientApp over loopback) is the target
-talking to itself and counts in neither direction; loopback to any process outside
-the target still counts, a pass late (``_Account.pending``: one end of a connection
-can be listed before the other exists).
+talking to itself and counts in neither direction (also when one end was made after
+its holder's descriptors were listed: ``_find_other_ends``); loopback to any process
+outside the target still counts.
 """
 
 from __future__ import annotations
@@ -56,11 +56,9 @@ class _Account:
     # direction from the pass that sees both ends (what one end carried before that
     # stays: totals never go backwards).
     internal: set[int] = field(default_factory=set)
-    # Connections to this host first seen without their other end: counted from the
-    # next pass, with every byte since they opened, unless that pass finds the other
-    # end held by a member. Two members' ends are listed one after the other, so a
-    # connection made between the two listings shows one end only; the next pass
-    # lists both (a ClientApp's model over loopback was once counted this way).
+    # New connections to this host whose other end waits in a listener's accept queue,
+    # held by no process yet: counted from the next pass, with every byte since they
+    # opened, unless that pass finds the other end held by a member.
     pending: dict[int, TcpSocket] = field(default_factory=dict)
 
     def totals(self) -> tuple[int, int]:
@@ -153,15 +151,13 @@ class NetworkAccounting:
                 account = self._accounts[target] = _Account()
             account.internal &= held[target]  # a closed one's inode may be reused
             waited, account.pending = account.pending, {}
-            account.live.update(waited)  # a pass has gone by: counted from now on
+            account.live.update(waited)  # its other end had a pass to be taken
             seen = held[target] & in_kernel - account.internal
             new = seen - account.live.keys()
             for inode in seen:
-                if inode in new and on_this_host(current[inode].sockid):
-                    account.pending[inode] = current[inode]
-                else:
-                    account.live[inode] = current[inode]
+                account.live[inode] = current[inode]
             self._set_aside_internal(account, new | waited.keys())
+            self._find_other_ends(account, new, targets[target])
             for inode in list(account.live):
                 if inode in current:
                     account.live[inode] = current[inode]
@@ -198,21 +194,42 @@ class NetworkAccounting:
         is what crosses its boundary (loopback to a process outside it counts). One end
         counted in an earlier pass keeps what it was counted with (``uncounted``: first
         counted in this pass, so with nothing yet)."""
-        ends = {
-            endpoints(s.sockid): inode
-            for inode, s in (*account.live.items(), *account.pending.items())
-        }
+        ends = {endpoints(s.sockid): inode for inode, s in account.live.items()}
         for (local, remote), inode in ends.items():
             peer = ends.get((remote, local))
             if peer is None or peer == inode:
                 continue
             for one in (inode, peer):
-                account.pending.pop(one, None)
                 sock = account.live.pop(one, None)
                 if sock is not None and one not in uncounted:  # what it was counted with stays
                     account.closed_tx += sock.bytes_acked
                     account.closed_rx += sock.bytes_received
                 account.internal.add(one)
+
+    def _find_other_ends(
+        self, account: _Account, new: AbstractSet[int], pids: tuple[int, ...]
+    ) -> None:
+        """New connections to this host whose other end the target was not seen to hold.
+        A pass lists its members' descriptors one after the other, so that end may have
+        been made after its holder's listing (a ClientApp connecting to its SuperNode
+        while the SuperNode's were listed: its model was once counted so). The kernel
+        names the other end; the members are listed again to see whether it is theirs."""
+        relisted: set[int] | None = None
+        for inode in new & account.live.keys():
+            sock = account.live[inode]
+            if not on_this_host(sock.sockid):
+                continue
+            other = self.diag.other_end(sock)
+            if other is None:
+                continue  # closed already: what crossed, crossed
+            if other.inode == 0:  # not accepted yet: by whom is not known
+                account.pending[inode] = account.live.pop(inode)
+                continue
+            if relisted is None:
+                relisted = set().union(*(self._socket_inodes(pid) or set() for pid in pids))
+            if other.inode in relisted:
+                del account.live[inode]  # first counted this pass: with nothing yet
+                account.internal |= {inode, other.inode}
 
     @property
     def exact(self) -> bool:

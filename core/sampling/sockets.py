@@ -156,6 +156,27 @@ class SockDiag:
             raise OSError(error, os.strerror(error))
         return next((s for s in sockets if s.inode == known.inode), None)
 
+    def other_end(self, sock: TcpSocket) -> TcpSocket | None:
+        """The other end of a connection on this host (``on_this_host``), by the
+        reversed 4-tuple; None once it is closed. Its inode is 0 while it waits in a
+        listener's accept queue: no process holds it yet."""
+        local, remote = endpoints(sock.sockid)
+        family = socket.AF_INET if len(local) == 6 else socket.AF_INET6
+        width = 4 if family == socket.AF_INET else 16
+        sockid = (
+            remote[-2:] + local[-2:]  # its source port is this one's destination
+            + remote[:-2].ljust(16, b"\0") + local[:-2].ljust(16, b"\0")
+            + bytes(4) + b"\xff" * 8  # any interface; no cookie: INET_DIAG_NOCOOKIE
+        )  # fmt: skip
+        assert len(remote) == len(local) == width + 2
+        self._seq += 1
+        sockets, error = self._exchange(
+            _request(family, NLM_F_REQUEST, sockid, seq=self._seq), None, dump=False
+        )
+        if error and error not in (errno.ENOENT, errno.ESTALE):
+            raise OSError(error, os.strerror(error))
+        return sockets[0] if sockets else None
+
     def close(self) -> None:
         self._sock.close()
 
