@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from edgewatt.core.sampler import Sampler
+from edgewatt.core.sampler import Sampler, _final_cpu
 from edgewatt.core.snapshot import Snapshot
 from tests.conftest import table_with
 
@@ -53,3 +55,25 @@ def test_an_exporter_that_raises_still_lets_the_exit_be_recorded(spawn: Any) -> 
         sampler.sample_once()
     assert table.get(target.id).state == "exited"
     sampler.close()
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    last=st.tuples(st.floats(0, 100), st.floats(0, 100)),
+    final=st.tuples(st.floats(0, 100), st.floats(0, 100)),
+)
+def test_the_cpu_at_an_exit_is_the_larger_total_and_neither_mode_goes_back(
+    last: tuple[float, float], final: tuple[float, float]
+) -> None:
+    # /proc's last reading and the kernel's exit figures split one runtime between user
+    # and system differently: (0.20, 0.05) and (0.17, 0.08) are 0.25 s, not 0.28.
+    user, system = _final_cpu(last, final)
+    assert user + system == pytest.approx(max(sum(last), sum(final)), abs=1e-9)
+    assert user >= last[0] and system >= last[1] - 1e-9
+    if final[0] >= last[0] and final[1] >= last[1]:  # the exit figures as they are
+        assert (user, system) == pytest.approx(final)
+
+
+def test_the_cpu_at_an_exit_split_differently_is_not_counted_twice() -> None:
+    assert _final_cpu((0.20, 0.05), (0.17, 0.08)) == pytest.approx((0.20, 0.05))
+    assert _final_cpu((0.20, 0.05), (0.17, 0.10)) == pytest.approx((0.20, 0.07))
