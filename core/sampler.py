@@ -583,6 +583,7 @@ class Sampler:
         if self.exits is not None:
             self.exits.close()
         self.membership.close()
+        self.platform.close()
 
 
 def _gpu_use(power: PowerSnapshot, reading: TreeReading) -> list[tuple[Gpu, float, int | None]]:

@@ -283,9 +283,27 @@ class Target:
 
 
 def _recent(phase: Phase) -> tuple[str, bool, float | None, float]:
-    """A phase as exported: (name, running, energy J, duration s so far)."""
-    span = _span(phase.first, phase.last, 1, None)
-    return phase.name, phase.ended_at is None, span["energy_j"], span["duration_s"]
+    """A phase as exported: (name, running, energy J, duration s so far), as _span
+    gives them (two of its fields: this runs for the last phases at every pass)."""
+    first, last = phase.first, phase.last
+    if first is None or last is None:
+        return phase.name, phase.ended_at is None, None, 0.0
+    energy = _difference(first, last, _ENERGY)
+    duration = _difference(first, last, _TIME) or 0.0
+    return (
+        phase.name,
+        phase.ended_at is None,
+        None if energy is None else round(energy, 3),
+        round(duration, 3),
+    )
+
+
+_ENERGY, _TIME = _I["energy_j"], _I["time"]
+
+
+def _difference(first: tuple, last: tuple, index: int) -> Any:
+    a, b = first[index], last[index]
+    return None if a is None or b is None else b - a
 
 
 def _phase_item(
@@ -309,8 +327,7 @@ def _span(
     def delta(name: str) -> Any:
         if first is None or last is None:
             return None
-        a, b = first[_I[name]], last[_I[name]]
-        return None if a is None or b is None else b - a
+        return _difference(first, last, _I[name])
 
     duration = delta("time") or 0.0
     user, system, energy = delta("cpu_user_s"), delta("cpu_system_s"), delta("energy_j")

@@ -76,6 +76,9 @@ class Platform(Protocol):
     def holds_gpu(self, pid: int) -> bool:
         """Whether the process has a GPU device open (docs/attribution.md)."""
 
+    def close(self) -> None:
+        """Let go of what it holds open between passes."""
+
 
 def choose(environ: Mapping[str, str] = os.environ) -> str:
     """The forced backend if valid, else procfs where /proc shows this process."""

@@ -23,6 +23,7 @@ class LinuxPlatform:
         # busy process, where every GIL release of a /proc listing costs a thread switch).
         self._children_files = children_files and procfs.has_children_files(proc)
         self._parents = procfs.ParentIndex(proc)
+        self._host: system.HostFiles | None = None  # opened on first use
 
     def boot_time(self) -> float:
         return procfs.boot_time(self.proc)
@@ -56,11 +57,9 @@ class LinuxPlatform:
     def read_host(
         self,
     ) -> tuple[system.HostCpu, system.HostMemory, dict[str, system.InterfaceBytes]]:
-        return (
-            system.read_cpu(self.proc),
-            system.read_memory(self.proc),
-            system.read_network(self.proc),
-        )
+        if self._host is None:
+            self._host = system.HostFiles(self.proc)
+        return self._host.read()
 
     def descendants(self, fresh: Callable[[], bool]) -> Callable[[int], list[int]]:
         if self._children_files:
@@ -79,3 +78,8 @@ class LinuxPlatform:
 
     def holds_gpu(self, pid: int) -> bool:
         return procfs.holds_gpu(pid, self.proc)
+
+    def close(self) -> None:
+        if self._host is not None:
+            self._host.close()
+            self._host = None

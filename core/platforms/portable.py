@@ -248,3 +248,6 @@ class PsutilPlatform:
             for name, io in psutil.net_io_counters(pernic=True).items()
         }
         return HostCpu(modes, self.logical_cpus()), HostMemory(memory.total, states), network
+
+    def close(self) -> None:
+        pass  # psutil holds nothing open between calls
