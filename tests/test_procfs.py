@@ -261,3 +261,25 @@ def test_live_host_figures_agree_with_psutil() -> None:
     assert system.read_memory().total_bytes == psutil.virtual_memory().total
     live = system.read_network()
     assert set(live) == set(psutil.net_io_counters(pernic=True))
+
+
+def test_the_held_host_files_read_what_the_functions_read(host_proc: str) -> None:
+    files = system.HostFiles(host_proc)
+    try:
+        cpu, memory, network = files.read()
+        assert cpu == system.read_cpu(host_proc)
+        assert memory == system.read_memory(host_proc)
+        assert network == system.read_network(host_proc)
+        # Read anew each time, also past one buffer (a host of many interfaces).
+        names = [f"veth{i:05}" for i in range(2000)]
+        rows = "".join(
+            f"{n}: {i} 0 0 0 0 0 0 0 {2 * i} 0 0 0 0 0 0 0\n" for i, n in enumerate(names)
+        )
+        head = "".join(NET_DEV.splitlines(keepends=True)[:2])
+        Path(host_proc, "net", "dev").write_text(head + rows)
+        assert len(head + rows) > system.HostFiles.SIZE
+        network = files.read()[2]
+        assert list(network) == names
+        assert network["veth01999"] == system.InterfaceBytes(receive=1999, transmit=3998)
+    finally:
+        files.close()
