@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from edgewatt.core.sampling import cgroup_rules
 from edgewatt.core.sampling.cgroup_rules import MAX_TAGS, Spec
 from edgewatt.core.sampling.nftables import Nft, NftError
+from edgewatt.core.sampling.system import net_dev_rows
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +84,10 @@ def interface_counts(net_dev: str) -> Counts:
     """A network namespace's traffic on every interface but loopback, from a member's
     ``/proc/PID/net/dev`` (bytes and packets, transmit as sent)."""
     sent = received = sent_packets = received_packets = 0
-    with open(net_dev, encoding="ascii", errors="replace") as f:
-        for line in f.readlines()[2:]:  # two header lines
-            name, _, values = line.partition(":")
-            fields = values.split()
-            if name.strip() == "lo" or len(fields) < 10:
-                continue
+    with open(net_dev, "rb") as f:
+        text = f.read()
+    for name, fields in net_dev_rows(text):
+        if name != "lo":
             received += int(fields[0])
             received_packets += int(fields[1])
             sent += int(fields[8])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
@@ -81,14 +82,22 @@ def parse_memory(text: bytes) -> HostMemory:
     )
 
 
-def parse_network(text: bytes) -> dict[str, InterfaceBytes]:
-    """Bytes per interface of /proc/net/dev (its namespace's), loopback included."""
-    result: dict[str, InterfaceBytes] = {}
+def net_dev_rows(text: bytes) -> Iterator[tuple[str, list[bytes]]]:
+    """(interface, its counters) of each line of a /proc/net/dev: receive bytes and
+    packets first, transmit bytes and packets from the ninth on."""
     for line in text.splitlines()[2:]:  # two header lines
         name, _, data = line.partition(b":")
         cols = data.split()
-        result[name.strip().decode()] = InterfaceBytes(receive=int(cols[0]), transmit=int(cols[8]))
-    return result
+        if len(cols) >= 10:
+            yield name.strip().decode(errors="replace"), cols
+
+
+def parse_network(text: bytes) -> dict[str, InterfaceBytes]:
+    """Bytes per interface of /proc/net/dev (its namespace's), loopback included."""
+    return {
+        name: InterfaceBytes(receive=int(cols[0]), transmit=int(cols[8]))
+        for name, cols in net_dev_rows(text)
+    }
 
 
 def _read(path: str) -> bytes:
