@@ -120,9 +120,7 @@ class NetworkAccounting:
         self._hidden.intersection_update(alive)
         for pid in self._fd_dirs.keys() - alive:
             os.close(self._fd_dirs.pop(pid))
-        tracked = {
-            i: s for a in self._accounts.values() for i, s in (*a.live.items(), *a.pending.items())
-        }
+        tracked = self._followed()
         wanted = set().union(*held.values()) if held else set()
         self._not_tcp &= wanted  # forget inodes no longer held: they may be reused
         internal = set().union(*(a.internal for a in self._accounts.values()))
@@ -172,21 +170,20 @@ class NetworkAccounting:
                 else account.totals()
             )
         if self.destroyed is not None:
-            self.destroyed.listen(
-                {
-                    cookie(s)
-                    for a in self._accounts.values()
-                    for s in (*a.live.values(), *a.pending.values())
-                }
-            )
+            followed = self._followed()
+            self.destroyed.listen({cookie(s) for s in followed.values()})
             # A socket first seen this pass that closed before the filter took it in
             # has no final counts coming: say so rather than count it short unseen.
             for inode, sock in fresh.items():
-                if self.diag.lookup(sock) is None and any(
-                    inode in a.live or inode in a.pending for a in self._accounts.values()
-                ):
+                if inode in followed and self.diag.lookup(sock) is None:
                     self._overflowed = True
         return result
+
+    def _followed(self) -> dict[int, TcpSocket]:
+        """Every socket some target follows: counted, or waiting to be (pending)."""
+        return {
+            i: s for a in self._accounts.values() for i, s in (*a.live.items(), *a.pending.items())
+        }
 
     @staticmethod
     def _set_aside_internal(account: _Account, uncounted: AbstractSet[int]) -> None:
