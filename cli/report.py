@@ -46,9 +46,12 @@ def summary_table(summary: dict[str, Any], title: str) -> str:
         if counts == "ip-bytes":  # a cgroup's nftables counters
             what = "IP bytes of every connection, headers included"
             rows.append(("IP", f"sent {sent}, received {recv} ({what}, across its boundary)"))
-        elif counts and "interface-bytes" in counts:  # a network namespace's interfaces
+        elif counts == "interface-bytes":  # a network namespace's interfaces
             what = "frames on its network namespace's interfaces"
             rows.append(("network", f"sent {sent}, received {recv} ({what})"))
+        elif counts == "ip-bytes+interface-bytes":  # both, for namespaces of both kinds
+            what = "IP bytes, and the frames of a namespace it may not enter"
+            rows.append(("IP", f"sent {sent}, received {recv} ({what})"))
         else:
             rows.append(
                 ("TCP", f"sent {sent}, received {recv} (the command's, across its boundary)")

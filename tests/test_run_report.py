@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from edgewatt.cli.report import Layout, layout, load, summary_from_samples
+from edgewatt.cli.report import Layout, layout, load, summary_from_samples, summary_table
 from tests.conftest import ROOT
 
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
@@ -308,3 +308,26 @@ def test_plot_of_a_killed_run_without_a_summary(tmp_path: Path) -> None:
     cut.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")
     drawn = _drawn(cut, tmp_path)
     assert "CPU" in drawn.title and [n for n, _, _ in drawn.phases] == ["load", "train"]
+
+
+@pytest.mark.parametrize(
+    ("counts", "label", "what"),
+    [
+        ("tcp-payload", "TCP", "the command's, across its boundary"),
+        ("ip-bytes", "IP", "IP bytes of every connection, headers included, across its boundary"),
+        ("interface-bytes", "network", "frames on its network namespace's interfaces"),
+        (
+            "ip-bytes+interface-bytes",
+            "IP",
+            "IP bytes, and the frames of a namespace it may not enter",
+        ),
+    ],
+)
+def test_the_report_says_what_its_network_figures_count(counts: str, label: str, what: str) -> None:
+    summary = {
+        "network_transmit_bytes": 1024,
+        "network_receive_bytes": 2048,
+        "network_counts": counts,
+    }
+    rows = [line.split(maxsplit=1) for line in summary_table(summary, "t").splitlines()[1:]]
+    assert [label, f"sent 1.0 KiB, received 2.0 KiB ({what})"] in rows
