@@ -439,7 +439,8 @@ class Daemon:
         if not self._may_join_namespaces:
             log.info(
                 "without CAP_SYS_ADMIN, containers with a network namespace of their own "
-                "have no network figures (docs/reference.md, Cgroup targets)"
+                "are counted by the frames of their interfaces (docs/reference.md, Cgroup "
+                "targets)"
             )
         if stale:
             log.info("removed %d nftables table(s) left by an earlier daemon", stale)
