@@ -17,6 +17,11 @@ from typing import Any
 
 import pytest
 
+from edgewatt.core.sampling.membership import Membership
+from edgewatt.core.sampling.proc_events import ProcEvents
+from edgewatt.core.sampling.process import ProcessTree
+from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle
+from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
 from tests.conftest import ROOT, DaemonProcess
 
 OWN = """
@@ -226,3 +231,81 @@ def test_edgewatt_run_reaps_the_orphans_and_shows_one_figure(
     assert written["cpu_time_s"] == _cpu(api)  # one figure, one source
     assert table == pytest.approx(_cpu(api), abs=0.005)  # as printed, to 0.01 s
     assert _cpu(api) == pytest.approx(kernel, abs=0.03), (api, burners)
+
+
+# The root forks a worker when told; the worker burns 0.2 s when told, prints its own
+# CPU and exits; the root reaps it at once, says so, and exits when told.
+FORK_REAP = (
+    OWN
+    + """
+sys.stdin.readline()
+worker = os.fork()
+if worker == 0:
+    sys.stdin.readline()
+    burn(0.2)
+    print("worker", own(), flush=True)
+    os._exit(0)
+print(worker, flush=True)
+os.waitpid(worker, 0)
+print("reaped", flush=True)
+sys.stdin.readline()
+"""
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's events need CAP_NET_ADMIN")
+def test_a_member_reaped_before_its_first_read_is_counted_from_its_exit_record() -> None:
+    # The race a busy host makes: a pass drains the fork event, then the member exits
+    # and is reaped before the pass reads it. Its exit event comes at the next pass.
+    membership = Membership(ProcEvents())
+    exits = TaskExits(TaskstatsSocket(), keep_s=30)
+    root = subprocess.Popen(
+        [sys.executable, "-c", FORK_REAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert root.stdin is not None and root.stdout is not None
+    tree = ProcessTree(
+        ProcHandle(root.pid),
+        children=True,
+        logical_cpus=1,
+        lineage=membership.track("t", root.pid),
+        exits=exits,
+    )
+
+    def step(line: str = "") -> None:
+        assert root.stdin is not None
+        root.stdin.write(line + "\n")
+        root.stdin.flush()
+
+    try:
+        membership.update()
+        first = tree.sample(lambda pid: [])
+        step("fork")
+        worker = int(root.stdout.readline())
+        membership.update()  # the fork is heard (sent before fork() returned)
+        step("go")
+        worker_cpu = float(root.stdout.readline().split()[1])
+        assert root.stdout.readline() == "reaped\n"
+        assert not os.path.exists(f"/proc/{worker}")
+        unread = tree.sample(lambda pid: [])  # its exit event is not drained yet
+        assert unread.pids == (root.pid,) and worker in tree.lineage.pids and tree.exact
+        membership.update()
+        counted = tree.sample(lambda pid: [])
+        added = (counted.cpu_user_s + counted.cpu_system_s) - (
+            unread.cpu_user_s + unread.cpu_system_s
+        )
+        root_ran = 0.02  # the root's own few ms between the two reads, at most
+        assert worker_cpu <= added <= worker_cpu + root_ran, (added, worker_cpu)
+        step()
+        root.wait(timeout=10)
+        membership.update()
+        with pytest.raises(NoSuchProcess):
+            tree.sample(lambda pid: [])
+        final = tree.exit_figures()
+        assert final is not None  # exact: every member's figures came from the kernel
+        assert final.cpu_user_s + final.cpu_system_s >= first.cpu_user_s + worker_cpu
+    finally:
+        root.kill()
+        root.wait()
+        tree.close()
+        membership.close()
+        exits.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
 import time
 
 import pytest
@@ -21,6 +22,8 @@ from edgewatt.core.sampling.proc_events import (
     ProcEvents,
     parse,
 )
+from edgewatt.core.sampling.process import ProcessTree
+from edgewatt.core.sampling.procfs import ProcHandle
 
 
 def message(what: int, body: bytes, idx: int = CN_IDX_PROC) -> bytes:
@@ -115,3 +118,23 @@ def test_membership_follows_forks_in_order_wherever_reparented() -> None:
     assert lineage.take_exited() == {12: 1}
     membership.forget("t")
     assert Membership().mode == PARENT_LINKS
+
+
+def test_a_member_whose_exit_event_never_comes_is_dropped_as_not_exact() -> None:
+    # Forked (the event says), gone from /proc before its first read, and no exit event
+    # at the next pass either: it waits one pass, then the figures stop being exact.
+    gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True)
+    pid = int(gone.stdout)
+    membership = Membership(Replay([], [ProcEvent("fork", pid, os.getpid())]))  # type: ignore[arg-type]
+    lineage = membership.track("t", os.getpid())
+    tree = ProcessTree(ProcHandle(os.getpid()), children=True, logical_cpus=1, lineage=lineage)
+    membership.update()
+    tree.sample(lambda parent: [])
+    membership.update()
+    tree.sample(lambda parent: [])
+    assert pid in lineage.pids and tree.exact  # its exit event may be on its way
+    membership.update()
+    reading = tree.sample(lambda parent: [])
+    assert pid not in lineage.pids and not tree.exact
+    assert reading.pids == (os.getpid(),)
+    membership.forget("t")

@@ -145,6 +145,7 @@ class ProcessTree:
         # counted here until that member's counters show them.
         self._pending: dict[int, _Vec] = {}
         self._departed: dict[int, int] = {}  # pid -> start ticks: never let back in
+        self._unseen: set[int] = set()  # members gone from /proc before their first read
         self._value: _Vec = _ZERO
         self._passes = 0
         self.io_visible = True
@@ -174,6 +175,12 @@ class ProcessTree:
             self.exact = False  # events were lost: a member may have come and gone unseen
         # Parent links: on the first pass, and where events are absent or were lost.
         walk = self.children and (lineage.lossy or self._passes == 1)
+        # With the events whole since the last pass, only its exit event takes a member
+        # out. One forked before this pass drained the events, then exited and reaped
+        # before its first read, has its exit event in the next drain: it stays in,
+        # unread, until that event brings the kernel's exit record.
+        whole = lineage.events and not lineage.lossy and self._passes > 1
+        unseen: set[int] = set()
         live: dict[int, tuple[_Member, Stat]] = {}
         departed: list[tuple[int, _Member | None, int]] = []  # (pid, last figures, reaper)
         # Parents before children: a zombie reaped between the two reads is then in
@@ -185,19 +192,18 @@ class ProcessTree:
                 continue
             known = self._members.get(pid)
             opened = self._open(pid, known)
-            if opened is None:  # gone before this read, or never a member after all
+            member = None if opened is None else self._read_member(*opened, recheck)
+            if opened is None or member is None:  # gone, or never a member after all
+                if known is None and whole and pid not in self._unseen:
+                    unseen.add(pid)  # exited and reaped unread: its exit event is coming
+                    continue
+                if known is None and pid in self._unseen:
+                    self.exact = False  # no exit event came for it: its figures are lost
                 lineage.discard(pid)
                 if known is not None:
                     departed.append((pid, known, exited.pop(pid, known.ppid)))
                 continue
-            handle, stat = opened
-            member = self._read_member(handle, stat, recheck)
-            if member is None:
-                lineage.discard(pid)
-                if known is not None:
-                    departed.append((pid, known, exited.pop(pid, known.ppid)))
-                continue
-            live[pid] = (member, stat)
+            live[pid] = (member, opened[1])
             if walk:
                 for child in children_of(pid):
                     if child not in lineage.pids and child not in self._departed | exited.keys():
@@ -222,7 +228,8 @@ class ProcessTree:
             if known.handle is not self.root:
                 known.handle.close()
         self._members = {pid: m for pid, (m, _) in live.items()}
-        if not live:
+        self._unseen = unseen
+        if not live and not unseen:
             self._final = self._end(read_at)
             raise NoSuchProcess(self.root.pid, "every member has exited")
         return self._reading(read_at, read_at_monotonic, live)
