@@ -349,7 +349,8 @@ class ProcessTree:
         cpu = c[:2] if c[0] + c[1] >= v[0] + v[1] else v[:2]
         value = (cpu[0], cpu[1], max(v[2], c[2]), max(v[3], c[3]))
         record = self.exits.exited_pid(self.root.pid) if self.exits is not None else None
-        alone = self.last is None or self.last.processes <= 1
+        # One process in its last reading (not none: members reaped unread came after it)
+        alone = self.last is None or self.last.processes == 1
         return ExitFigures(
             cpu_user_s=value[0] / CLOCK_TICKS,
             cpu_system_s=value[1] / CLOCK_TICKS,
