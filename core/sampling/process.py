@@ -323,7 +323,11 @@ class ProcessTree:
                 record = self.exits.exited(pid, start)
         if record is None:
             if known is None:
-                return _ZERO  # its parent in the target reaps it: that member counts it
+                # By reaper, its parent in the target counts it when it reaps it. By owner
+                # (exit records present), its time was in its record alone: lost.
+                if self.own_cpu:
+                    self.exact = False
+                return _ZERO
             self.exact = False
             return known.totals
         # In ticks as /proc counts, unrounded: a short process ran for less than one.
