@@ -16,7 +16,7 @@ from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.platforms import Platform, Tree
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution, PassEnergy, Usage
-from edgewatt.core.power.meter import PowerMeter, PowerSnapshot
+from edgewatt.core.power.meter import WINDOW_BOOST_S, PowerMeter, PowerSnapshot
 from edgewatt.core.power.source import BOARD_GPU_LOADS, BOARD_SOURCES, Gpu, gpu_only
 from edgewatt.core.sampling import cgroups, procfs, system
 from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
@@ -171,7 +171,9 @@ class Sampler:
             self.exits.update()
         self.membership.update()
         host = self._sample_host()
-        power = self.power.read(started) if self.power is not None else None
+        power = None
+        if self.power is not None:
+            power = self.power.read(started, self._window_until(started))
         self.table.energy_period_s = power.period_s if power is not None else None
         children_of = self.platform.descendants(self._take_relist)
         running = self.table.running()
@@ -529,6 +531,14 @@ class Sampler:
             if at_exit is not None:
                 return at_exit
         return power.host_energy_j
+
+    def _window_until(self, started: float) -> float | None:
+        """Until when (monotonic) the youngest running phase (a ``track`` call, an FL
+        round) is young enough for the power reader's window rate; None: none is."""
+        age = self.table.youngest_phase_age(time.time())
+        if age is None or age >= WINDOW_BOOST_S:
+            return None
+        return started + WINDOW_BOOST_S - max(0.0, age)
 
     def _sample_host(self) -> HostSample | None:
         try:

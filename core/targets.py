@@ -619,6 +619,19 @@ class TargetTable:
         with self._lock:
             return [t for t in self._targets.values() if t.exited_at is None]
 
+    def youngest_phase_age(self, now: float) -> float | None:
+        """Seconds since the youngest phase still running started (``now``: time.time());
+        None where none runs."""
+        with self._lock:
+            ages = [
+                now - phases[-1].started_at
+                for t in self._targets.values()
+                if t.exited_at is None
+                and (phases := t.history.phases)
+                and phases[-1].ended_at is None
+            ]
+        return min(ages) if ages else None
+
     def describe(self, target_id: str) -> dict[str, Any]:
         with self._lock:
             return self._get(target_id).describe()

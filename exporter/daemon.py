@@ -327,6 +327,11 @@ class Daemon:
             "power_reading_cpu_us": round(meter.cost_s * 1e6, 1)
             if meter and meter.cost_s
             else None,
+            # Young windows' rate (0: none), the readings taken at it since start, and
+            # the windows opened when its allowance was spent (read at the steady rate).
+            "power_window_hz": meter.window_hz if meter else None,
+            "power_window_readings": meter.window_readings if meter else None,
+            "power_windows_refused": meter.windows_refused if meter else None,
             # Whether a target's figures end at its exit (the kernel's exit records and
             # TCP destroy notifications, CAP_NET_ADMIN) or at the last pass before it.
             "exit_figures": "exact" if self._exact_exits() else "last-sample",
@@ -356,7 +361,10 @@ class Daemon:
             # A sensor silent for five intervals (at least 5 s) is no longer trusted.
             gap = max(5 * self.config.interval, 5.0)
             self.sampler.power = PowerMeter(
-                sources, max_gap_s=gap, sample_hz=self.config.power_sample_hz
+                sources,
+                max_gap_s=gap,
+                sample_hz=self.config.power_sample_hz,
+                window_hz=self.config.power_window_hz,
             ).start()
 
     def _start_exits(self) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from edgewatt.core.power import ina3221
 from edgewatt.core.power.meter import PowerMeter, auto_rate
-from edgewatt.core.power.source import PowerOptions, PowerReading, PullSource
+from edgewatt.core.power.source import AUTO_BUDGET, PowerOptions, PowerReading, PullSource
 from tests.conftest import ROOT, DaemonProcess, wait_for
 from tests.power_standin import Waveform, build_tree, start_writer
 
@@ -92,6 +92,89 @@ def test_between_passes_a_burst_is_seen(board: Any) -> None:
     assert e1 - e0 == pytest.approx(exact, rel=0.03)  # type: ignore[operator]
 
 
+def test_a_young_window_is_read_at_the_window_rate_beside_a_slow_steady_rate(board: Any) -> None:
+    # The steady stream at 10 Hz (what the automatic rate gives a Nano-class core), the
+    # window rate at 200 Hz: a 300 ms window holding a 150 ms burst at 24 W, its edges
+    # two edges of the meter as the sampler takes them, the first saying a window is
+    # young. Read at 200 Hz the burst's two 20 W steps are each interpolated across
+    # 5 ms (0.05 J of about 4.2 J at most); at 10 Hz they could be 0.5 J off each.
+    root, _, writer = board
+    wave = writer(square_hz=0.0, bursts=[(1.0, 0.15)])
+    source = ina3221.discover(PowerOptions(sysfs_path=str(root)))
+    meter = PowerMeter([source], max_gap_s=5.0, sample_hz=10.0, window_hz=200.0).start()
+    start = wave.changes()[0][0]
+    try:
+        time.sleep(max(0.0, start + 0.925 - time.monotonic()))
+        t0 = time.monotonic()
+        e0 = meter.read(t0, window_until=t0 + 2.0).host_energy_j  # type: ignore[union-attr]
+        readings0 = meter.window_readings
+        time.sleep(0.3)
+        last = meter.read(t1 := time.monotonic())  # the window ended: none young
+        fine = meter.window_readings - readings0
+        time.sleep(0.3)
+        idle = meter.window_readings
+        time.sleep(0.3)
+        assert meter.window_readings - idle <= 1  # stopped at its next reading
+        after = meter.read(time.monotonic())
+    finally:
+        meter.close()
+    assert last is not None and last.host_energy_j is not None and e0 is not None
+    exact = wave.energy(t0, t1)
+    assert exact == pytest.approx(4.0 * (t1 - t0) + 20.0 * 0.15, rel=0.03)
+    assert last.host_energy_j - e0 == pytest.approx(exact, rel=0.05), (last, exact)
+    # At the window rate from its first edge on (a busy machine delays some readings),
+    # and said so: the window is resolved at 5 ms, the next interval at 100 ms.
+    assert fine >= 0.5 * 200 * 0.3
+    assert last.period_s == pytest.approx(1 / 200)
+    assert after is not None and after.period_s == pytest.approx(1 / 10)
+
+
+class Costly(PullSource):
+    """A board source whose every reading costs ``cost_s`` of the reader thread's CPU."""
+
+    name = "costly"
+    board = True
+
+    def __init__(self, cost_s: float) -> None:
+        self.cost_s = cost_s
+
+    def read(self) -> PowerReading:
+        return PowerReading(source=self.name, monotonic=time.monotonic(), total_w=5.0)
+
+    def read_total(self) -> tuple[float, float]:
+        end = time.thread_time() + self.cost_s
+        while time.thread_time() < end:
+            pass
+        return time.monotonic(), 5.0
+
+
+def test_windows_spend_an_allowance_and_then_get_the_steady_rate() -> None:
+    # 2 ms of CPU a reading: the full allowance (10 s of the 0.5 % budget, 50 ms of
+    # CPU) buys about 25 readings at the window rate, whatever the load (the thread's
+    # own CPU clock), and its refill (what the budget leaves the windows: 2.5 ms of CPU
+    # a second here) about one more a second. Then the window thread stops, and the
+    # window is said to be read at the steady rate.
+    meter = PowerMeter([Costly(2e-3)], max_gap_s=5.0, sample_hz=5.0, window_hz=200.0).start()
+    try:
+        t0 = time.monotonic()
+        meter.read(t0, window_until=t0 + 10.0)
+        wait_for(lambda: meter._window_since is None, timeout=20)
+        spent = meter.window_readings
+        assert 20 <= spent <= 27
+        # As if the steady stream were measured at the whole budget: nothing refills.
+        meter.usage = AUTO_BUDGET
+        t1 = time.monotonic()
+        snapshot = meter.read(t1, window_until=t1 + 10.0)
+        assert snapshot is not None and snapshot.period_s == pytest.approx(1 / 5)
+        assert meter.windows_refused == 1
+        time.sleep(0.3)
+        assert meter.window_readings == spent
+        snapshot = meter.read(time.monotonic())
+        assert snapshot is not None and snapshot.period_s == pytest.approx(1 / 5)
+    finally:
+        meter.close()
+
+
 TRACKED = """
 import json, sys, time
 from edgewatt import client
@@ -147,6 +230,30 @@ def test_a_tracked_call_over_a_burst_from_sysfs(board: Any, daemon_factory: Any)
     assert_window(tracked_call(daemon, wave.changes()[0][0] + 3.0), wave)
 
 
+def test_a_tracked_call_at_a_nanos_steady_rate_is_read_at_the_window_rate(
+    board: Any, daemon_factory: Any
+) -> None:
+    # The steady stream at 10 Hz, as the automatic rate leaves a Nano-class core; the
+    # window rate as configured by default. The call's first edge (a phase opened)
+    # starts it; /healthz counts its readings.
+    root, _, writer = board
+    daemon = daemon_factory(
+        interval=1.0,
+        env={
+            "EDGEWATT_SYSFS_PATH": str(root),
+            "EDGEWATT_POWER_SOURCES": "ina3221",
+            "EDGEWATT_POWER_SAMPLE_HZ": "10",
+        },
+    )
+    health = daemon.call("GET", "/healthz")[1]
+    assert health["power_window_hz"] == 200.0 and health["power_window_readings"] == 0
+    wave = writer(square_hz=0.0, bursts=[(3.0, 0.15)])
+    assert_window(tracked_call(daemon, wave.changes()[0][0] + 3.0), wave)
+    health = daemon.call("GET", "/healthz")[1]
+    assert health["power_window_readings"] >= 0.5 * 200 * 0.3
+    assert health["power_windows_refused"] == 0
+
+
 def test_a_tracked_call_over_a_burst_from_tegrastats(board: Any, daemon_factory: Any) -> None:
     # The stand-in prints what the file holds at each line, at the --interval the
     # daemon runs it with (1 / power_sample_hz).
@@ -175,38 +282,24 @@ def test_the_automatic_rate_is_the_highest_within_half_a_percent_of_one_core() -
     assert auto_rate(2e-3) == 5.0  # none is within: the lowest
 
 
-class Costly(PullSource):
-    """A board source whose every reading costs ``cost_s`` of the reader thread's CPU."""
-
-    name = "costly"
-    board = True
-
-    def __init__(self, cost_s: float) -> None:
-        self.cost_s = cost_s
-
-    def read(self) -> PowerReading:
-        return PowerReading(source=self.name, monotonic=time.monotonic(), total_w=5.0)
-
-    def read_total(self) -> tuple[float, float]:
-        end = time.thread_time() + self.cost_s
-        while time.thread_time() < end:
-            pass
-        return time.monotonic(), 5.0
-
-
 def test_the_reader_settles_at_the_rate_its_own_measured_cost_allows() -> None:
     # 0.3 ms a reading plus the thread's wake: 20 Hz would cost 6 ms a second or more,
-    # 10 Hz about 4: it settles at 10 Hz after its first window, whatever the load
-    # (the cost is the thread's own CPU clock, not the wall).
-    meter = PowerMeter([Costly(3e-4)], max_gap_s=5.0, calibration_s=2.0).start()
-    try:
-        assert meter.sample_hz == 50.0  # where it starts
-        wait_for(lambda: meter.cost_s is not None, timeout=10)
-        assert 3e-4 <= meter.cost_s < 5e-4  # type: ignore[operator]
-        assert meter.sample_hz == 10.0
-        assert meter.read(time.monotonic()).period_s == pytest.approx(0.1)  # type: ignore[union-attr]
-    finally:
-        meter.close()
+    # 10 Hz about 4: without a window rate it settles at 10 Hz after its first window,
+    # whatever the load (the cost is the thread's own CPU clock, not the wall). With
+    # one (the default) the steady stream has half the budget, 2.5 ms a second: 5 Hz.
+    for window_hz, settled in ((0.0, 10.0), (200.0, 5.0)):
+        meter = PowerMeter(
+            [Costly(3e-4)], max_gap_s=5.0, window_hz=window_hz, calibration_s=2.0
+        ).start()
+        try:
+            assert meter.sample_hz == 50.0  # where it starts
+            wait_for(lambda m=meter: m.cost_s is not None, timeout=10)
+            assert 3e-4 <= meter.cost_s < 5e-4  # type: ignore[operator]
+            assert meter.sample_hz == settled
+            snapshot = meter.read(time.monotonic())
+            assert snapshot.period_s == pytest.approx(1 / settled)  # type: ignore[union-attr]
+        finally:
+            meter.close()
     fixed = PowerMeter([Costly(3e-4)], max_gap_s=5.0, sample_hz=50.0, calibration_s=2.0).start()
     try:
         wait_for(lambda: fixed.cost_s is not None, timeout=10)
@@ -216,8 +309,9 @@ def test_the_reader_settles_at_the_rate_its_own_measured_cost_allows() -> None:
 
 
 def test_a_higher_rate_is_tried_now_and_then_and_kept_only_within_the_budget() -> None:
-    # The state machine alone, fed the windows' measured usage (no thread).
-    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0)
+    # The state machine alone, fed the windows' measured usage (no thread), with the
+    # whole budget (no window rate: it takes half of it otherwise).
+    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0, window_hz=0.0)
 
     def window(usage: float) -> float:
         meter._calibrate(usage * 10, 10.0, round(meter.sample_hz * 10))  # CPU, wall, readings

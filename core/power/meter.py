@@ -10,6 +10,15 @@ in a :class:`~edgewatt.core.power.trace.Trace`, so an edge (a pass, a phase edge
 interpolated between the two readings around it: a pull source is read at the edge
 itself, and a push source's next line is waited for, within bounds.
 
+Windows: while a window is young (a phase, a ``track`` call or an FL round opened
+less than WINDOW_BOOST_S ago, as the sampler tells each edge), a second thread reads
+the streamed sources at ``window_hz`` too. It blocks without a timeout between
+windows, so it costs nothing then; while it runs, its CPU comes out of an allowance
+that refills at what the budget leaves beside the steady rate (auto: half of it), so
+a short window is read finely and the average stays within AUTO_BUDGET. A window
+opened when the allowance is spent gets the steady rate, and its snapshot's
+``period_s`` says so.
+
 A source silent for longer than ``max_gap_s`` drops out of the snapshot until it
 speaks again, and that time is not bridged.
 
@@ -34,6 +43,7 @@ from edgewatt.core.power.source import (
     AUTO_RATES_HZ,
     AUTO_START_HZ,
     MAX_SAMPLE_HZ,
+    WINDOW_HZ,
     Gpu,
     PowerReading,
     PowerSource,
@@ -64,10 +74,10 @@ def sample_hz_from_environment() -> float | None:
     return hz
 
 
-def auto_rate(cost_s: float) -> float:
+def auto_rate(cost_s: float, budget: float = AUTO_BUDGET) -> float:
     """The highest automatic rate whose cost (``cost_s`` of the reader thread's CPU per
-    reading, wake included) stays within AUTO_BUDGET of one core; the lowest else."""
-    within = [hz for hz in AUTO_RATES_HZ if hz * cost_s <= AUTO_BUDGET]
+    reading, wake included) stays within ``budget`` of one core; the lowest else."""
+    within = [hz for hz in AUTO_RATES_HZ if hz * cost_s <= budget]
     return max(within) if within else AUTO_RATES_HZ[0]
 
 
@@ -87,6 +97,17 @@ MAX_PROBE_WAIT = 180
 # registered at once (the client's own, in-process) has the device's energy from its
 # first sample on, not from the second pass.
 FIRST_LINE_WAIT_S = 2.0
+# Windows (phases, ``track`` calls, FL rounds) are read at WINDOW_HZ (source.py) for their first
+# WINDOW_BOOST_S: a window of a few hundred ms holds a step of the power across a few
+# of the steady rate's periods, each interpolated across a whole period (12 % off at
+# 50 Hz, 1.3 % at 200 Hz: docs/performance.md); a longer one spreads the same error
+# over more energy.
+WINDOW_BOOST_S = 2.0
+# Under the automatic rate the steady stream keeps within this share of AUTO_BUDGET;
+# the rest refills the windows' allowance, which holds at most WINDOW_ALLOWANCE_S
+# seconds of the whole budget (50 ms of CPU: a few seconds of windows at once).
+STEADY_SHARE = 0.5
+WINDOW_ALLOWANCE_S = 10.0
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -121,6 +142,7 @@ class PowerMeter:
         *,
         max_gap_s: float,
         sample_hz: float | None = None,
+        window_hz: float = WINDOW_HZ,
         calibration_s: float = CALIBRATION_S,
     ) -> None:
         self.sources = list(sources)
@@ -128,6 +150,9 @@ class PowerMeter:
         # None: chosen here, from the reader thread's measured cost (auto_rate).
         self.auto = sample_hz is None
         self.sample_hz = sample_hz if sample_hz is not None else AUTO_START_HZ
+        # 0: no window rate; else windows are read at it where it is above sample_hz.
+        self.window_hz = window_hz
+        self._budget = AUTO_BUDGET * STEADY_SHARE if window_hz else AUTO_BUDGET
         self.calibration_s = calibration_s
         self.cost_s: float | None = None  # the reader thread's CPU per reading, measured
         self.usage: float | None = None  # its share of one core in the last window
@@ -143,9 +168,18 @@ class PowerMeter:
         self._failing: set[str] = set()
         self._host_energy = 0.0  # as last reported: never backwards
         self.readings = 0  # taken by the reader, edges included, since start
+        self.window_readings = 0  # of those, by the window thread
+        self.windows_refused = 0  # windows opened with the allowance spent
+        self._allowance = AUTO_BUDGET * WINDOW_ALLOWANCE_S  # CPU s; starts full
+        self._refilled_at = time.monotonic()
+        self._window_until = 0.0  # monotonic: the window thread reads until then
+        self._window_since: float | None = None  # since when it has read (None: idle)
+        self._last_edge: float | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._window_wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._window_thread: threading.Thread | None = None
 
     def start(self) -> PowerMeter:
         """The reader's thread: the streamed sources at ``sample_hz``, after the push
@@ -160,6 +194,11 @@ class PowerMeter:
         if self._streamed and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="edgewatt-power", daemon=True)
             self._thread.start()
+            if self.window_hz:
+                self._window_thread = threading.Thread(
+                    target=self._run_windows, name="edgewatt-power-windows", daemon=True
+                )
+                self._window_thread.start()
         return self
 
     def _run(self) -> None:
@@ -199,11 +238,12 @@ class PowerMeter:
         if not self.auto or self.usage is None:
             return
         level = AUTO_RATES_HZ.index(self.sample_hz)
-        if self.usage > AUTO_BUDGET and level > 0:
+        if self.usage > self._budget and level > 0:
             if self._probing:  # the try failed: wait longer before the next
                 self._probing = False
                 self._probe_wait = min(2 * self._probe_wait, MAX_PROBE_WAIT)
-            self._set_rate(min(AUTO_RATES_HZ[level - 1], auto_rate(self.cost_s)), "over")
+            rate = min(AUTO_RATES_HZ[level - 1], auto_rate(self.cost_s, self._budget))
+            self._set_rate(rate, "over")
         elif self._probing:
             self._probing = False
             self._probe_wait = PROBE_EVERY
@@ -226,9 +266,68 @@ class PowerMeter:
                 (self.cost_s or 0.0) * 1e6,
                 (self.usage or 0.0) * 100,
                 self.sample_hz,
-                AUTO_BUDGET * 100,
+                self._budget * 100,
             )
         self.sample_hz = hz
+
+    def _run_windows(self) -> None:
+        """The window thread: blocked (no wakes) until an edge opens a window, then the
+        streamed sources at ``window_hz`` until the window is no longer young or the
+        allowance is spent. Its CPU is its own thread clock, wake included."""
+        streamed = [s for s in self.sources if s.name in self._streamed]
+        while True:
+            self._window_wake.wait()
+            self._window_wake.clear()
+            if self._stop.is_set():
+                return
+            period = 1.0 / self.window_hz
+            deadline = time.monotonic()
+            cpu = time.thread_time()
+            while not self._stop.is_set():
+                with self._lock:
+                    self._refill(time.monotonic())
+                    now = time.thread_time()
+                    self._allowance -= now - cpu
+                    cpu = now
+                    if deadline >= self._window_until or self._allowance <= 0:
+                        self._window_since = None
+                        break
+                for source in streamed:
+                    self._stream(source)
+                self.window_readings += 1
+                deadline += period
+                delay = deadline - time.monotonic()
+                if delay < -period:
+                    deadline -= delay // period * period  # skip missed readings, never burst
+                elif delay > 0:
+                    time.sleep(delay)
+
+    def _refill(self, now: float) -> None:
+        """The windows' allowance (lock held): what the budget leaves beside the steady
+        stream's measured usage (half of it before the first measure), since the last
+        refill, up to WINDOW_ALLOWANCE_S of the whole budget."""
+        spare = max(0.0, AUTO_BUDGET - (self.usage if self.usage is not None else self._budget))
+        self._allowance = min(
+            AUTO_BUDGET * WINDOW_ALLOWANCE_S,
+            self._allowance + spare * (now - self._refilled_at),
+        )
+        self._refilled_at = now
+
+    def _open_window(self, now: float, until: float | None) -> None:
+        """At an edge (lock held): the window thread reads until ``until``, or stops at
+        its next reading where no window is young (None)."""
+        self._window_until = 0.0 if until is None else until
+        if until is None or until <= now or self._window_thread is None:
+            return
+        if self.window_hz <= self.sample_hz:
+            return  # the steady stream is as fine already
+        self._refill(now)
+        if self._allowance <= 0:
+            self.windows_refused += 1
+            return
+        if self._window_since is None:
+            self._window_since = now
+            self._window_wake.set()
 
     def _stream(self, source: PowerSource) -> None:
         """One reading of a streamed source's total: its cheap path where it has one."""
@@ -292,9 +391,11 @@ class PowerMeter:
             return 0.0  # silent: it restarts or died, and the log says so
         return min(EDGE_WAIT_PERIODS * source.period_s, MAX_EDGE_WAIT_S)
 
-    def read(self, now: float) -> PowerSnapshot | None:
+    def read(self, now: float, window_until: float | None = None) -> PowerSnapshot | None:
         """The snapshot at the edge ``now`` (monotonic): every source read at the edge
-        (a push source's next line waited for), energies interpolated to ``now``."""
+        (a push source's next line waited for), energies interpolated to ``now``.
+        ``window_until``: a window is young until then (monotonic), and is read at the
+        window rate meanwhile; None: none is, and the window rate stops."""
         if not self.sources:
             return None
         waited = False
@@ -312,9 +413,16 @@ class PowerMeter:
         with self._lock:
             for source in self.sources:
                 self._take(source)
-            return self._snapshot(now)
+            # The stream's period since the last edge: the window rate's where the
+            # window thread read all along, from that edge or before.
+            since = self._window_since
+            fine = since is not None and self._last_edge is not None and since <= self._last_edge
+            snapshot = self._snapshot(now, self._period(fine))
+            self._last_edge = now
+            self._open_window(now, window_until)
+            return snapshot
 
-    def _snapshot(self, now: float) -> PowerSnapshot:
+    def _snapshot(self, now: float, period_s: float | None) -> PowerSnapshot:
         # A source whose last read failed, or silent beyond the gap, is left out.
         fresh = [
             (s, r)
@@ -355,7 +463,7 @@ class PowerMeter:
             temperatures_c=temperatures,
             sources=tuple(s.name for s, _ in fresh),
             measured_at=now if host_energy is not None else None,
-            period_s=self.period_s,
+            period_s=period_s,
         )
 
     def energy_at(self, t: float) -> float | None:
@@ -375,13 +483,18 @@ class PowerMeter:
     @property
     def period_s(self) -> float | None:
         """The coarsest period of the sources the device's energy comes from."""
+        return self._period(fine=False)
+
+    def _period(self, fine: bool) -> float | None:
+        """As period_s; ``fine``: the streamed sources read at the window rate."""
         periods = []
+        stream_hz = max(self.sample_hz, self.window_hz) if fine else self.sample_hz
         for source in self.sources:
             if source.name not in self._contributing:
                 continue
             period = source.period_s
             if source.name in self._streamed:
-                period = max(period or 0.0, 1.0 / self.sample_hz)
+                period = max(period or 0.0, 1.0 / stream_hz)
             if period is not None:
                 periods.append(period)
         return max(periods) if periods else None
@@ -392,8 +505,10 @@ class PowerMeter:
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        self._window_wake.set()
+        for thread in (self._thread, self._window_thread):
+            if thread is not None:
+                thread.join(timeout=2)
         for source in self.sources:
             try:
                 source.close()

@@ -30,6 +30,8 @@ AUTO_BUDGET = 0.005  # of one core
 # lines): under the automatic rate, this one, whatever the reader's thread settles at.
 AUTO_PUSH_HZ = 10.0
 MAX_SAMPLE_HZ = 1000.0
+# The rate young windows (phases, track calls, FL rounds) are read at (meter.py).
+WINDOW_HZ = 200.0
 
 
 @dataclass(frozen=True)
