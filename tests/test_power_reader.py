@@ -284,22 +284,17 @@ def test_the_automatic_rate_is_the_highest_within_half_a_percent_of_one_core() -
 
 def test_the_reader_settles_at_the_rate_its_own_measured_cost_allows() -> None:
     # 0.3 ms a reading plus the thread's wake: 20 Hz would cost 6 ms a second or more,
-    # 10 Hz about 4: without a window rate it settles at 10 Hz after its first window,
-    # whatever the load (the cost is the thread's own CPU clock, not the wall). With
-    # one (the default) the steady stream has half the budget, 2.5 ms a second: 5 Hz.
-    for window_hz, settled in ((0.0, 10.0), (200.0, 5.0)):
-        meter = PowerMeter(
-            [Costly(3e-4)], max_gap_s=5.0, window_hz=window_hz, calibration_s=2.0
-        ).start()
-        try:
-            assert meter.sample_hz == 50.0  # where it starts
-            wait_for(lambda m=meter: m.cost_s is not None, timeout=10)
-            assert 3e-4 <= meter.cost_s < 5e-4  # type: ignore[operator]
-            assert meter.sample_hz == settled
-            snapshot = meter.read(time.monotonic())
-            assert snapshot.period_s == pytest.approx(1 / settled)  # type: ignore[union-attr]
-        finally:
-            meter.close()
+    # 10 Hz about 4: it settles at 10 Hz after its first window, whatever the load
+    # (the cost is the thread's own CPU clock, not the wall).
+    meter = PowerMeter([Costly(3e-4)], max_gap_s=5.0, calibration_s=2.0).start()
+    try:
+        assert meter.sample_hz == 50.0  # where it starts
+        wait_for(lambda: meter.cost_s is not None, timeout=10)
+        assert 3e-4 <= meter.cost_s < 5e-4  # type: ignore[operator]
+        assert meter.sample_hz == 10.0
+        assert meter.read(time.monotonic()).period_s == pytest.approx(0.1)  # type: ignore[union-attr]
+    finally:
+        meter.close()
     fixed = PowerMeter([Costly(3e-4)], max_gap_s=5.0, sample_hz=50.0, calibration_s=2.0).start()
     try:
         wait_for(lambda: fixed.cost_s is not None, timeout=10)
@@ -308,10 +303,28 @@ def test_the_reader_settles_at_the_rate_its_own_measured_cost_allows() -> None:
         fixed.close()
 
 
+def test_the_steady_rate_makes_room_for_what_the_windows_spent() -> None:
+    # The state machine fed a window of 10 s at 50 Hz (0.4 % of a core), and what the
+    # window thread spent in it: none leaves the whole 0.5 % to the steady rate; 2 ms
+    # a second (0.2 %) leaves 0.3 %: 50 Hz is over, one rate down; 4 ms a second would
+    # leave 0.1 %, and the steady rate keeps half the budget whatever the windows spend.
+    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0)
+
+    def window(usage: float, windows_cpu_s: float) -> float:
+        meter.window_cpu_s += windows_cpu_s
+        meter._calibrate(usage * 10, 10.0, round(meter.sample_hz * 10))
+        return meter.sample_hz
+
+    assert window(0.004, 0.0) == 50.0
+    assert window(0.004, 0.02) == 20.0
+    assert meter._budget == pytest.approx(0.003)
+    assert window(0.0016, 0.04) == 20.0 and meter._budget == pytest.approx(0.0025)
+    assert window(0.0016, 0.0) == 20.0 and meter._budget == pytest.approx(0.005)
+
+
 def test_a_higher_rate_is_tried_now_and_then_and_kept_only_within_the_budget() -> None:
-    # The state machine alone, fed the windows' measured usage (no thread), with the
-    # whole budget (no window rate: it takes half of it otherwise).
-    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0, window_hz=0.0)
+    # The state machine alone, fed the windows' measured usage (no thread).
+    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0)
 
     def window(usage: float) -> float:
         meter._calibrate(usage * 10, 10.0, round(meter.sample_hz * 10))  # CPU, wall, readings

@@ -14,8 +14,9 @@ Windows: while a window is young (a phase, a ``track`` call or an FL round opene
 less than WINDOW_BOOST_S ago, as the sampler tells each edge), a second thread reads
 the streamed sources at ``window_hz`` too. It blocks without a timeout between
 windows, so it costs nothing then; while it runs, its CPU comes out of an allowance
-that refills at what the budget leaves beside the steady rate (auto: half of it), so
-a short window is read finely and the average stays within AUTO_BUDGET. A window
+that refills at what the budget leaves beside the steady rate (which, automatic,
+makes room for what windows spent lately, down to half the budget), so a short
+window is read finely and the average stays within AUTO_BUDGET. A window
 opened when the allowance is spent gets the steady rate, and its snapshot's
 ``period_s`` says so.
 
@@ -103,9 +104,11 @@ FIRST_LINE_WAIT_S = 2.0
 # 50 Hz, 1.3 % at 200 Hz: docs/performance.md); a longer one spreads the same error
 # over more energy.
 WINDOW_BOOST_S = 2.0
-# Under the automatic rate the steady stream keeps within this share of AUTO_BUDGET;
-# the rest refills the windows' allowance, which holds at most WINDOW_ALLOWANCE_S
-# seconds of the whole budget (50 ms of CPU: a few seconds of windows at once).
+# Under the automatic rate the steady stream keeps within AUTO_BUDGET less what the
+# windows spent in the last calibration window, and gets at least this share of it;
+# what it leaves refills the windows' allowance, which holds at most
+# WINDOW_ALLOWANCE_S seconds of the whole budget (50 ms of CPU: a few seconds of
+# windows at once).
 STEADY_SHARE = 0.5
 WINDOW_ALLOWANCE_S = 10.0
 
@@ -152,7 +155,9 @@ class PowerMeter:
         self.sample_hz = sample_hz if sample_hz is not None else AUTO_START_HZ
         # 0: no window rate; else windows are read at it where it is above sample_hz.
         self.window_hz = window_hz
-        self._budget = AUTO_BUDGET * STEADY_SHARE if window_hz else AUTO_BUDGET
+        # The steady rate's budget: AUTO_BUDGET less what the windows spent in the last
+        # calibration window, at least STEADY_SHARE of it (whole where none opened).
+        self._budget = AUTO_BUDGET
         self.calibration_s = calibration_s
         self.cost_s: float | None = None  # the reader thread's CPU per reading, measured
         self.usage: float | None = None  # its share of one core in the last window
@@ -169,6 +174,8 @@ class PowerMeter:
         self._host_energy = 0.0  # as last reported: never backwards
         self.readings = 0  # taken by the reader, edges included, since start
         self.window_readings = 0  # of those, by the window thread
+        self.window_cpu_s = 0.0  # the window thread's CPU, wakes included, since start
+        self._window_cpu_seen = 0.0  # as of the last calibration
         self.windows_refused = 0  # windows opened with the allowance spent
         self._allowance = AUTO_BUDGET * WINDOW_ALLOWANCE_S  # CPU s; starts full
         self._refilled_at = time.monotonic()
@@ -235,6 +242,13 @@ class PowerMeter:
         doubling the wait before the next."""
         self.cost_s = cpu_s / readings
         self.usage = cpu_s / wall_s if wall_s > 0 else None
+        with self._lock:
+            spent, self._window_cpu_seen = (
+                self.window_cpu_s - self._window_cpu_seen,
+                self.window_cpu_s,
+            )
+        if wall_s > 0:
+            self._budget = max(AUTO_BUDGET * STEADY_SHARE, AUTO_BUDGET - spent / wall_s)
         if not self.auto or self.usage is None:
             return
         level = AUTO_RATES_HZ.index(self.sample_hz)
@@ -288,6 +302,7 @@ class PowerMeter:
                     self._refill(time.monotonic())
                     now = time.thread_time()
                     self._allowance -= now - cpu
+                    self.window_cpu_s += now - cpu
                     cpu = now
                     if deadline >= self._window_until or self._allowance <= 0:
                         self._window_since = None
@@ -305,8 +320,11 @@ class PowerMeter:
     def _refill(self, now: float) -> None:
         """The windows' allowance (lock held): what the budget leaves beside the steady
         stream's measured usage (half of it before the first measure), since the last
-        refill, up to WINDOW_ALLOWANCE_S of the whole budget."""
-        spare = max(0.0, AUTO_BUDGET - (self.usage if self.usage is not None else self._budget))
+        refill, up to WINDOW_ALLOWANCE_S of the whole budget. The steady rate leaves
+        none where no window opened lately: the allowance, full then, funds the first
+        windows, and the next calibration lowers the steady rate to make room."""
+        steady = self.usage if self.usage is not None else AUTO_BUDGET * STEADY_SHARE
+        spare = max(0.0, AUTO_BUDGET - steady)
         self._allowance = min(
             AUTO_BUDGET * WINDOW_ALLOWANCE_S,
             self._allowance + spare * (now - self._refilled_at),
