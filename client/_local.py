@@ -38,7 +38,11 @@ class LocalSampler:
         from edgewatt.core import power as power_sources
         from edgewatt.core.carbon import from_environment
         from edgewatt.core.power.attribution import Attribution
-        from edgewatt.core.power.meter import PowerMeter, sample_hz_from_environment
+        from edgewatt.core.power.meter import (
+            PowerMeter,
+            sample_hz_from_environment,
+            window_hz_from_environment,
+        )
         from edgewatt.core.power.source import PowerOptions
         from edgewatt.core.sampler import Sampler
         from edgewatt.core.targets import TargetTable
@@ -68,7 +72,9 @@ class LocalSampler:
             found = power_sources.discover(options)
             if found:
                 gap = max(5 * interval, 5.0)
-                meter = PowerMeter(found, max_gap_s=gap, sample_hz=hz).start()
+                window = window_hz_from_environment()
+                meter = PowerMeter(found, max_gap_s=gap, sample_hz=hz, window_hz=window)
+                meter.start()
         self.sampler = Sampler(
             self.table,
             interval=interval,

@@ -16,7 +16,12 @@ from typing import Any
 import pytest
 
 from edgewatt.core.power import ina3221
-from edgewatt.core.power.meter import PowerMeter, auto_rate
+from edgewatt.core.power.meter import (
+    PowerMeter,
+    auto_rate,
+    sample_hz_from_environment,
+    window_hz_from_environment,
+)
 from edgewatt.core.power.source import AUTO_BUDGET, PowerOptions, PowerReading, PullSource
 from tests.conftest import ROOT, DaemonProcess, wait_for
 from tests.power_standin import Waveform, build_tree, start_writer
@@ -341,3 +346,22 @@ def test_a_higher_rate_is_tried_now_and_then_and_kept_only_within_the_budget() -
     fixed = PowerMeter([Costly(0.0)], max_gap_s=5.0, sample_hz=50.0)
     fixed._calibrate(1.0, 10.0, 500)  # 10 % of a core: measured, not acted on
     assert fixed.sample_hz == 50.0 and fixed.usage == pytest.approx(0.1)
+
+
+def test_in_process_rates_from_the_daemons_variables(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The client samples in-process where no daemon runs: the same variables, a bad
+    # value logged and replaced by the default (monitoring never raises).
+    monkeypatch.delenv("EDGEWATT_POWER_SAMPLE_HZ", raising=False)
+    monkeypatch.delenv("EDGEWATT_POWER_WINDOW_HZ", raising=False)
+    assert (sample_hz_from_environment(), window_hz_from_environment()) == (None, 200.0)
+    monkeypatch.setenv("EDGEWATT_POWER_SAMPLE_HZ", "20")
+    monkeypatch.setenv("EDGEWATT_POWER_WINDOW_HZ", "0")
+    assert (sample_hz_from_environment(), window_hz_from_environment()) == (20.0, 0.0)
+    monkeypatch.setenv("EDGEWATT_POWER_SAMPLE_HZ", "0")
+    monkeypatch.setenv("EDGEWATT_POWER_WINDOW_HZ", "fast")
+    assert (sample_hz_from_environment(), window_hz_from_environment()) == (None, 200.0)
+    assert "EDGEWATT_POWER_SAMPLE_HZ='0' is not auto or a rate from 1 to 1000 Hz" in caplog.text
+    assert "EDGEWATT_POWER_WINDOW_HZ='fast' is not 0 or a rate" in caplog.text
+    assert "200 Hz used" in caplog.text

@@ -58,20 +58,36 @@ def sample_hz_from_environment() -> float | None:
     """In-process sampling's rate: EDGEWATT_POWER_SAMPLE_HZ as the daemon reads it, else
     None, the rate chosen on the device (a bad value is logged and ignored: monitoring
     never raises)."""
-    text = os.environ.get("EDGEWATT_POWER_SAMPLE_HZ", "").strip()
+    return _rate_from_environment("EDGEWATT_POWER_SAMPLE_HZ", 1.0, None, "auto")
+
+
+def window_hz_from_environment() -> float:
+    """In-process sampling's window rate: EDGEWATT_POWER_WINDOW_HZ as the daemon reads
+    it (0: none), else WINDOW_HZ."""
+    return _rate_from_environment("EDGEWATT_POWER_WINDOW_HZ", 0.0, WINDOW_HZ, "0") or 0.0
+
+
+def _rate_from_environment(
+    name: str, lowest: float, default: float | None, other: str
+) -> float | None:
+    text = os.environ.get(name, "").strip()
     if text.lower() in ("", "auto"):
-        return None
+        return default
     try:
         hz = float(text)
     except ValueError:
-        hz = 0.0
-    if not 1 <= hz <= MAX_SAMPLE_HZ:
+        hz = -1.0
+    if not lowest <= hz <= MAX_SAMPLE_HZ:
         log.warning(
-            "EDGEWATT_POWER_SAMPLE_HZ=%r is not auto or a rate from 1 to %g Hz: auto used",
+            "%s=%r is not %s or a rate from %g to %g Hz: %s used",
+            name,
             text[:40],
+            other,
+            max(lowest, 1.0),
             MAX_SAMPLE_HZ,
+            "auto" if default is None else f"{default:g} Hz",
         )
-        return None
+        return default
     return hz
 
 
