@@ -129,6 +129,17 @@ STEADY_SHARE = 0.5
 WINDOW_ALLOWANCE_S = 10.0
 
 
+def _sleep_until(deadline: float, period: float) -> float:
+    """Sleep until the next reading is due; the deadline, moved past readings missed
+    (a busy machine): those are skipped, never read in a burst."""
+    delay = deadline - time.monotonic()
+    if delay < -period:
+        return deadline - delay // period * period
+    if delay > 0:
+        time.sleep(delay)
+    return deadline
+
+
 @dataclass(frozen=True, **SLOTS)
 class RailState:
     id: str
@@ -243,12 +254,7 @@ class PowerMeter:
                 self._calibrate(time.thread_time() - cpu, deadline - started, count + 1)
                 period = 1.0 / self.sample_hz
                 window = (time.thread_time(), deadline, 0)
-            deadline += period
-            delay = deadline - time.monotonic()
-            if delay < -period:
-                deadline -= delay // period * period  # skip missed readings, never burst
-            elif delay > 0:
-                time.sleep(delay)
+            deadline = _sleep_until(deadline + period, period)
 
     def _calibrate(self, cpu_s: float, wall_s: float, readings: int) -> None:
         """One window's measured cost. Under the automatic rate: over the budget, one
@@ -326,12 +332,7 @@ class PowerMeter:
                 for source in streamed:
                     self._stream(source)
                 self.window_readings += 1
-                deadline += period
-                delay = deadline - time.monotonic()
-                if delay < -period:
-                    deadline -= delay // period * period  # skip missed readings, never burst
-                elif delay > 0:
-                    time.sleep(delay)
+                deadline = _sleep_until(deadline + period, period)
 
     def _refill(self, now: float) -> None:
         """The windows' allowance (lock held): what the budget leaves beside the steady
