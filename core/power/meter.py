@@ -114,11 +114,11 @@ MAX_PROBE_WAIT = 180
 # registered at once (the client's own, in-process) has the device's energy from its
 # first sample on, not from the second pass.
 FIRST_LINE_WAIT_S = 2.0
-# Windows (phases, ``track`` calls, FL rounds) are read at WINDOW_HZ (source.py) for their first
-# WINDOW_BOOST_S: a window of a few hundred ms holds a step of the power across a few
-# of the steady rate's periods, each interpolated across a whole period (12 % off at
-# 50 Hz, 1.3 % at 200 Hz: docs/performance.md); a longer one spreads the same error
-# over more energy.
+# Windows (phases, ``track`` calls, FL rounds) are read at WINDOW_HZ (source.py) for
+# their first WINDOW_BOOST_S: a step of the power inside a window of a few hundred ms
+# is interpolated across a whole period of the rate (12 % off at 50 Hz, 1.3 % at
+# 200 Hz: docs/performance.md); a longer window spreads the same error over more
+# energy.
 WINDOW_BOOST_S = 2.0
 # Under the automatic rate the steady stream keeps within AUTO_BUDGET less what the
 # windows spent in the last calibration window, and gets at least this share of it;
