@@ -302,17 +302,17 @@ KEYS: Mapping[str, Key] = {
         "1000): INA3221/INA238 sysfs read at it, tegrastats and powermetrics run with the "
         "matching interval; energy counters (RAPL, NVML) are read at every edge instead. "
         "Unset or auto: the highest of 5, 10, 20, 50, 100, 200 Hz whose cost, as the "
-        "reader measures it on this device, stays within 0.5 % of one core (0.25 %: half, "
-        "where power_window_hz reads windows faster), chosen again every 10 s; tegrastats "
-        f"and powermetrics then at {AUTO_PUSH_HZ:g} Hz",
+        "reader measures it on this device, stays within 0.5 % of one core less what "
+        "windows spent at power_window_hz in the last 10 s (down to half of it), chosen "
+        f"again every 10 s; tegrastats and powermetrics then at {AUTO_PUSH_HZ:g} Hz",
     ),
     "power_window_hz": Key(
         _ranged(float, 0, MAX_SAMPLE_HZ, "0 or a rate in Hz"),
         "readings of the INA3221/INA238 monitors per second while a window is young (a "
         "phase, a track call or an FL round, for its first 2 s), where above "
-        "power_sample_hz; 0: none. Within the same budget as the automatic rate: the steady "
-        "rate keeps to half of it, and the windows spend what it leaves (at most 10 s of "
-        "it at once); a window opened with that spent is read at power_sample_hz",
+        "power_sample_hz; 0: none. Within the same budget as the automatic rate: the "
+        "windows spend what the steady rate leaves of it (at most 10 s of it at once); a "
+        "window opened with that spent is read at power_sample_hz",
     ),
     "tegrastats": Key(
         _path,
