@@ -2,10 +2,12 @@
 files the plain way (open, read, close per value), side by side in one run.
 
 Both read the same stand-in INA3221 (tests/power_standin.py: three channels of the
-hwmon layout, six value files; Jetson Nano's JetPack 4 IIO layout has three). The
-reader's CPU is its own thread's clock (pthread_getcpuclockid), so nothing else in
-the process counts; each rate runs ``--seconds`` for the reader and for the plain
-poller in turn.
+hwmon layout, six value files; Jetson Nano's JetPack 4 IIO layout has three). Two
+readers: the native one (core/power/_stream.c, where it was built) and the Python
+thread. A reader's CPU is its own thread's clock (pthread_getcpuclockid), so nothing
+else in the process counts, plus one edge a second as the passes take (the native
+reader's readings are drained and integrated there); each rate runs ``--seconds``
+for each reader and for the plain poller in turn.
 
     .venv/bin/python benchmarks/power_reader.py [--seconds 5] [--rates 10,50,100,200,500]
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -33,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgewatt.core.power import ina3221  # noqa: E402
+from edgewatt.core.power import ina3221, native  # noqa: E402
 from edgewatt.core.power.meter import PowerMeter  # noqa: E402
 from edgewatt.core.power.source import PowerOptions  # noqa: E402
 from tests.power_standin import build_tree  # noqa: E402
@@ -44,17 +47,32 @@ def thread_cpu_s(thread: threading.Thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
-def reader_cost(options: PowerOptions, hz: float, seconds: float) -> tuple[float, int]:
-    """CPU seconds per second of the reader's thread, and the readings it took."""
+def reader_cost(options: PowerOptions, hz: float, seconds: float, reader: str) -> tuple[float, int]:
+    """CPU seconds per second of the reader (``native`` or ``python``), and the readings
+    it took. An edge each second, as the passes: the native reader's readings are
+    drained there (that CPU is counted, the caller's thread clock around the edge), and
+    the Python reader pays the same edge."""
+    os.environ["EDGEWATT_NATIVE_READER"] = "1" if reader == "native" else "0"
     meter = PowerMeter([ina3221.discover(options)], max_gap_s=5.0, sample_hz=hz).start()
-    thread = meter._thread
-    assert thread is not None
+    assert meter.reader == reader, meter.reader
+
+    def reader_cpu() -> float:
+        if meter._natives:
+            return sum(n.cpu_s() for n in meter._natives)
+        assert meter._thread is not None
+        return thread_cpu_s(meter._thread)
+
     time.sleep(0.2)
-    cpu0, n0 = thread_cpu_s(thread), meter.readings
-    time.sleep(seconds)
-    cpu1, n1 = thread_cpu_s(thread), meter.readings
+    meter.read(time.monotonic())
+    cpu0, n0, edges = reader_cpu(), meter.readings, 0.0
+    for _ in range(int(seconds)):
+        time.sleep(1.0)
+        started = time.thread_time()
+        meter.read(time.monotonic())
+        edges += time.thread_time() - started
+    cpu1, n1 = reader_cpu(), meter.readings
     meter.close()
-    return (cpu1 - cpu0) / seconds, n1 - n0
+    return (cpu1 - cpu0 + edges) / int(seconds), n1 - n0 - int(seconds)
 
 
 def plain_cost(root: Path, hz: float, seconds: float) -> tuple[float, int]:
@@ -97,31 +115,36 @@ def main() -> int:
     build_tree(root)
     options = PowerOptions(sysfs_path=str(root))
     rows = []
+    readers = ["python"] + (["native"] if native.available() else [])
     print(
-        f"{'rate':>6} | {'reader % core':>13} | {'us/reading':>10} | {'plain % core':>12} | "
-        f"{'ratio':>5} | Nano % core (est.)"
+        f"{'rate':>6} | {'python % core':>13} | {'us/reading':>10} | {'native % core':>13} | "
+        f"{'us/reading':>10} | {'plain % core':>12} | Nano % core (est.: python, native)"
     )
     for hz in (float(r) for r in args.rates.split(",")):
-        cost, n = reader_cost(options, hz, args.seconds)
+        row: dict[str, float] = {"hz": hz}
+        for reader in readers:
+            cost, n = reader_cost(options, hz, args.seconds, reader)
+            row[f"{reader}_core_share"] = cost
+            row[f"{reader}_us_per_reading"] = cost * int(args.seconds) / max(1, n) * 1e6
+            row[f"{reader}_nano_core_share_estimate"] = cost * args.nano_factor
         plain, m = plain_cost(root, hz, args.seconds)
-        row = {
-            "hz": hz,
-            "reader_core_share": cost,
-            "reader_us_per_reading": cost * args.seconds / max(1, n) * 1e6,
-            "plain_core_share": plain,
-            "plain_us_per_reading": plain * args.seconds / max(1, m) * 1e6,
-            "nano_core_share_estimate": cost * args.nano_factor,
-        }
+        row["plain_core_share"] = plain
+        row["plain_us_per_reading"] = plain * args.seconds / max(1, m) * 1e6
         rows.append(row)
+        nat = row.get("native_core_share", float("nan"))
         print(
-            f"{hz:>6g} | {cost:13.3%} | {row['reader_us_per_reading']:10.1f} | "
-            f"{plain:12.3%} | {cost / plain if plain else float('nan'):5.2f} | "
-            f"{row['nano_core_share_estimate']:.2%}"
+            f"{hz:>6g} | {row['python_core_share']:13.3%} | "
+            f"{row['python_us_per_reading']:10.1f} | {nat:13.3%} | "
+            f"{row.get('native_us_per_reading', float('nan')):10.1f} | {plain:12.3%} | "
+            f"{row['python_nano_core_share_estimate']:.2%}, {nat * args.nano_factor:.2%}"
         )
-    within = [r["hz"] for r in rows if r["nano_core_share_estimate"] <= args.budget]
-    print(
-        f"highest rate within {args.budget:.1%} of a Nano core (est.): {max(within, default=None)}"
-    )
+    for reader in readers:
+        key = f"{reader}_nano_core_share_estimate"
+        within = [r["hz"] for r in rows if r[key] <= args.budget]
+        print(
+            f"{reader}: highest rate within {args.budget:.1%} of a Nano core (est.): "
+            f"{max(within, default=None)}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0

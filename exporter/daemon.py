@@ -324,6 +324,8 @@ class Daemon:
             # The power reader's rate now (chosen on the device unless configured), and
             # what a reading costs its thread in CPU, wake included (None: not yet known).
             "power_sample_hz": meter.sample_hz if meter else None,
+            # What reads the stream: "native" (built at install), "python" or "none".
+            "power_reader": meter.reader if meter else None,
             "power_reading_cpu_us": round(meter.cost_s * 1e6, 1)
             if meter and meter.cost_s
             else None,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.power import ina3221
+from edgewatt.core.power import ina3221, native
 from edgewatt.core.power.meter import (
     PowerMeter,
     auto_rate,
@@ -46,7 +46,16 @@ def board(tmp_path: Path) -> Any:
         wave.stop()
 
 
-def test_ten_seconds_of_a_square_wave_within_one_percent(board: Any) -> None:
+@pytest.fixture(params=["native", "python"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which reads the stream: the native reader (where it was built) or Python's."""
+    if request.param == "native" and native._stream is None:
+        pytest.skip("the native reader was not built (no C compiler?)")
+    monkeypatch.setenv("EDGEWATT_NATIVE_READER", "1" if request.param == "native" else "0")
+    return request.param
+
+
+def test_ten_seconds_of_a_square_wave_within_one_percent(board: Any, reader: str) -> None:
     # 4 W / 14 W at 3 Hz plus a 150 ms burst at 24 W, read at 50 Hz (what the automatic
     # rate settles at on this VM), with a pass each second as the daemon runs them.
     root, _, writer = board
@@ -54,6 +63,7 @@ def test_ten_seconds_of_a_square_wave_within_one_percent(board: Any) -> None:
     source = ina3221.discover(PowerOptions(sysfs_path=str(root)))
     meter = PowerMeter([source], max_gap_s=5.0, sample_hz=50.0)
     meter.start()
+    assert meter.reader == reader
     try:
         t0 = time.monotonic()
         e0 = meter.read(t0).host_energy_j  # type: ignore[union-attr]
@@ -97,7 +107,9 @@ def test_between_passes_a_burst_is_seen(board: Any) -> None:
     assert e1 - e0 == pytest.approx(exact, rel=0.03)  # type: ignore[operator]
 
 
-def test_a_young_window_is_read_at_the_window_rate_beside_a_slow_steady_rate(board: Any) -> None:
+def test_a_young_window_is_read_at_the_window_rate_beside_a_slow_steady_rate(
+    board: Any, reader: str
+) -> None:
     # The steady stream at 10 Hz (what the automatic rate gives a Nano-class core), the
     # window rate at 200 Hz: a 300 ms window holding a 150 ms burst at 24 W, its edges
     # two edges of the meter as the sampler takes them, the first saying a window is
@@ -107,6 +119,7 @@ def test_a_young_window_is_read_at_the_window_rate_beside_a_slow_steady_rate(boa
     wave = writer(square_hz=0.0, bursts=[(1.0, 0.15)])
     source = ina3221.discover(PowerOptions(sysfs_path=str(root)))
     meter = PowerMeter([source], max_gap_s=5.0, sample_hz=10.0, window_hz=200.0).start()
+    assert meter.reader == reader
     start = wave.changes()[0][0]
     try:
         time.sleep(max(0.0, start + 0.925 - time.monotonic()))
@@ -240,6 +253,7 @@ def test_a_tracked_call_over_a_burst_from_sysfs(
     )
     health = daemon.call("GET", "/healthz")[1]
     assert health["power_window_hz"] == 200.0 and health["power_window_readings"] == 0
+    assert health["power_reader"] == ("native" if native.available() else "python")
     wave = writer(square_hz=0.0, bursts=[(3.0, 0.15)])
     assert_window(tracked_call(daemon, wave.changes()[0][0] + 3.0), wave)
     health = daemon.call("GET", "/healthz")[1]

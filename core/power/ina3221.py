@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgewatt.core.power.source import (
@@ -39,6 +40,10 @@ class Attribute:
         self.path = path
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
 
+    @property
+    def fd(self) -> int:
+        return self._fd
+
     def value(self) -> int:
         return int(os.pread(self._fd, 32, 0))
 
@@ -61,9 +66,12 @@ class Channel:
     per_watt: int  # units of the product in one watt
 
     def watts(self) -> float:
+        return self.watts_of([attribute.value() for attribute in self.files])
+
+    def watts_of(self, values: Sequence[int]) -> float:
         product = 1
-        for attribute in self.files:
-            product *= attribute.value()
+        for value in values:
+            product *= value
         return product / self.per_watt
 
     def close(self) -> None:
@@ -148,6 +156,19 @@ class Ina3221Source(PullSource):
         """(monotonic, W) of the board total alone: the stream's reading, a few preads."""
         t, watts = time.monotonic(), board_total({c.name: c.watts() for c in self._total})
         return None if watts is None else (t, watts)
+
+    def stream_fds(self) -> tuple[int, ...]:
+        """The board total's files, for the native reader (power/native.py)."""
+        return tuple(a.fd for c in self._total for a in c.files)
+
+    def total_from(self, values: tuple[int, ...]) -> float | None:
+        """The board total from the raw values of stream_fds, in their order."""
+        watts, at = {}, 0
+        for channel in self._total:
+            n = len(channel.files)
+            watts[channel.name] = channel.watts_of(values[at : at + n])
+            at += n
+        return board_total(watts)
 
     def close(self) -> None:
         for channel in self.channels:

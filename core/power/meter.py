@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.power import native
 from edgewatt.core.power.source import (
     AUTO_BUDGET,
     AUTO_RATES_HZ,
@@ -214,6 +215,11 @@ class PowerMeter:
         self._window_wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._window_thread: threading.Thread | None = None
+        # The native reader's streams, where it reads (power/native.py); as of the last
+        # edge: (their CPU, when); the steady rate's calibration window so far.
+        self._natives: list[native.NativeStream] = []
+        self._native_seen = (0.0, 0.0)
+        self._steady_window = (0.0, 0.0, 0)
 
     def start(self) -> PowerMeter:
         """The reader's thread: the streamed sources at ``sample_hz``, after the push
@@ -225,7 +231,16 @@ class PowerMeter:
         with self._lock:
             for source in self.sources:
                 self._take(source)
-        if self._streamed and self._thread is None:
+        if self._streamed and not self._natives:
+            streams = [native.stream(s, self.sample_hz) for s in self.sources]
+            natives = [n for n in streams if n is not None and n.source.name in self._streamed]
+            if len(natives) == len(self._streamed):
+                self._natives = natives
+                self._native_seen = (self._native_cpu(), time.monotonic())
+            for n in streams:
+                if n is not None and n not in self._natives:
+                    n.close()
+        if self._streamed and not self._natives and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="edgewatt-power", daemon=True)
             self._thread.start()
             if self.window_hz:
@@ -352,7 +367,7 @@ class PowerMeter:
         """At an edge (lock held): the window thread reads until ``until``, or stops at
         its next reading where no window is young (None)."""
         self._window_until = 0.0 if until is None else until
-        if until is None or until <= now or self._window_thread is None:
+        if until is None or until <= now or not (self._window_thread or self._natives):
             return
         if self.window_hz <= self.sample_hz:
             return  # the steady stream is as fine already
@@ -362,7 +377,7 @@ class PowerMeter:
             return
         if self._window_since is None:
             self._window_since = now
-            self._window_wake.set()
+            self._window_wake.set()  # the natives are steered after the edge instead
 
     def _stream(self, source: PowerSource) -> None:
         """One reading of a streamed source's total: its cheap path where it has one."""
@@ -446,6 +461,7 @@ class PowerMeter:
             # targets' CPU) is read at the same instant as the energy, not a wait later.
             now = max(now, time.monotonic())
         with self._lock:
+            steady = self._drain_natives(now) if self._natives else None
             for source in self.sources:
                 self._take(source)
             # The stream's period since the last edge: the window rate's where the
@@ -455,7 +471,56 @@ class PowerMeter:
             snapshot = self._snapshot(now, self._period(fine))
             self._last_edge = now
             self._open_window(now, window_until)
-            return snapshot
+        if steady is not None:  # outside the lock, as the reader thread calibrates
+            self._calibrate(*steady)
+        if self._natives:
+            self._steer_natives(now)
+        return snapshot
+
+    def _native_cpu(self) -> float:
+        return sum(n.cpu_s() for n in self._natives)
+
+    def _drain_natives(self, now: float) -> tuple[float, float, int] | None:
+        """At an edge (lock held): the native streams' readings into the traces, and
+        their CPU (their threads' clocks, and this drain's) counted to the windows'
+        allowance where the window rate read since the last edge, else to the steady
+        rate's calibration window; that window when it is complete (cpu, wall, readings)."""
+        started = time.thread_time()
+        drained = 0
+        for stream in self._natives:
+            trace = self._totals[stream.source.name]
+            for t, watts in stream.drain():
+                drained += trace.add(t, watts)
+        self.readings += drained
+        cpu = self._native_cpu()
+        seen_cpu, seen_at = self._native_seen
+        spent = cpu - seen_cpu + time.thread_time() - started
+        self._native_seen = (cpu, now)
+        if self._window_since is not None:
+            self._refill(now)
+            self._allowance -= spent
+            self.window_cpu_s += spent
+            self.window_readings += drained
+            return None
+        cpu_s, wall_s, count = self._steady_window
+        cpu_s, wall_s, count = cpu_s + spent, wall_s + now - seen_at, count + drained
+        if wall_s < self.calibration_s or count == 0:
+            self._steady_window = (cpu_s, wall_s, count)
+            return None
+        self._steady_window = (0.0, 0.0, 0)
+        return cpu_s, wall_s, count
+
+    def _steer_natives(self, now: float) -> None:
+        """The native streams at the window rate while a window is young and the
+        allowance lasts (switched at the edges: one interval's overrun at most), else
+        at the steady rate."""
+        with self._lock:
+            windowing = self._window_since is not None
+            if windowing and (now >= self._window_until or self._allowance <= 0):
+                self._window_since = windowing = None
+            hz = self.window_hz if windowing else self.sample_hz
+        for stream in self._natives:
+            stream.set_hz(hz)
 
     def _snapshot(self, now: float, period_s: float | None) -> PowerSnapshot:
         # A source whose last read failed, or silent beyond the gap, is left out.
@@ -538,9 +603,16 @@ class PowerMeter:
         """The processes the sources run for their readings (tegrastats, powermetrics)."""
         return {pid for source in self.sources if (pid := source.child_pid()) is not None}
 
+    @property
+    def reader(self) -> str:
+        """Which reads the stream: "native" (power/native.py), "python" or "none"."""
+        return "native" if self._natives else "python" if self._thread else "none"
+
     def close(self) -> None:
         self._stop.set()
         self._window_wake.set()
+        for stream in self._natives:  # before the sources close the files it reads
+            stream.close()
         for thread in (self._thread, self._window_thread):
             if thread is not None:
                 thread.join(timeout=2)

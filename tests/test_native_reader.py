@@ -1,0 +1,104 @@
+"""The native reader (core/power/_stream.c) on the stand-in INA3221's real sysfs
+layout: what it reads, when, and what it does with a file that fails or a ring that
+fills; the meter's use of it is in test_power_reader.py, both readers."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from edgewatt.core.power import native
+from tests.power_standin import build_tree
+
+pytestmark = pytest.mark.skipif(
+    native._stream is None, reason="the native reader was not built (no C compiler?)"
+)
+
+
+def test_it_is_built_where_ci_runs() -> None:
+    # An install without a compiler falls back to the Python reader; CI has one, so
+    # a build that broke must not pass as that fallback.
+    if os.environ.get("CI"):
+        assert native.available()
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> list[int]:
+    build_tree(tmp_path)
+    paths = sorted(tmp_path.glob("class/hwmon/hwmon*/in1_input")) + sorted(
+        tmp_path.glob("class/hwmon/hwmon*/curr1_input")
+    )
+    fds = [os.open(p, os.O_RDONLY) for p in paths[:2]]
+    yield fds
+    for fd in fds:
+        os.close(fd)
+
+
+def test_it_reads_the_files_at_its_rate_on_the_monotonic_clock(files: list[int]) -> None:
+    expected = tuple(int(os.pread(fd, 32, 0)) for fd in files)
+    before = time.monotonic()
+    stream = native._stream.Stream(tuple(files), 100.0)
+    time.sleep(1.0)
+    readings = stream.drain()
+    after = time.monotonic()
+    stream.close()
+    assert 50 <= len(readings) <= 102  # a busy machine delays some, never bursts
+    assert all(values == expected for _, values in readings)
+    times = [t for t, _ in readings]
+    assert before <= times[0] and times[-1] <= after and times == sorted(times)
+    assert stream.drain() == []  # drained, and closed: nothing more comes
+    assert stream.stats()[0] == len(readings) and stream.stats()[1:] == (0, 0)
+    assert 0 < stream.cpu_s() < 0.5
+
+
+def test_a_new_rate_applies_at_once(files: list[int]) -> None:
+    stream = native._stream.Stream(tuple(files), 0.5)
+    try:
+        time.sleep(0.1)
+        assert len(stream.drain()) == 1  # the first reading at the start, the next in 2 s
+        asked = time.monotonic()
+        stream.set_hz(200.0)
+        time.sleep(0.2)
+        times = [t for t, _ in stream.drain()]
+        assert times[0] - asked < 0.05  # read at the change, not 2 s later
+        assert len(times) >= 20
+    finally:
+        stream.close()
+
+
+def test_a_failing_file_is_counted_and_a_full_ring_keeps_the_newest(
+    files: list[int], tmp_path: Path
+) -> None:
+    directory = os.open(tmp_path, os.O_RDONLY)  # pread fails: EISDIR
+    try:
+        failing = native._stream.Stream((files[0], directory), 200.0)
+        time.sleep(0.1)
+        assert failing.drain() == []
+        failing.close()
+        readings, lost, errors = failing.stats()
+        assert readings == errors >= 5 and lost == 0
+    finally:
+        os.close(directory)
+    small = native._stream.Stream((files[0],), 1000.0, capacity=4)
+    time.sleep(0.2)
+    small.close()
+    readings, lost, _ = small.stats()
+    kept = small.drain()
+    assert len(kept) == 4 and lost == readings - 4 > 0
+    assert [t for t, _ in kept] == sorted(t for t, _ in kept)
+
+
+def test_bad_arguments_say_what_is_wrong(files: list[int]) -> None:
+    with pytest.raises(ValueError, match="a stream reads 1 to 8 files, got 0"):
+        native._stream.Stream((), 10.0)
+    with pytest.raises(ValueError, match=r"hz must be from 0\.1 to 10000"):
+        native._stream.Stream(tuple(files), 0.0)
+    stream = native._stream.Stream(tuple(files), 10.0)
+    try:
+        with pytest.raises(ValueError, match=r"hz must be from 0\.1 to 10000"):
+            stream.set_hz(-1.0)
+    finally:
+        stream.close()
