@@ -41,12 +41,6 @@ from edgewatt.core.power.source import PowerOptions  # noqa: E402
 from tests.power_standin import build_tree, start_writer  # noqa: E402
 
 
-def reader_cpu_s(meter: PowerMeter) -> float:
-    """CPU seconds the meter's threads have used (the passes-only reader has none)."""
-    threads = [t for t in (meter._thread, meter._window_thread) if t is not None]
-    return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threads)  # type: ignore[arg-type]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -98,7 +92,7 @@ def main() -> int:
         next_pass += 1.0
     time.sleep(max(0.0, run_from + args.seconds - time.monotonic()))
     run_to, run_end = edge()
-    cpu = {name: reader_cpu_s(m) / (run_to - run_from) for name, m in meters.items()}
+    cpu = {name: m.reader_cpu_s() / (run_to - run_from) for name, m in meters.items()}
     for meter in meters.values():
         meter.close()
     wave.stop()

@@ -56,21 +56,15 @@ def reader_cost(options: PowerOptions, hz: float, seconds: float, reader: str) -
     meter = PowerMeter([ina3221.discover(options)], max_gap_s=5.0, sample_hz=hz).start()
     assert meter.reader == reader, meter.reader
 
-    def reader_cpu() -> float:
-        if meter._natives:
-            return sum(n.cpu_s() for n in meter._natives)
-        assert meter._thread is not None
-        return thread_cpu_s(meter._thread)
-
     time.sleep(0.2)
     meter.read(time.monotonic())
-    cpu0, n0, edges = reader_cpu(), meter.readings, 0.0
+    cpu0, n0, edges = meter.reader_cpu_s(), meter.readings, 0.0
     for _ in range(int(seconds)):
         time.sleep(1.0)
         started = time.thread_time()
         meter.read(time.monotonic())
         edges += time.thread_time() - started
-    cpu1, n1 = reader_cpu(), meter.readings
+    cpu1, n1 = meter.reader_cpu_s(), meter.readings
     meter.close()
     return (cpu1 - cpu0 + edges) / int(seconds), n1 - n0 - int(seconds)
 

@@ -71,6 +71,13 @@ def test_a_counter_is_linear_between_readings_and_held_after() -> None:
     assert trace.at(0.5) == pytest.approx(5.0)
     assert trace.at(1.75) == pytest.approx(25.0)
     assert trace.at(3.0) == 30.0
+    # Read with its power (powermetrics: each sample's energy over its own interval),
+    # the power is held past the last reading until the next comes, within the gap.
+    powered = Trace(10.0, counter=True)
+    for t, raw in ((0.0, 50.0), (1.0, 60.0), (2.0, 80.0)):
+        powered.add(t, 20.0, raw)
+    assert powered.at(2.5) == pytest.approx(30.0 + 20.0 * 0.5)
+    assert powered.at(13.0) == 30.0  # past the gap limit: nothing invented
 
 
 def test_a_gap_is_not_interpolated_across() -> None:
@@ -146,7 +153,9 @@ def test_non_board_sources_add_up_and_never_go_backwards() -> None:
     assert first and second and third
     assert first.host_power_w == 120.0
     assert second.host_power_w is None  # a partial sum would understate the device
-    assert second.host_energy_j == pytest.approx(20.0)  # the GPU's last count is kept
+    # The GPU's last power held within the gap, as a power signal's: the count it
+    # gives when it is back agrees (200 J at 2 s).
+    assert second.host_energy_j == pytest.approx(120.0)
     assert third.host_energy_j == pytest.approx(240.0)
     assert third.host_power_w == 120.0
 

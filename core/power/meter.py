@@ -603,6 +603,14 @@ class PowerMeter:
         """The processes the sources run for their readings (tegrastats, powermetrics)."""
         return {pid for source in self.sources if (pid := source.child_pid()) is not None}
 
+    def reader_cpu_s(self) -> float:
+        """The CPU the reader's threads (native or Python) have used since they started,
+        their wakes included; not the drains at the edges (the caller's thread)."""
+        if self._natives:
+            return self._native_cpu()
+        threads = [t for t in (self._thread, self._window_thread) if t and t.ident]
+        return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threads)  # type: ignore[arg-type]
+
     @property
     def reader(self) -> str:
         """Which reads the stream: "native" (power/native.py), "python" or "none"."""

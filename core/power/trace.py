@@ -55,17 +55,18 @@ class Trace:
         return True
 
     def at(self, t: float) -> float:
-        """Joules up to instant ``t``. After the last reading, a power signal holds its
-        last power (within the gap limit) and a counter stays where it was; before
-        the oldest reading kept, the oldest count."""
+        """Joules up to instant ``t``. After the last reading, the last power is held
+        (within the gap limit): a counter's too, where its reading had one (a
+        powermetrics sample whose successor has not come yet), else it stays where it
+        was. Before the oldest reading kept, the oldest count."""
         points = self._points
         if not points:
             return self.joules
         t_last, w_last, j_last = points[-1]
         if t >= t_last:
-            if self.counter or t - t_last > self.max_gap_s:
+            if t - t_last > self.max_gap_s:
                 return j_last
-            return j_last + w_last * (t - t_last)
+            return j_last + w_last * (t - t_last)  # a counter without a power: w_last 0
         # Edges ask about the newest readings: search from the right.
         i = len(points) - 1
         while i > 0 and points[i - 1][0] > t:
