@@ -10,8 +10,9 @@ Two kinds of signal:
   interval the power is taken as linear between its two readings. A gap longer than
   ``max_gap_s`` (the sensor stopped, tegrastats restarts) is not bridged: nothing is
   invented for a time nothing was measured.
-- a hardware energy counter in J (RAPL, NVML): made monotonic across source
-  restarts (a counter that goes back restarted from zero), linear in between.
+- a hardware energy counter in J (RAPL, NVML, powermetrics' sum): made monotonic
+  across source restarts (a counter that goes back restarted from zero), linear in
+  between, and past its last reading at that reading's power where it had one.
 """
 
 from __future__ import annotations
