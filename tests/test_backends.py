@@ -127,7 +127,8 @@ def test_no_unix_only_module_on_import_or_on_the_psutil_path() -> None:
     loaded = [Path(f) for f in out["ours"]]
     assert ROOT / "core" / "platforms" / "portable.py" in loaded
     for path in loaded:
-        assert not _imported_names(path) & UNIX_ONLY, path
+        if path.suffix == ".py":  # not the native reader, built only where it compiles
+            assert not _imported_names(path) & UNIX_ONLY, path
 
 
 WORKLOAD = """

@@ -515,10 +515,11 @@ class PowerMeter:
         allowance lasts (switched at the edges: one interval's overrun at most), else
         at the steady rate."""
         with self._lock:
-            windowing = self._window_since is not None
-            if windowing and (now >= self._window_until or self._allowance <= 0):
-                self._window_since = windowing = None
-            hz = self.window_hz if windowing else self.sample_hz
+            if self._window_since is not None and (
+                now >= self._window_until or self._allowance <= 0
+            ):
+                self._window_since = None
+            hz = self.window_hz if self._window_since is not None else self.sample_hz
         for stream in self._natives:
             stream.set_hz(hz)
 
