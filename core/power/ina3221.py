@@ -154,7 +154,8 @@ class Ina3221Source(PullSource):
 
     def read_total(self) -> tuple[float, float] | None:
         """(monotonic, W) of the board total alone: the stream's reading, a few preads."""
-        t, watts = time.monotonic(), board_total({c.name: c.watts() for c in self._total})
+        t = time.monotonic()
+        watts = self.total_from(tuple(a.value() for c in self._total for a in c.files))
         return None if watts is None else (t, watts)
 
     def stream_fds(self) -> tuple[int, ...]:

@@ -232,14 +232,16 @@ class PowerMeter:
             for source in self.sources:
                 self._take(source)
         if self._streamed and not self._natives:
-            streams = [native.stream(s, self.sample_hz) for s in self.sources]
-            natives = [n for n in streams if n is not None and n.source.name in self._streamed]
-            if len(natives) == len(self._streamed):
-                self._natives = natives
+            streams = [
+                native.stream(s, self.sample_hz) for s in self.sources if s.name in self._streamed
+            ]
+            if all(streams):  # all natively, or none: one reader for the stream
+                self._natives = streams  # type: ignore[assignment]
                 self._native_seen = (self._native_cpu(), time.monotonic())
-            for n in streams:
-                if n is not None and n not in self._natives:
-                    n.close()
+            else:
+                for n in streams:
+                    if n is not None:
+                        n.close()
         if self._streamed and not self._natives and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="edgewatt-power", daemon=True)
             self._thread.start()

@@ -57,10 +57,6 @@ class NativeStream:
         """The native thread's CPU clock (wakes included)."""
         return self._stream.cpu_s()
 
-    def stats(self) -> tuple[int, int, int]:
-        """(readings, lost to a full ring, failed) since the start."""
-        return self._stream.stats()
-
     def close(self) -> None:
         self._stream.close()
 

@@ -19,11 +19,11 @@ from edgewatt.core.compat import SLOTS
 # The power reader's rate (config ``power_sample_hz``) is by default chosen on the
 # device itself (meter.py): the highest of AUTO_RATES_HZ whose cost, as the reader's
 # own thread measures it, stays within AUTO_BUDGET of one core (less what windows
-# spent lately, meter.py). On the 2-core VM of docs/performance.md 50 Hz is right at
-# it (0.48 to 0.52 %), so the reader runs at 20 or 50 Hz there; a Jetson Nano core,
-# about a fifth as fast, would get 10 Hz or less. Windows of 150 ms are within 1 % at
-# 50 Hz when they hold no step of the power, up to 12 % across a 10 W step (1.3 % at
-# 200 Hz): young windows are read at WINDOW_HZ.
+# spent lately, meter.py). On the 2-core VM of docs/performance.md the Python reader
+# runs at 20 or 50 Hz, the native one (power/native.py) at 50 or 100 Hz; a Jetson
+# Nano core, about a fifth as fast, would get 10 Hz or less. Windows of 150 ms are
+# within 1 % at 50 Hz when they hold no step of the power, up to 12 % across a 10 W
+# step (1.3 % at 200 Hz): young windows are read at WINDOW_HZ.
 AUTO_RATES_HZ = (5.0, 10.0, 20.0, 50.0, 100.0, 200.0)
 AUTO_START_HZ = 50.0
 AUTO_BUDGET = 0.005  # of one core
