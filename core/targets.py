@@ -67,6 +67,8 @@ SAMPLE_UNITS = {
     "the sensor saw in it)",
 }
 
+# Phases a target's summary lists: the newest, so a tracked training step or an FL
+# round keeps being measured past the bound; the older ones are counted as dropped.
 MAX_PHASES = 1000
 MAX_PHASE_NAME = 128  # bytes of UTF-8
 
@@ -137,6 +139,7 @@ class History:
     rss_peak: int = 0
     rss_sum: float = 0.0
     phases: list[Phase] = field(default_factory=list)
+    phases_dropped: int = 0  # the oldest phases, beyond the newest MAX_PHASES
 
     def __post_init__(self) -> None:
         self.rows = deque(maxlen=self.capacity)
@@ -155,6 +158,17 @@ class History:
         for phase in self.phases[-2:]:
             if not phase.closed:
                 phase.add(row)
+
+    def start_phase(self, phase: Phase, now: float) -> None:
+        """End the running phase at ``now`` and start ``phase``; the oldest beyond the
+        bound go (they are closed: only the last two can still take samples)."""
+        phases = self.phases
+        if phases and phases[-1].ended_at is None:
+            phases[-1].ended_at = now
+        phases.append(phase)
+        if len(phases) > MAX_PHASES:
+            del phases[0]  # a list, not a deque: the pass slices the last few
+            self.phases_dropped += 1
 
 
 @dataclass(**SLOTS)
@@ -274,6 +288,7 @@ class Target:
         result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
         result["memory_rss_avg_bytes"] = round(h.rss_sum / h.count) if h.count else None
         result["phases"] = [_phase_item(p, logical_cpus, carbon, period_s) for p in h.phases]
+        result["phases_dropped"] = h.phases_dropped
         if self.cgroup_name is not None:
             result["cgroup"] = self.cgroup_info()
         if carbon is not None:
@@ -585,13 +600,8 @@ class TargetTable:
             _check_owner(target, uid)
             if target.exited_at is not None:
                 raise Conflict("target has exited", f"target {target_id} exited")
-            phases = target.history.phases
-            if len(phases) >= MAX_PHASES:
-                raise TooMany("too many phases", f"at most {MAX_PHASES} per target")
-            if phases and phases[-1].ended_at is None:
-                phases[-1].ended_at = now
             phase = Phase(name=valid, started_at=now)
-            phases.append(phase)
+            target.history.start_phase(phase, now)
             return phase
 
     def end_phase(self, target_id: str, uid: int) -> Phase | None:

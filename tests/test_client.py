@@ -92,6 +92,43 @@ def test_summary_runs_to_now(daemon_factory: Any, fallback: str) -> None:
     assert figures["summary"] == pytest.approx(figures["used"], abs=0.025), figures
 
 
+MANY_PHASES = """
+import json, time
+from edgewatt import client
+reg = client.register(fallback=FALLBACK)
+for i in range(1005):
+    with client.track(f"step-{i}", registration=reg) as tracked:
+        end = time.process_time() + (0.03 if i == 1004 else 0.0)
+        while time.process_time() < end:
+            pass
+summary = reg.summary()
+print(json.dumps({"mode": reg.mode, "last": tracked.last._asdict(), "summary": summary}))
+"""
+
+
+@pytest.mark.parametrize("fallback", ["never", "always"])
+def test_a_function_tracked_past_the_phase_bound_keeps_being_measured(
+    daemon_factory: Any, fallback: str
+) -> None:
+    # A training step tracked at every call: the 1,001st call and later are measured
+    # like the first; the summary lists the newest 1,000 and counts the rest.
+    daemon = daemon_factory(interval=5.0)
+    out = run_python(
+        MANY_PHASES.replace("FALLBACK", repr(fallback)), EDGEWATT_SOCKET=daemon.socket
+    )
+    assert out.returncode == 0 and "failed" not in out.stderr, out.stderr
+    result = json.loads(out.stdout)
+    assert result["mode"] == ("daemon" if fallback == "never" else "local")
+    last, summary = result["last"], result["summary"]
+    # 30 ms of CPU in the last call; /proc counts in 10 ms ticks at each edge.
+    assert last["name"] == "step-1004" and 0.02 <= last["cpu_s"] <= 0.05
+    assert [p["name"] for p in summary["phases"]] == [f"step-{i}" for i in range(5, 1005)]
+    assert summary["phases_dropped"] == 5
+    assert summary["phases"][-1]["cpu_user_s"] + summary["phases"][-1]["cpu_system_s"] == (
+        pytest.approx(last["cpu_s"], abs=1e-6)
+    )
+
+
 def test_without_daemon_same_keys_one_warning(daemon: DaemonProcess, tmp_path: Path) -> None:
     code = (
         "import json, logging, time\n"
