@@ -113,9 +113,7 @@ def test_a_function_tracked_past_the_phase_bound_keeps_being_measured(
     # A training step tracked at every call: the 1,001st call and later are measured
     # like the first; the summary lists the newest 1,000 and counts the rest.
     daemon = daemon_factory(interval=5.0)
-    out = run_python(
-        MANY_PHASES.replace("FALLBACK", repr(fallback)), EDGEWATT_SOCKET=daemon.socket
-    )
+    out = run_python(MANY_PHASES.replace("FALLBACK", repr(fallback)), EDGEWATT_SOCKET=daemon.socket)
     assert out.returncode == 0 and "failed" not in out.stderr, out.stderr
     result = json.loads(out.stdout)
     assert result["mode"] == ("daemon" if fallback == "never" else "local")
