@@ -157,15 +157,60 @@ class DaemonError(Exception):
         self.body = body
 
 
-def _connection(path: str, timeout: float) -> Any:
-    # http.client (with ssl and email) costs ~20 ms to import: only on first use.
-    import http.client
+class _Channel:
+    """One HTTP/1.1 connection to the daemon. A request goes out in one write and its
+    answer comes in one read (the daemon writes it whole): one wake of each side per
+    request, where http.client wrote a body apart from its headers and parsed the
+    answer's headers with the email package (benchmarks/track.py)."""
 
-    class UnixConnection(http.client.HTTPConnection):
-        def connect(self) -> None:
-            self.sock = _connect(path, self.timeout)
+    def __init__(self, path: str, timeout: float) -> None:
+        self.path = path
+        self.sock = _connect(path, timeout)
 
-    return UnixConnection("localhost", timeout=timeout)
+    def exchange(self, method: str, target: str, body: bytes | None) -> tuple[int, bytes, bool]:
+        """(status, body, whether the daemon closes the connection after it)."""
+        head = f"{method} {target} HTTP/1.1\r\nHost: localhost\r\n"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        self.sock.sendall((head + "\r\n").encode("latin-1") + (body or b""))
+        data = self._recv(b"")
+        if not data:
+            raise _Closed(f"{self.path} closed the connection before answering")
+        while b"\r\n\r\n" not in data:
+            data = self._recv(data, "its headers")
+            if len(data) > 65536:
+                raise OSError(f"bad response from {self.path}: headers over 64 KiB")
+        raw_head, _, rest = data.partition(b"\r\n\r\n")
+        lines = raw_head.decode("latin-1").split("\r\n")
+        version, _, status_text = lines[0].partition(" ")
+        status = status_text[:3]
+        if not version.startswith("HTTP/1.") or not status.isdigit():
+            raise OSError(f"bad response from {self.path}: {lines[0][:80]!r}")
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = headers.get("content-length", "")
+        if not length.isdigit():
+            raise OSError(f"bad response from {self.path}: no Content-Length")
+        while len(rest) < int(length):
+            rest = self._recv(rest, "its body")
+        close = headers.get("connection", "").lower() == "close"
+        return int(status), rest[: int(length)], close
+
+    def _recv(self, data: bytes, part: str = "") -> bytes:
+        chunk = self.sock.recv(65536)
+        if part and not chunk:
+            raise OSError(f"bad response from {self.path}: it ended inside {part}")
+        return data + chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class _Closed(ConnectionError):
+    """The daemon closed the connection before any answer (it had not read the
+    request: a connection it let go while idle)."""
 
 
 def _connect(path: str, timeout: float | None) -> socket.socket:
@@ -193,22 +238,14 @@ def _connect(path: str, timeout: float | None) -> socket.socket:
         return sock
 
 
-def _exchange(conn: Any, socket_path: str, method: str, path: str, body: Any) -> tuple[int, Any]:
-    import http.client
-
-    try:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        conn.request(method, path, body=data, headers=headers)
-        response = conn.getresponse()
-        raw = response.read()
-    except http.client.HTTPException as exc:
-        raise OSError(f"bad response from {socket_path}: {exc}") from exc
+def _exchange(channel: _Channel, method: str, path: str, body: Any) -> tuple[int, Any, bool]:
+    data = None if body is None else json.dumps(body).encode()
+    status, raw, close = channel.exchange(method, path, data)
     try:
         decoded = json.loads(raw) if raw else None
     except ValueError:
         decoded = {"error": "invalid response", "detail": raw[:200].decode("utf-8", "replace")}
-    return response.status, decoded
+    return status, decoded, close
 
 
 def call(
@@ -220,11 +257,11 @@ def call(
 ) -> tuple[int, Any]:
     """One request on a connection of its own; returns (status, decoded JSON).
     OSError when nobody answers."""
-    conn = _connection(socket_path, timeout)
+    channel = _Channel(socket_path, timeout)
     try:
-        return _exchange(conn, socket_path, method, path, body)
+        return _exchange(channel, method, path, body)[:2]
     finally:
-        conn.close()
+        channel.close()
 
 
 class Connection:
@@ -238,13 +275,11 @@ class Connection:
     def __init__(self, socket_path: str, timeout: float = REQUEST_TIMEOUT_S) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
-        self._conn: Any = None
+        self._conn: _Channel | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-        import http.client
-
         with self._lock:
             if self._pid != os.getpid():
                 # A forked child (a DataLoader worker) gets a connection of its own:
@@ -253,24 +288,26 @@ class Connection:
                 self._close()
                 self._pid = os.getpid()
             reused = self._conn is not None
-            if self._conn is None:
-                self._conn = _connection(self.socket_path, self.timeout)
             try:
-                return _exchange(self._conn, self.socket_path, method, path, body)
-            except (OSError, http.client.HTTPException) as exc:
+                return self._exchange(method, path, body)
+            except OSError as exc:
                 self._close()
-                idle_closed = isinstance(
-                    exc.__cause__ or exc,
-                    (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError),
-                )
+                idle_closed = isinstance(exc, (_Closed, BrokenPipeError, ConnectionResetError))
                 if not (reused and idle_closed):
                     raise
-            self._conn = _connection(self.socket_path, self.timeout)
             try:
-                return _exchange(self._conn, self.socket_path, method, path, body)
+                return self._exchange(method, path, body)
             except OSError:
                 self._close()
                 raise
+
+    def _exchange(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        if self._conn is None:
+            self._conn = _Channel(self.socket_path, self.timeout)
+        status, decoded, close = _exchange(self._conn, method, path, body)
+        if close:  # the daemon ends it after an error: the next request opens anew
+            self._close()
+        return status, decoded
 
     def call_ok(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         return _ok(*self.call(method, path, body))

@@ -86,6 +86,9 @@ class _DeadlineReader(io.RawIOBase):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = REQUEST_TIMEOUT_S  # for writing an answer
+    # An answer's headers and body go out in one write at its flush: one wake of the
+    # client, not one for the headers and one for the body.
+    wbufsize = io.DEFAULT_BUFFER_SIZE
     server: ApiServer
 
     def setup(self) -> None:
