@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,71 @@ def test_a_forked_child_opens_its_own(daemon: DaemonProcess) -> None:
     # The parent's connection is still its own, and still answers.
     assert conn._conn.sock is parent_socket
     assert conn.call_ok("GET", "/healthz")["status"] == "ok"
+
+
+class CannedServer:
+    """Answers every request with the same bytes, in two writes split at ``split``
+    (an answer that arrives in pieces), then closes the connection."""
+
+    def __init__(self, path: str, answer: bytes, split: int = 0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.answer, self.split = answer, split
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(4096)
+                conn.sendall(self.answer[: self.split])
+                time.sleep(0.01)
+                conn.sendall(self.answer[self.split :])
+
+
+OK_BODY = b'{"ok": true}'
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n" + OK_BODY
+
+
+@pytest.mark.parametrize("split", [0, 20, len(OK) - 3], ids=["whole", "in-headers", "in-body"])
+def test_an_answer_in_pieces_is_read_whole(tmp_path: Path, split: int) -> None:
+    path = str(tmp_path / "s.sock")
+    CannedServer(path, OK, split)
+    assert transport.call(path, "GET", "/healthz") == (200, {"ok": True})
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "bad response from .*: 'SSH-2.0-OpenSSH'"),
+        (b"HTTP/1.1 200 OK\r\n\r\n{}", "bad response from .*: no Content-Length"),
+        (OK[:-4], "bad response from .*: it ended inside its body"),
+        (b"HTTP/1.1 200 OK\r\nContent-Le", "bad response from .*: it ended inside its headers"),
+        (b"", "closed the connection before answering"),
+    ],
+    ids=["not-http", "no-length", "short-body", "short-headers", "nothing"],
+)
+def test_a_broken_answer_is_an_oserror_that_says_what_was_wrong(
+    tmp_path: Path, answer: bytes, message: str
+) -> None:
+    path = str(tmp_path / "s.sock")
+    CannedServer(path, answer)
+    with pytest.raises(OSError, match=message):
+        transport.call(path, "GET", "/healthz")
+
+
+def test_an_answer_that_closes_the_connection_is_followed_by_a_new_one(tmp_path: Path) -> None:
+    # The daemon answers an error with "Connection: close"; the next request must not
+    # be sent on the closed connection (and so is not sent twice either).
+    path = str(tmp_path / "s.sock")
+    closing = OK.replace(b"Content-Length", b"Connection: close\r\nContent-Length")
+    CannedServer(path, closing)
+    conn = transport.Connection(path)
+    assert conn.call("GET", "/a") == (200, {"ok": True}) and conn._conn is None
+    assert conn.call("GET", "/b") == (200, {"ok": True}) and conn._conn is None
