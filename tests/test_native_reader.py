@@ -102,3 +102,6 @@ def test_bad_arguments_say_what_is_wrong(files: list[int]) -> None:
             stream.set_hz(-1.0)
     finally:
         stream.close()
+    # Set up once: a second __init__ (after its close too) would leak its ring.
+    with pytest.raises(RuntimeError, match="a stream is set up once: make a new one"):
+        stream.__init__(tuple(files), 10.0)

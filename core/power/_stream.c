@@ -108,8 +108,8 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
                                      &capacity))
         return -1;
     Py_ssize_t n = PyTuple_GET_SIZE(fds);
-    if (s->started) {
-        PyErr_SetString(PyExc_RuntimeError, "the stream is already running");
+    if (s->ring != NULL) { /* its ring, mutex and thread are set up once */
+        PyErr_SetString(PyExc_RuntimeError, "a stream is set up once: make a new one");
         return -1;
     }
     if (n < 1 || n > MAX_FILES) {

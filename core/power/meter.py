@@ -59,17 +59,20 @@ def sample_hz_from_environment() -> float | None:
     """In-process sampling's rate: EDGEWATT_POWER_SAMPLE_HZ as the daemon reads it, else
     None, the rate chosen on the device (a bad value is logged and ignored: monitoring
     never raises)."""
-    return _rate_from_environment("EDGEWATT_POWER_SAMPLE_HZ", 1.0, None, "auto")
+    return _rate_from_environment("EDGEWATT_POWER_SAMPLE_HZ", 1.0, None, "auto or a rate")
 
 
 def window_hz_from_environment() -> float:
     """In-process sampling's window rate: EDGEWATT_POWER_WINDOW_HZ as the daemon reads
     it (0: none), else WINDOW_HZ."""
-    return _rate_from_environment("EDGEWATT_POWER_WINDOW_HZ", 0.0, WINDOW_HZ, "0") or 0.0
+    return (
+        _rate_from_environment("EDGEWATT_POWER_WINDOW_HZ", 0.0, WINDOW_HZ, "a rate (0: none)")
+        or 0.0
+    )
 
 
 def _rate_from_environment(
-    name: str, lowest: float, default: float | None, other: str
+    name: str, lowest: float, default: float | None, accepted: str
 ) -> float | None:
     text = os.environ.get(name, "").strip()
     if text.lower() in ("", "auto"):
@@ -80,11 +83,11 @@ def _rate_from_environment(
         hz = -1.0
     if not lowest <= hz <= MAX_SAMPLE_HZ:
         log.warning(
-            "%s=%r is not %s or a rate from %g to %g Hz: %s used",
+            "%s=%r is not %s from %g to %g Hz: %s used",
             name,
             text[:40],
-            other,
-            max(lowest, 1.0),
+            accepted,
+            lowest,
             MAX_SAMPLE_HZ,
             "auto" if default is None else f"{default:g} Hz",
         )
@@ -128,6 +131,9 @@ WINDOW_BOOST_S = 2.0
 # windows at once).
 STEADY_SHARE = 0.5
 WINDOW_ALLOWANCE_S = 10.0
+# The native streams are drained at every edge and, where edges are further apart
+# (a long pass interval), this often: a quarter of what a ring holds at 1 kHz.
+NATIVE_DRAIN_S = native.RING_READINGS / 1000.0 / 4
 
 
 def _sleep_until(deadline: float, period: float) -> float:
@@ -219,7 +225,9 @@ class PowerMeter:
         # edge: (their CPU, when); the steady rate's calibration window so far.
         self._natives: list[native.NativeStream] = []
         self._native_seen = (0.0, 0.0)
+        self._native_moved = 0  # readings drained since the last edge
         self._steady_window = (0.0, 0.0, 0)
+        self._drain_thread: threading.Thread | None = None
 
     def start(self) -> PowerMeter:
         """The reader's thread: the streamed sources at ``sample_hz``, after the push
@@ -238,6 +246,10 @@ class PowerMeter:
             if all(streams):  # all natively, or none: one reader for the stream
                 self._natives = streams  # type: ignore[assignment]
                 self._native_seen = (self._native_cpu(), time.monotonic())
+                self._drain_thread = threading.Thread(
+                    target=self._run_drains, name="edgewatt-power-drain", daemon=True
+                )
+                self._drain_thread.start()
             else:
                 for n in streams:
                     if n is not None:
@@ -482,17 +494,29 @@ class PowerMeter:
     def _native_cpu(self) -> float:
         return sum(n.cpu_s() for n in self._natives)
 
+    def _run_drains(self) -> None:
+        """Between edges further apart than NATIVE_DRAIN_S: the rings into the traces
+        (its own CPU is not counted: one drain in 8 s)."""
+        while not self._stop.wait(NATIVE_DRAIN_S):
+            with self._lock:
+                self._move_natives()
+
+    def _move_natives(self) -> None:
+        """The native streams' readings since the last drain into the traces (lock
+        held)."""
+        for stream in self._natives:
+            trace = self._totals[stream.source.name]
+            for t, watts in stream.drain():
+                self._native_moved += trace.add(t, watts)
+
     def _drain_natives(self, now: float) -> tuple[float, float, int] | None:
         """At an edge (lock held): the native streams' readings into the traces, and
         their CPU (their threads' clocks, and this drain's) counted to the windows'
         allowance where the window rate read since the last edge, else to the steady
         rate's calibration window; that window when it is complete (cpu, wall, readings)."""
         started = time.thread_time()
-        drained = 0
-        for stream in self._natives:
-            trace = self._totals[stream.source.name]
-            for t, watts in stream.drain():
-                drained += trace.add(t, watts)
+        self._move_natives()
+        drained, self._native_moved = self._native_moved, 0
         self.readings += drained
         cpu = self._native_cpu()
         seen_cpu, seen_at = self._native_seen
@@ -624,7 +648,7 @@ class PowerMeter:
         self._window_wake.set()
         for stream in self._natives:  # before the sources close the files it reads
             stream.close()
-        for thread in (self._thread, self._window_thread):
+        for thread in (self._thread, self._window_thread, self._drain_thread):
             if thread is not None:
                 thread.join(timeout=2)
         for source in self.sources:

@@ -15,6 +15,11 @@ from typing import Protocol
 
 log = logging.getLogger(__name__)
 
+# Readings a stream's ring holds between two drains: 33 s at the highest rate (1 kHz).
+# The meter drains it at every edge and, between edges further apart, every
+# DRAIN_S, so none is dropped whatever the pass interval.
+RING_READINGS = 32768
+
 try:
     from edgewatt.core.power import _stream
 except ImportError:  # built optionally: the Python reader then
@@ -38,8 +43,9 @@ def available() -> bool:
 class NativeStream:
     def __init__(self, source: Streamable, fds: tuple[int, ...], hz: float) -> None:
         self.source = source
-        self._stream = _stream.Stream(fds, hz)  # type: ignore[union-attr]
+        self._stream = _stream.Stream(fds, hz, RING_READINGS)  # type: ignore[union-attr]
         self.hz = hz
+        self._lost = 0
 
     def set_hz(self, hz: float) -> None:
         if hz != self.hz:
@@ -49,6 +55,14 @@ class NativeStream:
     def drain(self) -> list[tuple[float, float]]:
         """(monotonic, W) of the board total at each reading since the last drain."""
         total_from = self.source.total_from
+        lost = self._stream.stats()[1]
+        if lost > self._lost:  # the drains came too seldom: a bug, say so
+            log.warning(
+                "native power reader of %s: %d readings dropped, its ring was full",
+                self.source.name,
+                lost - self._lost,
+            )
+            self._lost = lost
         return [
             (t, w) for t, values in self._stream.drain() if (w := total_from(values)) is not None
         ]
