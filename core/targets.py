@@ -117,10 +117,16 @@ class Phase:
     ended_at: float | None = None
     closed: bool = False  # the sample after the end has been taken
     rss_peak: int = 0
+    # The power sensors' coarsest period over the intervals between its samples (the
+    # window is flagged against it; None: no sensor, or no interval yet).
+    period_s: float | None = None
 
-    def add(self, row: tuple) -> None:
+    def add(self, row: tuple, period_s: float | None = None) -> None:
+        """A sample; ``period_s``: the sensors' period over the interval it ends."""
         if self.first is None:
             self.first = row
+        elif period_s is not None:
+            self.period_s = max(self.period_s or 0.0, period_s)
         self.last = row
         self.rss_peak = max(self.rss_peak, row[_I["memory_rss_bytes"]])
         if self.ended_at is not None:
@@ -140,11 +146,23 @@ class History:
     rss_sum: float = 0.0
     phases: list[Phase] = field(default_factory=list)
     phases_dropped: int = 0  # the oldest phases, beyond the newest MAX_PHASES
+    # The sensors' coarsest period since the last row (passes that added none to this
+    # target's history: on demand for others), and over the whole history.
+    pending_period_s: float | None = None
+    period_s: float | None = None
 
     def __post_init__(self) -> None:
         self.rows = deque(maxlen=self.capacity)
 
+    def note_period(self, period_s: float | None) -> None:
+        """A pass's sensor period, whether or not it adds a row here."""
+        if period_s is not None:
+            self.pending_period_s = max(self.pending_period_s or 0.0, period_s)
+
     def add(self, row: tuple) -> None:
+        period, self.pending_period_s = self.pending_period_s, None
+        if self.first is not None and period is not None:
+            self.period_s = max(self.period_s or 0.0, period)
         self.rows.append(row)
         if self.first is None:
             self.first = row
@@ -157,7 +175,7 @@ class History:
         # that ended since the previous sample and waits for its closing sample.
         for phase in self.phases[-2:]:
             if not phase.closed:
-                phase.add(row)
+                phase.add(row, period)
 
     def start_phase(self, phase: Phase, now: float) -> None:
         """End the running phase at ``now`` and start ``phase``; the oldest beyond the
@@ -256,7 +274,8 @@ class Target:
     ) -> dict[str, Any]:
         """Totals and per-phase figures; gCO2e beside each energy only when ``carbon``;
         ``membership``: how descendants are learnt (sampling/membership.py);
-        ``period_s``: the power sensors' period (a window shorter says so)."""
+        ``period_s``: the power sensors' period now, for a window with no interval of
+        its own yet (the others keep the coarsest period they were read at)."""
         h = self.history
         result: dict[str, Any] = {
             "id": self.id,
@@ -284,7 +303,7 @@ class Target:
             else self.network_counts or "ip-bytes",
             "samples": h.count,
         }
-        result.update(_span(h.first, h.last, logical_cpus, carbon, period_s))
+        result.update(_span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s))
         result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
         result["memory_rss_avg_bytes"] = round(h.rss_sum / h.count) if h.count else None
         result["phases"] = [_phase_item(p, logical_cpus, carbon, period_s) for p in h.phases]
@@ -325,7 +344,7 @@ def _phase_item(
     phase: Phase, logical_cpus: int, carbon: CarbonIntensity | None, period_s: float | None
 ) -> dict[str, Any]:
     item = {"name": phase.name, "started_at": phase.started_at, "ended_at": phase.ended_at}
-    item.update(_span(phase.first, phase.last, logical_cpus, carbon, period_s))
+    item.update(_span(phase.first, phase.last, logical_cpus, carbon, phase.period_s or period_s))
     item["memory_rss_peak_bytes"] = phase.rss_peak if phase.first else None
     return item
 
@@ -694,6 +713,7 @@ class TargetTable:
                     target.cgroup, target.cgroup_memory = sample.cgroup, sample.cgroup_memory
                     target.cgroup_packets = sample.cgroup_packets
                     target.network_counts = sample.network_counts or target.network_counts
+                target.history.note_period(self.energy_period_s)
                 if only is None or target.id in only:
                     target.history.add(_row(sample))
                 if target.history.phases:
