@@ -20,12 +20,15 @@ from tests.conftest import DaemonProcess
 
 class OneRequestServer:
     """A Unix socket HTTP server that answers one request per connection and then
-    closes it, as the daemon closes a connection left idle: counts connections."""
+    closes it, as the daemon closes a connection left idle: counts connections. With
+    ``answer``, that is what it answers, in two writes split at ``split`` (an answer
+    that arrives in pieces)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, answer: bytes | None = None, split: int = 0) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(path)
         self.sock.listen(8)
+        self.answer, self.split = answer, split
         self.connections = 0
         self.requests: list[str] = []
         threading.Thread(target=self._serve, daemon=True).start()
@@ -55,6 +58,11 @@ class OneRequestServer:
                 while len(rest) < length:  # the whole request, as the daemon reads it
                     rest += conn.recv(4096)
                 self.requests.append(data.split(b"\r\n")[0].decode())
+                if self.answer is not None:
+                    conn.sendall(self.answer[: self.split])
+                    time.sleep(0.01)
+                    conn.sendall(self.answer[self.split :])
+                    continue
                 body = json.dumps({"n": len(self.requests)}).encode()
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -115,32 +123,6 @@ def test_a_forked_child_opens_its_own(daemon: DaemonProcess) -> None:
     assert conn.call_ok("GET", "/healthz")["status"] == "ok"
 
 
-class CannedServer:
-    """Answers every request with the same bytes, in two writes split at ``split``
-    (an answer that arrives in pieces), then closes the connection."""
-
-    def __init__(self, path: str, answer: bytes, split: int = 0) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
-        self.sock.listen(8)
-        self.answer, self.split = answer, split
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(4096)
-                conn.sendall(self.answer[: self.split])
-                time.sleep(0.01)
-                conn.sendall(self.answer[self.split :])
-
-
 OK_BODY = b'{"ok": true}'
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n" + OK_BODY
 
@@ -148,7 +130,7 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r
 @pytest.mark.parametrize("split", [0, 20, len(OK) - 3], ids=["whole", "in-headers", "in-body"])
 def test_an_answer_in_pieces_is_read_whole(tmp_path: Path, split: int) -> None:
     path = str(tmp_path / "s.sock")
-    CannedServer(path, OK, split)
+    OneRequestServer(path, OK, split)
     assert transport.call(path, "GET", "/healthz") == (200, {"ok": True})
 
 
@@ -167,7 +149,7 @@ def test_a_broken_answer_is_an_oserror_that_says_what_was_wrong(
     tmp_path: Path, answer: bytes, message: str
 ) -> None:
     path = str(tmp_path / "s.sock")
-    CannedServer(path, answer)
+    OneRequestServer(path, answer)
     with pytest.raises(OSError, match=message):
         transport.call(path, "GET", "/healthz")
 
@@ -177,7 +159,7 @@ def test_an_answer_that_closes_the_connection_is_followed_by_a_new_one(tmp_path:
     # be sent on the closed connection (and so is not sent twice either).
     path = str(tmp_path / "s.sock")
     closing = OK.replace(b"Content-Length", b"Connection: close\r\nContent-Length")
-    CannedServer(path, closing)
+    OneRequestServer(path, closing)
     conn = transport.Connection(path)
     assert conn.call("GET", "/a") == (200, {"ok": True}) and conn._conn is None
     assert conn.call("GET", "/b") == (200, {"ok": True}) and conn._conn is None
