@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 # Readings a stream's ring holds between two drains: 33 s at the highest rate (1 kHz).
 # The meter drains it at every edge and, between edges further apart, every
-# DRAIN_S, so none is dropped whatever the pass interval.
+# meter.NATIVE_DRAIN_S, so none is dropped whatever the pass interval.
 RING_READINGS = 32768
 
 try:
