@@ -190,13 +190,13 @@ class _Channel:
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-        length = headers.get("content-length", "")
-        if not length.isdigit():
+        if not headers.get("content-length", "").isdigit():
             raise OSError(f"bad response from {self.path}: no Content-Length")
-        while len(rest) < int(length):
+        length = int(headers["content-length"])
+        while len(rest) < length:
             rest = self._recv(rest, "its body")
         close = headers.get("connection", "").lower() == "close"
-        return int(status), rest[: int(length)], close
+        return int(status), rest[:length], close
 
     def _recv(self, data: bytes, part: str = "") -> bytes:
         chunk = self.sock.recv(65536)
