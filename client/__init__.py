@@ -81,6 +81,7 @@ class Registration:
         interval: float = 1.0,
         power: bool = True,
         sample_on_read: bool = False,
+        network: bool = False,
     ) -> None:
         self.socket = socket_path
         self.pid = pid
@@ -93,6 +94,7 @@ class Registration:
         # In-process: a sampling thread at ``interval`` (register()), or one pass per
         # reading() (a monitor, whose own loop keeps the cadence).
         self.sample_on_read = sample_on_read
+        self.network = network  # in-process: count the process's own TCP bytes too
         self._local: Any = None
         self._lock = threading.Lock()
         # One connection kept open for this registration's requests (transport.py).
@@ -252,6 +254,7 @@ class Registration:
                     children=self.children,
                     interval=self.interval,
                     power=self.power,
+                    network=self.network,
                 )
                 self._local = local.start(thread=not self.sample_on_read)
             except Exception as exc:  # e.g. the pid has exited: stay inactive
@@ -293,7 +296,7 @@ def _register(
     **local_options: Any,
 ) -> Registration:
     """register(), with the in-process options a monitor sets (interval, power,
-    sample_on_read) and ``cgroup``: the daemon measures that cgroup (`edgewatt run
+    sample_on_read, network) and ``cgroup``: the daemon measures that cgroup (`edgewatt run
     --cgroup` put the command in it); in-process, the pid's tree is sampled as ever."""
     cgroup = local_options.pop("cgroup", None)
     if labels is not None and (

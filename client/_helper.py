@@ -3,16 +3,44 @@
 Reads the monitor's spec as one JSON line on stdin, answers one JSON line
 ``{"error", "info"}``, then one JSON line per reading on stdout. End of stdin (the
 caller stopped, or died) ends it after a last reading.
+
+The helper is a child of the monitored process, so the process tree's figures include
+it: each reading has the helper's own CPU time and RSS taken out (read right after the
+reading; what it ran between the two is within a clock tick).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import threading
 
 from edgewatt.client._monitor import sampling_loop
+from edgewatt.client._samples import Reading
+
+
+def own_rss_bytes() -> int:
+    """This process's resident memory (Linux: /proc/self/statm; elsewhere psutil)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import psutil  # the psutil backend's platforms: it is installed there
+
+        return int(psutil.Process().memory_info().rss)
+
+
+def without_self(reading: Reading) -> Reading:
+    """The monitored tree's reading less this helper's CPU time and RSS."""
+    times = os.times()
+    return dataclasses.replace(
+        reading,
+        cpu_user_s=max(0.0, reading.cpu_user_s - times.user),
+        cpu_system_s=max(0.0, reading.cpu_system_s - times.system),
+        memory_rss_bytes=max(0, reading.memory_rss_bytes - own_rss_bytes()),
+    )
 
 
 def main() -> int:
@@ -44,6 +72,7 @@ def main() -> int:
             emit=lambda reading: send(dataclasses.asdict(reading)),
             ready=lambda error, info: send({"error": error, "info": info}),
             shared=shared,
+            adjust=without_self,
         )
     except BrokenPipeError:
         return 0

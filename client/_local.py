@@ -23,6 +23,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _network_accounting(proc: str) -> Any:
+    """The daemon's per-target TCP bytes (sock_diag, no privilege needed for this
+    user's processes), or None where netlink refuses."""
+    from edgewatt.core.sampling.network import NetworkAccounting
+
+    try:
+        return NetworkAccounting(proc)
+    except OSError as exc:
+        log.warning("edgewatt: the process's own TCP bytes unavailable (sock_diag: %s)", exc)
+        return None
+
+
 class LocalSampler:
     def __init__(
         self,
@@ -32,6 +44,7 @@ class LocalSampler:
         children: bool = True,
         interval: float = 1.0,
         power: bool = True,
+        network: bool = False,
         on_snapshot: Callable[[Any], None] | None = None,
     ) -> None:
         from edgewatt.core import platforms
@@ -75,8 +88,10 @@ class LocalSampler:
                 window = window_hz_from_environment()
                 meter = PowerMeter(found, max_gap_s=gap, sample_hz=hz, window_hz=window)
                 meter.start()
+        tcp_counted = self.backend == "procfs"  # sock_diag: Linux
         self.sampler = Sampler(
             self.table,
+            network=_network_accounting(platform.proc) if network and tcp_counted else None,
             interval=interval,
             host_name=socket.gethostname(),
             platform=platform,

@@ -8,6 +8,11 @@ without an ``if __name__ == "__main__"`` guard work as with heflwr). The helper 
 the caller's pid and sends each reading back over a pipe, so stats() and summary()
 work in the caller as with the thread variant; it stops when the caller does, even
 if the caller dies. Either way the daemon does the sampling when one answers.
+
+The drop-in classes (thread_monitor.py, process_monitor.py) give heflwr 0.1.91's
+shapes (``records="heflwr"``: ``_heflwr.py``); ``records="edgewatt"`` gives edgewatt's
+own (the JSON Lines file, the daemon's metric names, stats() and summary() with every
+figure), which `edgewatt run` uses.
 """
 
 from __future__ import annotations
@@ -24,16 +29,31 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from edgewatt.client import _heflwr
 from edgewatt.client._samples import Reading, Recorder
-from edgewatt.client._sinks import FileSink, NullSink, PrometheusSink, RemoteSink, header
+from edgewatt.client._sinks import (
+    FileSink,
+    HeflwrFileSink,
+    NullSink,
+    PrometheusSink,
+    RemoteSink,
+    header,
+)
 
 log = logging.getLogger(__name__)
 
 METRICS = ("cpu", "memory", "network", "power")
+RECORDS = ("heflwr", "edgewatt")
 
 
 def make_sink(kind: str, options: dict[str, Any]) -> Any:
-    sinks = {"file": FileSink, "prometheus": PrometheusSink, "remote": RemoteSink, "none": NullSink}
+    sinks = {
+        "file": FileSink,
+        "heflwr-file": HeflwrFileSink,
+        "prometheus": PrometheusSink,
+        "remote": RemoteSink,
+        "none": NullSink,
+    }
     return sinks[kind](**options)
 
 
@@ -43,11 +63,13 @@ def sampling_loop(
     emit: Callable[[Reading], None],
     ready: Callable[[str | None, dict[str, Any]], None],
     shared: dict[str, Any] | None = None,
+    adjust: Callable[[Reading], Reading] | None = None,
 ) -> None:
     """Register the pid (the daemon samples it, else this process does, through the
     same Registration as register()), open the sink, then read every interval until
     ``stop`` is set. The sink is left in ``shared["sink"]`` for phase marks from other
-    threads."""
+    threads. ``adjust`` takes each reading before anything sees it (the process
+    variant's helper takes itself out of the figures)."""
     from edgewatt.client import _register
 
     try:
@@ -61,6 +83,8 @@ def sampling_loop(
             power=spec["metrics"]["power"],
             sample_on_read=True,
             cgroup=spec.get("cgroup"),
+            # The process's own TCP bytes, counted in-process too (sock_diag).
+            network=spec.get("network") == "process" and spec["metrics"]["network"],
         )
     except Exception as exc:  # bad labels: the caller's start() raises it
         ready(f"cannot monitor pid {spec['pid']}: {exc}", {})
@@ -72,7 +96,7 @@ def sampling_loop(
     interval = spec["interval"]
     if source.mode == "daemon":
         interval = max(interval, float(source.info.get("min_interval_s") or 0.0))
-    recorder = Recorder(spec["metrics"])
+    recorder = Recorder(spec["metrics"], interval, spec.get("network", "host"))
     try:
         sink = make_sink(spec["sink"], spec["sink_options"])
         sink.start(
@@ -92,9 +116,14 @@ def sampling_loop(
     if shared is not None:
         shared["sink"] = sink
         shared["source"] = source
+
     # The baseline is read before start() returns, so the caller's first instruction
     # after it is counted; it is sent after the ready line, which the caller reads first.
-    reading = source.reading()  # never raises; a failure is logged once
+    def read() -> Reading | None:
+        reading = source.reading()  # never raises; a failure is logged once
+        return adjust(reading) if adjust is not None and reading is not None else reading
+
+    reading = read()
     ready(None, {"port": getattr(sink, "port", None), "source": source.mode, "interval": interval})
     deadline = time.monotonic()
     while True:
@@ -108,8 +137,8 @@ def sampling_loop(
         deadline += interval
         stop.wait(max(0.0, deadline - time.monotonic()))
         # A last reading at stop, however soon after the previous one: the summary
-        # then ends at the call (its rate over a short span is coarse, its totals not).
-        reading = source.reading()
+        # then ends at the call (a short one is merged into the previous sample).
+        reading = read()
     summary = recorder.summary()
     if shared is not None and shared.get("final") is not None:  # edgewatt run's last word
         summary = shared["summary"] = shared["final"](summary, source)
@@ -118,14 +147,31 @@ def sampling_loop(
 
 
 class Monitor:
-    """Base of FileMonitor, PrometheusMonitor and RemoteMonitor in both variants."""
+    """Base of FileMonitor, PrometheusMonitor and RemoteMonitor in both variants.
+
+    heflwr's public attributes: ``monitoring`` (a bool in the thread variant, an Event
+    in the process variant, as heflwr's), ``thread`` (the sampling thread),
+    ``monitor_process`` (the process variant's helper, a ``subprocess.Popen``),
+    ``process`` (a ``psutil.Process`` of the monitored pid) and ``update_metrics()``.
+    """
 
     variant = "thread"
     sink = ""
+    records = "edgewatt"  # the drop-ins: "heflwr"
+    network = "host"  # what network bytes count; the drop-ins: "process" (its own TCP)
 
-    def __init__(self, interval: float, labels: dict[str, str] | None, socket: str | None) -> None:
+    def __init__(
+        self,
+        interval: float,
+        labels: dict[str, str] | None,
+        socket: str | None,
+        records: str | None = None,
+    ) -> None:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        if records is not None and records not in RECORDS:
+            raise ValueError(f"records must be 'heflwr' or 'edgewatt', got {records!r}")
+        self.records = records or self.records
         self.interval = float(interval)
         self.labels = dict(labels or {})
         self.socket = socket  # None: looked for as register() looks (core.transport)
@@ -135,16 +181,22 @@ class Monitor:
         self.command = " ".join(" ".join(_command_line()).split())
         self.metrics = {"cpu": True, "memory": True, "network": True, "power": False}
         self.source: str | None = None
-        self._recorder = Recorder(self.metrics)
+        # One for the monitor's life: stats() and summary() accumulate over start()/stop().
+        self._recorder = Recorder(dict(self.metrics), self.interval, self.network)
         self._stop: Any = None
         self._worker: Any = None
         self._reader: Any = None
         self._shared: dict[str, Any] = {}
+        self._running = threading.Event()  # the process variant's ``monitoring``
+        self.thread: threading.Thread | None = None
+        self.monitor_process: subprocess.Popen[str] | None = None
 
     def _sink_options(self) -> dict[str, Any]:
         raise NotImplementedError
 
     def set_metrics(self, **metrics: bool) -> None:
+        """Which metrics the next start() samples (heflwr: cpu, memory, network on,
+        power off)."""
         for name, value in metrics.items():
             if name not in METRICS:
                 raise ValueError(
@@ -162,10 +214,26 @@ class Monitor:
             "labels": self.labels,
             "interval": self.interval,
             "metrics": dict(self.metrics),
+            "network": self.network,
             "socket": self.socket,
             "sink": self.sink,
             "sink_options": self._sink_options(),
         }
+
+    @property
+    def monitoring(self) -> Any:
+        """heflwr's flag: True while monitoring (thread variant); the process variant's
+        is an Event, set while monitoring (heflwr's multiprocessing.Event)."""
+        return self._running if self.variant == "process" else self.running
+
+    @property
+    def process(self) -> Any:
+        """The monitored process as a ``psutil.Process`` (heflwr's thread variant's)."""
+        try:
+            import psutil
+        except ImportError:
+            raise AttributeError("monitor.process is a psutil.Process: install psutil") from None
+        return psutil.Process(self.pid)
 
     @property
     def daemon_socket(self) -> str | None:
@@ -184,15 +252,30 @@ class Monitor:
         return source.helper_pids() if source is not None else set()
 
     def start(self) -> None:
-        """Start monitoring; a path that cannot be written or a port in use raises here."""
+        """Start monitoring; a path that cannot be written or a port in use raises here.
+        Samples add to those of earlier start()/stop() (heflwr keeps them all)."""
         if self.running:
             return
-        self._recorder = Recorder(dict(self.metrics))
         self._shared.pop("summary", None)
         if self.variant == "process":
             self._start_process()
         else:
             self._start_thread()
+        self._running.set()
+
+    def _begin(self, info: dict[str, Any]) -> None:
+        """A new segment in the recorder, at the interval really used."""
+        self._recorder.begin(info.get("interval", self.interval), self.metrics)
+
+    def update_metrics(self) -> None:
+        """heflwr's sampling loop: sample every interval until stop(), in the calling
+        thread (the thread variant's thread runs it)."""
+        stop = self._stop if isinstance(self._stop, threading.Event) else threading.Event()
+        ready = self._shared.get("ready") or (lambda error, info: self._begin(info))
+        sampling_loop(self._spec(), stop, self._observe, ready, self._shared)
+
+    def _observe(self, reading: Reading) -> dict[str, Any] | None:
+        return self._recorder.observe(reading)
 
     def _start_thread(self) -> None:
         self._stop = threading.Event()
@@ -200,18 +283,17 @@ class Monitor:
         started = threading.Event()
 
         def ready(error: str | None, info: dict[str, Any]) -> None:
+            if error is None:
+                self._begin(info)  # before the loop's first reading reaches the recorder
             outcome.append((error, info))
             started.set()
 
-        worker = threading.Thread(
-            target=sampling_loop,
-            args=(self._spec(), self._stop, self._recorder.observe, ready, self._shared),
-            name="edgewatt-monitor",
-            daemon=True,
-        )
+        self._shared["ready"] = ready
+        worker = threading.Thread(target=self.update_metrics, name="edgewatt-monitor", daemon=True)
         worker.start()
         if not started.wait(60):
             raise OSError("the monitor did not start within 60 s")
+        self.thread = worker
         self._started(worker, *outcome[0])
 
     def _start_process(self) -> None:
@@ -232,6 +314,8 @@ class Monitor:
         message = json.loads(line)
         self._stop = helper
         if message["error"] is None:
+            self._begin(message["info"])
+            self.monitor_process = helper
             self._reader = threading.Thread(
                 target=self._read_helper, args=(helper,), name="edgewatt-monitor", daemon=True
             )
@@ -241,7 +325,7 @@ class Monitor:
     def _read_helper(self, helper: subprocess.Popen[str]) -> None:
         assert helper.stdout is not None
         for line in helper.stdout:
-            self._recorder.observe(Reading(**json.loads(line)))
+            self._observe(Reading(**json.loads(line)))
 
     def _started(self, worker: Any, error: str | None, info: dict[str, Any]) -> None:
         if error is not None:
@@ -257,9 +341,10 @@ class Monitor:
             self.port = info["port"]
 
     def stop(self, final: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None) -> None:
-        """Stop, after one last reading; the file gets its summary line. ``final``
-        (thread variant): ``final(summary, registration)`` gives the summary written and
-        kept, once the last reading is in."""
+        """Stop, after one last reading (merged into the previous sample when it comes
+        less than a quarter interval after it); the JSON Lines file gets its summary
+        line. ``final`` (thread variant): ``final(summary, registration)`` gives the
+        summary written and kept, once the last reading is in."""
         if not self.running:
             return
         self._shared["final"] = final
@@ -275,6 +360,7 @@ class Monitor:
             self._stop.set()
             self._worker.join(timeout=15)
         self._worker = None
+        self._running.clear()
 
     def phase(self, name: str) -> None:
         """Mark the start of a named phase (an epoch, a round) in the file and summary."""
@@ -294,10 +380,18 @@ class Monitor:
             log.warning("edgewatt: marking phase %r failed: %s", name, exc)
 
     def stats(self) -> dict[str, list[Any]]:
+        """One entry per sample over every start()/stop(): heflwr's seven keys, each a
+        list, empty where a metric is off or unmeasured (``records="edgewatt"``: every
+        figure a sample has)."""
+        if self.records == "heflwr":
+            return _heflwr.stats(self._recorder.samples)
         return self._recorder.stats()
 
     def summary(self) -> dict[str, Any]:
-        return self._shared.get("summary") or self._recorder.summary()
+        """Over every start()/stop(): heflwr's seven keys, 0 where nothing was measured
+        (``records="edgewatt"``: every figure, with its unit in its name)."""
+        figures = self._shared.get("summary") or self._recorder.summary()
+        return _heflwr.summary(figures) if self.records == "heflwr" else figures
 
     def __enter__(self) -> Monitor:
         self.start()
@@ -308,27 +402,32 @@ class Monitor:
 
 
 class FileMonitor(Monitor):
-    """Writes JSON Lines to ``file``: a header, one line per sample, a summary."""
-
-    sink = "file"
+    """Writes ``file``: heflwr's text log (a date line at each start, then one
+    ``CPU Usage: ...`` line per sample), or with ``records="edgewatt"`` JSON Lines (a
+    header, one line per sample, phase marks, a summary)."""
 
     def __init__(
         self,
         file: str,
         interval: float = 5,
         *,
+        records: str | None = None,
         labels: dict[str, str] | None = None,
         socket: str | None = None,
     ) -> None:
-        super().__init__(interval, labels, socket)
+        super().__init__(interval, labels, socket, records)
         self.file = os.path.abspath(os.fspath(file))
+        self.sink = "heflwr-file" if self.records == "heflwr" else "file"
 
     def _sink_options(self) -> dict[str, Any]:
-        return {"path": self.file}
+        if self.sink == "file":
+            return {"path": self.file, "network": self.network}
+        return {"path": self.file} if self.sink == "heflwr-file" else {}
 
 
 class PrometheusMonitor(Monitor):
-    """Serves the monitored process's metrics, with the daemon's names, on ``port``."""
+    """Serves the monitored process's metrics on ``port``: heflwr's gauges, or with
+    ``records="edgewatt"`` the daemon's names."""
 
     sink = "prometheus"
 
@@ -337,22 +436,24 @@ class PrometheusMonitor(Monitor):
         port: int = 8003,
         interval: float = 5,
         *,
+        records: str | None = None,
         addr: str = "0.0.0.0",
         labels: dict[str, str] | None = None,
         socket: str | None = None,
     ) -> None:
-        super().__init__(interval, labels, socket)
+        super().__init__(interval, labels, socket, records)
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be 0-65535, got {port!r}")
         self.port = port
         self.addr = addr
 
     def _sink_options(self) -> dict[str, Any]:
-        return {"port": self.port, "addr": self.addr}
+        return {"port": self.port, "addr": self.addr, "names": self.records}
 
 
 class RemoteMonitor(Monitor):
-    """Sends samples to ``host`` (heflwr's /simple_log or /log, or OTLP/HTTP)."""
+    """Sends samples to ``host`` (heflwr's /simple_log or /log, or OTLP/HTTP) and, as
+    heflwr's logger does, echoes each on stdout through the "HeFlwr" logger."""
 
     sink = "remote"
 
@@ -365,10 +466,11 @@ class RemoteMonitor(Monitor):
         *,
         protocol: str = "heflwr",
         buffer: int = 10_000,
+        records: str | None = None,
         labels: dict[str, str] | None = None,
         socket: str | None = None,
     ) -> None:
-        super().__init__(interval, labels, socket)
+        super().__init__(interval, labels, socket, records)
         if protocol not in ("heflwr", "otlp"):
             raise ValueError(f"protocol must be 'heflwr' or 'otlp', got {protocol!r}")
         if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
@@ -387,6 +489,12 @@ class RemoteMonitor(Monitor):
             "protocol": self.protocol,
             "buffer": self.buffer,
         }
+
+    def _observe(self, reading: Reading) -> dict[str, Any] | None:
+        sample = super()._observe(reading)
+        if sample is not None and self.records == "heflwr" and self.protocol == "heflwr":
+            _heflwr.echo(_heflwr.message(sample))
+        return sample
 
 
 def _command_line() -> list[str]:

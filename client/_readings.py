@@ -45,6 +45,8 @@ def reading_from_api(target: dict[str, Any], host: dict[str, Any]) -> Reading | 
         },
         process_energy_j=latest.get("energy_j"),
         carbon=CarbonIntensity(carbon["intensity_g_per_kwh"], carbon["source"]) if carbon else None,
+        tcp_sent_total=latest.get("network_transmit_bytes"),
+        tcp_recv_total=latest.get("network_receive_bytes"),
     )
 
 
@@ -64,6 +66,7 @@ def reading_after_exit(snapshot: Snapshot, last: dict[str, Any]) -> Reading | No
         rss_bytes=last["memory_rss_bytes"],
         device_energy_j=power.host_energy_j if power else None,
         process_energy_j=last.get("energy_j"),
+        tcp=(last.get("network_transmit_bytes"), last.get("network_receive_bytes")),
     )
 
 
@@ -79,6 +82,7 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading | None:
         rss_bytes=p.memory_rss_bytes,
         device_energy_j=p.device_energy_j,
         process_energy_j=p.energy_j,
+        tcp=(p.network_transmit_bytes, p.network_receive_bytes),
     )
 
 
@@ -90,6 +94,7 @@ def _local_reading(
     rss_bytes: int,
     device_energy_j: float | None,
     process_energy_j: float | None,
+    tcp: tuple[int | None, int | None],
 ) -> Reading:
     host, power = snapshot.host, snapshot.power
     assert host is not None
@@ -107,4 +112,6 @@ def _local_reading(
         rails_w={r.name: r.power_w for r in power.rails if r.power_w is not None} if power else {},
         process_energy_j=process_energy_j,
         carbon=snapshot.carbon,
+        tcp_sent_total=tcp[0],
+        tcp_recv_total=tcp[1],
     )

@@ -2,11 +2,16 @@
 
 Units, once (the README repeats them): ``cpu_usage`` is percent of one core (psutil's
 ``cpu_percent``, as heflwr), ``memory_usage`` percent of host memory (RSS), network
-bytes are per interval and host-wide (every interface but loopback), ``power_vdd_*``
-are milliwatts and ``total_power_vdd_*`` millijoules (heflwr's units; its docs said
-mV), integrated over the real elapsed time. Keys ending in ``_s``, ``_bytes``, ``_w``
-and ``_j`` say their unit. A metric that is off, or that the device lacks, is absent:
-never a 0.
+bytes are per interval: the monitored process's own TCP bytes where the scope is
+"process" (the heflwr drop-ins), else host-wide (every interface but loopback);
+``power_vdd_*`` are milliwatts and ``total_power_vdd_*`` millijoules (heflwr's units;
+its docs said mV), integrated over the real elapsed time. Keys ending in ``_s``,
+``_bytes``, ``_w`` and ``_j`` say their unit. A metric that is off, or that the device
+lacks, is absent from a sample: never a 0 (``_heflwr.py`` gives heflwr's shapes).
+
+A monitor keeps one Recorder for its life: each start() opens a segment whose first
+reading is a baseline, so stats() and summary() accumulate over start()/stop() as
+heflwr's do, and the time between two segments is not counted.
 """
 
 from __future__ import annotations
@@ -22,18 +27,30 @@ from edgewatt.core.carbon import CarbonIntensity
 # board input has a different name per board: the device total stands for it.
 HEFLWR_RAILS = {"power_vdd_cpu_gpu_cv": "VDD_CPU_GPU_CV", "power_vdd_soc": "VDD_SOC"}
 
-UNITS = {
-    "timestamp": "unix seconds",
-    "cpu_usage": "percent of one core",
-    "memory_usage": "percent of host memory",
-    "memory_rss_bytes": "bytes",
-    "network_bytes_sent": "bytes in the interval, host-wide, loopback excluded",
-    "network_bytes_recv": "bytes in the interval, host-wide, loopback excluded",
-    "power_vdd_in": "milliwatts (device input)",
-    "power_vdd_cpu_gpu_cv": "milliwatts",
-    "power_vdd_soc": "milliwatts",
-    "power_w": "watts (device input)",
+# A sample shorter than this share of the interval (the reading at stop() a few ms
+# after the previous one) is merged into the previous sample: over a few clock ticks
+# a rate is noise (one 10 ms tick in 20 ms reads 50 %).
+SHORT_SHARE = 0.25
+
+NETWORK_UNITS = {
+    "host": "bytes in the interval, host-wide, loopback excluded",
+    "process": "bytes in the interval, the process tree's TCP, loopback to other processes in",
 }
+
+
+def units(network: str = "host") -> dict[str, str]:
+    return {
+        "timestamp": "unix seconds",
+        "cpu_usage": "percent of one core",
+        "memory_usage": "percent of host memory",
+        "memory_rss_bytes": "bytes",
+        "network_bytes_sent": NETWORK_UNITS[network],
+        "network_bytes_recv": NETWORK_UNITS[network],
+        "power_vdd_in": "milliwatts (device input)",
+        "power_vdd_cpu_gpu_cv": "milliwatts",
+        "power_vdd_soc": "milliwatts",
+        "power_w": "watts (device input)",
+    }
 
 
 @dataclass(frozen=True)
@@ -52,13 +69,33 @@ class Reading:
     rails_w: dict[str, float] = field(default_factory=dict)
     process_energy_j: float | None = None  # attributed to the monitored process
     carbon: CarbonIntensity | None = None  # the grid intensity, only when one is configured
+    # The monitored process tree's own TCP bytes (sock_diag), loopback to processes
+    # outside it included; None where they are not counted (no sock_diag, psutil).
+    tcp_sent_total: int | None = None
+    tcp_recv_total: int | None = None
 
     @property
     def cpu_time_s(self) -> float:
         return self.cpu_user_s + self.cpu_system_s
 
 
-def sample_from(previous: Reading, current: Reading, metrics: dict[str, bool]) -> dict[str, Any]:
+def _network(previous: Reading, current: Reading, scope: str) -> tuple[int, int] | None:
+    """(sent, received) bytes between two readings: the process's own TCP bytes where
+    ``scope`` is "process" and both readings have them, else host-wide."""
+    if scope == "process" and None not in (previous.tcp_sent_total, current.tcp_sent_total):
+        sent = (current.tcp_sent_total or 0) - (previous.tcp_sent_total or 0)
+        recv = (current.tcp_recv_total or 0) - (previous.tcp_recv_total or 0)
+        return max(0, sent), max(0, recv)
+    if current.net_sent_total is None or previous.net_sent_total is None:
+        return None
+    sent = current.net_sent_total - previous.net_sent_total
+    recv = (current.net_recv_total or 0) - (previous.net_recv_total or 0)
+    return max(0, sent), max(0, recv)
+
+
+def sample_from(
+    previous: Reading, current: Reading, metrics: dict[str, bool], network: str = "host"
+) -> dict[str, Any]:
     """The sample recorded for the interval between two readings (heflwr keys)."""
     elapsed = current.time - previous.time
     sample: dict[str, Any] = {"timestamp": current.time}
@@ -67,15 +104,9 @@ def sample_from(previous: Reading, current: Reading, metrics: dict[str, bool]) -
     if metrics["memory"]:
         sample["memory_usage"] = current.memory_rss_bytes / current.memory_total_bytes * 100
         sample["memory_rss_bytes"] = current.memory_rss_bytes
-    if (
-        metrics["network"]
-        and current.net_sent_total is not None
-        and previous.net_sent_total is not None
-    ):
-        sample["network_bytes_sent"] = max(0, current.net_sent_total - previous.net_sent_total)
-        sample["network_bytes_recv"] = max(
-            0, (current.net_recv_total or 0) - (previous.net_recv_total or 0)
-        )
+    traffic = _network(previous, current, network) if metrics["network"] else None
+    if traffic is not None:
+        sample["network_bytes_sent"], sample["network_bytes_recv"] = traffic
     if metrics["power"] and current.power_w is not None:
         sample["power_vdd_in"] = current.power_w * 1000
         for key, rail in HEFLWR_RAILS.items():
@@ -87,52 +118,96 @@ def sample_from(previous: Reading, current: Reading, metrics: dict[str, bool]) -
     return sample
 
 
-class Recorder:
-    """Turns readings into samples, kept in order; stats() and summary() in heflwr's
-    shapes plus explicit units. The first reading is a baseline, not a sample: no
-    meaningless first 0 % (heflwr's psutil.cpu_percent() first call)."""
+@dataclass
+class Segment:
+    """One start()..stop() of a monitor: its baseline, its latest reading, its samples."""
 
-    def __init__(self, metrics: dict[str, bool]) -> None:
+    first: Reading
+    last: Reading
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    base: Reading | None = None  # where the latest sample's interval began (for merging)
+
+    @property
+    def span_s(self) -> float:
+        return self.last.time - self.first.time
+
+
+class Recorder:
+    """Turns readings into samples, kept in order over every start()/stop() of a
+    monitor; stats() and summary() with explicit units. The first reading of a segment
+    is a baseline, not a sample: no meaningless first 0 % (heflwr's psutil
+    cpu_percent() first call). A reading less than SHORT_SHARE of the interval after
+    the previous one extends the previous sample instead of making one of its own."""
+
+    def __init__(
+        self, metrics: dict[str, bool], interval: float = 0.0, network: str = "host"
+    ) -> None:
         self.metrics = metrics
-        self.samples: list[dict[str, Any]] = []
+        self.network = network
+        self.short_s = interval * SHORT_SHARE
+        self.segments: list[Segment] = []
         self.phases: list[dict[str, Any]] = []
-        self.first: Reading | None = None
-        self.last: Reading | None = None
+        self._open = False  # whether the next reading continues the last segment
+
+    def begin(self, interval: float, metrics: dict[str, bool]) -> None:
+        """A new segment (start()): its first reading is a baseline."""
+        self.short_s = interval * SHORT_SHARE
+        self.metrics = dict(metrics)
+        self._open = False
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        return [s for segment in self.segments for s in segment.samples]
+
+    @property
+    def last(self) -> Reading | None:
+        return self.segments[-1].last if self.segments and self._open else None
 
     def observe(self, reading: Reading) -> dict[str, Any] | None:
-        if self.last is not None and reading.time <= self.last.time:
-            return None  # the daemon has not sampled again yet
-        previous, self.last = self.last, reading
-        if previous is None:
-            self.first = reading
+        """The new sample, or None (a baseline, a reading not newer than the last, or
+        one merged into the previous sample)."""
+        if not self._open:
+            self.segments.append(Segment(reading, reading))
+            self._open = True
             return None
-        sample = sample_from(previous, reading, self.metrics)
-        self.samples.append(sample)
+        segment = self.segments[-1]
+        previous = segment.last
+        if reading.time <= previous.time:
+            return None  # the daemon has not sampled again yet
+        segment.last = reading
+        if segment.samples and segment.base and reading.time - previous.time < self.short_s:
+            segment.samples[-1] = sample_from(segment.base, reading, self.metrics, self.network)
+            return None
+        segment.base = previous
+        sample = sample_from(previous, reading, self.metrics, self.network)
+        segment.samples.append(sample)
         return sample
 
     def stats(self) -> dict[str, list[Any]]:
+        samples = self.samples
         keys: list[str] = []
-        for sample in self.samples:
+        for sample in samples:
             keys.extend(k for k in sample if k not in keys)
-        return {k: [s[k] for s in self.samples if k in s] for k in keys}
+        return {k: [s[k] for s in samples if k in s] for k in keys}
 
     def summary(self) -> dict[str, Any]:
         stats = self.stats()
-        result: dict[str, Any] = {"samples": len(self.samples)}
+        result: dict[str, Any] = {"samples": sum(len(s.samples) for s in self.segments)}
         if self.phases:
             result["phases"] = list(self.phases)
-        if self.first is None or self.last is None or not self.samples:
+        segments = [s for s in self.segments if s.samples]
+        if not segments:
             return result
-        first, last = self.first, self.last
         result.update(
-            start_time=first.time, end_time=last.time, duration_s=round(last.time - first.time, 3)
+            start_time=segments[0].first.time,
+            end_time=segments[-1].last.time,
+            duration_s=round(math.fsum(s.span_s for s in segments), 3),  # monitored time
         )
-        if "cpu_usage" in stats:
-            cpu_s = last.cpu_time_s - first.cpu_time_s
-            # Weighted by time, not a mean of samples: the reading taken at stop()
-            # closes a short interval whose percentage is dominated by clock-tick
-            # rounding (one 10 ms tick over 20 ms reads 50 %).
-            span = last.time - first.time
+        with_cpu = [s for s in segments if any("cpu_usage" in x for x in s.samples)]
+        if with_cpu:
+            cpu_s = math.fsum(s.last.cpu_time_s - s.first.cpu_time_s for s in with_cpu)
+            # Weighted by time, not a mean of samples: CPU seconds over wall seconds.
+            span = math.fsum(s.span_s for s in with_cpu)
             result["avg_cpu_usage"] = cpu_s / span * 100 if span > 0 else 0.0
             result["cpu_time_s"] = round(cpu_s, 3)
         if "memory_usage" in stats:
@@ -153,41 +228,54 @@ class Recorder:
                 result[f"energy_{name}_j"] = result["energy_j"]
                 result[f"total_{key}"] = result["energy_j"] * 1000
                 continue
-            # From the first reading on: the first interval counts too.
-            rail = HEFLWR_RAILS.get(key)
-            start = first.power_w if rail is None else first.rails_w.get(rail)
-            times = [s["timestamp"] for s in self.samples if key in s]
-            values = stats[key]
-            if start is not None:
-                times, values = [first.time, *times], [start * 1000, *values]
-            millijoules = _trapezoid(times, values)
+            millijoules = math.fsum(_rail_millijoules(s, key) for s in segments)
             result[f"total_{key}"] = millijoules
             result[f"energy_{name}_j"] = millijoules / 1000
         if "power_w" in stats:
             # Over the time the energy was measured: the device may start reporting
             # after the run began (a daemon that just started, a sensor's first line).
-            times = [first.time] + [s["timestamp"] for s in self.samples]
             measured = (
-                math.fsum(t1 - t0 for t0, t1, s in zip(times, times[1:], self.samples)
-                          if "energy_j" in s)
+                math.fsum(_measured_s(s) for s in segments)
                 if "energy_j" in result
                 else result["duration_s"]
-            )  # fmt: skip
+            )
             energy = result.get("energy_j", result.get("energy_vdd_in_j", 0.0))
             if measured > 0:
                 result["avg_power_w"] = energy / measured
-        if (
-            self.metrics["power"]
-            and last.process_energy_j is not None
-            and first.process_energy_j is not None
-        ):
-            result["process_energy_j"] = last.process_energy_j - first.process_energy_j
+        mine = [
+            s.last.process_energy_j - s.first.process_energy_j
+            for s in segments
+            if s.last.process_energy_j is not None and s.first.process_energy_j is not None
+        ]
+        if self.metrics["power"] and mine:
+            result["process_energy_j"] = math.fsum(mine)
         energy = result.get("energy_j", result.get("energy_vdd_in_j"))
+        last = segments[-1].last
         if last.carbon is not None and energy is not None:
             # CodeCarbon's rule, on the device's energy over the run.
             result["carbon_intensity_g_per_kwh"] = last.carbon.g_per_kwh
             result["total_carbon_g"] = last.carbon.grams(energy)
         return result
+
+
+def _rail_millijoules(segment: Segment, key: str) -> float:
+    """A rail's energy over a segment, from its first reading on (the first interval
+    counts too), by the trapezoid rule over the real elapsed time."""
+    rail = HEFLWR_RAILS.get(key)
+    first = segment.first
+    start = first.power_w if rail is None else first.rails_w.get(rail)
+    times = [s["timestamp"] for s in segment.samples if key in s]
+    values = [s[key] for s in segment.samples if key in s]
+    if start is not None:
+        times, values = [first.time, *times], [start * 1000, *values]
+    return _trapezoid(times, values)
+
+
+def _measured_s(segment: Segment) -> float:
+    times = [segment.first.time] + [s["timestamp"] for s in segment.samples]
+    return math.fsum(
+        t1 - t0 for t0, t1, s in zip(times, times[1:], segment.samples) if "energy_j" in s
+    )
 
 
 def _mean(values: list[float]) -> float:

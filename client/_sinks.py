@@ -1,9 +1,11 @@
-"""Where a monitor's samples go: a JSON Lines file, a remote server, a /metrics port."""
+"""Where a monitor's samples go: heflwr's text file or a JSON Lines file, a remote
+server, a /metrics port (heflwr's gauges or the daemon's names)."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -15,7 +17,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from edgewatt.client._samples import UNITS, Reading
+from edgewatt.client import _heflwr
+from edgewatt.client._samples import Reading, units
 from edgewatt.core import compat
 from edgewatt.core.metrics import BY_NAME
 
@@ -29,18 +32,22 @@ class FileSink:
     warned about once and monitoring goes on.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, network: str = "host") -> None:
         self.path = path
+        self.network = network  # what its network bytes count (the header's units say)
         self._file: Any = None
         self._failed = False
         self._lock = threading.Lock()
 
     def start(self, header: dict[str, Any]) -> None:
+        self._open()
+        self._write({"type": "header", **header, "units": units(self.network)})
+
+    def _open(self) -> None:
         try:
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in stop()
         except OSError as exc:
             raise OSError(f"cannot write monitor file {self.path}: {exc.strerror}") from exc
-        self._write({"type": "header", **header, "units": UNITS})
 
     def sample(self, sample: dict[str, Any], reading: Reading) -> None:
         self._write({"type": "sample", **sample})
@@ -50,22 +57,46 @@ class FileSink:
 
     def stop(self, summary: dict[str, Any]) -> None:
         self._write({"type": "summary", **summary})
+        self._close()
+
+    def _close(self) -> None:
         if self._file is not None:
             with contextlib.suppress(OSError):
                 self._file.close()
             self._file = None
 
     def _write(self, record: dict[str, Any]) -> None:
+        self._write_text(json.dumps(record) + "\n")
+
+    def _write_text(self, text: str) -> None:
         if self._file is None:
             return
         try:
             with self._lock:  # phase marks come from the caller's thread
-                self._file.write(json.dumps(record) + "\n")
+                self._file.write(text)
                 self._file.flush()
         except OSError as exc:
             if not self._failed:
                 self._failed = True
                 log.warning("edgewatt: writing %s failed (%s); monitoring goes on", self.path, exc)
+
+
+class HeflwrFileSink(FileSink):
+    """heflwr's text log: at each start a line with the local date and time, then one
+    line per sample (``CPU Usage: 1.0%, Memory Usage: 0.5%, Bytes Sent: 0, ...``, the
+    rails when power is on and measured), appended; no header, phase or summary line."""
+
+    def start(self, header: dict[str, Any]) -> None:
+        self._open()
+        self._write_text(datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S") + "\n")
+
+    def sample(self, sample: dict[str, Any], reading: Reading) -> None:
+        self._write_text(_heflwr.file_line(sample) + "\n")
+
+    def phase(self, name: str, at: float) -> None: ...
+
+    def stop(self, summary: dict[str, Any]) -> None:
+        self._close()
 
 
 class NullSink:
@@ -163,12 +194,12 @@ class RemoteSink:
 
             body = encode(reading, self._pid_labels)
             return body, _url(self.host, "/v1/metrics"), "application/x-protobuf"
-        message = _heflwr_message(sample)
+        message = _heflwr.message(sample)
         if self.simple:
             fields: dict[str, Any] = {"identifier": self.identifier, "message": message}
             path = "/simple_log"
         else:
-            fields = _log_record(self.identifier, message, sample["timestamp"])
+            fields = _heflwr.log_fields(self.identifier, _heflwr.record(message))
             path = "/log"
         body = urllib.parse.urlencode(fields).encode()
         return body, _url(self.host, path), "application/x-www-form-urlencoded"
@@ -223,52 +254,38 @@ class RemoteSink:
         return True
 
 
-def _heflwr_message(sample: dict[str, Any]) -> str:
-    """heflwr's text: 'Cpu Usage: 12.0%, Memory Usage: 3.1%, Bytes Sent: ..., '."""
-    parts = []
-    if "cpu_usage" in sample:
-        parts.append(f"Cpu Usage: {sample['cpu_usage']}%")
-    if "memory_usage" in sample:
-        parts.append(f"Memory Usage: {sample['memory_usage']}%")
-    if "network_bytes_sent" in sample:
-        parts.append(f"Bytes Sent: {sample['network_bytes_sent']}")
-        parts.append(f"Bytes Recv: {sample['network_bytes_recv']}")
-    if "power_vdd_in" in sample:
-        parts.append(f"VDD In: {sample['power_vdd_in']}")
-    if "power_vdd_cpu_gpu_cv" in sample:
-        parts.append(f"VDD cpu_gpu_cv: {sample['power_vdd_cpu_gpu_cv']}")
-    if "power_vdd_soc" in sample:
-        parts.append(f"VDD soc: {sample['power_vdd_soc']}")
-    return "".join(p + ", " for p in parts)
-
-
-def _log_record(identifier: str, message: str, created: float) -> dict[str, Any]:
-    """The fields logging.handlers.HTTPHandler posts for a record (heflwr's /log)."""
-    record = logging.LogRecord("heflwr", logging.INFO, __file__, 0, message, None, None)
-    record.created = created
-    record.message = message
-    return {"identifier": identifier, **record.__dict__}
-
-
 class PrometheusSink:
-    """A /metrics endpoint for the monitored process, with the daemon's metric names."""
+    """A /metrics endpoint for the monitored process: heflwr's gauges (``names="heflwr"``:
+    cpu_usage, memory_usage, bytes_sent, bytes_recv, vdd_in, vdd_cpu_gpu_cv, vdd_soc, no
+    labels unless given, with the process_*, python_* series heflwr's default registry
+    serves, of the monitored process) or the daemon's names (``names="edgewatt"``)."""
 
-    def __init__(self, port: int, addr: str = "0.0.0.0") -> None:
+    def __init__(self, port: int, addr: str = "0.0.0.0", names: str = "edgewatt") -> None:
         self.port = port
         self.addr = addr
+        self.names = names
         self._latest: Reading | None = None
         self._labels: dict[str, str] = {}
         self._httpd: Any = None
+        # heflwr's gauges start at 0.0 and keep their last value while a metric is off.
+        self._gauges = dict.fromkeys(HEFLWR_GAUGES, 0.0)
 
     def start(self, header: dict[str, Any]) -> None:
         from prometheus_client import CollectorRegistry, start_http_server
 
-        self._labels = {
-            "process_pid": str(header["pid"]),
-            "host_name": header["host"],
-            **{k.replace(".", "_"): v for k, v in header.get("labels", {}).items()},
-        }
+        labels = {k.replace(".", "_"): v for k, v in header.get("labels", {}).items()}
         registry = CollectorRegistry()
+        if self.names == "heflwr":
+            from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+
+            self._labels = labels
+            pid = header["pid"]
+            ProcessCollector(pid=lambda: pid, registry=registry)
+            PlatformCollector(registry=registry)
+            GCCollector(registry=registry)
+        else:
+            own = {"process_pid": str(header["pid"]), "host_name": header["host"]}
+            self._labels = {**own, **labels}
         registry.register(self)  # type: ignore[arg-type]
         try:
             self._httpd, _ = start_http_server(self.port, addr=self.addr, registry=registry)
@@ -278,13 +295,28 @@ class PrometheusSink:
 
     def sample(self, sample: dict[str, Any], reading: Reading) -> None:
         self._latest = reading
+        for name, key in HEFLWR_GAUGES.items():
+            if key in sample:
+                self._gauges[name] = float(_heflwr.value(key, sample[key]))
 
     def stop(self, summary: dict[str, Any]) -> None:
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
 
+    def _heflwr_families(self) -> list[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        families = []
+        for name, value in self._gauges.items():
+            family = GaugeMetricFamily(name, HEFLWR_HELP[name], labels=list(self._labels))
+            family.add_metric(list(self._labels.values()), value)
+            families.append(family)
+        return families
+
     def collect(self) -> list[Any]:
+        if self.names == "heflwr":
+            return self._heflwr_families()
         r = self._latest
         if r is None:
             return []
@@ -298,7 +330,7 @@ class PrometheusSink:
         rss.add_metric(values, r.memory_rss_bytes)
         families = [cpu, rss]
         if r.net_sent_total is not None:
-            # Host-wide and loopback excluded, as heflwr counts it: one interface, "all".
+            # Host-wide and loopback excluded: one interface, "all".
             net = _family("system.network.io", ["host_name", "network_io_direction"])
             net.add_metric([*host, "transmit"], r.net_sent_total)
             net.add_metric([*host, "receive"], r.net_recv_total or 0)
@@ -316,6 +348,28 @@ class PrometheusSink:
             mine.add_metric(values, r.process_energy_j)
             families.append(mine)
         return families
+
+
+# heflwr's gauge -> the sample key it shows; units: percent of one core, percent of
+# host memory, bytes in the last interval, milliwatts (0.0 while power is off).
+HEFLWR_GAUGES = {
+    "cpu_usage": "cpu_usage",
+    "memory_usage": "memory_usage",
+    "bytes_sent": "network_bytes_sent",
+    "bytes_recv": "network_bytes_recv",
+    "vdd_in": "power_vdd_in",
+    "vdd_cpu_gpu_cv": "power_vdd_cpu_gpu_cv",
+    "vdd_soc": "power_vdd_soc",
+}
+HEFLWR_HELP = {  # heflwr's HELP texts
+    "cpu_usage": "CPU usage percentage",
+    "memory_usage": "Memory usage percentage",
+    "bytes_sent": "Bytes sent",
+    "bytes_recv": "Bytes recv",
+    "vdd_in": "VDD in",
+    "vdd_cpu_gpu_cv": "VDD cpu_gpu_cv",
+    "vdd_soc": "VDD soc",
+}
 
 
 def _family(name: str, labels: list[str]) -> Any:
