@@ -269,10 +269,23 @@ class Monitor:
 
     def update_metrics(self) -> None:
         """heflwr's sampling loop: sample every interval until stop(), in the calling
-        thread (the thread variant's thread runs it)."""
-        stop = self._stop if isinstance(self._stop, threading.Event) else threading.Event()
-        ready = self._shared.get("ready") or (lambda error, info: self._begin(info))
-        sampling_loop(self._spec(), stop, self._observe, ready, self._shared)
+        thread (the thread variant's thread runs it; a script may too, as heflwr's)."""
+        ready = self._shared.pop("ready", None)
+        if ready is None:  # called by the script itself: monitoring until stop()
+            if self.running:
+                return
+            self._stop = threading.Event()
+            self._worker = threading.current_thread()
+            self._running.set()
+
+            def ready(error: str | None, info: dict[str, Any]) -> None:
+                if error is not None:
+                    log.warning("edgewatt: %s", error)
+                    return
+                self._begin(info)
+                self.source = info.get("source")
+
+        sampling_loop(self._spec(), self._stop, self._observe, ready, self._shared)
 
     def _observe(self, reading: Reading) -> dict[str, Any] | None:
         return self._recorder.observe(reading)
@@ -348,7 +361,7 @@ class Monitor:
         if not self.running:
             return
         self._shared["final"] = final
-        if self.variant == "process":
+        if isinstance(self._worker, subprocess.Popen):
             with contextlib.suppress(OSError):
                 self._worker.stdin.close()  # end of input: a last reading, then it exits
             try:
@@ -371,7 +384,7 @@ class Monitor:
         if not self.running:
             return
         try:
-            if self.variant == "process":
+            if isinstance(self._worker, subprocess.Popen):
                 self._worker.stdin.write(json.dumps({"phase": name, "at": at}) + "\n")
                 self._worker.stdin.flush()
             elif hasattr(self._shared.get("sink"), "phase"):

@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import resource
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -364,19 +367,243 @@ def test_the_daemons_minimum_interval_bounds_a_monitor(daemon_factory: Any, tmp_
     assert header["interval_s"] == 0.3
 
 
-def test_average_cpu_is_weighted_by_time_not_a_mean_of_samples() -> None:
+def test_average_cpu_is_weighted_by_time_and_a_short_last_sample_is_merged() -> None:
     # Two 1 s intervals at 100 % and the 20 ms closing interval read at stop(), in which
-    # clock-tick rounding counted 30 ms (150 %): the average is CPU seconds over wall
-    # seconds, 2.03 / 2.02 s, not (100 + 100 + 150) / 3.
+    # clock-tick rounding counted 30 ms (150 %). The 20 ms are merged into the previous
+    # sample (1.02 s, 1.03 s of CPU), never reported as a rate of their own; the average
+    # is CPU seconds over wall seconds, 2.03 / 2.02 s, not a mean of samples.
     from edgewatt.client._samples import Reading, Recorder
 
-    def reading(t: float, cpu: float) -> Reading:
-        return Reading(t, cpu, 0.0, 100 * 2**20, 8 * 2**30, None, None)
+    def reading(t: float, cpu: float, sent: int) -> Reading:
+        return Reading(t, cpu, 0.0, 100 * 2**20, 8 * 2**30, sent, 0)
 
-    recorder = Recorder({"cpu": True, "memory": True, "network": False, "power": False})
-    for t, cpu in [(10.0, 5.0), (11.0, 6.0), (12.0, 7.0), (12.02, 7.03)]:
-        recorder.observe(reading(t, cpu))
-    assert recorder.stats()["cpu_usage"] == pytest.approx([100.0, 100.0, 150.0])
+    recorder = Recorder({"cpu": True, "memory": True, "network": True, "power": False}, 1.0)
+    merged = [(10.0, 5.0, 0), (11.0, 6.0, 100), (12.0, 7.0, 300), (12.02, 7.03, 310)]
+    assert [recorder.observe(reading(*r)) is not None for r in merged] == [0, 1, 1, 0]
+    stats = recorder.stats()
+    assert stats["cpu_usage"] == pytest.approx([100.0, 103 / 1.02])
+    assert stats["network_bytes_sent"] == [100, 210]  # nothing lost in the merge
+    assert stats["timestamp"] == [11.0, 12.02]
     summary = recorder.summary()
-    assert summary["cpu_time_s"] == 2.03
+    assert summary["samples"] == 2 and summary["cpu_time_s"] == 2.03
     assert summary["avg_cpu_usage"] == pytest.approx(2.03 / 2.02 * 100)
+    # A quarter interval or more is a sample of its own.
+    recorder.observe(reading(12.27, 7.2, 310))
+    assert recorder.summary()["samples"] == 3
+
+
+# -- heflwr 0.1.91's shapes (tests/test_heflwr_compat.py checks them against heflwr) ---
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["thread", "process"])
+def test_heflwr_keys_always_also_before_start(variant: Any, tmp_path: Path) -> None:
+    monitor = variant.FileMonitor(str(tmp_path / "log.txt"), 0.2)
+    monitor.socket = str(tmp_path / "none.sock")
+    assert monitor.stats() == {key: [] for key in HEFLWR_STATS}
+    assert monitor.summary() == dict.fromkeys(HEFLWR_SUMMARY, 0)
+    # Network off and power on: heflwr's documented columns are all there. Without a
+    # power source the rails read [] and their totals 0 (heflwr's own sampler dies).
+    monitor.set_metrics(network=False, power=True)
+    monitor.start()
+    time.sleep(0.5)
+    monitor.stop()
+    stats, summary = monitor.stats(), monitor.summary()
+    assert list(stats) == list(HEFLWR_STATS) and list(summary) == list(HEFLWR_SUMMARY)
+    assert stats["network_bytes_sent"] == [] and summary["total_network_bytes_sent"] == 0
+    assert all(isinstance(v, float) for v in stats["cpu_usage"] + stats["memory_usage"])
+    assert all(isinstance(v, int) for v in stats["power_vdd_in"])  # whole mW, as heflwr
+    if not stats["power_vdd_in"]:
+        assert summary["total_power_vdd_in"] == 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["thread", "process"])
+def test_samples_accumulate_across_start_and_stop(variant: Any, tmp_path: Path) -> None:
+    monitor = variant.FileMonitor(str(tmp_path / "log.txt"), 0.2, records="edgewatt")
+    monitor.socket = str(tmp_path / "none.sock")
+    counts = []
+    for _ in range(2):
+        monitor.start()
+        burn(0.7)
+        monitor.stop()
+        counts.append(monitor.summary()["samples"])
+        if len(counts) == 1:
+            first = monitor.stats()
+        time.sleep(0.5)  # between rounds: not monitored, not counted
+    stats, summary = monitor.stats(), monitor.summary()
+    assert counts[0] >= 3 and counts[1] >= 2 * 3 and counts[1] == len(stats["timestamp"])
+    assert all(stats[k][: counts[0]] == v for k, v in first.items())
+    # Both rounds, the time between them left out: 1.4 s of CPU over 1.4 s monitored.
+    assert summary["cpu_time_s"] >= 1.4 - 2 * TICK
+    assert summary["duration_s"] < summary["end_time"] - summary["start_time"] - 0.4
+    assert summary["avg_cpu_usage"] == pytest.approx(
+        summary["cpu_time_s"] / summary["duration_s"] * 100, rel=0.01
+    )
+
+
+HEFLWR_LINE = re.compile(
+    r"CPU Usage: \d+\.\d%, Memory Usage: \d+\.\d+(e-\d+)?%, Bytes Sent: \d+, Bytes Recv: \d+, "
+)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["thread", "process"])
+def test_file_monitor_writes_heflwrs_text_appending_at_each_start(
+    variant: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "log.txt"
+    monitor = variant.FileMonitor(file=str(path), interval=0.2)
+    monitor.socket = str(tmp_path / "none.sock")
+    for _ in range(2):
+        monitor.start()
+        time.sleep(0.5)
+        monitor.stop()
+    lines = path.read_text().splitlines()
+    dates = [
+        i for i, line in enumerate(lines) if re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", line)
+    ]
+    assert dates[0] == 0 and len(dates) == 2, lines
+    samples = [line for i, line in enumerate(lines) if i not in dates]
+    assert all(HEFLWR_LINE.fullmatch(line) for line in samples), samples
+    assert len(samples) == len(monitor.stats()["cpu_usage"])
+
+
+def test_prometheus_monitor_serves_heflwrs_gauges(tmp_path: Path) -> None:
+    monitor = thread_monitor.PrometheusMonitor(port=free_port(), interval=0.2)
+    monitor.socket = str(tmp_path / "none.sock")
+    monitor.start()
+    try:
+        url = f"http://127.0.0.1:{monitor.port}/metrics"
+
+        def scrape() -> dict[str, float]:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                text = r.read().decode()
+            values = dict(re.findall(r"^(\w+) (\S+)$", text, re.M))
+            return {k: float(v) for k, v in values.items()} if float(values["memory_usage"]) else {}
+
+        values = wait_for(scrape, timeout=10)
+        names = ["cpu_usage", "memory_usage", "bytes_sent", "bytes_recv", "vdd_in"]
+        assert {*names, "vdd_cpu_gpu_cv", "vdd_soc"} <= set(values)
+        # Percent of host memory, the figure stats() has; the rails 0.0 with power off.
+        assert values["memory_usage"] == pytest.approx(monitor.stats()["memory_usage"][-1], rel=0.2)
+        assert values["vdd_in"] == values["vdd_soc"] == 0.0
+    finally:
+        monitor.stop()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["thread", "process"])
+def test_remote_log_record_is_heflwrs_and_echoed_on_stdout(
+    variant: Any, receiver: Receiver, tmp_path: Path, capsys: Any
+) -> None:
+    monitor = variant.RemoteMonitor(f"127.0.0.1:{receiver.port}", 0.2, "id-9", simple=False)
+    monitor.socket = str(tmp_path / "none.sock")
+    monitor.start()
+    time.sleep(0.7)
+    monitor.stop()
+    forms = receiver.forms()
+    form = forms[0]
+    assert (
+        form["name"] == "HeFlwr" and form["args"] == "()" and form["funcName"] == "update_metrics"
+    )
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}", form["asctime"])
+    assert form["msg"] == form["message"] and form["message"].startswith("Cpu Usage: ")
+    echoed = capsys.readouterr().out.splitlines()
+    assert len(echoed) == len(forms)
+    assert all(re.match(r"INFO HeFlwr \d{4}-.* \| \S+\.py:\d+ \| Cpu Usage: ", e) for e in echoed)
+    assert [e.split(" | ")[-1] for e in echoed] == [f["message"] for f in forms]
+
+
+PEER = """
+import socket, sys
+server = socket.create_server(("127.0.0.1", 0))
+print(server.getsockname()[1], flush=True)
+conn, _ = server.accept()
+got = 0
+while got < int(sys.argv[1]):
+    got += len(conn.recv(1 << 20))
+conn.sendall(b"r" * int(sys.argv[2]))
+conn.recv(1)  # until the monitored process closes
+"""
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["thread", "process"])
+def test_network_bytes_are_the_processs_own_loopback_included(
+    variant: Any, socket_path: str, tmp_path: Path
+) -> None:
+    sent, received = 5 * 2**20, 2**20
+    # The local server is not this process's child (a child would be the monitored
+    # tree's own, talking to itself): started through a launcher that exits at once,
+    # before the monitor starts, it is an orphan of init.
+    launch = "import subprocess, sys; subprocess.Popen([sys.executable, *sys.argv[1:]])"
+    peer = subprocess.Popen(
+        [sys.executable, "-c", launch, "-c", PEER, str(sent), str(received)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert peer.wait(timeout=10) == 0 and peer.stdout is not None
+    try:
+        port = int(peer.stdout.readline())
+        monitor = variant.FileMonitor(str(tmp_path / "log.txt"), 0.2, socket=socket_path)
+        monitor.start()
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall(b"s" * sent)
+            got = 0
+            while got < received:
+                got += len(conn.recv(1 << 20))
+            time.sleep(0.6)  # a pass sees the connection after the transfer
+        monitor.stop()
+    finally:
+        peer.stdout.read()  # end of file: the server has exited
+        peer.stdout.close()
+    summary = monitor.summary()
+    # The local server is another process: its traffic is this process's (heflwr counts
+    # every interface; the old drop-in left loopback out and read 0 B). Nothing else of
+    # this process's talks TCP in the meantime, so the figures are the transfer's.
+    assert sent <= summary["total_network_bytes_sent"] < sent + 2**16
+    assert received <= summary["total_network_bytes_recv"] < received + 2**16
+
+
+def test_process_variant_leaves_its_helper_out_of_memory(tmp_path: Path) -> None:
+    monitor = process_monitor.FileMonitor(str(tmp_path / "log.jsonl"), 0.2, records="edgewatt")
+    monitor.socket = str(tmp_path / "none.sock")
+    monitor.start()
+    assert monitor.monitor_process is not None
+    helper = psutil.Process(monitor.monitor_process.pid)
+    time.sleep(0.8)
+    helper_rss = helper.memory_info().rss
+    own_rss = psutil.Process().memory_info().rss
+    monitor.stop()
+    rss = monitor.stats()["memory_rss_bytes"]
+    # This process is the tree (no daemon child here): the helper, a child too, is not
+    # the workload's (it was counted: 1.98x the process's own RSS).
+    assert helper_rss > 10 * 2**20
+    assert abs(rss[-1] - own_rss) < helper_rss / 2, (rss[-1], own_rss, helper_rss)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["thread", "process"])
+def test_heflwrs_public_attributes(variant: Any, tmp_path: Path) -> None:
+    monitor = variant.FileMonitor(str(tmp_path / "log.txt"), 0.2)
+    monitor.socket = str(tmp_path / "none.sock")
+    is_set = (
+        (lambda: monitor.monitoring.is_set())
+        if variant is process_monitor
+        else (lambda: monitor.monitoring)
+    )
+    assert not is_set() and monitor.thread is None
+    assert monitor.process.pid == monitor.pid  # a psutil.Process, as heflwr's
+    monitor.start()
+    assert is_set()
+    if variant is thread_monitor:
+        assert monitor.thread is not None and monitor.thread.is_alive()
+    else:
+        assert monitor.monitor_process is not None and monitor.monitor_process.poll() is None
+    time.sleep(0.3)
+    monitor.stop()
+    assert not is_set()
+    # update_metrics(): heflwr's loop, which a script may run in a thread of its own.
+    before = len(monitor.stats()["cpu_usage"])
+    driver = threading.Thread(target=monitor.update_metrics)
+    driver.start()
+    wait_for(lambda: len(monitor.stats()["cpu_usage"]) > before + 1)
+    assert is_set() or variant is thread_monitor
+    monitor.stop()
+    driver.join(timeout=10)
+    assert not driver.is_alive() and not monitor.running
