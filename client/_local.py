@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -23,13 +24,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _network_accounting(proc: str) -> Any:
+def _network_accounting() -> Any:
     """The daemon's per-target TCP bytes (sock_diag, no privilege needed for this
     user's processes), or None where netlink refuses."""
     from edgewatt.core.sampling.network import NetworkAccounting
 
     try:
-        return NetworkAccounting(proc)
+        return NetworkAccounting("/proc")
     except OSError as exc:
         log.warning("edgewatt: the process's own TCP bytes unavailable (sock_diag: %s)", exc)
         return None
@@ -88,10 +89,11 @@ class LocalSampler:
                 window = window_hz_from_environment()
                 meter = PowerMeter(found, max_gap_s=gap, sample_hz=hz, window_hz=window)
                 meter.start()
-        tcp_counted = self.backend == "procfs"  # sock_diag: Linux
+        tcp_counted = sys.platform.startswith("linux")  # sock_diag, /proc/PID/fd
+
         self.sampler = Sampler(
             self.table,
-            network=_network_accounting(platform.proc) if network and tcp_counted else None,
+            network=_network_accounting() if network and tcp_counted else None,
             interval=interval,
             host_name=socket.gethostname(),
             platform=platform,

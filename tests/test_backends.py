@@ -137,7 +137,7 @@ from edgewatt.client.process_monitor import FileMonitor
 def cpu():  # the script and its reaped children (the monitor's helper), as counted
     return sum(sum(resource.getrusage(who)[:2])
                for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-monitor = FileMonitor(file=sys.argv[1], interval=0.25)
+monitor = FileMonitor(file=sys.argv[1], interval=0.25, records="edgewatt")
 started = cpu()
 monitor.start()
 held = bytearray(200 * 2**20)  # touched: 200 MiB resident

@@ -132,7 +132,8 @@ def _monitor_file(tmp_path: Path) -> Path:
     code = (
         "import time\n"
         "from edgewatt.client.thread_monitor import FileMonitor\n"
-        f"m = FileMonitor({str(tmp_path / 'm.jsonl')!r}, 0.1, socket={str(tmp_path / 'x')!r})\n"
+        f"m = FileMonitor({str(tmp_path / 'm.jsonl')!r}, 0.1, records='edgewatt', "
+        f"socket={str(tmp_path / 'x')!r})\n"
         "m.start()\n"
         "m.phase('load')\n"
         "x = bytearray(50 * 2**20)\n"
@@ -196,7 +197,10 @@ def test_heflwr_script_runs_unchanged(variant: str, tmp_path: Path) -> None:
     detail_keys, summary_keys = result.stdout.splitlines()
     assert "'cpu_usage'" in detail_keys and "'network_bytes_sent'" in detail_keys
     assert "'avg_cpu_usage'" in summary_keys and "'total_network_bytes_recv'" in summary_keys
-    assert (tmp_path / "log.txt").read_text().startswith('{"type": "header"')
+    # heflwr's text log: a date line, then one line per sample.
+    lines = (tmp_path / "log.txt").read_text().splitlines()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", lines[0]), lines
+    assert lines[1].startswith("CPU Usage: ") and len(lines) >= 2
 
 
 def test_a_monitors_device_energy_is_one_figure(daemon_factory: Any, tmp_path: Path) -> None:
@@ -208,7 +212,7 @@ def test_a_monitors_device_energy_is_one_figure(daemon_factory: Any, tmp_path: P
     )
     from edgewatt.client.thread_monitor import FileMonitor
 
-    monitor = FileMonitor(str(tmp_path / "m.jsonl"), 0.2, socket=daemon.socket)
+    monitor = FileMonitor(str(tmp_path / "m.jsonl"), 0.2, records="edgewatt", socket=daemon.socket)
     monitor.set_metrics(power=True)
     monitor.start()
     time.sleep(1.5)
