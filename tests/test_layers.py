@@ -102,7 +102,7 @@ from edgewatt.client.process_monitor import FileMonitor as ProcessFileMonitor
 import edgewatt
 
 for monitor_class, name in ((FileMonitor, "thread.jsonl"), (ProcessFileMonitor, "process.jsonl")):
-    monitor = monitor_class(name, 0.1)
+    monitor = monitor_class(name, 0.1, records="edgewatt")
     monitor.start()
     end = time.monotonic() + 0.5
     while time.monotonic() < end:
