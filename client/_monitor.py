@@ -190,6 +190,7 @@ class Monitor:
         self._running = threading.Event()  # the process variant's ``monitoring``
         self.thread: threading.Thread | None = None
         self.monitor_process: subprocess.Popen[str] | None = None
+        self._process: Any = None  # psutil's, made on first use (psutil is optional)
 
     def _sink_options(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -228,12 +229,16 @@ class Monitor:
 
     @property
     def process(self) -> Any:
-        """The monitored process as a ``psutil.Process`` (heflwr's thread variant's)."""
-        try:
-            import psutil
-        except ImportError:
-            raise AttributeError("monitor.process is a psutil.Process: install psutil") from None
-        return psutil.Process(self.pid)
+        """The monitored process as a ``psutil.Process`` (heflwr's thread variant's),
+        one object, so its cpu_percent() compares with its previous call."""
+        if self._process is None or self._process.pid != self.pid:
+            try:
+                import psutil
+            except ImportError:
+                why = "monitor.process is a psutil.Process: install psutil"
+                raise AttributeError(why) from None
+            self._process = psutil.Process(self.pid)
+        return self._process
 
     @property
     def daemon_socket(self) -> str | None:
@@ -371,7 +376,8 @@ class Monitor:
             self._reader.join(timeout=5)
         else:
             self._stop.set()
-            self._worker.join(timeout=15)
+            if self._worker is not threading.current_thread():  # a script's update_metrics()
+                self._worker.join(timeout=15)
         self._worker = None
         self._running.clear()
 
