@@ -562,7 +562,7 @@ def test_network_bytes_are_the_processs_own_loopback_included(
 
 
 def test_process_variant_leaves_its_helper_out_of_memory(tmp_path: Path) -> None:
-    monitor = process_monitor.FileMonitor(str(tmp_path / "log.jsonl"), 0.2, records="edgewatt")
+    monitor = process_monitor.FileMonitor(str(tmp_path / "log.txt"), 0.2)
     monitor.socket = str(tmp_path / "none.sock")
     monitor.start()
     assert monitor.monitor_process is not None
@@ -571,11 +571,24 @@ def test_process_variant_leaves_its_helper_out_of_memory(tmp_path: Path) -> None
     helper_rss = helper.memory_info().rss
     own_rss = psutil.Process().memory_info().rss
     monitor.stop()
-    rss = monitor.stats()["memory_rss_bytes"]
+    rss = monitor.stats()["memory_usage"][-1] / 100 * psutil.virtual_memory().total
     # This process is the tree (no daemon child here): the helper, a child too, is not
     # the workload's (it was counted: 1.98x the process's own RSS).
     assert helper_rss > 10 * 2**20
-    assert abs(rss[-1] - own_rss) < helper_rss / 2, (rss[-1], own_rss, helper_rss)
+    assert abs(rss - own_rss) < helper_rss / 2, (rss, own_rss, helper_rss)
+
+
+def test_a_stop_just_after_a_sample_extends_it(tmp_path: Path) -> None:
+    # stop() 0.1 s after the sample at 2 s: its reading is merged into that sample (a
+    # rate over 0.1 s would be a few clock ticks' noise), not a sample of its own.
+    monitor = thread_monitor.FileMonitor(str(tmp_path / "log.txt"), 2.0)
+    monitor.socket = str(tmp_path / "none.sock")
+    monitor.start()
+    time.sleep(2.1)
+    monitor.stop()
+    stats = monitor.stats()
+    assert len(stats["cpu_usage"]) == len(stats["memory_usage"]) == 1, stats
+    assert len((tmp_path / "log.txt").read_text().splitlines()) == 2  # the date, one sample
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["thread", "process"])
