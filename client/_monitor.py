@@ -126,18 +126,22 @@ def sampling_loop(
     reading = read()
     ready(None, {"port": getattr(sink, "port", None), "source": source.mode, "interval": interval})
     deadline = time.monotonic()
+    last = False
     while True:
         if reading is not None:
             sample = recorder.observe(reading)
             emit(reading)
             if sample is not None:
                 sink.sample(sample, reading)
-        if stop.is_set():
+        if last:
             break
         deadline += interval
         stop.wait(max(0.0, deadline - time.monotonic()))
-        # A last reading at stop, however soon after the previous one: the summary
-        # then ends at the call (a short one is merged into the previous sample).
+        # A last reading that starts after stop(), however soon after the previous one:
+        # the summary then ends at the call (a short one is merged into the previous
+        # sample). Checked before the read: stop() during a slow pass (the caller's
+        # busy thread holds the GIL) gets one more, else its end would be missed.
+        last = stop.is_set()
         reading = read()
     summary = recorder.summary()
     if shared is not None and shared.get("final") is not None:  # edgewatt run's last word
