@@ -320,7 +320,10 @@ class Sampler:
 
         def locate() -> Cgroup | None:
             """The cgroup the name names now, if the registrant may have it (checked
-            as at registration: NotTheirs says why not)."""
+            as at registration: NotTheirs says why not); None while its user's lookup
+            bound holds it back (lookups.py)."""
+            if not self.table.lookups.follow(target.uid):
+                return None
             try:
                 found = cgroup_names.locate(name, mounts, uid=target.uid)
             except (InvalidCgroup, OSError):

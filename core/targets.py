@@ -6,6 +6,7 @@ read by both. One lock guards the table; every operation under it is short.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import secrets
 import threading
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.labels import LabelError, validate_value
+from edgewatt.core.lookups import LookupRefused, Lookups
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle
 from edgewatt.core.snapshot import ProcessSample
@@ -98,6 +100,15 @@ class Conflict(TargetError):
 
 class TooMany(TargetError):
     status = 429
+
+
+class TooManyLookups(TooMany):
+    """Over the user's name lookup bound (lookups.py); ``retry_s``: when a token comes
+    (0: when their running lookup ends)."""
+
+    def __init__(self, detail: str, retry_s: float) -> None:
+        super().__init__("too many lookups", detail)
+        self.retry_s = retry_s
 
 
 _row: Callable[[ProcessSample], tuple] = operator.attrgetter(*SAMPLE_FIELDS)
@@ -415,7 +426,10 @@ class TargetTable:
         open_process: Callable[..., Any] = ProcHandle,
         carbon: CarbonIntensity | None = None,
         locate_cgroup: Callable[[CgroupName, int], Cgroup] | None = None,
+        lookups: Lookups | None = None,
     ) -> None:
+        # Per-user bounds on name lookups, registrations' and follows' (the sampler's).
+        self.lookups = lookups or Lookups()
         # locate_cgroup(name, uid): the cgroup a name names now for that user
         # (cgroup_names.locate).
         self._locate = locate_cgroup or _locate
@@ -518,12 +532,22 @@ class TargetTable:
         target_id: str | None = None,
         registered_at: float | None = None,
         holders: int = 1,
+        limited: bool = True,
     ) -> tuple[Target, bool]:
         """Register the cgroup ``name`` names now; returns (target, created). Root may
         register any; a user the cgroups they own (a delegated subtree); the docker
-        group docker's containers, as its socket lets it run them anyway."""
+        group docker's containers, as its socket lets it run them anyway
+        (cgroup_names.refusal). ``limited``: the user's lookup bounds hold (lookups.py;
+        TooMany beyond them)."""
+        # A name (not a path) runs a runtime's CLI or walks the tree: bounded per user,
+        # but not for a registration the daemon restores from its state file.
+        bounded = name.kind != "cgroup" and limited
+        key = f"{name.display} {name.container_id}"
         try:
-            cgroup = self._locate(name, uid)
+            with self.lookups.bounded(uid, key) if bounded else contextlib.nullcontext():
+                cgroup = self._locate(name, uid)
+        except LookupRefused as exc:
+            raise TooManyLookups(exc.detail, exc.retry_s) from None
         except (ValueError, OSError) as exc:  # InvalidCgroup is a ValueError
             raise TargetError("no such cgroup", str(exc)) from None
         from edgewatt.core.sampling.cgroup_names import refusal as cgroup_refusal

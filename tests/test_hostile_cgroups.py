@@ -339,3 +339,94 @@ def test_a_killed_run_leaves_no_cgroup_and_no_target(daemon_factory: Any) -> Non
     # Its slot is free: the target no longer counts against max_targets.
     assert [t["id"] for t in daemon.call("GET", "/v1/targets")[1]["targets"]
             if t["state"] == "running"] == []  # fmt: skip
+
+
+# -- 3. name lookups are bounded per user ----------------------------------------------
+
+FLOOD = """
+import json, sys, threading, time
+from edgewatt.core import transport
+sock, seconds = sys.argv[1], float(sys.argv[2])
+answers, lock = [], threading.Lock()
+
+def flood(n):
+    until, i = time.monotonic() + seconds, 0
+    while time.monotonic() < until:
+        i += 1
+        body = {"container": f"nosuch-{n}-{i}", "runtime": "podman"}
+        answer = transport.call(sock, "POST", "/v1/targets", body, timeout=30)
+        with lock:
+            answers.append(answer)
+
+started = time.monotonic()
+threads = [threading.Thread(target=flood, args=(n,)) for n in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps({"answers": answers, "elapsed": time.monotonic() - started}))
+"""
+
+
+@needs_podman
+def test_one_users_failing_lookups_are_bounded_and_cost_no_one_else(
+    daemon_factory: Any, public_dir: Path
+) -> None:
+    from edgewatt.core.lookups import LookupLimits
+
+    limits = LookupLimits()
+    daemon = daemon_factory(interval=0.5, socket_dir=public_dir)
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-c", FLOOD, daemon.socket, "3"], capture_output=True, text=True,
+        user=NOBODY, group=NOBODY, cwd="/", check=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public_dir)},
+    )  # fmt: skip
+    flood = json.loads(done.stdout)
+    answers = [tuple(a) for a in flood["answers"]]
+    ran = [a for s, a in answers if s == 400 and a["detail"].startswith("podman inspect")]
+    refused = [a for s, a in answers if s == 429]
+    assert {s for s, _ in answers} == {400, 429}, answers
+    assert all(a["error"] == "too many lookups" for a in refused)
+    assert any("name lookups a second per user" in a["detail"] for a in refused)
+    # Every podman inspect the daemon ran for her came out of her bucket.
+    assert len(ran) <= limits.burst + limits.rate_per_s * flood["elapsed"] + 1, len(ran)
+    # Another user, and root, still get their own lookups at once.
+    status, other = call_as(4242, public_dir, daemon.socket, "POST", "/v1/targets",
+                            {"container": "nosuch-other", "runtime": "podman"})  # fmt: skip
+    assert status == 400 and other["detail"].startswith("podman inspect"), other
+    status, roots = daemon.call("POST", "/v1/targets", {"container": "nosuch-root"})
+    assert status == 400, roots
+
+
+def test_lookup_bounds_per_user() -> None:
+    from edgewatt.core.lookups import LookupLimits, LookupRefused, Lookups, RememberedFailure
+
+    now = [100.0]
+    lookups = Lookups(LookupLimits(rate_per_s=1.0, burst=2, failed_ttl_s=10.0), lambda: now[0])
+
+    def fails() -> None:
+        with lookups.bounded(NOBODY, "podman:x"):
+            raise ValueError("podman inspect: no such container")
+
+    with pytest.raises(ValueError, match="no such container"):
+        fails()
+    with pytest.raises(RememberedFailure, match=r"no such container \(failed within"):
+        fails()  # answered from memory: no token taken
+    running = lookups.bounded(NOBODY, "podman:y")
+    running.__enter__()  # a lookup of hers in another connection
+    with pytest.raises(LookupRefused, match="already running"), lookups.bounded(NOBODY, "z"):
+        pass
+    running.__exit__(None, None, None)
+    with pytest.raises(LookupRefused, match=r"retry in 1\.0 s") as refused, lookups.bounded(
+        NOBODY, "podman:z"
+    ):
+        pass
+    assert refused.value.retry_s == pytest.approx(1.0)
+    assert not lookups.follow(NOBODY)  # a follow takes from the same bucket
+    with lookups.bounded(0, "podman:z"):  # root is not bounded
+        pass
+    now[0] += 1.0
+    assert lookups.follow(NOBODY)
+    now[0] += 10.0
+    with pytest.raises(ValueError, match=r"no such container$"):
+        fails()  # forgotten after failed_ttl_s: looked up again
