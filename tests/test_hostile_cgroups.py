@@ -52,6 +52,19 @@ def as_user(uid: int, *argv: str) -> None:
     subprocess.run(argv, user=uid, group=uid, check=True, cwd="/", capture_output=True)
 
 
+def her_unit(daemon: DaemonProcess, public: Path, parent: Path, stem: str) -> tuple[Path, str]:
+    """A unit's cgroup made by ``nobody`` in her delegated subtree, registered by her
+    by the unit's name (no systemd manager here: the daemon finds it by its cgroup's
+    name); (the cgroup, the target id)."""
+    unit = f"edgewatt-{stem}{os.getpid()}.service"
+    made = delegated(parent, NOBODY) / unit
+    as_user(NOBODY, "mkdir", str(made))
+    status, target = call_as(NOBODY, public, daemon.socket, "POST", "/v1/targets",
+                             {"unit": unit})  # fmt: skip
+    assert status == 201, target
+    return made, target["id"]
+
+
 def v2_path(directory: Path) -> str:
     assert WHERE.v2 is not None
     return "/" + str(directory.relative_to(WHERE.v2))
@@ -123,15 +136,9 @@ def test_a_decoy_named_after_a_running_containers_id_never_wins(
 def test_a_unit_name_followed_to_roots_service_ends_the_users_target(
     daemon_factory: Any, public_dir: Path, cgroup_dir: Path
 ) -> None:
-    # No systemd manager here: the daemon finds a unit by its cgroup's name.
     daemon = daemon_factory(interval=0.2, socket_dir=public_dir)
-    home = delegated(cgroup_dir, NOBODY)
-    unit = f"edgewatt-x{os.getpid()}.service"
-    decoy = home / unit
-    as_user(NOBODY, "mkdir", str(decoy))
-    status, target = call_as(NOBODY, public_dir, daemon.socket, "POST", "/v1/targets",
-                             {"unit": unit})  # fmt: skip
-    assert status == 201, target
+    decoy, target_id = her_unit(daemon, public_dir, cgroup_dir, "x")
+    unit = decoy.name
     service = cgroup_dir / "system.slice" / unit  # root's service of that name starts
     service.mkdir(parents=True)
     # While both are there, a new registration of hers gets root's: refused.
@@ -139,7 +146,7 @@ def test_a_unit_name_followed_to_roots_service_ends_the_users_target(
                              {"unit": unit, "labels": {"again": "1"}})  # fmt: skip
     assert status == 403 and "belongs to uid 0" in answer["detail"], answer
     as_user(NOBODY, "rmdir", str(decoy))
-    ended = wait_for(lambda: (s := summary(daemon, target["id"]))["state"] == "exited" and s)
+    ended = wait_for(lambda: (s := summary(daemon, target_id))["state"] == "exited" and s)
     assert ended["cgroup"]["path"] == v2_path(decoy)
     assert f"cgroup {v2_path(service)} belongs to uid 0" in ended["end_reason"], ended
     # Root's own registration of the name gets root's service.
@@ -236,13 +243,7 @@ def test_one_users_churn_never_fails_a_pass_for_another_target(
     daemon_factory: Any, public_dir: Path, cgroup_dir: Path, spawn: Any
 ) -> None:
     daemon = daemon_factory(interval=0.05, socket_dir=public_dir)
-    home = delegated(cgroup_dir, NOBODY)
-    unit = f"edgewatt-churn{os.getpid()}.service"
-    churned = home / unit
-    as_user(NOBODY, "mkdir", str(churned))
-    status, hers = call_as(NOBODY, public_dir, daemon.socket, "POST", "/v1/targets",
-                           {"unit": unit})  # fmt: skip
-    assert status == 201, hers
+    churned, _ = her_unit(daemon, public_dir, cgroup_dir, "churn")
     other = cgroup_dir / "other"
     other.mkdir()
     worker = spawn("import time\nwhile True: time.sleep(0.01)")
