@@ -13,8 +13,10 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -279,9 +281,9 @@ def test_a_plain_cgroup_path_made_again_is_not_followed(
 
 
 def test_a_templated_unit_registers_and_path_tricks_stay_refused(
-    daemon_factory: Any, cgroup_dir: Path
+    daemon_factory: Any, cgroup_dir: Path, spawn: Any
 ) -> None:
-    daemon = daemon_factory(interval=0.5)
+    daemon = daemon_factory(interval=0.2)
     slice_ = cgroup_dir / "system-flower\\x2dsupernode.slice"  # as systemd escapes '-'
     unit = slice_ / f"flower-supernode@{os.getpid()}.service"
     unit.mkdir(parents=True)
@@ -291,6 +293,29 @@ def test_a_templated_unit_registers_and_path_tricks_stay_refused(
     assert "\\x2d" in target["cgroup"]["path"]
     status, again = daemon.call("POST", "/v1/targets", {"cgroup": v2_path(unit)})
     assert status == 200 and again["id"] == target["id"], again  # the same cgroup
+    # Its member's bytes are counted (the escaped path reaches the nftables rules).
+    server = socket.create_server(("127.0.0.1", 0))
+    received: list[int] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        while chunk := conn.recv(65536):
+            received.append(len(chunk))
+
+    threading.Thread(target=serve, daemon=True).start()
+    sender = spawn(
+        "import socket, sys\nsys.stdin.readline()\n"
+        f"s = socket.create_connection(('127.0.0.1', {server.getsockname()[1]}))\n"
+        "s.sendall(b'x' * 300000)\ns.close()\nsys.stdin.readline()",
+        stdin=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    (unit / "cgroup.procs").write_text(str(sender.pid))
+    wait_for(lambda: daemon.call("GET", f"/v1/targets/{target['id']}")[1]["latest"]["processes"])
+    sender.stdin.write("go\n")
+    sender.stdin.flush()
+    wait_for(lambda: sum(received) == 300000)
+    sent = wait_for(lambda: summary(daemon, target["id"])["network_transmit_bytes"] or 0)
+    assert 300000 < sent < 300000 * 1.1, sent
     for body in (
         {"cgroup": v2_path(slice_) + "\\"},
         {"cgroup": v2_path(slice_) + "\\x2"},
