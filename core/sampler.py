@@ -20,7 +20,14 @@ from edgewatt.core.power.meter import WINDOW_BOOST_S, PowerMeter, PowerSnapshot
 from edgewatt.core.power.source import BOARD_GPU_LOADS, BOARD_SOURCES, Gpu, gpu_only
 from edgewatt.core.sampling import cgroups, procfs, system
 from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
-from edgewatt.core.sampling.cgroups import Cgroup, CgroupGone, CgroupTree, InvalidCgroup
+from edgewatt.core.sampling.cgroups import (
+    Cgroup,
+    CgroupEnded,
+    CgroupGone,
+    CgroupTree,
+    InvalidCgroup,
+    NotTheirs,
+)
 from edgewatt.core.sampling.membership import Membership
 from edgewatt.core.sampling.network import NetworkAccounting
 from edgewatt.core.sampling.process import TreeReading
@@ -36,6 +43,9 @@ EXPORTED_PHASES = 10
 # Seconds a container's or unit's target waits for its cgroup to come back (a restart:
 # podman and docker take under a second, a unit its RestartSec) before it ends.
 RESTART_GRACE_S = 10.0
+# Seconds between two lookups of a gone cgroup's name (each runs a runtime's CLI or
+# walks the cgroup tree): at most 10 in a restart's grace, whatever the interval.
+FOLLOW_LOOKUP_EVERY_S = 1.0
 
 
 class Sampler:
@@ -83,6 +93,7 @@ class Sampler:
         self._last_cpu: system.HostCpu | None = None
         self._failed: set[str] = set()
         self._exited: dict[str, float] = {}  # found exited this pass: target id -> when
+        self._end_reasons: dict[str, str] = {}  # ... why, for a cgroup target's summary
         # ... whether their exit sample has the kernel's figures, and its peak RSS
         self._exit_modes: dict[str, tuple[bool, int | None]] = {}
         self._overruns = 0
@@ -232,7 +243,13 @@ class Sampler:
                         target_id,
                     )
                 mode = "exact" if figures and network_exact else "last-sample"
-                self.table.mark_exited(target_id, when, exit_mode=mode, rss_peak_bytes=rss_peak)
+                self.table.mark_exited(
+                    target_id,
+                    when,
+                    exit_mode=mode,
+                    rss_peak_bytes=rss_peak,
+                    end_reason=self._end_reasons.pop(target_id, None),
+                )
             self._exited.clear()
         return snapshot
 
@@ -258,13 +275,18 @@ class Sampler:
             self._trees[target.id] = tree
         try:
             reading = tree.sample(children_of)
+        except CgroupEnded as ended:
+            self._relist = True
+            self._exits += 1
+            self._end(target, ended.reason)
+            return self._exit_reading(target, tree)
         except procfs.NoSuchProcess:
             self._relist = True
             self._exited.setdefault(target.id, time.time())
             self._exits += 1
             log.info("target %s (pid %d) exited", target.id, target.pid)
             return self._exit_reading(target, tree)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, CgroupGone) as exc:
             # One failing target never stops the others; say so once per target.
             self._errors += 1
             if target.id not in self._failed:
@@ -273,11 +295,22 @@ class Sampler:
             return None
         self._failed.discard(target.id)
         self._relist = self._relist or tree.lost_members
+        if (
+            isinstance(tree, CgroupTree)
+            and not reading.pids
+            and tree.cgroup.run_is_gone(self._proc)
+        ):
+            # `edgewatt run --cgroup` was killed (SIGKILL) before it could unregister:
+            # its emptied cgroup and target go, as it would have removed them.
+            removed = "removed" if tree.cgroup.remove() else "left in place"
+            self._exits += 1
+            self._end(target, f"its edgewatt run is gone and its cgroup is empty ({removed})")
+            return self._exit_reading(target, tree)
         return reading
 
     def _cgroup_tree(self, target: Target) -> CgroupTree | None:
         """A cgroup target's reader; None (and the target ends) when its cgroup is gone
-        and its name names none."""
+        and its name names none of the registrant's."""
         if self._cgroup_mounts is None:
             self._cgroup_mounts = cgroups.mounts()
         mounts, name = self._cgroup_mounts, target.cgroup_name
@@ -286,25 +319,48 @@ class Sampler:
         from edgewatt.core.sampling import cgroup_names  # the daemon's alone (grp)
 
         def locate() -> Cgroup | None:
+            """The cgroup the name names now, if the registrant may have it (checked
+            as at registration: NotTheirs says why not); None while its user's lookup
+            bound holds it back (lookups.py)."""
+            if not self.table.lookups.follow(target.uid):
+                return None
             try:
-                return cgroup_names.locate(name, mounts)
+                found = cgroup_names.locate(name, mounts, uid=target.uid)
             except (InvalidCgroup, OSError):
                 return None
+            refused = cgroup_names.refusal(name, found, target.uid, target.gids)
+            if refused is not None:
+                raise NotTheirs(refused)
+            return found
 
+        # A plain cgroup path ends with its cgroup; a container or service restarting
+        # has none for a moment: its target waits for the next one.
+        follow = locate if name.kind != "cgroup" else None
         try:
-            cgroup = Cgroup(target.cgroup or "", mounts)
+            cgroup: Cgroup | None = Cgroup(target.cgroup or "", mounts)
         except (InvalidCgroup, CgroupGone, OSError):
-            cgroup = locate()
+            try:
+                cgroup = follow() if follow is not None else None
+            except NotTheirs as refused:
+                self._end(target, f"its name now names a cgroup not the registrant's: {refused}")
+                return None
         if cgroup is None:
-            self._exited.setdefault(target.id, time.time())
-            log.info("target %s (%s): its cgroup is gone", target.id, name.display)
+            self._end(target, f"its cgroup {target.cgroup} is gone")
             return None
-        # A container or service restarting has no cgroup for a moment: its target
-        # waits for the next one; a plain cgroup path ends with its cgroup.
-        grace = RESTART_GRACE_S if name.kind != "cgroup" else 0.0
         return CgroupTree(
-            cgroup, self.logical_cpus, resolve=locate, proc=self._proc, restart_grace_s=grace
+            cgroup,
+            self.logical_cpus,
+            resolve=follow,
+            proc=self._proc,
+            restart_grace_s=RESTART_GRACE_S,
+            lookup_every_s=FOLLOW_LOOKUP_EVERY_S,
         )
+
+    def _end(self, target: Target, reason: str) -> None:
+        """A cgroup target ends in this pass, for ``reason`` (its summary says it)."""
+        self._exited.setdefault(target.id, time.time())
+        self._end_reasons[target.id] = reason
+        log.info("target %s (%s) ends: %s", target.id, target.executable, reason)
 
     def _overflows(self) -> dict[str, int]:
         counts = {}

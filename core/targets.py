@@ -6,6 +6,7 @@ read by both. One lock guards the table; every operation under it is short.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import secrets
 import threading
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.labels import LabelError, validate_value
+from edgewatt.core.lookups import LookupRefused, Lookups
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle
 from edgewatt.core.snapshot import ProcessSample
@@ -98,6 +100,15 @@ class Conflict(TargetError):
 
 class TooMany(TargetError):
     status = 429
+
+
+class TooManyLookups(TooMany):
+    """Over the user's name lookup bound (lookups.py); ``retry_s``: when a token comes
+    (0: when their running lookup ends)."""
+
+    def __init__(self, detail: str, retry_s: float) -> None:
+        super().__init__("too many lookups", detail)
+        self.retry_s = retry_s
 
 
 _row: Callable[[ProcessSample], tuple] = operator.attrgetter(*SAMPLE_FIELDS)
@@ -216,6 +227,10 @@ class Target:
     cgroup_memory: tuple[int | None, int | None] = (None, None)
     cgroup_packets: tuple[int, int] | None = None  # IP packets sent, received, cumulative
     network_counts: str | None = None  # a cgroup target's (cgroup_traffic.py's kinds)
+    # The registrant's groups at registration: their rights, checked again whenever
+    # the name is followed to a new cgroup.
+    gids: frozenset[int] = frozenset()
+    end_reason: str | None = None  # why a cgroup target ended, for its summary
 
     @property
     def state(self) -> str:
@@ -303,6 +318,9 @@ class Target:
             else self.network_counts or "ip-bytes",
             "samples": h.count,
         }
+        if self.cgroup_name is not None:
+            # Why it ended (its cgroup removed, or followed to one not the registrant's).
+            result["end_reason"] = self.end_reason
         result.update(_span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s))
         result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
         result["memory_rss_avg_bytes"] = round(h.rss_sum / h.count) if h.count else None
@@ -407,9 +425,13 @@ class TargetTable:
         on_change: Callable[[list[dict[str, Any]]], None] | None = None,
         open_process: Callable[..., Any] = ProcHandle,
         carbon: CarbonIntensity | None = None,
-        locate_cgroup: Callable[[CgroupName], Cgroup] | None = None,
+        locate_cgroup: Callable[[CgroupName, int], Cgroup] | None = None,
+        lookups: Lookups | None = None,
     ) -> None:
-        # locate_cgroup(name): the cgroup a name names now (cgroup_names.locate).
+        # Per-user bounds on name lookups, registrations' and follows' (the sampler's).
+        self.lookups = lookups or Lookups()
+        # locate_cgroup(name, uid): the cgroup a name names now for that user
+        # (cgroup_names.locate).
         self._locate = locate_cgroup or _locate
         # open_process(pid, proc, expect_start=...) pins a process's identity: /proc
         # here, psutil in the client where /proc is absent (client/_psutil.py).
@@ -510,15 +532,27 @@ class TargetTable:
         target_id: str | None = None,
         registered_at: float | None = None,
         holders: int = 1,
+        limited: bool = True,
     ) -> tuple[Target, bool]:
         """Register the cgroup ``name`` names now; returns (target, created). Root may
         register any; a user the cgroups they own (a delegated subtree); the docker
-        group docker's containers, as its socket lets it run them anyway."""
+        group docker's containers, as its socket lets it run them anyway
+        (cgroup_names.refusal). ``limited``: the user's lookup bounds hold (lookups.py;
+        TooMany beyond them)."""
+        # A name (not a path) runs a runtime's CLI or walks the tree: bounded per user,
+        # but not for a registration the daemon restores from its state file.
+        bounded = name.kind != "cgroup" and limited
+        key = f"{name.display} {name.container_id}"
         try:
-            cgroup = self._locate(name)
+            with self.lookups.bounded(uid, key) if bounded else contextlib.nullcontext():
+                cgroup = self._locate(name, uid)
+        except LookupRefused as exc:
+            raise TooManyLookups(exc.detail, exc.retry_s) from None
         except (ValueError, OSError) as exc:  # InvalidCgroup is a ValueError
             raise TargetError("no such cgroup", str(exc)) from None
-        refusal = _cgroup_refusal(name, cgroup, uid, gids)
+        from edgewatt.core.sampling.cgroup_names import refusal as cgroup_refusal
+
+        refusal = cgroup_refusal(name, cgroup, uid, gids)
         if refusal is not None:
             raise Forbidden("not your cgroup", refusal)
 
@@ -538,6 +572,7 @@ class TargetTable:
                 holders=max(1, holders),
                 cgroup_name=name,
                 cgroup=cgroup.path,
+                gids=gids,
             )
 
         return self._hold_or_add(
@@ -727,6 +762,7 @@ class TargetTable:
         *,
         exit_mode: str = "last-sample",
         rss_peak_bytes: int | None = None,
+        end_reason: str | None = None,
     ) -> None:
         """The target is gone; its last sample (taken at the exit, see Sampler) ends
         its history. ``exit_mode`` says how exact that sample is; ``rss_peak_bytes`` is
@@ -737,6 +773,7 @@ class TargetTable:
                 return
             target.exited_at = when
             target.exit_mode = exit_mode
+            target.end_reason = end_reason
             if rss_peak_bytes is not None:
                 target.history.rss_peak = max(target.history.rss_peak, rss_peak_bytes)
             target.handle = None
@@ -807,29 +844,10 @@ def _saved(t: Target) -> dict[str, Any]:
     return entry
 
 
-def _locate(name: CgroupName) -> Cgroup:
+def _locate(name: CgroupName, uid: int) -> Cgroup:
     from edgewatt.core.sampling import cgroup_names, cgroups
 
-    return cgroup_names.locate(name, cgroups.mounts())
-
-
-def _cgroup_refusal(name: CgroupName, cgroup: Cgroup, uid: int, gids: frozenset[int]) -> str | None:
-    if uid == 0:
-        return None
-    try:
-        owner = cgroup.owner()
-    except OSError:
-        return f"cgroup {cgroup.path} is gone"
-    if owner == uid:
-        return None
-    from edgewatt.core.sampling.cgroup_names import runs_docker
-
-    if name.runtime == "docker" and runs_docker(gids):
-        return None
-    return (
-        f"cgroup {cgroup.path} belongs to uid {owner}: root or its owner may register it "
-        "(a user, cgroups delegated to them, such as under user@UID.service)"
-    )
+    return cgroup_names.locate(name, cgroups.mounts(), uid=uid)
 
 
 def _check_owner(target: Target, uid: int) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from edgewatt.core.sampling import procfs
-from edgewatt.core.targets import TargetError, TargetTable
+from edgewatt.core.targets import TargetError, TargetTable, TooManyLookups
 from edgewatt.core.transport import directory_problem, peer_credentials
 from edgewatt.exporter.registration import (
     TARGET_ID,
@@ -47,6 +47,7 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_CONNECTIONS = 128
 MAX_CONNECTIONS_PER_UID = 32  # root is not held to it: its clients are the administrator's
 REQUEST_TIMEOUT_S = 5.0
+LOOKUP_HOLD_S = 1.0  # the longest a registration over its user's lookup bound is held
 _ROUTE = re.compile(r"^/v1/targets(?:/(?P<id>[^/]+)(?:/(?P<sub>samples|summary|phase))?)?$")
 
 
@@ -298,12 +299,19 @@ class _Handler(BaseHTTPRequestHandler):
     def _register(self) -> tuple[int, Any]:
         request = parse_request(self._read_json(), self.peer_pid, self.server.pid_max)
         if request.cgroup is not None:
-            target, created = self.server.table.register_cgroup(
-                request.cgroup,
-                request.labels,
-                self.peer_uid,
-                procfs.groups(self.peer_pid, self.server.proc),
-            )
+            try:
+                target, created = self.server.table.register_cgroup(
+                    request.cgroup,
+                    request.labels,
+                    self.peer_uid,
+                    procfs.groups(self.peer_pid, self.server.proc),
+                )
+            except TooManyLookups as refused:
+                # The 429 comes when a lookup could run again (at most 1 s): a flood
+                # over the bound then costs a request a second per connection, not
+                # one per round trip.
+                time.sleep(min(LOOKUP_HOLD_S, refused.retry_s or LOOKUP_HOLD_S))
+                raise
         else:
             target, created = self.server.table.register(
                 request.pid, request.labels, request.children, self.peer_uid

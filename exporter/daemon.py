@@ -285,7 +285,9 @@ class Daemon:
                     "holders": saved.holders,
                 }
                 if request.cgroup is not None:  # resolved anew: it may have restarted
-                    self.table.register_cgroup(request.cgroup, request.labels, saved.uid, **kept)
+                    self.table.register_cgroup(
+                        request.cgroup, request.labels, saved.uid, limited=False, **kept
+                    )
                 else:
                     self.table.register(
                         request.pid,

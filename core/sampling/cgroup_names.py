@@ -31,7 +31,8 @@ from edgewatt.core.sampling.cgroups import (
 
 KINDS = ("cgroup", "unit", "container")
 RUNTIMES = ("podman", "docker")
-_UNIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9:_.@\\-]{0,254}")  # never an option
+# Never an option; a backslash only in systemd's escapes (flower\x2dsupernode.slice)
+_UNIT = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9:_.@-]|\\x[0-9a-f]{2}){0,254}")
 _CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
 _TIMEOUT_S = 10.0
 
@@ -70,17 +71,21 @@ class CgroupName:
     def display(self) -> str:
         return self.name if self.kind == "cgroup" else f"{self.runtime or self.kind}:{self.name}"
 
-    def resolve(self, run: Runner = run_command, proc: str = "/proc", v2: str | None = None) -> str:
+    def resolve(
+        self, run: Runner = run_command, proc: str = "/proc", v2: str | None = None, uid: int = 0
+    ) -> str:
         """The cgroup v2 path it names now (``v2``: the v2 mount, to find a container
-        by its id); UnknownName when none."""
+        by its id or a unit by its name, for user ``uid``); UnknownName when none."""
         if self.kind == "cgroup":
             return self.name
         if self.kind == "unit":
-            return self._unit(run, v2)
+            return self._unit(run, v2, uid)
         try:
             pid_text = run([self.runtime, "inspect", "--format", "{{.State.Pid}}", self.name])
         except UnknownName as failed:
-            found = by_container_id(self.container_id, v2) if self.container_id and v2 else None
+            found = None
+            if self.container_id and v2:
+                found = by_container_id(self.container_id, self.runtime, v2, uid)
             if found is None:
                 hint = "; edgewatt register --container asks the runtime as you, for its id"
                 raise UnknownName(f"{failed}{'' if self.container_id else hint}") from None
@@ -92,13 +97,13 @@ class CgroupName:
         except FileNotFoundError:
             raise UnknownName(f"{self.runtime} container {self.name} has just stopped") from None
 
-    def _unit(self, run: Runner, v2: str | None) -> str:
+    def _unit(self, run: Runner, v2: str | None, uid: int) -> str:
         """systemd's word where the daemon may ask it; else the cgroup named as the
         unit (a service's sandbox may not reach systemd's bus)."""
         try:
             path = run(["systemctl", "show", "--property=ControlGroup", "--value", self.name])
         except UnknownName as failed:
-            found = by_unit_name(self.name, v2) if v2 else []
+            found = by_unit_name(self.name, v2, uid) if v2 else []
             if len(found) != 1:
                 why = "no cgroup is named so" if not found else f"{len(found)} are named so"
                 raise UnknownName(f"{failed}; {why}") from None
@@ -108,39 +113,66 @@ class CgroupName:
         return normalize(path)
 
 
-# How runtimes name a container's cgroup: podman (cgroupfs or systemd), docker, CRI-O
-# and containerd; the id is the full one.
-_CONTAINER_CGROUPS = ("{}", "libpod-{}", "libpod-{}.scope", "docker-{}.scope", "crio-{}.scope",
-                      "cri-containerd-{}.scope")  # fmt: skip
+# How each runtime names a container's cgroup (the id is the full one): podman (cgroupfs
+# or systemd), docker (systemd, or cgroupfs's /docker/ID). Only the named runtime's
+# naming is searched: a `docker` group member must not reach podman's containers.
+CONTAINER_CGROUPS = {
+    "podman": ("libpod-{}", "libpod-{}.scope"),
+    "docker": ("docker-{}.scope", "docker/{}"),
+}
 CONTAINER_ID = re.compile(r"[0-9a-f]{64}")  # a full id, as runtimes print it
 
 
-def by_container_id(container_id: str, v2: str) -> str | None:
-    """The cgroup (v2 path) of the container with this full id, by its runtime's naming;
-    None when no cgroup has it (not running)."""
-    found = _named(v2, {pattern.format(container_id) for pattern in _CONTAINER_CGROUPS})
+def by_container_id(container_id: str, runtime: str, v2: str, uid: int = 0) -> str | None:
+    """The cgroup (v2 path) of the container with this full id, by ``runtime``'s naming;
+    None when no cgroup has it (not running). Of several, the system's (root-owned)
+    one, then one of ``uid``'s: see _first."""
+    names = {pattern.format(container_id) for pattern in CONTAINER_CGROUPS.get(runtime, ())}
+    found = _first(_named(v2, names), v2, uid)
+    if len(found) > 1:
+        raise UnknownName(f"{len(found)} cgroups have container id {container_id[:12]}")
     return found[0] if found else None
 
 
-def by_unit_name(unit: str, v2: str) -> list[str]:
+def by_unit_name(unit: str, v2: str, uid: int = 0) -> list[str]:
     """Cgroups (v2 paths) named as the unit: systemd names a unit's cgroup after it,
-    in its slice (/system.slice/x.service, or a user's under user@UID.service)."""
-    return _named(v2, {unit})
+    in its slice (/system.slice/x.service, or a user's under user@UID.service). Of
+    several, the system's (root-owned) ones, then ``uid``'s: see _first."""
+    return _first(_named(v2, {unit}), v2, uid)
 
 
 def _named(v2: str, names: set[str]) -> list[str]:
-    """The v2 paths of every cgroup whose own name is one of ``names``."""
+    """The v2 paths of every cgroup whose own name, or parent/name, is one of ``names``."""
     return [
         normalize("/" + os.path.relpath(os.path.join(directory, sub), v2))
         for directory, subdirs, _files in os.walk(v2)
         for sub in subdirs
-        if sub in names
+        if sub in names or f"{os.path.basename(directory)}/{sub}" in names
     ]
 
 
-def locate(name: CgroupName, where: Mounts, run: Runner = run_command) -> Cgroup:
-    """The cgroup ``name`` names now; UnknownName saying why when none."""
-    path = name.resolve(run, v2=where.v2)
+def _first(paths: list[str], v2: str, uid: int) -> list[str]:
+    """Those of ``paths`` a name may mean: the cgroups root owns (a runtime's or
+    systemd's own, outside every delegated subtree) where there are any, else those
+    ``uid`` owns, else the rest. A directory a user makes in her own subtree, named
+    after root's container or unit, so never wins over the real one."""
+
+    def rank(path: str) -> int:
+        try:
+            owner = os.stat(v2 + path).st_uid
+        except OSError:
+            return 3  # gone since the walk
+        return 0 if owner == 0 else 1 if owner == uid else 2
+
+    ranks = {path: rank(path) for path in paths}
+    best = min(ranks.values(), default=3)
+    return [path for path, r in ranks.items() if r == best < 3]
+
+
+def locate(name: CgroupName, where: Mounts, run: Runner = run_command, uid: int = 0) -> Cgroup:
+    """The cgroup ``name`` names now, for user ``uid`` (who is preferred among cgroups
+    of one name: _first); UnknownName saying why when none."""
+    path = name.resolve(run, v2=where.v2, uid=uid)
     try:
         return Cgroup(path, where)
     except CgroupGone as exc:
@@ -153,6 +185,31 @@ def runs_docker(gids: frozenset[int]) -> bool:
         return grp.getgrnam("docker").gr_gid in gids
     except KeyError:
         return False
+
+
+_DOCKERS = re.compile(r"(?:^|/)(?:docker-[0-9a-f]{64}\.scope|docker/[0-9a-f]{64})$")
+
+
+def refusal(name: CgroupName, cgroup: Cgroup, uid: int, gids: frozenset[int]) -> str | None:
+    """Why user ``uid`` (groups ``gids``) may not have ``cgroup`` as ``name``'s target,
+    or None: root may have any; a user the cgroups they own (a delegated subtree); the
+    docker group docker's containers, named as docker names them (its socket lets it
+    run them anyway), and nothing else by that right. Checked at registration and again
+    whenever a name is followed to a new cgroup."""
+    if uid == 0:
+        return None
+    try:
+        owner = cgroup.owner()
+    except OSError:
+        return f"cgroup {cgroup.path} is gone"
+    if owner == uid:
+        return None
+    if name.runtime == "docker" and _DOCKERS.search(cgroup.path) and runs_docker(gids):
+        return None
+    return (
+        f"cgroup {cgroup.path} belongs to uid {owner}: root or its owner may register it "
+        "(a user, cgroups delegated to them, such as under user@UID.service)"
+    )
 
 
 def parse(

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,18 @@ class CgroupGone(Exception):
 
 class InvalidCgroup(ValueError):
     pass
+
+
+class NotTheirs(Exception):
+    """A followed name now names a cgroup its registrant may not have; says why."""
+
+
+class CgroupEnded(NoSuchProcess):
+    """A cgroup target's end; ``reason`` says why, for its summary."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(0, reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -60,16 +73,24 @@ def mounts(path: str = "/proc/self/mounts") -> Mounts:
     return Mounts(v2, v1)
 
 
+# systemd's escape of a byte in a unit or slice name ("system-flower\x2dsupernode.slice")
+SYSTEMD_ESCAPE = re.compile(r"\\x[0-9a-f]{2}")
+
+
 def normalize(path: object) -> str:
     """A cgroup path as the API takes it: absolute, no '.' or '..' parts, no quotes
-    (it goes into nftables rules), at most 4096 bytes."""
+    (it goes into nftables rules), no backslash but in systemd's escapes (\\xHH, as in
+    a templated unit's slice), at most 4096 bytes."""
     if not isinstance(path, str) or not path.startswith("/"):
         raise InvalidCgroup(f"a cgroup path starts with '/', got {path!r:.80}")
     parts = [p for p in path.split("/") if p]
     if any(p in (".", "..") for p in parts):
         raise InvalidCgroup(f"'.' and '..' are not allowed in a cgroup path: {path!r:.80}")
-    if any(c in path for c in '"\\\n\r\0'):
-        raise InvalidCgroup(f"quotes, backslashes and control characters are refused: {path!r:.80}")
+    if any(c in SYSTEMD_ESCAPE.sub("", path) for c in '"\\\n\r\0'):
+        raise InvalidCgroup(
+            "quotes, control characters and backslashes (but in systemd's \\xHH escapes) "
+            f"are refused: {path!r:.80}"
+        )
     if len(path.encode()) > 4096:
         raise InvalidCgroup("a cgroup path is at most 4096 bytes")
     return "/" + "/".join(parts)
@@ -155,6 +176,20 @@ class Cgroup:
     def owner(self) -> int:
         return os.stat(self.v2_dir).st_uid
 
+    def run_is_gone(self, proc: str = "/proc") -> bool:
+        """Whether this is the cgroup of an `edgewatt run --cgroup` (named ``run-PID``
+        by OwnCgroup) whose run has gone: killed before it could remove it."""
+        name = self.path.rsplit("/", 1)[-1]
+        return _RUN_NAME.fullmatch(name) is not None and not os.path.exists(f"{proc}/{name[4:]}")
+
+    def remove(self) -> bool:
+        """rmdir it; whether it went (the kernel refuses while it has members)."""
+        try:
+            os.rmdir(self.v2_dir)
+        except OSError:
+            return False
+        return True
+
     def _v1(self, controller: str, name: str) -> str | None:
         root = self._where.v1.get(controller)
         if root is None:
@@ -226,7 +261,10 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 class CgroupTree:
     """A cgroup target read once per pass, as the sampler reads a process tree
     (platforms.Tree). ``resolve`` names the cgroup anew when it is gone: a container
-    restarted under a new cgroup goes on, its counters added to those before."""
+    restarted under a new cgroup goes on, its counters added to those before; it
+    raises NotTheirs when the name now names a cgroup the registrant may not have, and
+    the target ends. Without ``resolve`` (a plain cgroup path) the target ends with its
+    cgroup. Each end is a CgroupEnded saying why."""
 
     lost_members = False  # membership is the kernel's: there is never a list to redo
 
@@ -237,6 +275,7 @@ class CgroupTree:
         resolve: Callable[[], Cgroup | None] | None = None,
         proc: str = "/proc",
         restart_grace_s: float = 0.0,
+        lookup_every_s: float = 0.0,
     ) -> None:
         self.cgroup = cgroup
         self._cpus = logical_cpus
@@ -245,6 +284,9 @@ class CgroupTree:
         # How long a gone cgroup may stay unresolved before its target ends: a
         # restarting container or service has none for a moment.
         self._grace = restart_grace_s
+        # A lookup runs a runtime's CLI or walks the whole tree: at most one this often.
+        self._lookup_every = lookup_every_s
+        self._next_lookup = 0.0
         self._gone_since: float | None = None
         self._base = (0.0, 0.0, 0, 0)  # what earlier incarnations counted
         self.last: TreeReading | None = None
@@ -293,14 +335,39 @@ class CgroupTree:
 
     def _next_incarnation(self) -> Usage | None:
         """The cgroup went: its next one (a restarted container), None while it may
-        still come within the grace, or the end."""
-        fresh = self._resolve() if self._resolve is not None else None
-        if fresh is None or fresh.inode == self.cgroup.inode:
-            now = time.monotonic()
-            self._gone_since = self._gone_since or now
-            if self.last is not None and now - self._gone_since < self._grace:
-                return None
-            raise NoSuchProcess(0, f"cgroup {self.cgroup.path} is gone")
+        still come within the grace, or the end (CgroupEnded)."""
+        if self._resolve is None:
+            raise CgroupEnded(f"its cgroup {self.cgroup.path} was removed")
+        now = time.monotonic()
+        self._gone_since = self._gone_since or now
+        if now >= self._next_lookup:
+            self._next_lookup = now + self._lookup_every
+            try:
+                fresh = self._resolve()
+            except NotTheirs as refused:
+                raise CgroupEnded(
+                    f"its cgroup {self.cgroup.path} was removed, and its name now names "
+                    f"a cgroup that is not the registrant's: {refused}"
+                ) from None
+            usage = self._adopt(fresh) if fresh is not None else None
+            if usage is not None:
+                return usage
+        if self.last is not None and now - self._gone_since < self._grace:
+            return None
+        raise CgroupEnded(
+            f"its cgroup {self.cgroup.path} was removed and none came back within {self._grace:g} s"
+        )
+
+    def _adopt(self, fresh: Cgroup) -> Usage | None:
+        """``fresh``'s first reading, its counts added to those before; None when it is
+        the same cgroup, or already gone again (removed and made again while followed:
+        the next lookup tries again)."""
+        if fresh.inode == self.cgroup.inode:
+            return None
+        try:
+            usage = fresh.read()
+        except CgroupGone:
+            return None
         self._gone_since = None
         last = self.last
         if last is not None:
@@ -312,7 +379,7 @@ class CgroupTree:
             )
         log.info("cgroup %s is gone; followed to %s (restarted)", self.cgroup.path, fresh.path)
         self.cgroup = fresh
-        return fresh.read()
+        return usage
 
     def exit_figures(self) -> None:
         return None  # a removed cgroup's counters go with it: the last pass is the end
@@ -321,6 +388,7 @@ class CgroupTree:
         pass
 
 
+_RUN_NAME = re.compile(r"run-[1-9][0-9]*")  # OwnCgroup's
 RUN_PARENT = "/edgewatt"  # root's cgroups for `edgewatt run --cgroup`, one per run
 
 
@@ -371,7 +439,7 @@ def _remove_stale(parent_dir: str, proc: str) -> None:
     """Empty run cgroups of runs that are gone (killed before they could remove them):
     rmdir refuses a cgroup that still has members, so only empty ones go."""
     for entry in os.listdir(parent_dir):
-        if not entry.startswith("run-") or not entry[4:].isdigit():
+        if not _RUN_NAME.fullmatch(entry):
             continue
         if os.path.exists(f"{proc}/{entry[4:]}"):
             continue  # that run is still alive
