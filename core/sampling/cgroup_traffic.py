@@ -114,6 +114,9 @@ class _Watch:
     # when it was first seen.
     interfaces: dict[int, Counts] = field(default_factory=dict)
     counted_by_interfaces: bool = False  # ever, in this target's life
+    # Namespaces a member uses where its traffic cannot be counted, and why: while a
+    # member is in one, the target's figures are absent (a part is not the whole).
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 class CgroupTraffic:
@@ -137,6 +140,7 @@ class CgroupTraffic:
         self._proc = proc
         self._open = open_nft
         self._own = os.stat(f"{proc}/self/ns/net").st_ino
+        _probe(open_nft)
         self._namespaces: dict[int, _Namespace] = {}
         self._watches: dict[str, _Watch] = {}
         self._names = (f"w{n}" for n in itertools.count(1))
@@ -200,11 +204,13 @@ class CgroupTraffic:
                     inode = os.stat(f"{self._proc}/{pid}/ns/net").st_ino
                 except OSError:
                     continue  # exited since the cgroup was read
-                if inode not in watch.namespaces:
+                if inode not in watch.namespaces and inode not in watch.failed:
                     self._install(target_id, watch, inode, f"{self._proc}/{pid}/ns/net")
             ns_of[pid] = inode
             used.add(inode)
         watch.ns_of = ns_of
+        for inode in set(watch.failed) - used:
+            del watch.failed[inode]  # no member there any more: tried again if one returns
         self._settle(target_id, watch, used)
 
     def sample(self) -> dict[str, Counts]:
@@ -217,6 +223,8 @@ class CgroupTraffic:
                 log.warning("reading nftables counters failed: %s", exc)
         result = {}
         for target_id, watch in self._watches.items():
+            if watch.failed:
+                continue  # absent, never a part: problem() says why
             for inode in watch.namespaces:
                 if inode in watch.interfaces:
                     found = self._interfaces_now(watch, inode)
@@ -229,6 +237,13 @@ class CgroupTraffic:
                 total += part
             result[target_id] = total
         return result
+
+    def problem(self, target_id: str) -> str | None:
+        """Why the target's traffic is not counted now (None: it is)."""
+        watch = self._watches.get(target_id)
+        if watch is None or not watch.failed:
+            return None
+        return "; ".join(sorted(set(watch.failed.values())))
 
     def kind(self, target_id: str) -> str:
         """What the target's figures count: IP_BYTES, INTERFACE_BYTES, or both."""
@@ -288,13 +303,16 @@ class CgroupTraffic:
             if exc.errno in (errno.EPERM, errno.EACCES) and inode != self._own:
                 self._count_interfaces(target_id, watch, inode, link)
                 return
-            log.warning(
-                "target %s: cannot count the traffic of cgroup %s in network namespace %d: %s",
-                target_id,
-                spec.path,
-                inode,
-                exc,
-            )
+            if not watch.failed:  # once while it lasts, not once per member
+                log.warning(
+                    "target %s: cannot count the traffic of cgroup %s in network namespace "
+                    "%d: %s; its network figures are absent meanwhile",
+                    target_id,
+                    spec.path,
+                    inode,
+                    exc,
+                )
+            watch.failed[inode] = f"network namespace {inode}: {exc}"
             return
         namespace.users.add(target_id)
         watch.namespaces.add(inode)
@@ -377,6 +395,18 @@ class CgroupTraffic:
             MAX_TAGS,
         )
         return None
+
+
+def _probe(open_nft: Callable[[str | None], Nft]) -> None:
+    """NftError saying why, where this process may not use nftables (netlink refuses
+    every nftables request without CAP_NET_ADMIN, a listing included)."""
+    nft = open_nft(None)
+    try:
+        nft.run("list tables")
+    except NftError as exc:
+        raise NftError(f"{exc} (counting needs CAP_NET_ADMIN)") from None
+    finally:
+        nft.close()
 
 
 def _tables(nft: Nft) -> list[str]:
