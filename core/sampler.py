@@ -452,7 +452,9 @@ class Sampler:
         for target, reading in readings:
             tree = self._trees.get(target.id)
             if isinstance(tree, CgroupTree):
-                traffic.watch(target.id, tree.cgroup.path, tree.cgroup.level, reading.pids)
+                traffic.watch(
+                    target.id, tree.cgroup.path, tree.cgroup.level, reading.pids, target.uid
+                )
         for target_id, counts in traffic.sample().items():
             if target_id in self._trees:
                 self._network_bytes[target_id] = (counts.sent_bytes, counts.received_bytes)
