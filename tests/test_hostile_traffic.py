@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling import cgroups, nftables
-from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
+from edgewatt.core.sampling import cgroup_traffic, cgroups, nftables
+from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic, Counts
 from edgewatt.core.sampling.nftables import Nft
-from tests.conftest import ROOT, assert_tcp_ip_bytes
+from tests.conftest import ROOT, assert_tcp_ip_bytes, wait_for
 from tests.test_cgroup_traffic import member, stop_server, tcp_server
 
 WHERE = cgroups.mounts()
@@ -272,3 +272,129 @@ def test_two_targets_on_one_cgroup_both_get_figures(
     traffic.watch("b", path, 1, [proc.pid])
     assert traffic.sample()["b"] == b
     proc.communicate(b"\n")
+
+
+HERS = """
+import socket, subprocess, sys
+sys.stdin.readline()
+run = lambda script: subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True)
+# Root in her own namespace: she makes the daemon's table there herself, with a counter
+# of its naming that says 1e15 bytes, and 2,000 more.
+table = "inet " + sys.argv[1]
+run("\\n".join(
+    ["add table " + table, "add counter " + table + " tx_w1 { packets 1 bytes 1000000000000000 }"]
+    + ["add counter " + table + " c" + str(n) for n in range(2000)]
+))
+for step in [
+    "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1",
+    "ip link add v0 type veth peer name v1",
+    "ip addr add 10.9.9.1/24 dev v0",
+    "ip neigh add 10.9.9.2 lladdr 02:00:00:00:00:02 dev v0",  # no ARP
+    "ip link set v1 up",
+    "ip link set v0 up",
+]:
+    subprocess.run(step.split(), check=True)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(20):
+    s.sendto(b"u" * 100, ("10.9.9.2", 9))  # out of v0 into v1
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def netns_tables(pid: int) -> str:
+    return subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "nft", "list", "tables"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+
+
+def test_a_users_own_namespace_is_counted_by_its_interfaces_never_her_table(
+    cgroup_dir: Path, traffic: CgroupTraffic
+) -> None:
+    def join() -> None:
+        with open(cgroup_dir / "cgroup.procs", "w") as f:
+            f.write("0")
+
+    her = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "-rn",
+         "python3", "-c", HERS, traffic.table.split()[1]],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=join,
+    )  # fmt: skip
+    assert her.stdin is not None and her.stdout is not None
+    host = os.stat("/proc/self/ns/net").st_ino
+    try:
+        wait_for(lambda: os.stat(f"/proc/{her.pid}/ns/net").st_ino != host)
+        traffic.watch("t", "/" + cgroup_dir.name, 1, [her.pid], uid=65534)
+        assert netns_tables(her.pid) == ""  # no table of the daemon's where she is root
+        assert traffic.kind("t") == "interface-bytes"
+        her.stdin.write("go\n")
+        her.stdin.flush()
+        assert her.stdout.readline() == "done\n"
+        assert "edgewatt_" in netns_tables(her.pid)  # hers, forged
+        traffic.watch("t", "/" + cgroup_dir.name, 1, [her.pid], uid=65534)
+        # 20 datagrams of 100 bytes, 28 of IPv4 and UDP headers and 14 of Ethernet
+        # each, out of one end of her veth pair and into the other: the forged counter
+        # is never read.
+        assert traffic.sample()["t"] == Counts(20 * 142, 20 * 142, 20, 20)
+    finally:
+        her.kill()
+        her.wait()
+
+
+def test_namespaces_are_bounded_and_their_contexts_given_back(
+    cgroup_dir: Path, traffic: CgroupTraffic
+) -> None:
+    def join() -> None:
+        with open(cgroup_dir / "cgroup.procs", "w") as f:
+            f.write("0")
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def rss_mib() -> float:
+        status = Path("/proc/self/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+)", status)[1]) / 1024  # type: ignore[index]
+
+    path = "/" + cgroup_dir.name
+    traffic.watch("t", path, 1, [])
+    before_fds, before_rss = fds(), rss_mib()
+    # 100 members, each in a network namespace of its own (root's: trusted, entered).
+    members = [
+        subprocess.Popen(["unshare", "-n", "sleep", "600"], preexec_fn=join) for _ in range(100)
+    ]
+    try:
+        wait_for(lambda: all(os.path.exists(f"/proc/{p.pid}/ns/net") for p in members))
+        wait_for(lambda: len((cgroup_dir / "cgroup.procs").read_text().split()) == 100)
+        traffic.watch("t", path, 1, [p.pid for p in members], uid=0)
+        problem = traffic.problem("t")
+        bound = cgroup_traffic.MAX_NAMESPACES_PER_TARGET
+        assert problem is not None and f"more than {bound}" in problem
+        assert "t" not in traffic.sample()  # absent, not the part it could count
+        opened = fds() - before_fds
+        assert opened <= bound, opened  # one netlink socket each
+    finally:
+        for p in members:
+            p.kill()
+            p.wait()
+    traffic.watch("t", path, 1, [])
+    assert traffic.problem("t") is None
+    assert traffic.sample()["t"] == Counts()
+    assert fds() == before_fds
+    assert rss_mib() < before_rss + 4, (before_rss, rss_mib())  # given back
+
+
+def test_a_table_deleted_under_the_daemon_warns_once(
+    cgroup_dir: Path, traffic: CgroupTraffic, caplog: pytest.LogCaptureFixture
+) -> None:
+    proc = member(cgroup_dir, "")
+    try:
+        traffic.watch("t", "/" + cgroup_dir.name, 1, [proc.pid])
+        Nft().run(f"delete table {traffic.table}")
+        for _ in range(5):
+            traffic.watch("t", "/" + cgroup_dir.name, 1, [proc.pid])
+            assert "t" not in traffic.sample()
+        assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1, caplog.text
+        assert "counters unreadable" in (traffic.problem("t") or "")
+    finally:
+        proc.communicate(b"\n")
