@@ -14,11 +14,13 @@ No packet's mark is read or written: the sender of a loopback packet is known at
 input hook by its flow (addresses, ports, protocol), which the output hook put in its
 cgroup's set. A cgroup inside another is in both's sets, so nested targets count as if
 each were alone. A flow stays in a set FLOW_TIMEOUT after its last packet, at most
-FLOW_SET_SIZE flows per set: a packet of a flow beyond that is counted as sent to the
-outside by neither (docs/reference.md, "Cgroup targets").
+FLOW_SET_SIZE flows per set: a packet of a flow beyond that is not counted as its
+sender's (docs/reference.md, "Cgroup targets").
 
-Counters are listed alone each pass: listing rules would make nft print each
-cgroup's path, which it finds by walking all of /sys/fs/cgroup.
+Counters are read alone each pass, by a netlink dump of the table's counter objects
+(nftables.py, Nft.counters): listing through libnftables would fetch every flow set's
+elements first, and listing rules would make nft print each cgroup's path, which it
+finds by walking all of /sys/fs/cgroup.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ from dataclasses import dataclass
 OUTPUT_PRIORITY = 300
 INPUT_PRIORITY = -300
 KINDS = ("tx", "lotx", "rx", "internal")
-FLOW_TIMEOUT = "10s"  # far longer than a packet takes from output to input on loopback
-FLOW_SET_SIZE = 65536
+# A flow is forgotten this long after its last packet: far longer than a packet takes
+# from the output hook to the input hook on loopback, shorter than the second after
+# which TCP may give a closed connection's port to a new socket (tcp_tw_reuse): a port
+# reused by another cgroup's socket must not still be in the first one's set.
+FLOW_TIMEOUT = "500ms"
+FLOW_SET_SIZE = 16384
 _FLOW = {
     "4": ("ipv4_addr", "ip saddr . th sport . ip daddr . th dport . meta l4proto"),
     "6": ("ipv6_addr", "ip6 saddr . th sport . ip6 daddr . th dport . meta l4proto"),
@@ -136,23 +142,20 @@ def uninstall(table: str, spec: Spec, others: list[Spec], staying: list[Spec]) -
     return commands + [f"delete counter {table} {kind}_{name}" for kind in KINDS]
 
 
-def counts(answer: dict | None) -> dict[str, tuple[int, int, int, int]]:
-    """A `list counters` answer: per cgroup name, (sent bytes, received bytes, sent
-    packets, received packets), traffic between its members taken off: sent is what
-    left by another interface (tx) plus what its sockets sent over loopback (lotx),
-    received what reached its sockets (rx), less what went from one of its sockets to
-    another over loopback (internal)."""
+def counts(counters: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int, int, int]]:
+    """The table's counters (name -> bytes, packets): per cgroup name, (sent bytes,
+    received bytes, sent packets, received packets), traffic between its members taken
+    off: sent is what left by another interface (tx) plus what its sockets sent over
+    loopback (lotx), received what reached its sockets (rx), less what went from one of
+    its sockets to another over loopback (internal)."""
     slot = {kind: 2 * n for n, kind in enumerate(KINDS)}
     found: dict[str, list[int]] = {}
-    for item in (answer or {}).get("nftables", []):
-        counter = item.get("counter")
-        if counter is None:
-            continue
-        kind, _, name = str(counter.get("name", "")).partition("_")
+    for full_name, (n_bytes, n_packets) in counters.items():
+        kind, _, name = full_name.partition("_")
         if kind in slot:
             values = found.setdefault(name, [0] * 8)
-            values[slot[kind]] += int(counter["bytes"])
-            values[slot[kind] + 1] += int(counter["packets"])
+            values[slot[kind]] += n_bytes
+            values[slot[kind] + 1] += n_packets
     return {
         name: (tx + lo - inner, rx - inner, tx_n + lo_n - inner_n, rx_n - inner_n)
         for name, (tx, tx_n, lo, lo_n, rx, rx_n, inner, inner_n) in found.items()

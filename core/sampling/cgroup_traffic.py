@@ -17,13 +17,18 @@ their target, the table with the daemon; a table left by a daemon killed with -9
 pid is gone) is removed at the next start, and a live daemon's is left alone.
 
 A namespace the daemon may not enter (setns needs CAP_SYS_ADMIN, which the systemd unit
-does not grant: a container with a network of its own) is counted from outside: the
-bytes and packets of its interfaces but loopback (``/proc/PID/net/dev`` of a member,
-which needs no capability), from when the target first saw it. Those are frames:
-IP bytes plus each packet's link header (14 bytes on Ethernet and veth), and every
-frame of the namespace, ARP and neighbour discovery included: the namespace's traffic,
-which is the container's own where it does not share it. The target's summary says so
-(``network_counts``).
+does not grant: a container with a network of its own), or may not trust a table in
+(one another user namespace owns: its maker is root there, and could add counters or
+forge them), is counted from outside: the bytes and packets of its interfaces but
+loopback (``/proc/PID/net/dev`` of a member, which needs no capability), from when the
+target first saw it. Those are frames: IP bytes plus each packet's link header (14
+bytes on Ethernet and veth), and every frame of the namespace, ARP and neighbour
+discovery included: the namespace's traffic, which is the container's own where it
+does not share it. The target's summary says so (``network_counts``).
+
+What one target or user costs is bounded: MAX_NAMESPACES_PER_TARGET and
+MAX_NAMESPACES_PER_USER; beyond them, and wherever a member's namespace cannot be
+counted, the target's figures are absent (problem() says why), never a part.
 """
 
 from __future__ import annotations
@@ -328,8 +333,10 @@ class CgroupTraffic:
 
     def _read(self, namespace: _Namespace) -> dict[str, Counts]:
         """Per cgroup's rules: its traffic in this namespace, members' own taken off."""
-        answer = namespace.nft.run(f"list counters table {self.table}")
-        return {name: Counts(*net) for name, net in cgroup_rules.counts(answer).items()}
+        found = namespace.nft.counters(FAMILY, self.table.split()[1])
+        if any(f"tx_{name}" not in found for name in namespace.specs):
+            raise NftError(f"table {self.table} or its counters are gone (deleted by root?)")
+        return {name: Counts(*net) for name, net in cgroup_rules.counts(found).items()}
 
     def _trusted(self, link: str) -> bool:
         """Whether the daemon's own user namespace owns this network namespace: else
