@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from edgewatt.core.sampling import cgroup_traffic, cgroups, nftables
 from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic, Counts
 from edgewatt.core.sampling.nftables import Nft
 from tests.conftest import ROOT, assert_tcp_ip_bytes, wait_for
-from tests.test_cgroup_traffic import member, stop_server, tcp_server
+from tests.test_cgroup_traffic import UDP_HEADERS, member, stop_server, tcp_server
 
 WHERE = cgroups.mounts()
 pytestmark = pytest.mark.skipif(
@@ -398,3 +399,38 @@ def test_a_table_deleted_under_the_daemon_warns_once(
         assert "counters unreadable" in (traffic.problem("t") or "")
     finally:
         proc.communicate(b"\n")
+
+
+def test_a_port_another_cgroup_used_before_is_counted_for_the_new_sender_alone(
+    cgroup_dir: Path, traffic: CgroupTraffic
+) -> None:
+    # The loopback sender is known by its flow, kept FLOW_TIMEOUT (0.5 s) after its
+    # last packet: a later socket of another cgroup on the same port and peer (TCP
+    # gives a closed connection's port again after 1 s) is not the first's.
+    for name in ("a", "b"):
+        (cgroup_dir / name).mkdir()
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('127.0.0.1', {port}))\n"
+        "for _ in range(20):\n"
+        f"    s.sendto(b'p' * 200, {server.getsockname()!r})\n"
+    )
+    senders = {name: member(cgroup_dir / name, code) for name in ("a", "b")}
+    for name, proc in senders.items():
+        traffic.watch(name, f"/{cgroup_dir.name}/{name}", 2, [proc.pid])
+    senders["a"].communicate(b"go\n")
+    time.sleep(0.6)  # past the flow's timeout: the port is free to be anyone's
+    senders["b"].communicate(b"go\n")
+    for _ in range(40):
+        server.recv(2048)
+    server.close()
+    counted = traffic.sample()
+    assert counted["a"] == Counts(20 * (200 + UDP_HEADERS), 0, 20, 0)
+    assert counted["b"] == Counts(20 * (200 + UDP_HEADERS), 0, 20, 0)
