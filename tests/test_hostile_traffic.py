@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,16 @@ pytestmark = pytest.mark.skipif(
     reason=f"needs root, cgroup v2 and nftables ({nftables.available()})",
 )
 WITHOUT_NET_ADMIN = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin"]
+
+
+def joining(cgroup: Path) -> Callable[[], None]:
+    """A preexec_fn: the child enters ``cgroup`` before its first instruction."""
+
+    def join() -> None:
+        with open(cgroup / "cgroup.procs", "w") as f:
+            f.write("0")
+
+    return join
 
 
 def send_each(port: int, size: int) -> str:
@@ -98,14 +108,6 @@ def test_run_cgroup_without_net_admin_says_ip_bytes_are_unknown(
     assert "IP sent 0" not in done.stderr
     assert re.search(r"IP +sent and received unknown: .*CAP_NET_ADMIN", done.stderr), done.stderr
     assert '"network_transmit_bytes"' not in output.read_text().splitlines()[-1]
-
-
-@pytest.fixture
-def traffic() -> Iterator[CgroupTraffic]:
-    assert WHERE.v2 is not None
-    counted = CgroupTraffic(WHERE.v2)
-    yield counted
-    counted.close()
 
 
 MARK = 0x10000  # Tailscale's and Calico's bits are in 0x00ff0000 too
@@ -192,12 +194,8 @@ def sink(cgroup: Path) -> tuple[subprocess.Popen, int]:
         "print(n, flush=True)\n"
     )
 
-    def join() -> None:
-        with open(cgroup / "cgroup.procs", "w") as f:
-            f.write("0")
-
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, preexec_fn=join
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, preexec_fn=joining(cgroup)
     )
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())
@@ -313,14 +311,10 @@ def netns_tables(pid: int) -> str:
 def test_a_users_own_namespace_is_counted_by_its_interfaces_never_her_table(
     cgroup_dir: Path, traffic: CgroupTraffic
 ) -> None:
-    def join() -> None:
-        with open(cgroup_dir / "cgroup.procs", "w") as f:
-            f.write("0")
-
     her = subprocess.Popen(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "unshare", "-rn",
          "python3", "-c", HERS, traffic.table.split()[1]],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=join,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=joining(cgroup_dir),
     )  # fmt: skip
     assert her.stdin is not None and her.stdout is not None
     host = os.stat("/proc/self/ns/net").st_ino
@@ -346,10 +340,6 @@ def test_a_users_own_namespace_is_counted_by_its_interfaces_never_her_table(
 def test_namespaces_are_bounded_and_their_contexts_given_back(
     cgroup_dir: Path, traffic: CgroupTraffic
 ) -> None:
-    def join() -> None:
-        with open(cgroup_dir / "cgroup.procs", "w") as f:
-            f.write("0")
-
     def fds() -> int:
         return len(os.listdir("/proc/self/fd"))
 
@@ -362,7 +352,8 @@ def test_namespaces_are_bounded_and_their_contexts_given_back(
     before_fds, before_rss = fds(), rss_mib()
     # 100 members, each in a network namespace of its own (root's: trusted, entered).
     members = [
-        subprocess.Popen(["unshare", "-n", "sleep", "600"], preexec_fn=join) for _ in range(100)
+        subprocess.Popen(["unshare", "-n", "sleep", "600"], preexec_fn=joining(cgroup_dir))
+        for _ in range(100)
     ]
     try:
         wait_for(lambda: all(os.path.exists(f"/proc/{p.pid}/ns/net") for p in members))

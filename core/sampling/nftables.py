@@ -170,23 +170,23 @@ def _attr(kind: int, payload: bytes) -> bytes:
 
 def _attrs(data: bytes) -> Iterator[tuple[int, bytes]]:
     """Netlink attributes: (type, payload), the nested and byte-order flags off."""
-    offset = 0
-    while offset + 4 <= len(data):
-        length, kind = struct.unpack_from("=HH", data, offset)
-        if length < 4:
-            return
-        yield kind & 0x3FFF, data[offset + 4 : offset + length]
-        offset += (length + 3) & ~3
+    return ((kind & 0x3FFF, payload) for kind, payload in _records(data, "=HH", 4))
 
 
 def _messages(data: bytes) -> Iterator[tuple[int, bytes]]:
     """Netlink messages in one datagram: (type, body)."""
+    return _records(data, "=IH", 16)
+
+
+def _records(data: bytes, header: str, size: int) -> Iterator[tuple[int, bytes]]:
+    """Length-prefixed netlink records (messages or attributes, whose ``header`` of
+    ``size`` bytes starts with the length and the type), each aligned to 4 bytes."""
     offset = 0
-    while offset + 16 <= len(data):
-        length, kind = struct.unpack_from("=IH", data, offset)
-        if length < 16:
+    while offset + size <= len(data):
+        length, kind = struct.unpack_from(header, data, offset)
+        if length < size:
             return
-        yield kind, data[offset + 16 : offset + length]
+        yield kind, data[offset + size : offset + length]
         offset += (length + 3) & ~3
 
 
