@@ -39,7 +39,9 @@ def summary_table(summary: dict[str, Any], title: str) -> str:
         sent = human_bytes(summary["total_network_bytes_sent"])
         recv = human_bytes(summary["total_network_bytes_recv"])
         rows.append(("network", f"sent {sent}, received {recv} (host-wide, loopback excluded)"))
-    if summary.get("network_transmit_bytes") is not None:
+    if summary.get("network_unknown"):
+        rows.append(("IP", f"sent and received unknown: {summary['network_unknown']}"))
+    elif summary.get("network_transmit_bytes") is not None:
         sent = human_bytes(summary["network_transmit_bytes"])
         recv = human_bytes(summary.get("network_receive_bytes") or 0)
         counts = summary.get("network_counts")

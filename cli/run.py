@@ -260,6 +260,8 @@ def _final(usage: dict | None, wall_s: float) -> Any:
                 if api.get(key) is not None:  # what crossed the target's boundary
                     summary[key] = api[key]
                     summary["network_counts"] = api.get("network_counts")
+            if api.get("network_unknown"):  # absent, never 0: and why
+                summary["network_unknown"] = api["network_unknown"]
         elif usage is not None:
             cpu_s = usage["cpu_s"]
             summary["cpu_source"] = "kernel (wait4 of every process the command started)"

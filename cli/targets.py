@@ -115,6 +115,12 @@ def render(s: dict[str, Any]) -> str:
         "interface-bytes": "frames on its network namespace's interfaces",
         "ip-bytes+interface-bytes": "IP bytes, and frames of a namespace it may not enter",
     }.get(s.get("network_counts") or "", "TCP")
+    network = (
+        f"unknown: {s['network_unknown']}"
+        if s.get("network_unknown")
+        else f"sent {value('network_transmit_bytes', 'bytes')}, "
+        f"received {value('network_receive_bytes', 'bytes')} ({counts})"
+    )
     lines = [
         f"target {s['id']}: {name} ({s['state']}, {s['membership']})",
         f"  duration   {value('duration_s', 's')}",
@@ -122,8 +128,7 @@ def render(s: dict[str, Any]) -> str:
         f"  memory     RSS peak {value('memory_rss_peak_bytes', 'bytes')}",
         f"  storage    read {value('disk_read_bytes', 'bytes')}, "
         f"written {value('disk_write_bytes', 'bytes')}",
-        f"  network    sent {value('network_transmit_bytes', 'bytes')}, "
-        f"received {value('network_receive_bytes', 'bytes')} ({counts})",
+        f"  network    {network}",
         f"  energy     {_energy(s)}",
     ]
     if cgroup:

@@ -77,6 +77,8 @@ class Sampler:
         self.exits = exits  # the kernel's exit records: exact figures at a target's exit
         self.membership = membership or Membership()  # who belongs to which target
         self.cgroup_traffic = cgroup_traffic  # every byte of cgroup targets' sockets
+        # Why cgroup targets have no network figures where cgroup_traffic is None.
+        self.cgroup_traffic_problem = "cgroup traffic is not counted"
         self._cgroup_mounts = cgroup_mounts  # read at the first cgroup target
         self._proc = getattr(self.platform, "proc", "/proc")  # cgroup members' stat files
         self._network_bytes: dict[str, tuple[int, int] | None] = {}
@@ -506,12 +508,22 @@ class Sampler:
         for target, reading in readings:
             tree = self._trees.get(target.id)
             if isinstance(tree, CgroupTree):
-                traffic.watch(target.id, tree.cgroup.path, tree.cgroup.level, reading.pids)
+                traffic.watch(
+                    target.id, tree.cgroup.path, tree.cgroup.level, reading.pids, target.uid
+                )
         for target_id, counts in traffic.sample().items():
             if target_id in self._trees:
                 self._network_bytes[target_id] = (counts.sent_bytes, counts.received_bytes)
                 self._network_packets[target_id] = (counts.sent_packets, counts.received_packets)
                 self._network_counts[target_id] = traffic.kind(target_id)
+
+    def _network_unknown(self, target_id: str) -> str | None:
+        """Why a cgroup target has no network figures (None: it has them)."""
+        if target_id in self._network_bytes:
+            return None
+        if self.cgroup_traffic is None:
+            return self.cgroup_traffic_problem
+        return self.cgroup_traffic.problem(target_id) or "not counted yet"
 
     def _sample(
         self, target: Target, reading: TreeReading, power: PowerSnapshot | None
@@ -552,6 +564,9 @@ class Sampler:
             cgroup_memory=(usage.memory_bytes, usage.memory_peak_bytes) if usage else (None, None),
             cgroup_packets=self._network_packets.get(target.id),
             network_counts=self._network_counts.get(target.id),
+            network_unknown=self._network_unknown(target.id)
+            if isinstance(tree, CgroupTree)
+            else None,
         )
 
     def _target_attributes(self, target: Target) -> dict[str, str | int]:

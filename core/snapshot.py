@@ -56,6 +56,8 @@ class ProcessSample:
     cgroup_packets: tuple[int, int] | None = None  # IP packets sent, received (nftables)
     # What its network figures count where not TCP payload (cgroup_traffic.py's kinds).
     network_counts: str | None = None
+    # A cgroup target's network figures the daemon cannot get: why (they are absent).
+    network_unknown: str | None = None
 
     @property
     def cpu_s(self) -> float:

@@ -231,6 +231,7 @@ class Target:
     # the name is followed to a new cgroup.
     gids: frozenset[int] = frozenset()
     end_reason: str | None = None  # why a cgroup target ended, for its summary
+    network_unknown: str | None = None  # why a cgroup target has no network figures
 
     @property
     def state(self) -> str:
@@ -315,6 +316,8 @@ class Target:
             # (docs/reference.md).
             "network_counts": "tcp-payload"
             if self.cgroup_name is None
+            else None
+            if self.network_unknown
             else self.network_counts or "ip-bytes",
             "samples": h.count,
         }
@@ -327,6 +330,8 @@ class Target:
         result["phases"] = [_phase_item(p, logical_cpus, carbon, period_s) for p in h.phases]
         result["phases_dropped"] = h.phases_dropped
         if self.cgroup_name is not None:
+            # Why its network figures are absent (None: they are counted).
+            result["network_unknown"] = self.network_unknown
             result["cgroup"] = self.cgroup_info()
         if carbon is not None:
             result["carbon_intensity_g_per_kwh"] = carbon.g_per_kwh
@@ -748,6 +753,7 @@ class TargetTable:
                     target.cgroup, target.cgroup_memory = sample.cgroup, sample.cgroup_memory
                     target.cgroup_packets = sample.cgroup_packets
                     target.network_counts = sample.network_counts or target.network_counts
+                    target.network_unknown = sample.network_unknown
                 target.history.note_period(self.energy_period_s)
                 if only is None or target.id in only:
                     target.history.add(_row(sample))

@@ -430,17 +430,18 @@ class Daemon:
 
     def _start_cgroup_traffic(self) -> None:
         """nftables counters for cgroup targets: root (or CAP_NET_ADMIN), libnftables
-        and a cgroup v2 mount; without them a cgroup target has no network figures."""
+        and a cgroup v2 mount; without them a cgroup target's network figures are
+        absent, and /healthz, doctor and each summary say why."""
         where = cgroups.mounts()
         if where.v2 is None:
-            self._cgroup_traffic_problem = "no cgroup v2 mount"
+            self._no_cgroup_traffic("no cgroup v2 mount")
             log.info("no cgroup v2 mount: cgroup targets have no network figures")
             return
         try:
             traffic = CgroupTraffic(where.v2, self.config.proc_path)
             stale = traffic.clean_stale()
         except OSError as exc:
-            self._cgroup_traffic_problem = f"nftables: {exc}"
+            self._no_cgroup_traffic(f"nftables: {exc}")
             log.warning(
                 "cgroup targets' network bytes unavailable (nftables: %s); the daemon needs "
                 "CAP_NET_ADMIN and libnftables (apt-get install nftables)",
@@ -457,6 +458,9 @@ class Daemon:
         if stale:
             log.info("removed %d nftables table(s) left by an earlier daemon", stale)
         self.sampler.cgroup_traffic = traffic
+
+    def _no_cgroup_traffic(self, why: str) -> None:
+        self._cgroup_traffic_problem = self.sampler.cgroup_traffic_problem = why
 
     def start(self) -> None:
         # Both endpoints first: a port or socket in use fails here, before a power

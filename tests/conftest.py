@@ -485,3 +485,21 @@ def cgroup_dir() -> Iterator[Path]:
                 break
             except OSError:
                 time.sleep(0.005)
+
+
+@pytest.fixture
+def traffic() -> Iterator[Any]:
+    """A CgroupTraffic of the test's own (root, cgroup v2 and nftables: the tests that
+    use it say so); closed at the end, its table with it."""
+    from edgewatt.core.sampling import cgroups
+    from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
+    from edgewatt.core.sampling.nftables import Nft
+
+    where = cgroups.mounts().v2
+    assert where is not None
+    counted = CgroupTraffic(where)
+    yield counted
+    counted.close()
+    answer = Nft().run("list tables") or {}
+    names = [f"inet {t['table']['name']}" for t in answer["nftables"] if "table" in t]
+    assert counted.table not in names

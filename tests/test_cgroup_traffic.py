@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,15 +31,6 @@ def tables() -> list[str]:
     return [
         f"{t['table']['family']} {t['table']['name']}" for t in answer["nftables"] if "table" in t
     ]
-
-
-@pytest.fixture
-def traffic() -> Iterator[CgroupTraffic]:
-    assert WHERE.v2 is not None
-    counted = CgroupTraffic(WHERE.v2)
-    yield counted
-    counted.close()
-    assert counted.table not in tables()
 
 
 def member(cgroup: Path, code: str) -> subprocess.Popen:

@@ -17,18 +17,24 @@ their target, the table with the daemon; a table left by a daemon killed with -9
 pid is gone) is removed at the next start, and a live daemon's is left alone.
 
 A namespace the daemon may not enter (setns needs CAP_SYS_ADMIN, which the systemd unit
-does not grant: a container with a network of its own) is counted from outside: the
-bytes and packets of its interfaces but loopback (``/proc/PID/net/dev`` of a member,
-which needs no capability), from when the target first saw it. Those are frames:
-IP bytes plus each packet's link header (14 bytes on Ethernet and veth), and every
-frame of the namespace, ARP and neighbour discovery included: the namespace's traffic,
-which is the container's own where it does not share it. The target's summary says so
-(``network_counts``).
+does not grant: a container with a network of its own), or may not trust a table in
+(one another user namespace owns: its maker is root there, and could add counters or
+forge them), is counted from outside: the bytes and packets of its interfaces but
+loopback (``/proc/PID/net/dev`` of a member, which needs no capability), from when the
+target first saw it. Those are frames: IP bytes plus each packet's link header (14
+bytes on Ethernet and veth), and every frame of the namespace, ARP and neighbour
+discovery included: the namespace's traffic, which is the container's own where it
+does not share it. The target's summary says so (``network_counts``).
+
+What one target or user costs is bounded: MAX_NAMESPACES_PER_TARGET and
+MAX_NAMESPACES_PER_USER; beyond them, and wherever a member's namespace cannot be
+counted, the target's figures are absent (problem() says why), never a part.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import glob
 import itertools
 import logging
@@ -37,7 +43,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from edgewatt.core.sampling import cgroup_rules
-from edgewatt.core.sampling.cgroup_rules import MAX_TAGS, Spec
+from edgewatt.core.sampling.cgroup_rules import Spec
 from edgewatt.core.sampling.nftables import Nft, NftError
 from edgewatt.core.sampling.system import net_dev_rows
 
@@ -95,25 +101,41 @@ def interface_counts(net_dev: str) -> Counts:
     return Counts(sent, received, sent_packets, received_packets)
 
 
+# Bounds on what one target's or one user's members may make the daemon count: each
+# namespace costs a context (one netlink socket, libnftables' caches) or a file read a
+# pass. Beyond them the target's network figures are absent, saying why.
+MAX_NAMESPACES_PER_TARGET = 16
+MAX_NAMESPACES_PER_USER = 32
+NS_GET_USERNS = 0xB701  # ioctl on a namespace file: its owning user namespace
+
+
 @dataclass
 class _Namespace:
     inode: int
     nft: Nft
-    users: set[str] = field(default_factory=set)  # target ids with rules here
+    specs: dict[str, set[str]] = field(default_factory=dict)  # rules here -> target ids
     levels: set[int] = field(default_factory=set)  # cgroup depths with maps here
+    problem: str | None = None  # its counters could not be read at the last pass
 
 
 @dataclass
 class _Watch:
     spec: Spec
+    uid: int
     namespaces: set[int] = field(default_factory=set)
     last: dict[int, Counts] = field(default_factory=dict)  # per namespace inode
+    # Counts of its cgroup's rules in a namespace when it joined them (another target
+    # on the same cgroup had them first).
+    base: dict[int, Counts] = field(default_factory=dict)
     carried: Counts = Counts()  # from namespaces no member uses any more
     ns_of: dict[int, int] = field(default_factory=dict)  # member pid -> namespace inode
-    # Namespaces it may not enter, counted by their interfaces: inode -> the counts
-    # when it was first seen.
+    # Namespaces counted by their interfaces (the daemon may not enter them, or their
+    # owner may write the daemon's table there): inode -> the counts when first seen.
     interfaces: dict[int, Counts] = field(default_factory=dict)
     counted_by_interfaces: bool = False  # ever, in this target's life
+    # Namespaces a member uses where its traffic cannot be counted, and why: while a
+    # member is in one, the target's figures are absent (a part is not the whole).
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 class CgroupTraffic:
@@ -137,6 +159,8 @@ class CgroupTraffic:
         self._proc = proc
         self._open = open_nft
         self._own = os.stat(f"{proc}/self/ns/net").st_ino
+        self._own_users = os.stat(f"{proc}/self/ns/user").st_ino
+        _probe(open_nft)
         self._namespaces: dict[int, _Namespace] = {}
         self._watches: dict[str, _Watch] = {}
         self._names = (f"w{n}" for n in itertools.count(1))
@@ -146,7 +170,8 @@ class CgroupTraffic:
 
     def clean_stale(self) -> int:
         """Remove tables left by an earlier daemon (killed before it could), in every
-        namespace a process is in; returns how many."""
+        namespace a process is in that the daemon's user namespace owns; returns how
+        many."""
         removed = 0
         seen = set()
         for link in [f"{self._proc}/self/ns/net", *glob.glob(f"{self._proc}/[0-9]*/ns/net")]:
@@ -157,6 +182,8 @@ class CgroupTraffic:
             if inode in seen:
                 continue
             seen.add(inode)
+            if inode != self._own and not self._trusted(link):
+                continue  # never a table of ours there
             try:
                 nft = self._open(None if inode == self._own else link)
             except OSError:
@@ -178,18 +205,20 @@ class CgroupTraffic:
 
     # -- targets ------------------------------------------------------------------
 
-    def watch(self, target_id: str, path: str, level: int, pids: Iterable[int]) -> None:
+    def watch(
+        self, target_id: str, path: str, level: int, pids: Iterable[int], uid: int = 0
+    ) -> None:
         """Count the traffic of cgroup ``path`` (v2, absolute) in every namespace its
-        members ``pids`` use; a new path (a restarted container) starts new rules."""
+        members ``pids`` use; a new path (a restarted container) starts new rules.
+        ``uid``: the target's registrant, whose namespaces are bounded together."""
         nft_path = f"{self._prefix}/{path.strip('/')}".strip("/")
         current = self._watches.get(target_id)
         if current is not None and current.spec.path != nft_path:
             self._settle(target_id, current, set())  # its earlier cgroup's counts stay
-            spec = Spec(current.spec.name, nft_path, level, current.spec.tag)
-            self._watches[target_id] = _Watch(spec, carried=current.carried)
+            spec = self._spec(nft_path, level)
+            self._watches[target_id] = _Watch(spec, uid, carried=current.carried)
         elif current is None:
-            spec = Spec(next(self._names), nft_path, level, self._free_tag())
-            self._watches[target_id] = _Watch(spec)
+            self._watches[target_id] = _Watch(self._spec(nft_path, level), uid)
         watch = self._watches[target_id]
         used: set[int] = set()
         ns_of = {}
@@ -200,12 +229,22 @@ class CgroupTraffic:
                     inode = os.stat(f"{self._proc}/{pid}/ns/net").st_ino
                 except OSError:
                     continue  # exited since the cgroup was read
-                if inode not in watch.namespaces:
+                if inode not in watch.namespaces and inode not in watch.failed:
                     self._install(target_id, watch, inode, f"{self._proc}/{pid}/ns/net")
             ns_of[pid] = inode
             used.add(inode)
         watch.ns_of = ns_of
+        for inode in set(watch.failed) - used:
+            del watch.failed[inode]  # no member there any more: tried again if one returns
         self._settle(target_id, watch, used)
+
+    def _spec(self, nft_path: str, level: int) -> Spec:
+        """The rules of cgroup ``nft_path``: those of another target on the same cgroup
+        where there is one (a cgroup is counted once, however many targets read it)."""
+        for other in self._watches.values():
+            if other.spec.path == nft_path:
+                return other.spec
+        return Spec(next(self._names), nft_path, level)
 
     def sample(self) -> dict[str, Counts]:
         """Each watched target's traffic, cumulative."""
@@ -214,14 +253,33 @@ class CgroupTraffic:
             try:
                 counts[inode] = self._read(namespace)
             except NftError as exc:
-                log.warning("reading nftables counters failed: %s", exc)
+                if namespace.problem is None:  # once, not every pass
+                    log.warning(
+                        "reading nftables counters in network namespace %d failed: %s; "
+                        "network figures of targets with members there are absent until "
+                        "they can be read",
+                        inode,
+                        exc,
+                    )
+                namespace.problem = f"network namespace {inode}: counters unreadable: {exc}"
+                continue
+            namespace.problem = None
         result = {}
         for target_id, watch in self._watches.items():
+            broken = [
+                self._namespaces[inode].problem
+                for inode in watch.namespaces
+                if inode in self._namespaces and self._namespaces[inode].problem
+            ]
+            if watch.failed or broken:
+                continue  # absent, never a part: problem() says why
             for inode in watch.namespaces:
                 if inode in watch.interfaces:
                     found = self._interfaces_now(watch, inode)
                 else:
                     found = counts.get(inode, {}).get(watch.spec.name)
+                    if found is not None:
+                        found = found.since(watch.base.get(inode, Counts()))
                 if found is not None:
                     watch.last[inode] = found
             total = watch.carried
@@ -229,6 +287,18 @@ class CgroupTraffic:
                 total += part
             result[target_id] = total
         return result
+
+    def problem(self, target_id: str) -> str | None:
+        """Why the target's traffic is not counted now (None: it is)."""
+        watch = self._watches.get(target_id)
+        if watch is None:
+            return None
+        why = set(watch.failed.values())
+        for inode in watch.namespaces:
+            namespace = self._namespaces.get(inode)
+            if namespace is not None and namespace.problem:
+                why.add(namespace.problem)
+        return "; ".join(sorted(why)) or None
 
     def kind(self, target_id: str) -> str:
         """What the target's figures count: IP_BYTES, INTERFACE_BYTES, or both."""
@@ -262,12 +332,54 @@ class CgroupTraffic:
     # -- one namespace ------------------------------------------------------------
 
     def _read(self, namespace: _Namespace) -> dict[str, Counts]:
-        """Per target name: its traffic in this namespace, members' own taken off."""
-        answer = namespace.nft.run(f"list counters table {self.table}")
-        return {name: Counts(*net) for name, net in cgroup_rules.counts(answer).items()}
+        """Per cgroup's rules: its traffic in this namespace, members' own taken off."""
+        found = namespace.nft.counters(FAMILY, self.table.split()[1])
+        if any(f"tx_{name}" not in found for name in namespace.specs):
+            raise NftError(f"table {self.table} or its counters are gone (deleted by root?)")
+        return {name: Counts(*net) for name, net in cgroup_rules.counts(found).items()}
+
+    def _trusted(self, link: str) -> bool:
+        """Whether the daemon's own user namespace owns this network namespace: else
+        whoever made it is root there, over the daemon's table too."""
+        try:
+            fd = os.open(link, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            owner = fcntl.ioctl(fd, NS_GET_USERNS)
+        except OSError:
+            return False  # a kernel before 4.9 cannot say: not trusted
+        finally:
+            os.close(fd)
+        try:
+            return os.fstat(owner).st_ino == self._own_users
+        finally:
+            os.close(owner)
+
+    def _over_bounds(self, watch: _Watch) -> str | None:
+        if len(watch.namespaces) >= MAX_NAMESPACES_PER_TARGET:
+            return f"members in more than {MAX_NAMESPACES_PER_TARGET} network namespaces"
+        users = set()
+        for other in self._watches.values():
+            if other.uid == watch.uid:
+                users |= other.namespaces
+        if len(users) >= MAX_NAMESPACES_PER_USER:
+            return (
+                f"uid {watch.uid}'s targets have members in more than "
+                f"{MAX_NAMESPACES_PER_USER} network namespaces"
+            )
+        return None
 
     def _install(self, target_id: str, watch: _Watch, inode: int, link: str) -> None:
         spec = watch.spec
+        over = self._over_bounds(watch)
+        if over is not None:
+            self._fail(target_id, watch, inode, over)
+            return
+        if inode != self._own and not self._trusted(link):
+            why = "belongs to another user namespace (whose root may write the daemon's table)"
+            self._count_interfaces(target_id, watch, inode, link, why)
+            return
         try:
             namespace = self._namespaces.get(inode)
             if namespace is None:
@@ -278,40 +390,53 @@ class CgroupTraffic:
                     nft.close()
                     raise
                 namespace = self._namespaces[inode] = _Namespace(inode, nft)
-            commands = cgroup_rules.install(self.table, spec)
-            new_level = spec.level not in namespace.levels
-            if new_level:
-                commands = cgroup_rules.level(self.table, spec.level) + commands
-            namespace.nft.run("\n".join(commands))
-            namespace.levels.add(spec.level)
+            holders = namespace.specs.get(spec.name)
+            if holders:  # another target on the same cgroup: its rules, from now on
+                watch.base[inode] = self._read(namespace).get(spec.name, Counts())
+            else:
+                commands = cgroup_rules.install(self.table, spec)
+                if spec.level not in namespace.levels:
+                    commands = cgroup_rules.level(self.table, spec.level) + commands
+                namespace.nft.run("\n".join(commands))
+                namespace.levels.add(spec.level)
         except OSError as exc:
             if exc.errno in (errno.EPERM, errno.EACCES) and inode != self._own:
-                self._count_interfaces(target_id, watch, inode, link)
+                why = "cannot be entered (no CAP_SYS_ADMIN)"
+                self._count_interfaces(target_id, watch, inode, link, why)
                 return
-            log.warning(
-                "target %s: cannot count the traffic of cgroup %s in network namespace %d: %s",
-                target_id,
-                spec.path,
-                inode,
-                exc,
-            )
+            self._fail(target_id, watch, inode, str(exc))
             return
-        namespace.users.add(target_id)
+        namespace.specs.setdefault(spec.name, set()).add(target_id)
         watch.namespaces.add(inode)
 
-    def _count_interfaces(self, target_id: str, watch: _Watch, inode: int, link: str) -> None:
-        """A namespace it may not enter: counted by its interfaces from now on."""
+    def _fail(self, target_id: str, watch: _Watch, inode: int, why: str) -> None:
+        if not watch.failed:  # once while it lasts, not once per member
+            log.warning(
+                "target %s: cannot count the traffic of cgroup %s in network namespace "
+                "%d: %s; its network figures are absent meanwhile",
+                target_id,
+                watch.spec.path,
+                inode,
+                why,
+            )
+        watch.failed[inode] = f"network namespace {inode}: {why}"
+
+    def _count_interfaces(
+        self, target_id: str, watch: _Watch, inode: int, link: str, why: str
+    ) -> None:
+        """A namespace it may not enter, or may not trust its table in: counted by its
+        interfaces from now on."""
         net_dev = link[: -len("ns/net")] + "net/dev"
         try:
             start = interface_counts(net_dev)
         except OSError as exc:
-            log.warning("target %s: cannot read %s: %s", target_id, net_dev, exc)
+            self._fail(target_id, watch, inode, f"cannot read {net_dev}: {exc}")
             return
         log.info(
-            "target %s: network namespace %d cannot be entered (no CAP_SYS_ADMIN): its "
-            "interfaces' frames are counted instead",
+            "target %s: network namespace %d %s: its interfaces' frames are counted instead",
             target_id,
             inode,
+            why,
         )
         watch.interfaces[inode] = start
         watch.namespaces.add(inode)
@@ -331,8 +456,9 @@ class CgroupTraffic:
                 except NftError:
                     final = None
                 if final is not None:
-                    watch.last[inode] = final
+                    watch.last[inode] = final.since(watch.base.get(inode, Counts()))
             watch.carried += watch.last.pop(inode, Counts())
+            watch.base.pop(inode, None)
             self._uninstall(target_id, watch, inode)
 
     def _uninstall(self, target_id: str, watch: _Watch, inode: int) -> None:
@@ -340,21 +466,29 @@ class CgroupTraffic:
         namespace = self._namespaces.get(inode)
         if namespace is None:
             return
-        namespace.users.discard(target_id)
-        if not namespace.users:
+        spec = watch.spec
+        holders = namespace.specs.get(spec.name, set())
+        holders.discard(target_id)
+        if holders:
+            return  # another target on the same cgroup still reads them
+        namespace.specs.pop(spec.name, None)
+        if not namespace.specs:
             self._drop_namespace(namespace)
             return
-        staying = [
+        others = [
             other.spec
-            for user in namespace.users
-            if (other := self._watches.get(user)) is not None
-            and other.spec.level == watch.spec.level
-            and os.path.isdir(f"/sys/fs/cgroup/{other.spec.path}")  # else it goes next
+            for name in namespace.specs
+            for other in self._watches.values()
+            if other.spec.name == name
         ]
+        others = list({o.name: o for o in others}.values())
+        staying = [
+            o for o in others if o.level == spec.level and os.path.isdir(f"/sys/fs/cgroup/{o.path}")
+        ]  # else it goes next
         try:
-            namespace.nft.run("\n".join(cgroup_rules.uninstall(self.table, watch.spec, staying)))
+            namespace.nft.run("\n".join(cgroup_rules.uninstall(self.table, spec, others, staying)))
         except NftError as exc:
-            log.warning("removing cgroup %s's nftables rules failed: %s", watch.spec.path, exc)
+            log.warning("removing cgroup %s's nftables rules failed: %s", spec.path, exc)
 
     def _drop_namespace(self, namespace: _Namespace) -> None:
         self._namespaces.pop(namespace.inode, None)
@@ -366,17 +500,17 @@ class CgroupTraffic:
         finally:
             namespace.nft.close()
 
-    def _free_tag(self) -> int | None:
-        taken = {w.spec.tag for w in self._watches.values()}
-        for tag in range(1, MAX_TAGS + 1):
-            if tag not in taken:
-                return tag
-        log.warning(
-            "more than %d cgroup targets: traffic between members of the newest is counted "
-            "as the target's",
-            MAX_TAGS,
-        )
-        return None
+
+def _probe(open_nft: Callable[[str | None], Nft]) -> None:
+    """NftError saying why, where this process may not use nftables (netlink refuses
+    every nftables request without CAP_NET_ADMIN, a listing included)."""
+    nft = open_nft(None)
+    try:
+        nft.run("list tables")
+    except NftError as exc:
+        raise NftError(f"{exc} (counting needs CAP_NET_ADMIN)") from None
+    finally:
+        nft.close()
 
 
 def _tables(nft: Nft) -> list[str]:
