@@ -228,8 +228,11 @@ def test_edgewatt_run_reaps_the_orphans_and_shows_one_figure(
     written = json.loads(out.read_text().splitlines()[-1])
     api = daemon.call("GET", f"/v1/targets/{tid}/summary")[1]
     assert api["exit"] == "exact" and api["membership"] == "lineage", api
-    assert written["cpu_time_s"] == _cpu(api)  # one figure, one source
-    assert table == pytest.approx(_cpu(api), abs=0.005)  # as printed, to 0.01 s
+    # The larger of the daemon's figure and the kernel's wait4 count of the same tree
+    # (the orphans' teardowns, reaped outside the target, are in the kernel's only).
+    assert written["cpu_daemon_s"] == _cpu(api)
+    assert written["cpu_time_s"] == max(_cpu(api), written["cpu_wait4_s"])
+    assert table == pytest.approx(written["cpu_time_s"], abs=0.005)  # as printed, to 0.01 s
     assert _cpu(api) == pytest.approx(kernel, abs=0.03), (api, burners)
 
 
