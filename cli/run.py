@@ -332,8 +332,10 @@ def _daemon_summary(registration: Any) -> dict[str, Any] | None:
     while True:
         api = registration.summary()
         if api.get("state") == "exited":
-            exact = api.get("exit") == "exact" and api.get("membership") == "lineage"
-            return api if exact and api.get("cpu_user_s") is not None else None
+            # From the kernel (with every teardown, or the exit records without some).
+            kernel = api.get("exit") in ("exact", "exit-records")
+            lineage = api.get("membership") == "lineage"
+            return api if kernel and lineage and api.get("cpu_user_s") is not None else None
         if time.monotonic() > deadline:
             return None
         registration.reading()  # a pass now: it finds the end

@@ -83,8 +83,9 @@ class Sampler:
         self._last_cpu: system.HostCpu | None = None
         self._failed: set[str] = set()
         self._exited: dict[str, float] = {}  # found exited this pass: target id -> when
-        # ... whether their exit sample has the kernel's figures, and its peak RSS
-        self._exit_modes: dict[str, tuple[bool, int | None]] = {}
+        # ... whether their exit sample has the kernel's figures, its peak RSS, and
+        # whether every member's teardown is in them
+        self._exit_modes: dict[str, tuple[bool, int | None, bool]] = {}
         self._overruns = 0
         self._errors = 0
         self._exits = 0
@@ -224,14 +225,16 @@ class Sampler:
             # what the exporters serve.
             network_exact = self.network is None or self.network.exact
             for target_id, when in self._exited.items():
-                figures, rss_peak = self._exit_modes.pop(target_id, (False, None))
+                figures, rss_peak, teardowns = self._exit_modes.pop(target_id, (False, None, True))
                 if figures and not network_exact:
                     log.info(
                         "target %s: a closed connection's final counts did not come (lost "
                         "notifications): its TCP bytes end at the last pass that saw it",
                         target_id,
                     )
-                mode = "exact" if figures and network_exact else "last-sample"
+                mode = "last-sample"
+                if figures and network_exact:
+                    mode = "exact" if teardowns else "exit-records"
                 self.table.mark_exited(target_id, when, exit_mode=mode, rss_peak_bytes=rss_peak)
             self._exited.clear()
         return snapshot
@@ -343,6 +346,7 @@ class Sampler:
         self._exit_modes[target.id] = (
             figures is not None or (target.cgroup_name is not None and not last.pids),
             figures.rss_peak_bytes if figures is not None else None,
+            figures is None or figures.teardowns_counted,
         )
         if figures is None:
             return dataclasses.replace(last, cpu_utilization=None, pids=(), idle_pids=frozenset())

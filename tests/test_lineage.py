@@ -116,7 +116,11 @@ def test_a_double_forked_worker_counts_until_it_exits(
     everything = figures["root"] + figures["middle"] + figures["worker"]
     if events:
         # The worker's 0.8 s, though it left the tree at once and outlived the root.
-        assert summary["membership"] == "lineage" and summary["exit"] == "exact"
+        assert summary["membership"] == "lineage", summary
+        # "exact" where a pass read the root after it reaped the middle (at 0.5 s: the
+        # root waits a zombie while the worker holds its stdout, 1.1 s); else the
+        # middle's teardown is in no counter the daemon read: "exit-records".
+        assert summary["exit"] in (("exact",) if interval < 1 else ("exact", "exit-records"))
         assert _cpu(summary) == pytest.approx(everything, abs=0.03), (summary, figures)
     else:
         # Parent links only: a chain cut between two passes hides the worker, and the
@@ -293,10 +297,12 @@ def test_a_member_reaped_before_its_first_read_is_counted_from_its_exit_record()
         assert unread.pids == (root.pid,) and worker in tree.lineage.pids and tree.exact
         membership.update()
         counted = tree.sample(lambda pid: [])
+        # Counted once: from the root's counters of reaped children at the pass that
+        # could not read it (teardowns.py), from its record at the next, never both.
         added = (counted.cpu_user_s + counted.cpu_system_s) - (
-            unread.cpu_user_s + unread.cpu_system_s
+            first.cpu_user_s + first.cpu_system_s
         )
-        root_ran = 0.02  # the root's own few ms between the two reads, at most
+        root_ran = 0.03  # the root's own ms since the first read (fork, reads, writes)
         # Both count in us; the subtraction of two float totals may lose a last bit.
         assert worker_cpu - 1e-6 <= added <= worker_cpu + root_ran, (added, worker_cpu)
         step()

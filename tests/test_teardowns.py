@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's events need root")
 
@@ -100,3 +100,36 @@ def test_short_processes_are_counted_to_the_kernels_wait4(
     assert written["cpu_source"].startswith(source), written
     assert re.search(r"^  counted by\s+" + source, stderr, re.M), stderr
     assert "exact" not in stderr
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_a_registered_target_is_called_exact_only_with_every_teardown(
+    daemon_factory: Any, workload: str
+) -> None:
+    # Registered by its pid, reaped by this test as soon as it exits: its children's
+    # teardowns after its last reading are in no counter the daemon can read.
+    daemon = daemon_factory(interval=2.0)
+    command = WORKLOADS[workload]
+    if command[0] == "sh":
+        command = ["sh", "-c", "read go; " + command[2]]
+    else:
+        command = [*command[:2], "import sys; sys.stdin.readline()\n" + command[2]]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, text=True)
+    assert proc.stdin is not None
+    tid = daemon.register(proc.pid)["id"]
+    proc.stdin.write("go\n")
+    proc.stdin.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    kernel = usage.ru_utime + usage.ru_stime
+
+    def ask() -> dict[str, Any]:  # a pass at each ask: it finds the exit
+        return daemon.call("GET", f"/v1/targets/{tid}/summary?fresh=1")[1]
+
+    assert wait_for(lambda: ask()["state"] == "exited", timeout=30)
+    summary = ask()
+    assert summary["exit"] in ("exact", "exit-records"), summary
+    if summary["exit"] == "exact":
+        assert _close_to(_cpu(summary), kernel), (summary, kernel)
+    else:  # what the exit records gave, a lower bound
+        assert _cpu(summary) <= kernel + 0.03, (summary, kernel)

@@ -8,8 +8,9 @@ in. Two rules, chosen per target:
 - By owner (CPU time, where the daemon hears every fork and has the kernel's exit
   records): each member counts its own time, read live from /proc or, once it has
   exited, from its exit record (what it ran since the last pass included). Reaped
-  children's counters are not used, so a zombie re-parented to a subreaper other
-  than its parent's reaper cannot count twice.
+  children's counters only add what the records miss, each process's teardown
+  (``teardowns.py``), so a zombie re-parented to a subreaper other than its parent's
+  reaper cannot count twice.
 - By reaper (CPU time otherwise; storage bytes always, since /proc/PID/io includes
   what reaped children did): a member's figures live in its own counters plus its
   reaped children's. When a member departs, its last figures (its exit record's where
@@ -81,6 +82,9 @@ class ExitFigures:
     write_bytes: int
     time: float  # unix seconds of the root's exit
     rss_peak_bytes: int | None  # the kernel's peak RSS, for a target of one process
+    # Every member's teardown counted (teardowns.py): False where a member reaped
+    # outside the target had reaped children after its last reading.
+    teardowns_counted: bool = True
 
 
 @dataclass(**SLOTS)
@@ -397,6 +401,7 @@ class ProcessTree:
             write_bytes=value[3],
             time=self._ended_at or read_at,
             rss_peak_bytes=record.hiwater_rss_bytes if record is not None and alone else None,
+            teardowns_counted=not self.own_cpu or self._teardowns.complete,
         )
 
     def _reading(

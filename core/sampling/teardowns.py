@@ -10,10 +10,13 @@ So each member that reaps is a check on the records: what its reaped-children
 counters grew by since it joined (``shown``), against what the target counted for
 the members that exited with it as their parent (``expected``: their own CPU, and
 what their own counters showed). The difference, summed over every member (departed
-ones at their last reading), is what the records missed. A live member's difference
-counts only when positive (a child that exited but is not reaped yet is expected but
-not shown). A zombie re-parented from a member that exited before reaping it shows
-at its new reaper and is expected at the old one: the two cancel in the sum.
+ones at their last reading), is what the records missed. Each part may be negative
+(a child that exited but is not reaped yet is expected, not shown; a zombie
+re-parented from a member that exited before reaping it is expected at the old
+member and shows at its new reaper): only the sum is a figure, and never below zero,
+so the records are a floor. Never more than the kernel counted: a sum that showed a
+process before its negative part came would stay in the target's never-decreasing
+counters.
 
 A member reaped outside the target (the root, an orphan re-parented to ``edgewatt
 run``) is checked against what was expected of it at its last reading: the children
@@ -40,6 +43,9 @@ class Teardowns:
         # the events, and was reaped before its reaper was read) is theirs still.
         self._closed: dict[int, int] = {}
         self._passes = 0
+        # False once a member reaped outside the target had reaped children after its
+        # last reading: their teardowns are in no counter the daemon read.
+        self.complete = True
 
     def read(self, pid: int, reaped_ticks: float, existing: bool) -> None:
         """A live member's reaped-children counters, read now. ``existing``: it was in
@@ -62,6 +68,8 @@ class Teardowns:
         late = not inside and reaper in self._closed
         if not inside and not late:
             self._settled += shown - (expected if final else at_read)
+            if not final and expected - at_read > 1e-6:
+                self.complete = False
             if final:
                 self._closed[pid] = self._passes
             return
@@ -88,5 +96,5 @@ class Teardowns:
 
     def missed(self) -> float:
         """The ticks the exit records missed, as far as the counters show them yet."""
-        live = sum(max(0.0, s - self._expected.get(pid, 0.0)) for pid, s in self._shown.items())
+        live = sum(s - self._expected.get(pid, 0.0) for pid, s in self._shown.items())
         return max(0.0, self._settled + live)
