@@ -49,6 +49,9 @@ PR_SET_CHILD_SUBREAPER = 36
 # How long the table waits for the daemon to find the target's end after the last
 # process was reaped (it samples at once on the monitor's last reading).
 FINAL_WAIT_S = 3.0
+# How long the command is held a zombie for the daemon's pass that reads it (its exit
+# status waits that long at most when the daemon is slow).
+ZOMBIE_PASS_S = 2.0
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -241,7 +244,7 @@ def _last_pass(monitor: FileMonitor) -> Callable[[], None]:
             return
         path = f"/v1/targets/{registration.id}/summary?fresh=1"
         with contextlib.suppress(OSError, transport.DaemonError):
-            transport.call_ok(monitor.daemon_socket, "GET", path)
+            transport.call_ok(monitor.daemon_socket, "GET", path, timeout=ZOMBIE_PASS_S)
 
     return sample
 
@@ -254,8 +257,9 @@ def _wait_all(
     read by ``last_pass`` as a zombie before it is reaped. The children in-process
     monitoring runs for itself (a power source's tegrastats or powermetrics) are not
     waited for; without the subreaper (macOS) orphans go elsewhere."""
-    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
-    last_pass()
+    if hasattr(os, "waitid"):  # not on macOS before Python 3.13: reaped unread there
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        last_pass()
     _, status = os.waitpid(child.pid, 0)
     child.returncode = compat.exit_code(status)
     # A zombie's children are re-parented at its exit, before it is reaped: each round

@@ -237,7 +237,7 @@ class ProcessTree:
                     self._teardowns.read(pid, known.reaped_cpu, existing=False)
         self._settle(never_seen + sorted(departed, key=lambda d: -self._depth(d[0])), live)
         if self.own_cpu:
-            self._teardowns.after_pass(set(live))
+            self._teardowns.after_pass(set(live), set(live) | unseen | lineage.pids)
         self.lost_members = bool(departed)
         for pid, known, _ in departed:
             assert known is not None

@@ -84,10 +84,11 @@ class Teardowns:
         if unseen:
             self._expected_read[reaper] = self._expected_read.get(reaper, 0.0) + value
 
-    def after_pass(self, live: set[int]) -> None:
-        """Every member read this pass is expected, as of now, what it showed."""
-        for pid in [pid for pid in self._expected if pid not in live]:
-            del self._expected[pid]  # a reaper that left before the child it expected
+    def after_pass(self, live: set[int], members: set[int]) -> None:
+        """Every member read this pass (``live``) is expected, as of now, what it showed;
+        ``members``: every process still in the target, read or not."""
+        for pid in [pid for pid in self._expected if pid not in members]:
+            del self._expected[pid]  # a reaper that left the tree without an exit event
         for pid in live:
             self._expected_read[pid] = self._expected.get(pid, 0.0)
         self._passes += 1
@@ -96,5 +97,7 @@ class Teardowns:
 
     def missed(self) -> float:
         """The ticks the exit records missed, as far as the counters show them yet."""
-        live = sum(s - self._expected.get(pid, 0.0) for pid, s in self._shown.items())
+        # Members still in: one reaped before a pass read it (its exit event to come)
+        # has its children's parts expected already, shown in its reaper's counters.
+        live = sum(self._shown.values()) - sum(self._expected.values())
         return max(0.0, self._settled + live)
