@@ -1,7 +1,7 @@
 """What the kernel's exit records miss: each process's teardown.
 
 A process's exit record (taskstats) is sent before it tears down its address space,
-so the CPU of that teardown (0.5-1.4 ms a process on a 2-core x86 board: 70-85 % of a
+so the CPU of that teardown (0.5-1.4 ms a process on a 2-core x86 board: 55-85 % of a
 ``/bin/true``) is in no record. Its reaper's counters of reaped children (cutime and
 cstime in /proc/PID/stat) have it: a parent's ``wait4`` adds the child's whole CPU,
 teardown included, and what the child itself had reaped.
@@ -13,10 +13,13 @@ what their own counters showed). The difference, summed over every member (depar
 ones at their last reading), is what the records missed. Each part may be negative
 (a child that exited but is not reaped yet is expected, not shown; a zombie
 re-parented from a member that exited before reaping it is expected at the old
-member and shows at its new reaper): only the sum is a figure, and never below zero,
-so the records are a floor. Never more than the kernel counted: a sum that showed a
-process before its negative part came would stay in the target's never-decreasing
-counters.
+member and shows at its new reaper): only the sum is a figure, never below zero, so
+the records are a floor. Every part counts as soon as it is known, a negative one too
+(and a member's children are expected before the member itself is read or settled):
+a positive part counted before its negative one would stay in the target's
+never-decreasing counters. A zombie re-parented outside the target (its parent exited
+without reaping it) stays expected and shows nowhere: the figure is then low by up to
+its CPU in teardowns, never below the records.
 
 A member reaped outside the target (the root, an orphan re-parented to ``edgewatt
 run``) is checked against what was expected of it at its last reading: the children
