@@ -33,6 +33,8 @@ def summary_table(summary: dict[str, Any], title: str) -> str:
                 f"{summary['cpu_time_s']:.2f} s (avg {summary['avg_cpu_usage']:.1f} % of one core)",
             )
         )
+        if summary.get("cpu_source"):  # which count it is (edgewatt run's larger of two)
+            rows.append(("counted by", printable(str(summary["cpu_source"]))))
     if "memory_rss_peak_bytes" in summary:
         rows.append(("peak RSS", human_bytes(summary["memory_rss_peak_bytes"])))
     if "total_network_bytes_sent" in summary:

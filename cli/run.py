@@ -9,9 +9,12 @@ forwarded to the command (and, once it has exited, to the orphans still running)
 exit status is the command's (128+N when a signal N ended it), and a summary table is
 printed on stderr so that the command's own output stays clean.
 
-The table and the ``--output`` file's summary are one figure from one source: the
-daemon's final summary of the target where its figures are exact (the API then says
-the same), else the kernel's count for everything this process reaped (wait4).
+The table and the ``--output`` file's summary show the larger of two counts of the
+same processes, and say which: the daemon's final summary of the target (where its
+exit figures came from the kernel) and the kernel's count for everything this
+process reaped (wait4, every teardown included). Before reaping the command, it is
+held as a zombie while the daemon reads it: its counters of reaped children are then
+final, so the daemon's figure has its children's teardowns too.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any, Callable
 
 from edgewatt.cli.report import summary_table
 from edgewatt.client._monitor import FileMonitor
-from edgewatt.core import compat
+from edgewatt.core import compat, transport
 from edgewatt.core.labels import validate_labels
 from edgewatt.core.sampling import cgroups, procfs
 
@@ -46,6 +49,9 @@ PR_SET_CHILD_SUBREAPER = 36
 # How long the table waits for the daemon to find the target's end after the last
 # process was reaped (it samples at once on the monitor's last reading).
 FINAL_WAIT_S = 3.0
+# How long the command is held a zombie for the daemon's pass that reads it (its exit
+# status waits that long at most when the daemon is slow).
+ZOMBIE_PASS_S = 2.0
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -117,7 +123,7 @@ def run(
         failure = child.release(monitor.daemon_socket)
         if failure is not None:
             print(f"edgewatt run: cannot start {command[0]}: {failure}", file=sys.stderr)
-        code = _wait_all(child, subreaper, monitor.helper_pids)
+        code = _wait_all(child, subreaper, monitor.helper_pids, _last_pass(monitor))
         if failure is not None:
             code = 127
         wall_s = time.monotonic() - started
@@ -135,7 +141,8 @@ def run(
     shown = " ".join(shlex.join(command).split())
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     where = f", cgroup {own.path}" if own is not None else ""
-    title = f"edgewatt run: {shown} (exit status {status}, monitored via {monitor.source}{where})"
+    via = _monitored_via(monitor.source, getattr(monitor.registration, "lost", None))
+    title = f"edgewatt run: {shown} (exit status {status}, monitored via {via}{where})"
     summary = monitor.summary() if monitor.source else final(monitor.summary(), None)
     print(summary_table(summary, title), file=sys.stderr)
     if output:
@@ -217,11 +224,42 @@ def _orphans(helpers: set[int]) -> list[int]:
     return [pid for pid in children if pid not in helpers]
 
 
-def _wait_all(child: _Held, subreaper: bool, helpers: Callable[[], set[int]]) -> int:
+def _monitored_via(source: str | None, lost: tuple[float, str, str] | None) -> str:
+    """What sampled the command: the daemon, in-process, or the daemon until it was lost
+    (when, why, and what sampled after)."""
+    if lost is None:
+        return str(source)
+    at, why, then = lost
+    when = time.strftime("%H:%M:%S", time.gmtime(at))
+    return f"daemon until {when} UTC (it {why}), then {then}"
+
+
+def _last_pass(monitor: FileMonitor) -> Callable[[], None]:
+    """A pass of the daemon now (the command a zombie: its counters final), if one
+    samples it."""
+
+    def sample() -> None:
+        registration = monitor.registration
+        if registration is None or registration.mode != "daemon" or monitor.daemon_socket is None:
+            return
+        path = f"/v1/targets/{registration.id}/summary?fresh=1"
+        with contextlib.suppress(OSError, transport.DaemonError):
+            transport.call_ok(monitor.daemon_socket, "GET", path, timeout=ZOMBIE_PASS_S)
+
+    return sample
+
+
+def _wait_all(
+    child: _Held, subreaper: bool, helpers: Callable[[], set[int]], last_pass: Callable[[], None]
+) -> int:
     """The command's exit code, once it and every process re-parented to this one have
-    exited and been reaped (PEP 475: waits are retried across signals). The children
-    in-process monitoring runs for itself (a power source's tegrastats or powermetrics)
-    are not waited for; without the subreaper (macOS) orphans go elsewhere."""
+    exited and been reaped (PEP 475: waits are retried across signals). The command is
+    read by ``last_pass`` as a zombie before it is reaped. The children in-process
+    monitoring runs for itself (a power source's tegrastats or powermetrics) are not
+    waited for; without the subreaper (macOS) orphans go elsewhere."""
+    if hasattr(os, "waitid"):  # not on macOS before Python 3.13: reaped unread there
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        last_pass()
     _, status = os.waitpid(child.pid, 0)
     child.returncode = compat.exit_code(status)
     # A zombie's children are re-parented at its exit, before it is reaped: each round
@@ -241,30 +279,39 @@ def _difference(after: resource.struct_rusage, before: resource.struct_rusage) -
 
 
 def _final(usage: dict | None, wall_s: float) -> Any:
-    """The summary the table and the file show, from one source: the daemon's, where
-    its figures of the target are exact; else the kernel's count of the reaped tree
-    (``usage``: None where this process could not be the subreaper, and the orphans'
-    CPU went elsewhere)."""
+    """The summary the table and the file show: the larger of the daemon's CPU time of
+    the target (where its exit figures came from the kernel) and the kernel's count of
+    the reaped tree (``usage``: None where this process could not be the subreaper,
+    and the orphans' CPU went elsewhere), both kept, and which was shown."""
 
     def final(recorded: dict[str, Any], registration: Any) -> dict[str, Any]:
         summary = {**recorded, "duration_s": wall_s}
         api = _daemon_summary(registration)
+        daemon = kernel = None
         if api is not None:
-            cpu_s = api["cpu_user_s"] + api["cpu_system_s"]
-            summary["cpu_source"] = (
-                "daemon (exact: the cgroup's own accounts)"
-                if api.get("kind") == "cgroup"
-                else "daemon (exact: kernel's exit records, lineage)"
-            )
+            daemon = summary["cpu_daemon_s"] = api["cpu_user_s"] + api["cpu_system_s"]
             for key in ("network_transmit_bytes", "network_receive_bytes"):
                 if api.get(key) is not None:  # what crossed the target's boundary
                     summary[key] = api[key]
                     summary["network_counts"] = api.get("network_counts")
             if api.get("network_unknown"):  # absent, never 0: and why
                 summary["network_unknown"] = api["network_unknown"]
-        elif usage is not None:
-            cpu_s = usage["cpu_s"]
+        if usage is not None:
+            kernel = summary["cpu_wait4_s"] = usage["cpu_s"]
+        if daemon is not None and (kernel is None or daemon >= kernel):
+            cpu_s = daemon
+            summary["cpu_source"] = (
+                "daemon (the cgroup's own accounts)"
+                if api is not None and api.get("kind") == "cgroup"
+                else "daemon (exit records and reapers' counters, lineage)"
+            )
+            if kernel is not None:
+                summary["cpu_source"] += f"; wait4 counted {kernel:.2f} s"
+        elif kernel is not None:
+            cpu_s = kernel
             summary["cpu_source"] = "kernel (wait4 of every process the command started)"
+            if daemon is not None:
+                summary["cpu_source"] += f"; the daemon counted {daemon:.2f} s"
         else:
             return summary
         summary["cpu_time_s"] = cpu_s
@@ -279,7 +326,8 @@ def _final(usage: dict | None, wall_s: float) -> Any:
 
 
 def _daemon_summary(registration: Any) -> dict[str, Any] | None:
-    """The daemon's final summary of the target, where it is exact, or None."""
+    """The daemon's final summary of the target, where its exit figures came from the
+    kernel (lineage, or a cgroup), or None."""
     if registration is None or registration.mode != "daemon":
         return None
     if registration.info.get("kind") == "cgroup":
@@ -290,8 +338,10 @@ def _daemon_summary(registration: Any) -> dict[str, Any] | None:
     while True:
         api = registration.summary()
         if api.get("state") == "exited":
-            exact = api.get("exit") == "exact" and api.get("membership") == "lineage"
-            return api if exact and api.get("cpu_user_s") is not None else None
+            # From the kernel (with every teardown, or the exit records without some).
+            kernel = api.get("exit") in ("exact", "exit-records")
+            lineage = api.get("membership") == "lineage"
+            return api if kernel and lineage and api.get("cpu_user_s") is not None else None
         if time.monotonic() > deadline:
             return None
         registration.reading()  # a pass now: it finds the end

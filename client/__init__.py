@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -100,6 +101,9 @@ class Registration:
         # One connection kept open for this registration's requests (transport.py).
         self._connection = transport.Connection(socket_path)
         self._failing: set[str] = set()  # calls whose failure was already logged
+        # When the daemon was lost (unix s), why, and what samples since ("in-process"
+        # or "nothing"); None while it answers.
+        self.lost: tuple[float, str, str] | None = None
 
     @property
     def mode(self) -> str:
@@ -234,11 +238,13 @@ class Registration:
 
     def _lost_daemon(self, why: str) -> None:
         self.info = {}
-        why = f"the daemon at {self.socket} {why}"
+        at = time.time()
         if self.fallback == "auto":
-            self._start_local(why)
+            self._start_local(f"the daemon at {self.socket} {why}")
         else:
-            log.warning("edgewatt: %s; pid %d is no longer monitored", why, self.pid)
+            log.warning("edgewatt: the daemon at %s %s; pid %d is no longer monitored",
+                        self.socket, why, self.pid)  # fmt: skip
+        self.lost = (at, why, "in-process" if self._local is not None else "nothing")
 
     def _start_local(self, why: str | None = None) -> None:
         """Sample in-process; ``why`` (no daemon, or which) goes into the one warning."""

@@ -251,6 +251,11 @@ class Monitor:
         return source.socket if source is not None and source.mode == "daemon" else None
 
     @property
+    def registration(self) -> Any:
+        """The registration that samples the process (thread variant), or None."""
+        return self._shared.get("source")
+
+    @property
     def running(self) -> bool:
         return self._worker is not None
 

@@ -96,8 +96,9 @@ class Sampler:
         self._failed: set[str] = set()
         self._exited: dict[str, float] = {}  # found exited this pass: target id -> when
         self._end_reasons: dict[str, str] = {}  # ... why, for a cgroup target's summary
-        # ... whether their exit sample has the kernel's figures, and its peak RSS
-        self._exit_modes: dict[str, tuple[bool, int | None]] = {}
+        # ... whether their exit sample has the kernel's figures, its peak RSS, and
+        # whether every member's teardown is in them
+        self._exit_modes: dict[str, tuple[bool, int | None, bool]] = {}
         self._overruns = 0
         self._errors = 0
         self._exits = 0
@@ -237,14 +238,16 @@ class Sampler:
             # what the exporters serve.
             network_exact = self.network is None or self.network.exact
             for target_id, when in self._exited.items():
-                figures, rss_peak = self._exit_modes.pop(target_id, (False, None))
+                figures, rss_peak, teardowns = self._exit_modes.pop(target_id, (False, None, True))
                 if figures and not network_exact:
                     log.info(
                         "target %s: a closed connection's final counts did not come (lost "
                         "notifications): its TCP bytes end at the last pass that saw it",
                         target_id,
                     )
-                mode = "exact" if figures and network_exact else "last-sample"
+                mode = "last-sample"
+                if figures and network_exact:
+                    mode = "exact" if teardowns else "exit-records"
                 self.table.mark_exited(
                     target_id,
                     when,
@@ -401,6 +404,7 @@ class Sampler:
         self._exit_modes[target.id] = (
             figures is not None or (target.cgroup_name is not None and not last.pids),
             figures.rss_peak_bytes if figures is not None else None,
+            figures is None or figures.teardowns_counted,
         )
         if figures is None:
             return dataclasses.replace(last, cpu_utilization=None, pids=(), idle_pids=frozenset())

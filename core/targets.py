@@ -214,7 +214,7 @@ class Target:
     handle: ProcHandle | None = None  # None once exited (or restored without one)
     executable: str = ""
     exited_at: float | None = None
-    exit_mode: str | None = None  # once exited: "exact" or "last-sample"
+    exit_mode: str | None = None  # once exited: "exact", "exit-records" or "last-sample"
     members: tuple[int, ...] = ()  # live members' pids at the last pass
     # Registrations holding it: a process registered by `edgewatt run` and by itself
     # is one target, which stays until the last of them unregisters (or it exits).
@@ -301,8 +301,10 @@ class Target:
             "state": self.state,
             "registered_at": round(self.registered_at, 3),
             "exited_at": self.exited_at,
-            # How the figures end: at the kernel's exit records ("exact"), or at the
-            # last pass before the exit ("last-sample"); None while running.
+            # How the figures end: at the kernel's exit records with every teardown
+            # ("exact"), at the exit records with a reaped child's teardown missing
+            # ("exit-records"), or at the last pass before the exit ("last-sample");
+            # None while running.
             "exit": self.exit_mode,
             # Who is counted: the process alone, or everything it forked until each
             # exits, learnt from the kernel's events ("lineage") or from the parent

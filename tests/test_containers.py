@@ -315,7 +315,9 @@ def test_run_cgroup_counts_a_connection_shorter_than_one_interval(
     assert made, done.stderr
     shown = re.search(r"IP +sent ([\d.]+) MiB", done.stderr)
     assert shown and float(shown[1]) == round(final["network_transmit_bytes"] / 2**20, 1)
-    assert final["cpu_source"] == "daemon (exact: the cgroup's own accounts)"
+    # The larger of the cgroup's counters and wait4: the same processes, teardowns in both.
+    assert final["cpu_source"].startswith(("daemon (the cgroup's own accounts)", "kernel (wait4"))
+    assert final["cpu_daemon_s"] == pytest.approx(final["cpu_wait4_s"], abs=0.01), final
     assert not Path(f"{WHERE.v2}{made[1]}").exists()  # removed at the end
 
 

@@ -195,7 +195,10 @@ def test_a_child_that_does_the_work_and_exits_first_is_counted_too(
     parent = _run(daemon, f"CHILD = {CHILD!r}\n" + PARENT, str(peer.port))
     summary = _summary_after_exit(daemon, parent["id"])
     assert peer.received == [PAYLOAD]
-    assert summary["exit"] == "exact"
+    # The parent reaps its child and exits at once: unless a pass falls in those few
+    # ms, the child's teardown (its address space freed, after its exit record) is in
+    # no counter the daemon read, and the summary says so.
+    assert summary["exit"] in ("exact", "exit-records")
     assert _cpu(summary) == pytest.approx(parent["cpu_s"], abs=0.03)
     assert _cpu(_phase(summary, "burn")) == pytest.approx(0.4, abs=0.03)
     # The SYN was acknowledged in phase "burn"; the payload and the FIN in "send".

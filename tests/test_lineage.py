@@ -116,7 +116,11 @@ def test_a_double_forked_worker_counts_until_it_exits(
     everything = figures["root"] + figures["middle"] + figures["worker"]
     if events:
         # The worker's 0.8 s, though it left the tree at once and outlived the root.
-        assert summary["membership"] == "lineage" and summary["exit"] == "exact"
+        assert summary["membership"] == "lineage", summary
+        # "exact" where a pass read the root after it reaped the middle (at 0.5 s: the
+        # root waits a zombie while the worker holds its stdout, 1.1 s); else the
+        # middle's teardown is in no counter the daemon read: "exit-records".
+        assert summary["exit"] in (("exact",) if interval < 1 else ("exact", "exit-records"))
         assert _cpu(summary) == pytest.approx(everything, abs=0.03), (summary, figures)
     else:
         # Parent links only: a chain cut between two passes hides the worker, and the
@@ -228,8 +232,11 @@ def test_edgewatt_run_reaps_the_orphans_and_shows_one_figure(
     written = json.loads(out.read_text().splitlines()[-1])
     api = daemon.call("GET", f"/v1/targets/{tid}/summary")[1]
     assert api["exit"] == "exact" and api["membership"] == "lineage", api
-    assert written["cpu_time_s"] == _cpu(api)  # one figure, one source
-    assert table == pytest.approx(_cpu(api), abs=0.005)  # as printed, to 0.01 s
+    # The larger of the daemon's figure and the kernel's wait4 count of the same tree
+    # (the orphans' teardowns, reaped outside the target, are in the kernel's only).
+    assert written["cpu_daemon_s"] == _cpu(api)
+    assert written["cpu_time_s"] == max(_cpu(api), written["cpu_wait4_s"])
+    assert table == pytest.approx(written["cpu_time_s"], abs=0.005)  # as printed, to 0.01 s
     assert _cpu(api) == pytest.approx(kernel, abs=0.03), (api, burners)
 
 
@@ -290,10 +297,14 @@ def test_a_member_reaped_before_its_first_read_is_counted_from_its_exit_record()
         assert unread.pids == (root.pid,) and worker in tree.lineage.pids and tree.exact
         membership.update()
         counted = tree.sample(lambda pid: [])
+        # Counted once: from the root's counters of reaped children at the pass that
+        # could not read it (teardowns.py), from its record at the next, never both.
         added = (counted.cpu_user_s + counted.cpu_system_s) - (
-            unread.cpu_user_s + unread.cpu_system_s
+            first.cpu_user_s + first.cpu_system_s
         )
-        root_ran = 0.02  # the root's own few ms between the two reads, at most
+        # The root's own ms since the first read (fork, reads, writes), and /proc's
+        # flooring of its user and system time to 10 ms ticks at the first read.
+        root_ran = 0.05
         # Both count in us; the subtraction of two float totals may lose a last bit.
         assert worker_cpu - 1e-6 <= added <= worker_cpu + root_ran, (added, worker_cpu)
         step()

@@ -421,7 +421,8 @@ def test_a_target_talking_to_itself_counts_only_what_crosses_its_boundary(
             if p is not None:
                 p.kill()
                 p.wait()
-    assert summary["exit"] == "exact", summary
+    # From the kernel ("exit-records" where a child's teardown came after the last pass).
+    assert summary["exit"] in ("exact", "exit-records"), summary
     # Acknowledged bytes count the SYN and the FIN, one each; received ones the FIN.
     assert summary["network_transmit_bytes"] == 3_000_000 + 2
     assert summary["network_receive_bytes"] == 3_000_000 + 1

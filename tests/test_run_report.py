@@ -335,3 +335,47 @@ def test_the_report_says_what_its_network_figures_count(counts: str, label: str,
     }
     rows = [line.split(maxsplit=1) for line in summary_table(summary, "t").splitlines()[1:]]
     assert [label, f"sent 1.0 KiB, received 2.0 KiB ({what})"] in rows
+
+
+def test_a_daemon_lost_mid_run_is_said_with_where_the_figures_came_from(
+    daemon_factory: Any,
+) -> None:
+    daemon = daemon_factory(interval=0.2)
+    # Waits for a line, then burns 0.5 s of CPU: the daemon is killed in between.
+    code = (
+        "import sys, time\n"
+        "print('up', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "end = time.process_time() + 0.5\n"
+        "while time.process_time() < end: pass\n"
+    )
+    run = subprocess.Popen(
+        [*EDGEWATT, "run", "--socket", daemon.socket, "--interval", "0.2", "--",
+         sys.executable, "-c", code],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+    )  # fmt: skip
+    assert run.stdin is not None and run.stdout is not None and run.stderr is not None
+    assert run.stdout.readline() == "up\n"
+    before = time.time()
+    daemon.stop(signal.SIGKILL)
+    # edgewatt run's next reading finds the daemon gone and says so (a warning).
+    warning = run.stderr.readline()
+    after = time.time()
+    assert "stopped answering" in warning and "in-process" in warning, warning
+    _, stderr = run.communicate("go\n", timeout=60)
+    assert run.returncode == 0, stderr
+    title = next(line for line in stderr.splitlines() if line.startswith("edgewatt run:"))
+    assert "monitored via daemon)" not in title, title
+    lost = re.search(
+        r"monitored via daemon until (\d\d:\d\d:\d\d) UTC \(it stopped answering", title
+    )
+    assert lost is not None and title.endswith("then in-process)"), title
+    seconds = [
+        time.strftime("%H:%M:%S", time.gmtime(t)) for t in range(int(before), int(after) + 1)
+    ]
+    assert lost[1] in seconds, (title, before, after)
+    # The command's CPU from the kernel's count of it, which the lost daemon cannot give.
+    assert re.search(r"^  counted by\s+kernel \(wait4", stderr, re.M), stderr
+    cpu = float(re.search(r"CPU time +([\d.]+) s", stderr)[1])  # type: ignore[index]
+    assert 0.5 <= cpu <= 0.8, stderr

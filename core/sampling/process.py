@@ -8,8 +8,9 @@ in. Two rules, chosen per target:
 - By owner (CPU time, where the daemon hears every fork and has the kernel's exit
   records): each member counts its own time, read live from /proc or, once it has
   exited, from its exit record (what it ran since the last pass included). Reaped
-  children's counters are not used, so a zombie re-parented to a subreaper other
-  than its parent's reaper cannot count twice.
+  children's counters only add what the records miss, each process's teardown
+  (``teardowns.py``), so a zombie re-parented to a subreaper other than its parent's
+  reaper cannot count twice.
 - By reaper (CPU time otherwise; storage bytes always, since /proc/PID/io includes
   what reaped children did): a member's figures live in its own counters plus its
   reaped children's. When a member departs, its last figures (its exit record's where
@@ -36,6 +37,7 @@ from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.membership import Lineage
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
 from edgewatt.core.sampling.taskstats import TaskExits
+from edgewatt.core.sampling.teardowns import Teardowns
 
 # Channels accounted as counters: user ticks, system ticks, read bytes, write bytes.
 _Vec = typing.Tuple[float, float, float, float]  # ticks may be fractional: exit records are in us
@@ -80,6 +82,9 @@ class ExitFigures:
     write_bytes: int
     time: float  # unix seconds of the root's exit
     rss_peak_bytes: int | None  # the kernel's peak RSS, for a target of one process
+    # Every member's teardown counted (teardowns.py): False where a member reaped
+    # outside the target had reaped children after its last reading.
+    teardowns_counted: bool = True
 
 
 @dataclass(**SLOTS)
@@ -92,6 +97,8 @@ class _Member:
     fds: int | None
     activity: bytes | None  # scheduler counters when io and fds were read
     idle: bool  # did not run since the previous reading: io and fds carried over
+    reaped_cpu: float  # its reaped children's CPU ticks (cutime + cstime)
+    zombie: bool = False  # read after its exit, before its reaping: figures final
 
 
 def _add(a: _Vec, b: _Vec) -> _Vec:
@@ -158,6 +165,9 @@ class ProcessTree:
         # for storage bytes (which /proc shows only with reaped children's included),
         # by reaper: see _settle.
         self.own_cpu = self.children and self.lineage.events and exits is not None
+        # By owner, the exit records miss each member's teardown: the reapers' counters
+        # of reaped children show it (teardowns.py).
+        self._teardowns = Teardowns()
         self.last: TreeReading | None = None
         self._final: ExitFigures | None = None
         self._ended_at = 0.0  # unix seconds of the last exit the records timed
@@ -213,12 +223,21 @@ class ProcessTree:
         gone = {pid for pid, _, _ in departed}
         for pid, known in self._members.items():
             if pid not in live and pid not in gone:
+                self._read_zombie(known)
                 departed.append((pid, known, exited.pop(pid, known.ppid)))
         # Born and gone between two passes: only the events knew them.
         never_seen = [(pid, None, parent) for pid, parent in exited.items()]
         if self.exits is not None and (departed or never_seen):
             self.exits.update()  # the records of exits since this pass drained them
+        if self.own_cpu:
+            for pid, (member, _) in live.items():
+                self._teardowns.read(pid, member.reaped_cpu, existing=self._passes == 1)
+            for pid, known, _ in departed:
+                if known is not None and known.zombie:
+                    self._teardowns.read(pid, known.reaped_cpu, existing=False)
         self._settle(never_seen + sorted(departed, key=lambda d: -self._depth(d[0])), live)
+        if self.own_cpu:
+            self._teardowns.after_pass(set(live), set(live) | unseen | lineage.pids)
         self.lost_members = bool(departed)
         for pid, known, _ in departed:
             assert known is not None
@@ -272,6 +291,21 @@ class ProcessTree:
                 handle.close()
             return None
 
+    def _read_zombie(self, member: _Member) -> None:
+        """A member the events say exited, read once more if it is not reaped yet (by
+        owner): a zombie's counters are final, its own teardown included and every child
+        it reaped (``edgewatt run`` holds its command so until a pass has read it)."""
+        if not self.own_cpu:
+            return
+        try:
+            stat = member.handle.stat()
+        except NoSuchProcess:
+            return
+        if stat.state == "Z":
+            member.totals = (stat.utime, stat.stime, *member.totals[2:])
+            member.reaped_cpu = stat.cutime + stat.cstime
+            member.zombie = True
+
     def _settle(
         self,
         departed: list[tuple[int, _Member | None, int]],
@@ -286,6 +320,11 @@ class ProcessTree:
             figures = self._final_figures(pid, known)
             if self.own_cpu:  # its own time is its own to the end: carried at once
                 self._carried = _add(self._carried, (figures[0], figures[1], 0, 0))
+                inside = reaper in live or reaper in leaving
+                unseen = known is None and pid in self._unseen
+                final = known is not None and known.zombie
+                own = figures[0] + figures[1]
+                self._teardowns.depart(pid, own, reaper, inside, unseen, final)
                 figures = (0, 0, figures[2], figures[3])
             figures = _add(figures, pending.pop(pid, _ZERO))
             if reaper in live or reaper in leaving:
@@ -349,7 +388,7 @@ class ProcessTree:
 
     def _end(self, read_at: float) -> ExitFigures:
         # Nothing is live or pending any more: what was carried is the whole figure.
-        v, c = self._value, self._carried
+        v, c = self._value, self._with_teardowns(self._carried)
         cpu = c[:2] if c[0] + c[1] >= v[0] + v[1] else v[:2]
         value = (cpu[0], cpu[1], max(v[2], c[2]), max(v[3], c[3]))
         record = self.exits.exited_pid(self.root.pid) if self.exits is not None else None
@@ -362,6 +401,7 @@ class ProcessTree:
             write_bytes=value[3],
             time=self._ended_at or read_at,
             rss_peak_bytes=record.hiwater_rss_bytes if record is not None and alone else None,
+            teardowns_counted=not self.own_cpu or self._teardowns.complete,
         )
 
     def _reading(
@@ -382,7 +422,7 @@ class ProcessTree:
                 fds_known = False
             else:
                 fds += member.fds
-        carried, value = self._carried, self._value
+        carried, value = self._with_teardowns(self._carried), self._value
         for figures in self._pending.values():  # counted until their reaper shows them
             carried = _add(carried, figures)
         # Never backwards; CPU time as a whole (user and system are split differently by
@@ -442,6 +482,7 @@ class ProcessTree:
         if handle is self.root:
             self.io_visible = io is not None
         read, write = io if io is not None else (0, 0)
+        reaped_cpu = stat.cutime + stat.cstime
         if self.own_cpu:  # every member counts its own time: reaped children count theirs
             reaped: _Vec = (0, 0, read, write)
             totals: _Vec = (stat.utime, stat.stime, read, write)
@@ -451,7 +492,13 @@ class ProcessTree:
         else:
             reaped = _ZERO
             totals = (stat.utime, stat.stime, read, write)
-        return _Member(handle, stat.ppid, totals, reaped, io, fds, activity, idle)
+        return _Member(handle, stat.ppid, totals, reaped, io, fds, activity, idle, reaped_cpu)
+
+    def _with_teardowns(self, carried: _Vec) -> _Vec:
+        """``carried`` with what the exit records missed (by owner): teardowns are the
+        kernel's work (exit_mm), counted as system time."""
+        missed = self._teardowns.missed() if self.own_cpu else 0.0
+        return (carried[0], carried[1] + missed, carried[2], carried[3])
 
     def exit_figures(self) -> ExitFigures | None:
         """The target's counters when its last member went, where every departed

@@ -1,0 +1,135 @@
+"""Commands made of short processes: every process's teardown counted, as the kernel's
+own wait4 counts it.
+
+A process's exit record is sent before it tears down its address space: a
+``/bin/true`` spends most of its CPU (0.5-1.4 ms here) after its record. Measured
+against the kernel's count for the whole tree (a driver that wait4s the workload and
+adds its own getrusage), through `edgewatt run` (its table, its --output file) and
+through the daemon's own summary of the target `edgewatt run` registered."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's events need root")
+
+# The command edgewatt run starts: says it is ready (the test then holds the target
+# too), runs the workload as its child and prints what the kernel counted for both
+# (its own CPU and the workload's wait4, every teardown included).
+DRIVER = """
+import os, resource, sys
+print("ready", flush=True)
+sys.stdin.readline()
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+_, status, child = os.wait4(pid, 0)
+own = resource.getrusage(resource.RUSAGE_SELF)
+print("kernel", child.ru_utime + child.ru_stime + own.ru_utime + own.ru_stime, flush=True)
+os._exit(os.waitstatus_to_exitcode(status))
+"""
+FORKS = """
+import os
+for _ in range(2000):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+WORKLOADS = {
+    "python-2000-forks": [sys.executable, "-c", FORKS],
+    "sh-1000-true": ["sh", "-c", "for i in $(seq 1000); do /bin/true; done"],
+    "sh-400-true-at-once": ["sh", "-c", "for i in $(seq 400); do /bin/true & done; wait"],
+}
+
+
+def _cpu(summary: dict[str, Any]) -> float:
+    return summary["cpu_user_s"] + summary["cpu_system_s"]
+
+
+def _close_to(figure: float, kernel: float) -> bool:
+    """Within /proc's 10 ms ticks (user and system floored at the last reading) and the
+    driver's own exit after its figure (a ms), whatever the load."""
+    return abs(figure - kernel) <= 0.03 + 0.01 * kernel
+
+
+@pytest.mark.parametrize("interval", [0.2, 2.0])
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_short_processes_are_counted_to_the_kernels_wait4(
+    daemon_factory: Any, tmp_path: Path, workload: str, interval: float
+) -> None:
+    daemon = daemon_factory(interval=interval)
+    out = tmp_path / "run.jsonl"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "edgewatt.cli", "run", "--socket", daemon.socket,
+         "--interval", str(interval), "--output", str(out), "--",
+         sys.executable, "-c", DRIVER, *WORKLOADS[workload]],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+    )  # fmt: skip
+    assert run.stdin is not None and run.stdout is not None
+    assert run.stdout.readline() == "ready\n"
+    # A second hold on the target edgewatt run registered (the same id): its summary
+    # stays readable after edgewatt run lets go of its own.
+    header = json.loads(out.read_text().splitlines()[0])
+    tid = daemon.register(header["pid"])["id"]
+    stdout, stderr = run.communicate("go\n", timeout=120)
+    assert run.returncode == 0, stderr
+    kernel = float(re.search(r"^kernel (\S+)$", stdout, re.M)[1])  # type: ignore[index]
+    table = float(re.search(r"CPU time\s+([\d.]+) s", stderr)[1])  # type: ignore[index]
+    written = json.loads(out.read_text().splitlines()[-1])
+    api = daemon.call("GET", f"/v1/targets/{tid}/summary")[1]
+    figures = {"table": table, "file": written["cpu_time_s"], "daemon": _cpu(api)}
+    assert api["exit"] == "exact" and api["membership"] == "lineage", api
+    assert all(_close_to(f, kernel) for f in figures.values()), (figures, kernel, stderr)
+    # The table says which count it shows, and the file keeps both.
+    assert written["cpu_wait4_s"] >= kernel - 0.005, written  # the driver's print after it
+    assert written["cpu_daemon_s"] == pytest.approx(_cpu(api)), written
+    assert written["cpu_time_s"] == max(written["cpu_wait4_s"], written["cpu_daemon_s"])
+    source = "daemon" if written["cpu_daemon_s"] >= written["cpu_wait4_s"] else "kernel"
+    assert written["cpu_source"].startswith(source), written
+    assert re.search(r"^  counted by\s+" + source, stderr, re.M), stderr
+    assert "exact" not in stderr
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_a_registered_target_is_called_exact_only_with_every_teardown(
+    daemon_factory: Any, workload: str
+) -> None:
+    # Registered by its pid, reaped by this test as soon as it exits: its children's
+    # teardowns after its last reading are in no counter the daemon can read.
+    daemon = daemon_factory(interval=2.0)
+    command = WORKLOADS[workload]
+    if command[0] == "sh":
+        command = ["sh", "-c", "read go; " + command[2]]
+    else:
+        command = [*command[:2], "import sys; sys.stdin.readline()\n" + command[2]]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, text=True)
+    assert proc.stdin is not None
+    tid = daemon.register(proc.pid)["id"]
+    proc.stdin.write("go\n")
+    proc.stdin.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    kernel = usage.ru_utime + usage.ru_stime
+
+    def ask() -> dict[str, Any]:  # a pass at each ask: it finds the exit
+        return daemon.call("GET", f"/v1/targets/{tid}/summary?fresh=1")[1]
+
+    assert wait_for(lambda: ask()["state"] == "exited", timeout=30)
+    summary = ask()
+    assert summary["exit"] in ("exact", "exit-records"), summary
+    if summary["exit"] == "exact":
+        assert _close_to(_cpu(summary), kernel), (summary, kernel)
+    else:  # what the exit records gave, a lower bound
+        assert _cpu(summary) <= kernel + 0.03, (summary, kernel)
