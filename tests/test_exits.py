@@ -253,8 +253,11 @@ def test_without_cap_net_admin_the_daemon_runs_and_says_last_sample(
         [sys.executable, "-m", "edgewatt.cli", "doctor", "--socket", daemon.socket],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
+    # One warning per figure the capability gives: exit figures, cgroup traffic.
     warnings = [x for x in doctor.stdout.splitlines() if "CAP_NET_ADMIN" in x]
-    assert len(warnings) == 1 and warnings[0].startswith("warn"), doctor.stdout
+    assert len(warnings) == 2, doctor.stdout
+    assert all(x.startswith("warn") for x in warnings), doctor.stdout
+    assert sum("no exact exit figures" in x for x in warnings) == 1, doctor.stdout
 
 
 TRACKED = """

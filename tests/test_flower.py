@@ -198,7 +198,9 @@ def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
         assert cpu == pytest.approx(measured["tree_cpu_s"], abs=0.15, rel=0.02), (
             summary, measured, table)  # fmt: skip
         written = json.loads(out.read_text().splitlines()[-1])
-        assert written["cpu_time_s"] == cpu  # one figure, one source
+        # The daemon's figure kept beside the kernel's wait4; the larger one shown.
+        assert written["cpu_daemon_s"] == cpu
+        assert written["cpu_time_s"] == max(cpu, written["cpu_wait4_s"])
         # Bytes: the SuperNode passes each model to its ClientApp and back over
         # loopback, inside the target: not counted (with it, twice the model or more).
         # Its HTTP requests to the SuperLink open and close within a pass, which a
