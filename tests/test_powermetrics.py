@@ -79,6 +79,42 @@ def test_an_intel_plist_gives_the_package() -> None:
     assert watts.total_w == pytest.approx(8.53)
 
 
+def _intel_plist(elapsed_ns: int, watts: float) -> bytes:
+    return (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<plist version="1.0">\n<dict>\n'
+        + f"<key>elapsed_ns</key><integer>{elapsed_ns}</integer>\n".encode()
+        + b"<key>processor</key>\n<dict>\n"
+        + f"<key>package_watts</key><real>{watts}</real>\n".encode()
+        + b"</dict>\n</dict>\n</plist>\n"
+    )
+
+
+@pytest.mark.parametrize("plist", [True, False], ids=["plist", "text"])
+def test_a_malformed_elapsed_adds_no_more_than_the_real_time(plist: bool) -> None:
+    # A sample that claims 9,900 s (the plist) or 999,999 s (the text header) but came
+    # 0.1 s after the previous one: its energy is its power over the real time since,
+    # with at most two intervals' slack; before, 8.5 W x 9,900 s = 84,150 J at once.
+    arrivals = iter([100.0, 100.1, 100.2])
+    if plist:
+        frames = [_intel_plist(n, 8.5) for n in (100_000_000, 9_900_000_000_000, 100_000_000)]
+        parse = pm.parse_plist
+    else:
+        block = _text_samples("intel-macbookpro15-1.txt")[0]
+        head = re.compile(r"\([0-9.]+ms elapsed\)")
+        frames = [
+            head.sub(f"({ms}ms elapsed)", block, count=1).encode()
+            for ms in ("100.0", "999999999", "100.0")
+        ]
+        parse = pm._parse_text_frame
+    counter = pm._Counter(parse, 0.1, clock=lambda: next(arrivals))
+    first, bad, after = (counter(frame) for frame in frames)
+    watts = first.sample.total_w
+    assert watts is not None and bad.sample.elapsed_s > 9_000  # type: ignore[operator]
+    assert first.total_j == pytest.approx(watts * 0.1)
+    assert bad.total_j - first.total_j == pytest.approx(watts * (0.1 + 0.2))  # type: ignore[operator]
+    assert after.total_j - bad.total_j == pytest.approx(watts * 0.1)  # type: ignore[operator]
+
+
 @pytest.mark.parametrize(
     ("capture", "expected"),
     [

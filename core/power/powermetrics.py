@@ -30,6 +30,7 @@ import platform
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterator
 
@@ -236,15 +237,30 @@ def _parse_text_frame(frame: bytes) -> PowermetricsSample:
 
 
 class _Counter:
-    def __init__(self, parse: Callable[[bytes], PowermetricsSample], interval_s: float) -> None:
+    """Each sample's power times its interval, added up. The interval is the one the
+    sample reports, but never more than the real time since the previous sample came
+    (plus two intervals for a late or early arrival): one malformed ``elapsed_ns`` must
+    not add days of energy (issue 39). ``clock`` is a seam for the tests."""
+
+    def __init__(
+        self,
+        parse: Callable[[bytes], PowermetricsSample],
+        interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._parse = parse
         self._interval_s = interval_s
+        self._clock = clock
+        self._last: float | None = None  # when the previous sample came (monotonic)
         self._rails_j: dict[str, float] = {}
         self._total_j = 0.0
 
     def __call__(self, frame: bytes) -> Counted:
         sample = self._parse(frame)
-        elapsed = sample.elapsed_s or self._interval_s
+        now = self._clock()
+        since = 0.0 if self._last is None else now - self._last
+        self._last = now
+        elapsed = min(sample.elapsed_s or self._interval_s, since + 2 * self._interval_s)
         for name, watts in sample.rails_w.items():
             self._rails_j[name] = self._rails_j.get(name, 0.0) + watts * elapsed
         total = None
