@@ -75,7 +75,7 @@ class Config:
     influx_password: str = ""
     influx_interval: float = 10.0
     influx_timeout: float = 5.0
-    influx_buffer_lines: int = 200_000
+    influx_buffer_bytes: int = 64 << 20
 
     def resolved(self) -> Config:
         return replace(
@@ -400,11 +400,19 @@ KEYS: Mapping[str, Key] = {
         "sample of every target that exited since",
     ),
     "influx_timeout": Key(_seconds(0.1, 60), "seconds a write may take before it is retried"),
-    "influx_buffer_lines": Key(
-        _count(1000, 10_000_000),
-        "lines kept while InfluxDB is unreachable (about 200 bytes of memory each), the oldest "
-        "dropped beyond",
+    "influx_buffer_bytes": Key(
+        _count(1 << 20, 1 << 32),
+        "bytes of line protocol kept while InfluxDB is unreachable (default 64 MiB; a target's "
+        "labels are in each of its lines), each line counted with 48 bytes more for its "
+        "keeping; the oldest lines dropped beyond. The old influx_buffer_lines is refused, "
+        "naming this key",
     ),
+}
+
+# Keys that no longer exist, with what replaced them: named in the error, never ignored.
+REPLACED: Mapping[str, str] = {
+    "influx_buffer_lines": "influx_buffer_bytes (a bound in lines did not bound memory: a line "
+    "carries the target's labels, up to 64 KiB of them)",
 }
 
 # The standard OpenTelemetry variables, read like EDGEWATT_* ones (which win over
@@ -433,6 +441,8 @@ INFLUX_ENVIRONMENT: Mapping[str, tuple[str, Callable[[str], Any]]] = {
 def _apply(config: Config, values: Mapping[str, Any], source: str) -> Config:
     changes: dict[str, Any] = {}
     for key, value in values.items():
+        if key in REPLACED:
+            raise ConfigError(f"{key}: no longer a key ({source}); use {REPLACED[key]}")
         if key not in KEYS:
             known = ", ".join(KEYS)
             name = key[:80] if isinstance(key, str) else shown(key)
@@ -505,7 +515,7 @@ def load_yaml(path: str) -> dict[str, Any]:
 
 
 def from_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    names = {key: f"EDGEWATT_{key.upper()}" for key in KEYS}
+    names = {key: f"EDGEWATT_{key.upper()}" for key in (*KEYS, *REPLACED)}
     return {key: environ[name] for key, name in names.items() if name in environ}
 
 

@@ -119,6 +119,7 @@ class Daemon:
         proc = config.proc_path
         self.carbon = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
         self.statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc))
+        self.state_error: str | None = None  # why the last save failed; None: it worked
         self.table = TargetTable(
             boot_time=procfs.boot_time(proc),
             clock_ticks=procfs.CLOCK_TICKS,
@@ -264,10 +265,24 @@ class Daemon:
         )
 
     def _persist(self, state: list[dict[str, Any]]) -> None:
+        """Save the registrations; a failure keeps the old file (statefile.py), is
+        logged once until a save works again, and shown by /healthz meanwhile: the
+        registration itself holds, only a restart would lose it."""
         try:
             self.statefile.save(state)
         except OSError as exc:
-            log.error("cannot persist registrations to %s: %s", self.statefile.path, exc)
+            if self.state_error is None:
+                log.error(
+                    "cannot persist registrations to %s (%s): the file keeps the last "
+                    "state saved; registrations since are lost at a restart",
+                    self.statefile.path,
+                    exc,
+                )
+            self.state_error = f"{self.statefile.path}: {exc}"
+            return
+        if self.state_error is not None:
+            log.info("registrations persisted to %s again", self.statefile.path)
+        self.state_error = None
 
     def restore(self) -> int:
         """Register the saved entries again, each checked as a new registration is
@@ -313,7 +328,7 @@ class Daemon:
         # a sensor gone): its hw_* series are absent meanwhile, so health says so.
         silent = [s.name for s in meter.sources if s.name not in speaking] if meter else []
         return {
-            "status": "degraded" if silent else "ok",
+            "status": "degraded" if silent or self.state_error else "ok",
             "version": __version__,
             "uptime_s": round(time.time() - self._started, 3),
             "targets": len(snapshot.processes),
@@ -344,6 +359,8 @@ class Daemon:
             # Cgroup targets' network figures: None where counted, else why not.
             "cgroup_traffic": self._cgroup_traffic_problem,
             "cgroup_other_namespaces": self._may_join_namespaces,
+            # Why the registrations could not be saved (null: the last save worked).
+            "state_error": self.state_error,
             # The InfluxDB push (null where none is configured): lines waiting in the
             # buffer, written, dropped from a full buffer, refused by the server.
             "influx": self.influx.status() if self.influx is not None else None,
@@ -518,6 +535,7 @@ class Daemon:
         self._threads.append(thread)
 
     def stop(self) -> None:
+        began = time.monotonic()
         self.notifier.stopping()
         self.stop_event.set()
         self.sampler.wake()
@@ -529,12 +547,17 @@ class Daemon:
         for thread in self._threads:
             thread.join(timeout=1.0)
         if self.influx is not None:
-            self.influx.close()  # a last write of what is queued, the final samples with it
+            # A last write of what is queued, the final samples with it: all of the stop
+            # within STOP_WRITE_S, whatever the server does.
+            self.influx.close(timeout_s=max(0.0, began + STOP_WRITE_S - time.monotonic()))
         self.table.persist()
         self.statefile.close()
         log.info("edgewatt stopped")
 
 
+# Seconds a stop may spend, its last write to InfluxDB included: the daemon exits
+# within 5 s whatever the server does (docs/reference.md).
+STOP_WRITE_S = 4.5
 # The most descriptors asked for when the hard limit is unlimited (the kernel's
 # default nr_open).
 MAX_OPEN_FILES = 1 << 20
@@ -575,7 +598,7 @@ def _influx_options(c: Config) -> InfluxOptions:
         password=c.influx_password,
         interval_s=c.influx_interval,
         timeout_s=c.influx_timeout,
-        buffer_lines=c.influx_buffer_lines,
+        buffer_bytes=c.influx_buffer_bytes,
     )
 
 

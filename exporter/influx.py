@@ -15,12 +15,15 @@ point's attributes are tags with dots as underscores (``host_name``, ``hw_name``
 
 Every ``interval_s`` the latest pass's points are queued, and the final sample of each
 target that exited since (its last point is its final figure, as its summary's); the
-queue is written in gzip-compressed batches. While the server is unreachable or
-answers with an error worth retrying (5xx, 429, 404: a database not created yet), the
-queue keeps up to ``buffer_lines`` lines, the oldest dropped beyond that (counted),
-with one warning when writes start failing and one line when they work again. A batch
-the server refuses as bad (400, 401, 403, 413) is dropped with the server's reason:
-retrying would not change it.
+queue is written in gzip-compressed batches of at most 5,000 lines and 1 MiB. While the
+server is unreachable, slow (each write has ``timeout_s`` for the whole exchange), or
+answers with an error worth retrying (5xx, 429, 404: a database not created yet) or a
+redirect (never followed: it would take the credentials elsewhere), the queue keeps up
+to ``buffer_bytes`` (each line's bytes, its target's labels in them, and 48 for its
+keeping), the oldest lines dropped beyond that (counted), with one warning when writes
+start failing and one line when they work again. A batch is written only when the
+server answers 2xx to it. A batch the server refuses as bad (400, 401, 403, 413) is
+dropped with the server's reason: retrying would not change it.
 """
 
 from __future__ import annotations
@@ -33,9 +36,7 @@ import logging
 import math
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -43,12 +44,19 @@ from typing import Any
 
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.core.text import shown
+from edgewatt.exporter.http_exchange import Exchanges
 from edgewatt.exporter.telemetry import MetricSpec, metric_specs
 
 log = logging.getLogger(__name__)
 
-# Lines per request: InfluxDB advises batches of about 5,000 lines.
+# Lines per request: InfluxDB advises batches of about 5,000 lines; and bytes, since a
+# line carries its target's labels (up to 64 KiB of them): 5,000 such lines would make
+# one request of ~280 MB.
 BATCH_LINES = 5000
+BATCH_BYTES = 1 << 20
+# What keeping a queued line costs beside its bytes: the bytes object's header (33)
+# and the deque's pointer, rounded up as the allocator does.
+PER_LINE_BYTES = 48
 RETRIED = {404, 429}  # and every 5xx
 
 
@@ -63,7 +71,7 @@ class InfluxOptions:
     password: str = ""
     interval_s: float = 10.0
     timeout_s: float = 5.0
-    buffer_lines: int = 200_000
+    buffer_bytes: int = 64 << 20
 
     def write_url(self) -> str:
         base = self.url.rstrip("/")
@@ -94,6 +102,11 @@ def escape_tag(text: str) -> str:
     if text.endswith("\\") and not text.endswith(r"\ "):
         text += r"\ "
     return text
+
+
+def kept_bytes(data: bytes) -> int:
+    """What a queued line counts against ``buffer_bytes``."""
+    return len(data) + PER_LINE_BYTES
 
 
 def measurement(spec: MetricSpec) -> str:
@@ -141,11 +154,16 @@ class InfluxPusher:
     def __init__(self, options: InfluxOptions) -> None:
         self.options = options
         self.specs = metric_specs()  # observers of its own (they keep a per-pass memo)
-        self.queue: deque[str] = deque()
+        self.queue: deque[bytes] = deque()  # encoded lines, oldest first
+        self.queued_bytes = 0  # counted as the bound counts them (kept_bytes)
         self.dropped = 0  # lines dropped from a full buffer, since start
+        self.dropped_bytes = 0
         self.refused = 0  # lines the server refused as bad, since start
         self.written = 0
         self.failing = False
+        self.last_error = ""
+        self._exchanges = Exchanges("influx-write")
+        self._deadline = math.inf  # no write goes past it (set at close)
         self._latest: Snapshot | None = None
         self._queued_sequence = -1
         self._exits: list[Any] = []
@@ -158,11 +176,18 @@ class InfluxPusher:
         return self
 
     def status(self) -> dict[str, Any]:
+        busy = self._exchanges.busy_s()
         return {
             "failing": self.failing,
+            "error": self.last_error if self.failing else None,
+            # Seconds the write in flight has waited for its answer (null: none).
+            "writing_s": None if busy is None else round(busy, 3),
             "queued_lines": len(self.queue),
+            "queued_bytes": self.queued_bytes,
+            "buffer_bytes": self.options.buffer_bytes,
             "written_lines": self.written,
             "dropped_lines": self.dropped,
+            "dropped_bytes": self.dropped_bytes,
             "refused_lines": self.refused,
         }
 
@@ -185,71 +210,92 @@ class InfluxPusher:
             self._enqueue(
                 snapshot_lines(self.specs, dataclasses.replace(latest, exits=tuple(exits)))
             )
-        while self.queue and self._write_batch():
+        while self.queue and time.monotonic() < self._deadline and self._write_batch():
             pass
 
     def _enqueue(self, lines: Iterator[str]) -> None:
-        limit = self.options.buffer_lines
+        limit = self.options.buffer_bytes
         for text in lines:
-            self.queue.append(text)
-            if len(self.queue) > limit:
-                self.queue.popleft()
-                self.dropped += 1
-                if self.dropped == 1 or self.dropped % 100_000 == 0:
-                    log.warning(
-                        "InfluxDB buffer full (%d lines): %d oldest lines dropped so far",
-                        limit,
-                        self.dropped,
-                    )
+            data = text.encode()
+            self.queue.append(data)
+            self.queued_bytes += kept_bytes(data)
+            while self.queued_bytes > limit:
+                self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        size = kept_bytes(self.queue.popleft())
+        self.queued_bytes -= size
+        self.dropped += 1
+        self.dropped_bytes += size
+        if self.dropped == 1 or self.dropped % 100_000 == 0:
+            log.warning(
+                "InfluxDB buffer full (%d bytes): %d oldest lines (%d bytes) dropped so far",
+                self.options.buffer_bytes,
+                self.dropped,
+                self.dropped_bytes,
+            )
 
     def _write_batch(self) -> bool:
         """Write the oldest batch; False when the server is not taking writes now."""
-        batch = [self.queue[i] for i in range(min(BATCH_LINES, len(self.queue)))]
-        body = gzip.compress(("\n".join(batch) + "\n").encode())
-        request = urllib.request.Request(
-            self.options.write_url(), data=body, headers=self.options.headers(), method="POST"
-        )
+        count, size = 0, 0
+        for data in self.queue:
+            if count == BATCH_LINES or (count and size + len(data) + 1 > BATCH_BYTES):
+                break
+            count, size = count + 1, size + len(data) + 1
+        body = gzip.compress(b"".join(self.queue[i] + b"\n" for i in range(count)))
+        deadline = min(time.monotonic() + self.options.timeout_s, self._deadline)
+        url = self.options.write_url()
         try:
-            with urllib.request.urlopen(request, timeout=self.options.timeout_s):
-                pass
-        except urllib.error.HTTPError as exc:
-            reason = shown(exc.read(300).decode("utf-8", "replace").strip())
-            if exc.code in RETRIED or exc.code >= 500:
-                return self._failed(f"HTTP {exc.code}: {reason}")
-            for _ in batch:
-                self.queue.popleft()
-            self.refused += len(batch)
-            log.warning("InfluxDB refused %d lines (HTTP %d): %s", len(batch), exc.code, reason)
+            answer = self._exchanges.post(url, body, self.options.headers(), deadline)
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # unreachable, slow
+            return self._failed(str(exc) or type(exc).__name__)
+        reason = shown(answer.body.decode("utf-8", "replace").strip())
+        if 200 <= answer.status < 300:
+            self._done(count)
+            self.written += count
+            if self.failing:
+                self.failing = False
+                log.info("InfluxDB writes to %s work again", self.options.url)
             return True
-        except (OSError, ValueError, http.client.HTTPException) as exc:  # unreachable, reset
-            return self._failed(str(exc))
-        for _ in batch:
-            self.queue.popleft()
-        self.written += len(batch)
-        if self.failing:
-            self.failing = False
-            log.info("InfluxDB writes to %s work again", self.options.url)
+        if 300 <= answer.status < 400:
+            # Never followed: urllib did, as a GET without the body, to any host, with
+            # the token; its 2xx there counted lines nobody wrote.
+            where = shown(answer.location[:200])
+            return self._failed(f"HTTP {answer.status} to {where}, not followed: set influx_url")
+        if answer.status in RETRIED or answer.status >= 500 or answer.status < 200:
+            return self._failed(f"HTTP {answer.status}: {reason}")
+        self._done(count)
+        self.refused += count
+        log.warning("InfluxDB refused %d lines (HTTP %d): %s", count, answer.status, reason)
         return True
 
+    def _done(self, count: int) -> None:
+        for _ in range(count):
+            self.queued_bytes -= kept_bytes(self.queue.popleft())
+
     def _failed(self, why: str) -> bool:
+        self.last_error = why
         if not self.failing:
             self.failing = True
             log.warning(
-                "InfluxDB writes to %s are failing (%s); keeping up to %d lines and "
+                "InfluxDB writes to %s are failing (%s); keeping up to %d bytes of lines and "
                 "retrying every %g s",
                 self.options.url,
                 why,
-                self.options.buffer_lines,
+                self.options.buffer_bytes,
                 self.options.interval_s,
             )
         return False
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """A last push of what is queued, within ``timeout_s``; then stop."""
+        """A last push of what is queued; stopped within ``timeout_s`` whatever the
+        server does (a write in flight then is cut short)."""
+        self._deadline = time.monotonic() + timeout_s
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=self.options.interval_s + self.options.timeout_s + 1)
-        deadline = time.monotonic() + timeout_s
+            self._thread.join(timeout=max(0.0, self._deadline - time.monotonic()))
+            if self._thread.is_alive():
+                self._exchanges.abort()
+                self._thread.join(timeout=0.5)
+                return
         self.push()
-        while self.queue and time.monotonic() < deadline and self._write_batch():
-            pass

@@ -2,7 +2,10 @@
 daemon restart, and the instance id where the machine has none.
 
 A file is replaced with write-to-temp, fsync, rename, fsync-directory: a crash at any
-point leaves either the old or the new file, never a torn one.
+point leaves either the old or the new file, never a torn one. A short write (a nearly
+full filesystem: eMMC fills) is continued until all is written; one that cannot finish
+(ENOSPC, EIO) or an fsync that fails removes the temporary file and raises, so the old
+file stays in place.
 
 The daemon often runs as root, so the directory must be its own: one another user
 could write would let that user plant a symlink at the temporary file and have root
@@ -14,6 +17,7 @@ descriptor held from that check, with O_NOFOLLOW, and the temporary file with O_
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -120,9 +124,25 @@ class StateFile:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(tmp, flags, 0o600, dir_fd=self._dir_fd)
             try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                try:
+                    _write_all(fd, data)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=self._dir_fd)
+                raise
             os.replace(tmp, name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
             os.fsync(self._dir_fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of ``data``, or OSError: os.write may write less than asked (a filesystem
+    with a page left writes that page), and the next call then names the cause."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:  # not seen from a regular file; would loop forever
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[written:]

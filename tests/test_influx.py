@@ -28,7 +28,14 @@ import pytest
 
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.exporter import config
-from edgewatt.exporter.influx import InfluxOptions, InfluxPusher, escape_tag, line
+from edgewatt.exporter.influx import (
+    InfluxOptions,
+    InfluxPusher,
+    escape_tag,
+    kept_bytes,
+    line,
+    snapshot_lines,
+)
 from tests.conftest import ROOT, DaemonProcess, binary, free_port, wait_for
 from tests.snapshots import POWER, process
 
@@ -355,14 +362,21 @@ def test_a_refused_batch_is_dropped_and_counted_a_failing_server_kept_up_to_the_
     pusher.push()
     assert pusher.status()["refused_lines"] > 0 and not pusher.queue
     Recorder.status = 503
-    pusher = InfluxPusher(InfluxOptions(recorder, database="x", buffer_lines=1000))
+    pusher = InfluxPusher(InfluxOptions(recorder, database="x", buffer_bytes=20_000))
+    made = 0
     for sequence in range(1, 40):
         pusher.add(_pass(sequence))
         pusher.push()
+        made += sum(kept_bytes(t.encode()) for t in snapshot_lines(pusher.specs, _pass(sequence)))
     status = pusher.status()
-    assert status["failing"] and status["queued_lines"] == 1000 and status["dropped_lines"] > 0
+    assert status["failing"] and status["dropped_lines"] > 0
+    # Bytes, each line's and PER_LINE_BYTES for its keeping: what is kept and what went.
+    kept = sum(kept_bytes(data) for data in pusher.queue)
+    longest = max(kept_bytes(data) for data in pusher.queue)
+    assert status["queued_bytes"] == kept and kept <= 20_000 < kept + longest
+    assert kept + status["dropped_bytes"] == made
     newest = int(_pass(39).time * 1e9)
-    assert pusher.queue[-1].endswith(f" {newest}")  # the oldest went, the newest stay
+    assert pusher.queue[-1].endswith(f" {newest}".encode())  # the oldest went, the newest stay
 
 
 def test_influx_settings_from_the_usual_variables_and_a_missing_bucket_named() -> None:

@@ -1,0 +1,96 @@
+"""The state directory on a filesystem that fills (an edge board's eMMC): the real
+daemon over its real socket, the state on a real tmpfs of a few pages."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_for
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    mount = tmp_path / "state"
+    mount.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(mount)], check=True
+    )
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill_but_one_page(directory: Path) -> Path:
+    """Fill the filesystem, then free one page: the next file written gets one page."""
+    filler = directory / "filler"
+    chunk = b"\0" * PAGE
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            try:
+                if os.write(fd, chunk) < PAGE:
+                    break
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                break
+        size = os.fstat(fd).st_size
+        os.ftruncate(fd, size - size % PAGE - PAGE)
+    finally:
+        os.close(fd)
+    assert os.statvfs(directory).f_bavail == 1
+    return filler
+
+
+def test_a_full_state_filesystem_keeps_every_saved_registration(
+    daemon_factory: Any, spawn: Any, small_tmpfs: Path
+) -> None:
+    first = daemon_factory(state_dir=small_tmpfs)
+    labels = {f"l{n}": "v" * 200 for n in range(4)}  # ~1 KiB an entry: 7 need two pages
+    sleepers = [spawn("import time; time.sleep(120)") for _ in range(8)]
+    saved_ids = [first.register(p.pid, labels=labels)["id"] for p in sleepers[:7]]
+    good = (small_tmpfs / "targets.json").read_bytes()
+    assert len(good) > PAGE
+    assert first.call("GET", "/healthz")[1]["state_error"] is None
+
+    fill_but_one_page(small_tmpfs)
+    status, body = first.call("POST", "/v1/targets", {"pid": sleepers[7].pid, "labels": labels})
+    # Accepted and monitored; the save that failed is shown and logged, the file kept.
+    assert status == 201, body
+    health = first.call("GET", "/healthz")[1]
+    assert health["status"] == "degraded"
+    assert "No space left on device" in health["state_error"]
+    assert (small_tmpfs / "targets.json").read_bytes() == good
+    assert not (small_tmpfs / "targets.json.tmp").exists()
+    wait_for(lambda: "cannot persist registrations" in first.log())
+
+    first.stop(signal.SIGKILL)
+    second = daemon_factory(state_dir=small_tmpfs)
+    listing = second.call("GET", "/v1/targets")[1]["targets"]
+    assert sorted(t["id"] for t in listing) == sorted(saved_ids)
+    assert all(t["labels"] == labels for t in listing)
+    assert "7 registration(s) restored" in second.log()
+
+    # Space again: the next save works, and health says so.
+    (small_tmpfs / "filler").unlink()
+    second.register(sleepers[7].pid, labels=labels)
+    health = second.call("GET", "/healthz")[1]
+    assert (health["status"], health["state_error"]) == ("ok", None)
+    on_disk = json.loads((small_tmpfs / "targets.json").read_text())["targets"]
+    assert len(on_disk) == 8
+    with contextlib.suppress(Exception):
+        second.stop()
