@@ -376,7 +376,9 @@ KEYS: Mapping[str, Key] = {
     ),
     "otlp_timeout": Key(
         _seconds(0.1, 60),
-        "seconds an export may take before it is dropped (OTEL_EXPORTER_OTLP_TIMEOUT, in ms there)",
+        "seconds an export may take before it is dropped (OTEL_EXPORTER_OTLP_TIMEOUT, in ms "
+        "there); a collector's 3xx is never followed: that export fails, and its headers go "
+        "to the configured endpoint alone",
         live=True,
     ),
     "influx_url": Key(

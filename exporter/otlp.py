@@ -65,14 +65,32 @@ def build_exporter(options: OtlpOptions) -> MetricExporter:
             headers=headers,
             timeout=options.timeout_s,
         )
+    import requests
     from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    class NoRedirects(requests.Session):
+        """A 3xx is never followed: the batch fails (OutageLoggingExporter logs why)
+        and its headers, a token among them, go to the configured endpoint alone,
+        never to a host a redirect names (issue 39). Raised, since the exporter
+        would take a 3xx for success (requests' ``ok`` is any status below 400)."""
+
+        def send(self, request: Any, **kwargs: Any) -> requests.Response:
+            response = super().send(request, **{**kwargs, "allow_redirects": False})
+            if 300 <= response.status_code < 400:
+                where = response.headers.get("Location", "")
+                raise requests.RequestException(
+                    f"the collector answered {response.status_code} towards "
+                    f"{where[:200]!r}: a redirect is not followed"
+                )
+            return response
 
     return OTLPMetricExporter(
         endpoint=metrics_url(options.endpoint),
         certificate_file=options.ca_file or None,
         headers=headers,
         timeout=options.timeout_s,
+        session=NoRedirects(),
         # gzip unless the standard variables ask otherwise (None: the SDK reads them):
         # metrics text compresses ~10x, and a device's uplink is often metered.
         compression=None if _compression_asked() else Compression.Gzip,

@@ -183,3 +183,59 @@ def test_resource_device_facts(tmp_path: Any) -> None:
         "edgewatt.l4t.release": "36.4.3",
     }
     assert device_facts(str(tmp_path / "none"), str(tmp_path / "none")) == {}
+
+
+def test_a_redirect_is_not_followed_and_the_batch_is_not_counted_as_sent() -> None:
+    # A collector answering 307 (which keeps method and body) towards another host:
+    # nothing reaches that host, neither the batch nor the configured headers, and
+    # the export is a failure, not a batch sent (issue 39).
+    from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
+
+    from edgewatt.exporter.otlp import OtlpOptions, build_exporter
+
+    elsewhere: list[dict[str, str]] = []
+
+    def serve(answer: Any) -> ThreadingHTTPServer:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                answer(self)
+
+            def log_message(self, *args: Any) -> None: ...
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    def take(handler: BaseHTTPRequestHandler) -> None:
+        elsewhere.append(dict(handler.headers))
+        handler.send_response(200)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    other = serve(take)
+    where = f"http://127.0.0.2:{other.server_address[1]}/v1/metrics"
+
+    def redirect(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(307)
+        handler.send_header("Location", where)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    collector = serve(redirect)
+    try:
+        exporter = build_exporter(
+            OtlpOptions(
+                endpoint=f"http://127.0.0.1:{collector.server_address[1]}",
+                headers={"x-api-key": "s3cret"},
+                timeout_s=2.0,
+            )
+        )
+        result = exporter.export(MetricsData(resource_metrics=[]), timeout_millis=2000)
+        exporter.shutdown()
+        assert result is MetricExportResult.FAILURE
+        assert elsewhere == []
+    finally:
+        for server in (collector, other):
+            server.shutdown()
+            server.server_close()
