@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.platforms import Platform, Tree
@@ -19,7 +20,6 @@ from edgewatt.core.power.attribution import Attribution, PassEnergy, Usage
 from edgewatt.core.power.meter import WINDOW_BOOST_S, PowerMeter, PowerSnapshot
 from edgewatt.core.power.source import BOARD_GPU_LOADS, BOARD_SOURCES, Gpu, gpu_only
 from edgewatt.core.sampling import cgroups, procfs, system
-from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
 from edgewatt.core.sampling.cgroups import (
     Cgroup,
     CgroupEnded,
@@ -33,6 +33,9 @@ from edgewatt.core.sampling.network import NetworkAccounting
 from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.taskstats import TaskExits
 from edgewatt.core.snapshot import HostSample, ProcessSample, SamplerStats, Snapshot
+
+if TYPE_CHECKING:  # the daemon's alone: the client's portable path never loads it (fcntl)
+    from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
 from edgewatt.core.targets import Target, TargetTable
 
 log = logging.getLogger(__name__)
