@@ -11,9 +11,8 @@ from typing import Any
 
 from edgewatt.cli.plotting import pyplot
 from edgewatt.cli.status import human_bytes
+from edgewatt.client.fl_record import KIND
 from edgewatt.core.text import printable
-
-KIND = "fl-round"
 
 
 def is_rounds_file(path: str) -> bool:
@@ -58,8 +57,8 @@ def rounds_table(records: list[dict[str, Any]], title: str) -> str:
     header = ("round", "kind", "clients", "slowest client", "CPU", "energy", "down", "up")
     rows = [header]
     for (number, kind), clients in sorted(rounds.items(), key=lambda item: str(item[0])):
-        slowest = max(clients, key=lambda r: r["duration_s"])
-        fastest = min(r["duration_s"] for r in clients)
+        slowest = _slowest(clients)
+        timed = [r["duration_s"] for r in clients if r.get("duration_s") is not None]
         cpu = _total(clients, "cpu_s")
         energy = _total(clients, "energy_j")
         rows.append(
@@ -67,8 +66,9 @@ def rounds_table(records: list[dict[str, Any]], title: str) -> str:
                 str(number),
                 kind,
                 str(len(clients)),
-                f"node {slowest['node_id']} ({slowest.get('host_name', '?')}) "
-                f"{slowest['duration_s']:.2f} s, +{slowest['duration_s'] - fastest:.2f} s",
+                "unknown"
+                if slowest is None
+                else f"{_client(slowest)} {max(timed):.2f} s, +{max(timed) - min(timed):.2f} s",
                 "unknown" if cpu is None else f"{cpu:.2f} s",
                 "unknown" if energy is None else f"{energy:.1f} J",
                 human_bytes(int(_total(clients, "bytes_received") or 0)),
@@ -113,6 +113,13 @@ def _client(record: dict[str, Any]) -> str:
     return f"node {record['node_id']} ({record.get('host_name', '?')})"
 
 
+def _slowest(clients: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The client that took longest; None where none sent its duration (the collector
+    drops one that is not a number within bounds)."""
+    timed = [r for r in clients if r.get("duration_s") is not None]
+    return max(timed, key=lambda r: r["duration_s"]) if timed else None
+
+
 def rounds_layout(records: list[dict[str, Any]], title: str) -> RoundsLayout:
     """Grouped bars: per round and kind, one bar per client; a panel per quantity any
     record has (energy only where a sensor measured it)."""
@@ -132,11 +139,8 @@ def rounds_layout(records: list[dict[str, Any]], title: str) -> RoundsLayout:
             for c in clients
         }
         panels.append((label, values))
-    stragglers = [
-        _client(max((r for r in records if (r["round"], r["kind"]) == k),
-                    key=lambda r: r["duration_s"]))
-        for k in keys
-    ]  # fmt: skip
+    slowest = [_slowest([r for r in records if (r["round"], r["kind"]) == k]) for k in keys]
+    stragglers = ["" if r is None else _client(r) for r in slowest]
     title = f"{title}: {len(rounds)} rounds, {len(clients)} clients"
     return RoundsLayout(title, rounds, clients, panels, stragglers)
 

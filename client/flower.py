@@ -40,7 +40,9 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from edgewatt.client import Registration, register
+from edgewatt.client.fl_record import KIND, client_figures
 from edgewatt.core import transport
+from edgewatt.core.text import shown
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +177,8 @@ class _Collector:
     def __init__(self, path: str) -> None:
         self.path = path
         self._failed = _Failures()
+        self._warned: set[int] = set()  # nodes whose dropped fields were logged
+        self._lock = threading.Lock()
 
     def wrap(self, aggregate: Callable[..., Any], kind: str) -> Callable[..., Any]:
         def aggregate_and_collect(server_round: int, replies: Iterable[Message]) -> Any:
@@ -192,13 +196,32 @@ class _Collector:
         for reply in replies:
             if reply.has_error() or RECORD not in reply.content:
                 continue
-            figures = dict(reply.content[RECORD])
-            record = {"type": "fl-round", "round": server_round, "kind": kind}
-            record["node_id"] = reply.metadata.src_node_id
-            record.update({k: v for k, v in figures.items() if k not in ("round", "kind")})
-            lines.append(json.dumps(record) + "\n")
+            node = reply.metadata.src_node_id
+            try:
+                figures, dropped = client_figures(dict(reply.content[RECORD]))
+            except Exception as exc:  # this client's line only: the others still go
+                self._failed(f"reading node {node}'s {RECORD} record", exc)
+                continue
+            if dropped:
+                self._dropped(node, dropped)
+            # The server's fields from its own knowledge: figures holds none of them.
+            record = {"type": KIND, "round": server_round, "kind": kind, "node_id": node}
+            record.update(figures)
+            lines.append(json.dumps(record, allow_nan=False) + "\n")
         with open(self.path, "a") as out:
             out.writelines(lines)
+
+    def _dropped(self, node: int, keys: list[str]) -> None:
+        """Logs once per client per run: a client sends the same record every round."""
+        with self._lock:
+            if node in self._warned:
+                return
+            self._warned.add(node)
+        log.warning(
+            "edgewatt: node %s sent %s in its %s record: unknown, of the wrong type or out "
+            "of bounds; dropped from its line of %s",
+            node, shown(keys), RECORD, self.path,
+        )  # fmt: skip
 
 
 def collect(strategy: Any, path: str) -> Any:

@@ -613,7 +613,7 @@ class Sampler:
     def _window_until(self, started: float) -> float | None:
         """Until when (monotonic) the youngest running phase (a ``track`` call, an FL
         round) is young enough for the power reader's window rate; None: none is."""
-        age = self.table.youngest_phase_age(time.time())
+        age = self.table.youngest_phase_age()
         if age is None or age >= WINDOW_BOOST_S:
             return None
         return started + WINDOW_BOOST_S - max(0.0, age)

@@ -112,7 +112,13 @@ class TooManyLookups(TooMany):
 
 
 _row: Callable[[ProcessSample], tuple] = operator.attrgetter(*SAMPLE_FIELDS)
-"""A sample as the history keeps it: the SAMPLE_FIELDS in order."""
+"""A sample as the history keeps it: the SAMPLE_FIELDS in order, then (appended at
+record) its monotonic time, from which durations come: wall time only dates it."""
+_MONOTONIC = len(SAMPLE_FIELDS)
+# A sample's age at record, measured on the wall clock, is taken as at most this (an
+# exit sample is dated at the exit, up to an interval before its pass): a wall-clock
+# step between the read and the record moves it by no more.
+MAX_SAMPLE_AGE_S = 60.0
 
 
 @dataclass(**SLOTS)
@@ -122,7 +128,8 @@ class Phase:
     their figures add up; each edge is late by less than one interval."""
 
     name: str
-    started_at: float
+    started_at: float  # unix seconds: when, as users see it
+    started_monotonic: float = 0.0  # for its age (time.monotonic)
     first: tuple | None = None
     last: tuple | None = None
     ended_at: float | None = None
@@ -348,7 +355,7 @@ def _recent(phase: Phase) -> tuple[str, bool, float | None, float]:
     if first is None or last is None:
         return phase.name, phase.ended_at is None, None, 0.0
     energy = _difference(first, last, _ENERGY)
-    duration = _difference(first, last, _TIME) or 0.0
+    duration = _difference(first, last, _MONOTONIC) or 0.0
     return (
         phase.name,
         phase.ended_at is None,
@@ -357,7 +364,7 @@ def _recent(phase: Phase) -> tuple[str, bool, float | None, float]:
     )
 
 
-_ENERGY, _TIME = _I["energy_j"], _I["time"]
+_ENERGY = _I["energy_j"]
 
 
 def _difference(first: tuple, last: tuple, index: int) -> Any:
@@ -388,7 +395,7 @@ def _span(
             return None
         return _difference(first, last, _I[name])
 
-    duration = delta("time") or 0.0
+    duration = 0.0 if first is None or last is None else last[_MONOTONIC] - first[_MONOTONIC]
     user, system, energy = delta("cpu_user_s"), delta("cpu_system_s"), delta("energy_j")
     device = delta("device_energy_j")
     cpu = None if user is None or system is None else user + system
@@ -434,7 +441,13 @@ class TargetTable:
         carbon: CarbonIntensity | None = None,
         locate_cgroup: Callable[[CgroupName, int], Cgroup] | None = None,
         lookups: Lookups | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic_clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        # Wall time dates what users see (registrations, phases' edges); durations come
+        # from the monotonic clock, which no NTP step moves.
+        self._wall = wall_clock
+        self._monotonic = monotonic_clock
         # Per-user bounds on name lookups, registrations' and follows' (the sampler's).
         self.lookups = lookups or Lookups()
         # locate_cgroup(name, uid): the cgroup a name names now for that user
@@ -655,13 +668,13 @@ class TargetTable:
             valid = validate_value(name, "the phase name", MAX_PHASE_NAME)
         except LabelError as exc:
             raise TargetError("invalid phase name", str(exc)) from None
-        now = time.time()
+        now = self._wall()
         with self._lock:
             target = self._get(target_id)
             _check_owner(target, uid)
             if target.exited_at is not None:
                 raise Conflict("target has exited", f"target {target_id} exited")
-            phase = Phase(name=valid, started_at=now)
+            phase = Phase(name=valid, started_at=now, started_monotonic=self._monotonic())
             target.history.start_phase(phase, now)
             return phase
 
@@ -673,7 +686,7 @@ class TargetTable:
             phases = target.history.phases
             if not phases or phases[-1].ended_at is not None:
                 return None
-            phases[-1].ended_at = time.time()
+            phases[-1].ended_at = self._wall()
             return phases[-1]
 
     # -- reading ------------------------------------------------------------------
@@ -690,12 +703,13 @@ class TargetTable:
         with self._lock:
             return [t for t in self._targets.values() if t.exited_at is None]
 
-    def youngest_phase_age(self, now: float) -> float | None:
-        """Seconds since the youngest phase still running started (``now``: time.time());
-        None where none runs."""
+    def youngest_phase_age(self) -> float | None:
+        """Seconds since the youngest phase still running started (on the monotonic
+        clock); None where none runs."""
+        now = self._monotonic()
         with self._lock:
             ages = [
-                now - phases[-1].started_at
+                now - phases[-1].started_monotonic
                 for t in self._targets.values()
                 if t.exited_at is None
                 and (phases := t.history.phases)
@@ -745,6 +759,7 @@ class TargetTable:
         energy J) of the last ``phases`` phases of each target that has any, for
         export."""
         recent = {}
+        wall, monotonic = self._wall(), self._monotonic()
         with self._lock:
             for sample in samples:
                 target = self._targets.get(sample.target_id)
@@ -758,7 +773,8 @@ class TargetTable:
                     target.network_unknown = sample.network_unknown
                 target.history.note_period(self.energy_period_s)
                 if only is None or target.id in only:
-                    target.history.add(_row(sample))
+                    age = min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
+                    target.history.add((*_row(sample), monotonic - age))
                 if target.history.phases:
                     recent[target.id] = tuple(_recent(p) for p in target.history.phases[-phases:])
         return recent

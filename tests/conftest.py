@@ -14,7 +14,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -308,15 +308,16 @@ def prometheus_factory(tmp_path: Path) -> Iterator[Any]:
         log.close()
 
 
-def table_with(pid: int) -> TargetTable:
+def table_with(pid: int, **clocks: Callable[[], float]) -> TargetTable:
     """A target table with ``pid`` registered (descendants included), for in-process
-    sampler tests."""
+    sampler tests; ``clocks``: its wall_clock and monotonic_clock, where given."""
     table = TargetTable(
         boot_time=procfs.boot_time(),
         clock_ticks=procfs.CLOCK_TICKS,
         max_targets=10,
         history_samples=100,
         exited_retention_s=60,
+        **clocks,
     )
     table.register(pid, {}, True, os.getuid())
     return table

@@ -304,3 +304,46 @@ def test_plot_of_the_rounds_draws_each_client_per_round(tmp_path: Path) -> None:
     assert report.returncode == 0, report.stderr
     assert report.stdout.splitlines()[-1] == f"  plot written to {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_hostile_client_changes_only_its_own_figures_in_the_round_file(tmp_path: Path) -> None:
+    """tests/flower_app/check_collect.py: FedAvg under collect() in Flower's venv, fed a
+    client (node 2) whose edgewatt record claims node 1 and another file format, then
+    holds bytes, a list, NaN, inf, a 1 MB string and out-of-bounds numbers."""
+    collected = tmp_path / "fl.jsonl"
+    done = subprocess.run(
+        [str(FLOWER / "bin" / "python"), str(APP / "check_collect.py"), str(collected)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    flower_bin("flwr")
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in collected.read_text().splitlines()]
+    # Every client's line of every round, each with the server's own fields.
+    assert [(r["type"], r["round"], r["kind"], r["node_id"]) for r in records] == [
+        ("fl-round", n, "train", node) for n in (1, 2, 3) for node in (1, 2)
+    ]
+    per_line = ("round", "phase", "node_id")
+    honest = {k: v for k, v in records[0].items() if k not in per_line}
+    for record in records:
+        if record["node_id"] == 1 or record["round"] != 2:  # valid figures kept as sent
+            assert {k: v for k, v in record.items() if k not in per_line} == honest
+    assert "evil" not in records[1]
+    # Round 2: node 2's bad fields dropped, its valid ones kept.
+    assert records[3] == {
+        "type": "fl-round", "round": 2, "kind": "train", "node_id": 2,
+        "bytes_source": honest["bytes_source"], "source": "daemon",
+        "shorter_than_sensor_period": False,
+    }  # fmt: skip
+    # Logged once for the run, naming the client and what it sent.
+    warnings = json.loads(done.stdout)["warnings"]
+    assert len(warnings) == 1 and warnings[0].startswith("edgewatt: node 2 sent"), warnings
+    assert "'node_id', 'type', 'evil'" in warnings[0]
+    report = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "report", str(collected)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    rows = report.stdout.splitlines()[2:5]
+    assert [row.split()[:3] for row in rows] == [[str(n), "train", "2"] for n in (1, 2, 3)]
+    assert "node 1 (jetson-1) 3.25 s, +0.00 s" in rows[1]  # node 2 sent no duration
+    assert "5.00 s" in rows[0] and "2.50 s" in rows[1]  # round 2: node 2's CPU was a list
