@@ -183,6 +183,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/v1/host":
             self._allow("GET")
             return 200, self.server.host()
+        if path == "/v1/top":
+            self._allow("GET")
+            return 200, self._top()
         match = _ROUTE.match(path)
         if match is None:
             raise ApiError(404, "not found", f"no endpoint at {path[:200]!r}")
@@ -240,6 +243,19 @@ class _Handler(BaseHTTPRequestHandler):
             "units": self.server.sample_units,
             "samples": table.samples(target_id, since),
         }
+
+    def _top(self) -> dict[str, Any]:
+        """`edgewatt top`'s one request a refresh: the device, the daemon's health and
+        every target with its summary, all from the snapshot and tables the sampler built."""
+        table, cpus = self.server.table, self.server.logical_cpus
+        targets = []
+        for target in table.describe_all():
+            try:
+                target["summary"] = table.summary(target["id"], cpus)
+            except TargetError:
+                continue  # unregistered between the two reads
+            targets.append(target)
+        return {"device": self.server.host(), "health": self.server.health(), "targets": targets}
 
     def _fresh(self, target_id: str) -> None:
         """A sample of a running target younger than min_interval: a monitor's read at
