@@ -49,6 +49,10 @@ def _cpu(util: float | None, cpus: int | None) -> str:
     return "-" if util is None or not cpus else f"{util * cpus * 100:.1f}"
 
 
+def _cpu_s(span: dict[str, Any]) -> float:
+    return (span.get("cpu_user_s") or 0.0) + (span.get("cpu_system_s") or 0.0)
+
+
 def ordered(targets: list[dict[str, Any]], sort: str) -> list[dict[str, Any]]:
     """Running targets by the sort key, largest first; finished ones after, as listed."""
     running = [t for t in targets if t.get("state") == "running"]
@@ -64,7 +68,7 @@ def device_lines(document: dict[str, Any], width: int) -> list[str]:
     hz = health.get("power_sample_hz")
     lines = [
         f"edgewatt top  {time.strftime('%H:%M:%S', time.localtime(device['time']))}"
-        f"  CPU {_cpu(device.get('cpu_utilization'), 1)}% of {cpus} cores"
+        f"  {cpus} cores {_cpu(device.get('cpu_utilization'), 1)}% busy"
         f"  mem {human_bytes(used)}/{human_bytes(total)}",
         f"power {_w(power.get('host_power_w'))} W, {_w(power.get('host_power_avg_w'))} W"
         f" avg {power.get('avg_window_s', 0):.0f} s, {_j(power.get('host_energy_j'))} J"
@@ -79,12 +83,13 @@ def device_lines(document: dict[str, Any], width: int) -> list[str]:
         f"{k.split('/')[-1]} {v:.1f}C" for k, v in sorted(power.get("temperatures_c", {}).items())
     ]
     gpus = [
-        f"GPU {g['name']} {g['utilization'] * 100:.0f}%"
+        f"{g['name']} {g['utilization'] * 100:.0f}% load"
         for g in power.get("gpus") or []
         if g.get("utilization") is not None
     ]
     lines += _wrap("rails (W now/avg): ", rails, width)
-    lines += _wrap("temp: ", temps + gpus, width)
+    lines += _wrap("temp: ", temps, width)
+    lines += _wrap("gpu: ", gpus, width)
     return lines
 
 
@@ -182,14 +187,14 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
         f"  {target.get('executable') or ''}  {target.get('state')}",
         f"registered {time.strftime('%H:%M:%S', time.localtime(target['registered_at']))}"
         f"  labels: {labels or '-'}",
-        f"total {_j(summary.get('energy_j'))} J  CPU {summary.get('cpu_user_s')}+"
-        f"{summary.get('cpu_system_s')} s  processes {latest.get('processes', '-')}"
+        f"total {_j(summary.get('energy_j'))} J  CPU {_cpu_s(summary):.2f} s"
+        f"  processes {latest.get('processes', '-')}"
         f"  RSS peak {human_bytes(summary.get('memory_rss_peak_bytes'))}",
         "",
         "PHASE                 DURATION s  CPU s    J        AVG W   RSS PEAK",
     ]
     for p in summary.get("phases") or []:
-        cpu = (p.get("cpu_user_s") or 0) + (p.get("cpu_system_s") or 0)
+        cpu = _cpu_s(p)
         lines.append(
             f"{p['name'][:20]:<20}  {p.get('duration_s', 0):>10.1f}  {cpu:>7.2f}  "
             f"{_j(p.get('energy_j')):>7}  {_w(p.get('power_avg_w')):>6}  "
@@ -222,8 +227,8 @@ def frame(document: dict[str, Any], view: View, width: int = 80, height: int = 2
 
 
 def run_screen(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
-    """The live view: a refresh every ``interval`` s, or at once after a key."""
-    import curses
+    """The live view: a refresh every ``interval`` s; a key redraws at once."""
+    import curses  # here: only the live view needs it (--once and --json do not)
 
     def loop(screen: Any) -> None:
         curses.curs_set(0)
@@ -236,9 +241,15 @@ def run_screen(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
             screen.erase()
             lines = frame(document, view, width - 1, height)
             header = len(device_lines(document, width - 1)) + 2
+            table = not view.detail and not view.help
+            running = sum(t.get("state") == "running" for t in document["targets"])
             for y, line in enumerate(lines[:height]):
-                selected = not view.detail and not view.help and y == header + view.selected
-                screen.addnstr(y, 0, line, width - 1, curses.A_REVERSE if selected else 0)
+                attribute = 0
+                if table and y == header + view.selected:
+                    attribute = curses.A_REVERSE
+                elif table and header + running <= y < header + len(document["targets"]):
+                    attribute = curses.A_DIM  # finished: final figures
+                screen.addnstr(y, 0, line, width - 1, attribute)
             screen.refresh()
             key = screen.getch()
             count = len(document["targets"])
