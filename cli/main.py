@@ -212,6 +212,9 @@ def _top(args: argparse.Namespace) -> int:
     from edgewatt.cli import top
     from edgewatt.core import transport
 
+    if not args.interval > 0:  # NaN too
+        print(f"edgewatt top: --interval must be above 0 s, not {args.interval}", file=sys.stderr)
+        return 2
     path = _find("top", args.socket)
     if path is None:
         return 1
@@ -222,6 +225,9 @@ def _top(args: argparse.Namespace) -> int:
             print(top.once(document, args.json, width))
         else:
             top.run_screen(lambda: transport.call_ok(path, "GET", "/v1/top"), args.interval)
+    except ImportError:  # a Python built without curses: the frame still prints
+        print("edgewatt top: this Python has no curses; use --once or --json", file=sys.stderr)
+        return 1
     except (OSError, transport.DaemonError) as exc:
         print(f"edgewatt top: the daemon at {path} failed: {exc}", file=sys.stderr)
         return 1

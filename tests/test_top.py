@@ -237,3 +237,12 @@ def test_a_normal_user_sees_roots_daemon(daemon_factory: Any, spawn: Any, public
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert target in out.stdout
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan"])
+def test_an_interval_that_never_refreshes_is_refused(interval: str) -> None:
+    out = subprocess.run(
+        [*EDGEWATT, "top", "--interval", interval], capture_output=True, text=True, cwd=ROOT
+    )
+    assert out.returncode == 2
+    assert "--interval must be above 0 s" in out.stderr
