@@ -190,6 +190,8 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
         f"total {_j(summary.get('energy_j'))} J  CPU {_cpu_s(summary):.2f} s"
         f"  processes {latest.get('processes', '-')}"
         f"  RSS peak {human_bytes(summary.get('memory_rss_peak_bytes'))}",
+        f"members ({target.get('member_count', 0)}): "
+        + (" ".join(str(pid) for pid in target.get("members") or []) or "-"),
         "",
         "PHASE                 DURATION s  CPU s    J        AVG W   RSS PEAK",
     ]

@@ -47,6 +47,7 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_CONNECTIONS = 128
 MAX_CONNECTIONS_PER_UID = 32  # root is not held to it: its clients are the administrator's
 REQUEST_TIMEOUT_S = 5.0
+_TOP_MEMBERS = 32  # pids listed per target by GET /v1/top
 _ROUTE = re.compile(r"^/v1/targets(?:/(?P<id>[^/]+)(?:/(?P<sub>samples|summary|phase))?)?$")
 
 
@@ -252,8 +253,11 @@ class _Handler(BaseHTTPRequestHandler):
         for target in table.describe_all():
             try:
                 target["summary"] = table.summary(target["id"], cpus)
+                members = table.get(target["id"]).members  # replaced whole each pass
             except TargetError:
-                continue  # unregistered between the two reads
+                continue  # unregistered between the reads
+            # The first pids only: a cgroup of thousands is one count, not a long list.
+            target["members"], target["member_count"] = list(members[:_TOP_MEMBERS]), len(members)
             targets.append(target)
         return {"device": self.server.host(), "health": self.server.health(), "targets": targets}
 

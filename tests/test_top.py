@@ -154,6 +154,7 @@ def test_the_live_view_shows_what_the_daemon_counts(board: Any, pane_factory: An
         )
     )
     assert "labels: role=hold" in detail and "(no phases)" in detail
+    assert f"members (1): {daemon.call('GET', f'/v1/targets/{holder}')[1]['pid']}" in detail
     # Down, Enter twice: back to the table, then the burner's detail with its phase.
     pane.keys("Enter")
     pane.keys("Down")
