@@ -88,6 +88,8 @@ def device_lines(document: dict[str, Any], width: int) -> list[str]:
         if g.get("utilization") is not None
     ]
     lines += _wrap("rails (W now/avg): ", rails, width)
+    cores = [f"{u * 100:.0f}" for u in device.get("cpu_core_utilization") or []]
+    lines += _wrap("cpu% per core: ", cores, width)
     lines += _wrap("temp: ", temps, width)
     lines += _wrap("gpu: ", gpus, width)
     return lines

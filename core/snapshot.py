@@ -68,6 +68,7 @@ class HostSample:
     cpu_utilization: float | None  # share of all cores busy over the last interval
     memory: HostMemory
     network: Mapping[str, InterfaceBytes]
+    core_utilization: tuple[float, ...] = ()  # each logical CPU's, 0..1, same interval
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -113,6 +114,7 @@ def host_document(
         "time": snapshot.time,
         "logical_cpus": host.cpu.logical_cpus if host else None,
         "cpu_utilization": host.cpu_utilization if host else None,
+        "cpu_core_utilization": [round(u, 4) for u in host.core_utilization] if host else [],
         "memory_total_bytes": host.memory.total_bytes if host else None,
         "memory_used_bytes": host.memory.bytes_by_state["used"] if host else None,
         "network": {

@@ -208,6 +208,9 @@ def test_once_and_json_print_one_frame(board: Any) -> None:
         "tegrastats/soc345": 31.218,
     }
     assert document["health"]["power_sources"] == ["tegrastats"]
+    device = document["device"]
+    assert len(device["cpu_core_utilization"]) == device["logical_cpus"]
+    assert all(0 <= u <= 1 for u in device["cpu_core_utilization"])
     by_id = {t["id"]: t for t in document["targets"]}
     assert set(by_id) == {burner, holder}
     assert [p["name"] for p in by_id[burner]["summary"]["phases"]] == ["round-3"]
@@ -247,3 +250,22 @@ def test_an_interval_that_never_refreshes_is_refused(interval: str) -> None:
     )
     assert out.returncode == 2
     assert "--interval must be above 0 s" in out.stderr
+
+
+def test_each_core_is_read_from_its_own_line() -> None:
+    from edgewatt.core.sampling.procfs import CLOCK_TICKS
+    from edgewatt.core.sampling.system import parse_cpu
+
+    stat = (
+        b"cpu  300 0 100 1000 100 0 0 0 0 0\n"
+        b"cpu0 200 0 50 400 50 0 0 0 0 0\n"
+        b"cpu1 100 0 50 600 50 0 0 0 0 0\n"
+        b"intr 1 2 3\n"
+    )
+    cpu = parse_cpu(stat)
+    assert cpu.logical_cpus == 2
+    # busy: all but idle and iowait; total: every column (guest is inside user).
+    assert cpu.per_cpu == (
+        (250 / CLOCK_TICKS, 700 / CLOCK_TICKS),
+        (150 / CLOCK_TICKS, 800 / CLOCK_TICKS),
+    )
