@@ -136,6 +136,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     status = sub.add_parser("status", help="show the registered targets")
     status.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
     status.add_argument("--json", action="store_true", help="print the API's JSON")
+    top = sub.add_parser("top", help="live view of the device's power and its targets")
+    top.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
+    top.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh (s)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--json", action="store_true", help="print GET /v1/top's JSON and exit")
     return parser, sub.choices
 
 
@@ -167,28 +172,65 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(config, reload=lambda: config_mod.build(args.config, os.environ, flags))
 
 
+def _find(command: str, explicit: str | None) -> str | None:
+    """The daemon's socket this user may trust, or None after saying how to start one."""
+    from edgewatt.core import transport
+
+    found = transport.find_daemon(explicit)
+    if found.path is None:
+        print(
+            f"edgewatt {command}: no daemon answering; looked at {found.looked}. Start one: "
+            "sudo systemctl start edgewatt, or edgewatt serve",
+            file=sys.stderr,
+        )
+    return found.path
+
+
 def _status(args: argparse.Namespace) -> int:
     from edgewatt.cli.status import render
     from edgewatt.core import transport
 
-    found = transport.find_daemon(args.socket)
-    if found.path is None:
-        print(
-            f"edgewatt status: no daemon answering; looked at {found.looked}. Start one: "
-            "sudo systemctl start edgewatt, or edgewatt serve",
-            file=sys.stderr,
-        )
+    path = _find("status", args.socket)
+    if path is None:
         return 1
     try:
-        targets = transport.call_ok(found.path, "GET", "/v1/targets")["targets"]
-        health = transport.call_ok(found.path, "GET", "/healthz")
+        targets = transport.call_ok(path, "GET", "/v1/targets")["targets"]
+        health = transport.call_ok(path, "GET", "/healthz")
     except (OSError, transport.DaemonError) as exc:
-        print(f"edgewatt status: the daemon at {found.path} failed: {exc}", file=sys.stderr)
+        print(f"edgewatt status: the daemon at {path} failed: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(targets, indent=2))
     else:
         print(render(targets, health.get("logical_cpus")))
+    return 0
+
+
+def _top(args: argparse.Namespace) -> int:
+    import shutil
+
+    from edgewatt.cli import top
+    from edgewatt.core import transport
+
+    if not args.interval > 0:  # NaN too
+        print(f"edgewatt top: --interval must be above 0 s, not {args.interval}", file=sys.stderr)
+        return 2
+    path = _find("top", args.socket)
+    if path is None:
+        return 1
+    try:
+        if args.once or args.json:
+            document = transport.call_ok(path, "GET", "/v1/top")
+            width = shutil.get_terminal_size((100, 24)).columns
+            print(top.once(document, args.json, width))
+        else:
+            top.run_screen(lambda: transport.call_ok(path, "GET", "/v1/top"), args.interval)
+    except ImportError:  # a Python built without curses: the frame still prints
+        print("edgewatt top: this Python has no curses; use --once or --json", file=sys.stderr)
+        return 1
+    except (OSError, transport.DaemonError) as exc:
+        print(f"edgewatt top: the daemon at {path} failed: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -298,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {
         "serve": _serve,
         "status": _status,
+        "top": _top,
         "register": _register,
         "summary": _summary,
         "unregister": _unregister,

@@ -631,7 +631,13 @@ class Sampler:
             busy = max(0.0, cpu.busy_seconds - last.busy_seconds)
             self._host_busy_delta = busy
             utilization = min(1.0, busy / (cpu.total_seconds - last.total_seconds))
-        return HostSample(cpu=cpu, cpu_utilization=utilization, memory=memory, network=network)
+        cores: tuple[float, ...] = ()
+        if last is not None and len(last.per_cpu) == len(cpu.per_cpu):  # none hot-plugged
+            cores = tuple(
+                min(1.0, max(0.0, b1 - b0) / (t1 - t0)) if t1 > t0 else 0.0
+                for (b0, t0), (b1, t1) in zip(last.per_cpu, cpu.per_cpu)
+            )
+        return HostSample(cpu, utilization, memory, network, core_utilization=cores)
 
     def _take_relist(self) -> bool:
         relist, self._relist = self._relist, False

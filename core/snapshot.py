@@ -70,6 +70,7 @@ class HostSample:
     cpu_utilization: float | None  # share of all cores busy over the last interval
     memory: HostMemory
     network: Mapping[str, InterfaceBytes]
+    core_utilization: tuple[float, ...] = ()  # each logical CPU's, 0..1, same interval
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -102,14 +103,20 @@ class Snapshot:
     host_name: str = ""  # the device's host.name, on every series ("": tests without one)
 
 
-def host_document(snapshot: Snapshot) -> dict[str, Any]:
-    """The host part of a snapshot as JSON for GET /v1/host (units in the key names)."""
+def host_document(
+    snapshot: Snapshot, recent: tuple[Mapping[str, float], float] = ({}, 0.0)
+) -> dict[str, Any]:
+    """The host part of a snapshot as JSON for GET /v1/host and /v1/top (units in the
+    key names); ``recent``: the power averaged over the last minute by rail ("" the
+    total) and the seconds that average spans (power/recent.py)."""
+    averages, span = recent
     host = snapshot.host
     power = snapshot.power
     document: dict[str, Any] = {
         "time": snapshot.time,
         "logical_cpus": host.cpu.logical_cpus if host else None,
         "cpu_utilization": host.cpu_utilization if host else None,
+        "cpu_core_utilization": [round(u, 4) for u in host.core_utilization] if host else [],
         "memory_total_bytes": host.memory.total_bytes if host else None,
         "memory_used_bytes": host.memory.bytes_by_state["used"] if host else None,
         "network": {
@@ -121,12 +128,27 @@ def host_document(snapshot: Snapshot) -> dict[str, Any]:
         else {
             "host_power_w": power.host_power_w,
             "host_energy_j": power.host_energy_j,
+            "host_power_avg_w": averages.get(""),
+            "avg_window_s": round(span, 3),
             "idle_power_w": snapshot.idle_power_w,
             "sources": list(power.sources),
             "rails": {
-                r.name: {"id": r.id, "type": r.type, "power_w": r.power_w, "energy_j": r.energy_j}
+                r.name: {
+                    "id": r.id,
+                    "type": r.type,
+                    "power_w": r.power_w,
+                    "power_avg_w": averages.get(r.name),
+                    "energy_j": r.energy_j,
+                }
                 for r in power.rails
             },
+            "temperatures_c": {
+                f"{source}/{name}": value for (source, name), value in power.temperatures_c.items()
+            },
+            "gpus": [
+                {"id": g.id, "name": g.name, "utilization": g.utilization, "power_w": g.power_w}
+                for g in power.gpus
+            ],
         },
     }
     carbon = snapshot.carbon

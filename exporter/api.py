@@ -48,6 +48,7 @@ MAX_CONNECTIONS = 128
 MAX_CONNECTIONS_PER_UID = 32  # root is not held to it: its clients are the administrator's
 REQUEST_TIMEOUT_S = 5.0
 LOOKUP_HOLD_S = 1.0  # the longest a registration over its user's lookup bound is held
+_TOP_MEMBERS = 32  # pids listed per target by GET /v1/top
 _ROUTE = re.compile(r"^/v1/targets(?:/(?P<id>[^/]+)(?:/(?P<sub>samples|summary|phase))?)?$")
 
 
@@ -184,6 +185,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/v1/host":
             self._allow("GET")
             return 200, self.server.host()
+        if path == "/v1/top":
+            self._allow("GET")
+            return 200, self._top()
         match = _ROUTE.match(path)
         if match is None:
             raise ApiError(404, "not found", f"no endpoint at {path[:200]!r}")
@@ -241,6 +245,22 @@ class _Handler(BaseHTTPRequestHandler):
             "units": self.server.sample_units,
             "samples": table.samples(target_id, since),
         }
+
+    def _top(self) -> dict[str, Any]:
+        """`edgewatt top`'s one request a refresh: the device, the daemon's health and
+        every target with its summary, all from the snapshot and tables the sampler built."""
+        table, cpus = self.server.table, self.server.logical_cpus
+        targets = []
+        for target in table.describe_all():
+            try:
+                target["summary"] = table.summary(target["id"], cpus)
+                members = table.get(target["id"]).members  # replaced whole each pass
+            except TargetError:
+                continue  # unregistered between the reads
+            # The first pids only: a cgroup of thousands is one count, not a long list.
+            target["members"], target["member_count"] = list(members[:_TOP_MEMBERS]), len(members)
+            targets.append(target)
+        return {"device": self.server.host(), "health": self.server.health(), "targets": targets}
 
     def _fresh(self, target_id: str) -> None:
         """A sample of a running target younger than min_interval: a monitor's read at

@@ -25,6 +25,7 @@ from edgewatt.core.carbon import CarbonIntensity, resolve_carbon
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
+from edgewatt.core.power.recent import RecentPower
 from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.sampler import Sampler
 from edgewatt.core.sampling import cgroups, procfs
@@ -156,6 +157,7 @@ class Daemon:
             carbon=self.carbon,
         )
         self.notifier = Notifier()
+        self.recent_power = RecentPower()
         self.api: ApiServer | None = None
         self.metrics_port = 0
         self._threads: list[threading.Thread] = []
@@ -165,6 +167,7 @@ class Daemon:
 
     def _on_pass(self, snapshot: Any) -> None:
         self.exposition.update(snapshot)
+        self.recent_power.add(snapshot)
         if self.pipeline is not None:
             self.pipeline.update(snapshot)
         if self.influx is not None:
@@ -496,7 +499,7 @@ class Daemon:
                 self.table,
                 logical_cpus=self.sampler.logical_cpus,
                 health=self.health,
-                host=lambda: host_document(self.sampler.snapshot),
+                host=lambda: host_document(self.sampler.snapshot, self.recent_power.average_w()),
                 sample_units=SAMPLE_UNITS,
                 proc=self.config.proc_path,
                 sample_now=self.sampler.sample_now,

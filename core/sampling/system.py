@@ -27,6 +27,8 @@ _CPU_COLUMNS = (
 class HostCpu:
     seconds_by_mode: dict[str, float]  # summed over all logical CPUs
     logical_cpus: int
+    # Each logical CPU's (busy, total) seconds, in /proc/stat's order (empty: unknown).
+    per_cpu: tuple[tuple[float, float], ...] = ()
 
     @property
     def busy_seconds(self) -> float:
@@ -59,7 +61,14 @@ def parse_cpu(text: bytes) -> HostCpu:
     ticks += [0] * (8 - len(ticks))  # old kernels print fewer columns
     seconds = {mode: sum(ticks[i] for i in cols) / CLOCK_TICKS for mode, cols in _CPU_COLUMNS}
     cpus = text.count(b"\ncpu")  # the per-CPU lines follow the aggregate one
-    return HostCpu(seconds_by_mode=seconds, logical_cpus=max(cpus, 1))
+    per_cpu = []
+    for line in text.split(b"\n")[1 : cpus + 1]:
+        values = [int(x) for x in line.split()[1:9]]
+        values += [0] * (8 - len(values))
+        idle = values[3] + values[4]  # idle and iowait, as busy_seconds leaves them out
+        total = sum(values)
+        per_cpu.append(((total - idle) / CLOCK_TICKS, total / CLOCK_TICKS))
+    return HostCpu(seconds_by_mode=seconds, logical_cpus=max(cpus, 1), per_cpu=tuple(per_cpu))
 
 
 # The five /proc/meminfo keys used, found in one scan rather than a split of each line.

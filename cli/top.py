@@ -1,0 +1,284 @@
+"""`edgewatt top`: the device and its targets, live, from one GET /v1/top a refresh.
+
+Built on the standard library's curses: nothing to install on a Jetson (JetPack 5's
+Python 3.8 to 3.13, no compiler), and the daemon and client never import it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from edgewatt.cli.status import human_bytes
+from edgewatt.core.text import printable
+
+SORTS = {"p": "power", "e": "energy", "c": "cpu", "m": "memory"}
+_KEY = {
+    "power": lambda t: (t.get("latest") or {}).get("power_w") or 0.0,
+    "energy": lambda t: (t.get("latest") or {}).get("energy_j") or 0.0,
+    "cpu": lambda t: (t.get("latest") or {}).get("cpu_utilization") or 0.0,
+    "memory": lambda t: (t.get("latest") or {}).get("memory_rss_bytes") or 0,
+}
+HELP = (
+    "q quit   up/down select   Enter detail (Esc/Enter back)",
+    "p sort by power   e energy   c CPU   m memory   ? this help",
+)
+
+
+@dataclass
+class View:
+    """What the user chose: the sort, the selected row, and which screen."""
+
+    sort: str = "power"
+    selected: int = 0
+    detail: bool = False
+    help: bool = False
+
+
+def _w(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _j(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _cpu(util: float | None, cpus: int | None) -> str:
+    return "-" if util is None or not cpus else f"{util * cpus * 100:.1f}"
+
+
+def _cpu_s(span: dict[str, Any]) -> float:
+    return (span.get("cpu_user_s") or 0.0) + (span.get("cpu_system_s") or 0.0)
+
+
+def ordered(targets: list[dict[str, Any]], sort: str) -> list[dict[str, Any]]:
+    """Running targets by the sort key, largest first; finished ones after, as listed."""
+    running = [t for t in targets if t.get("state") == "running"]
+    done = [t for t in targets if t.get("state") != "running"]
+    return sorted(running, key=_KEY[sort], reverse=True) + done
+
+
+def device_lines(document: dict[str, Any], width: int) -> list[str]:
+    device, health = document["device"], document.get("health") or {}
+    power = device.get("power") or {}
+    cpus = device.get("logical_cpus")
+    used, total = device.get("memory_used_bytes"), device.get("memory_total_bytes")
+    hz = health.get("power_sample_hz")
+    lines = [
+        f"edgewatt top  {time.strftime('%H:%M:%S', time.localtime(device['time']))}"
+        f"  {cpus} cores {_cpu(device.get('cpu_utilization'), 1)}% busy"
+        f"  mem {human_bytes(used)}/{human_bytes(total)}",
+        f"power {_w(power.get('host_power_w'))} W, {_w(power.get('host_power_avg_w'))} W"
+        f" avg {power.get('avg_window_s', 0):.0f} s, {_j(power.get('host_energy_j'))} J"
+        f" since start; {','.join(power.get('sources') or []) or 'no sensor'}"
+        f" at {'-' if hz is None else f'{hz:g}'} Hz",
+    ]
+    rails = [
+        f"{name} {_w(r.get('power_w'))}/{_w(r.get('power_avg_w'))} W"
+        for name, r in sorted((power.get("rails") or {}).items())
+    ]
+    temps = [
+        f"{k.split('/')[-1]} {v:.1f}C" for k, v in sorted(power.get("temperatures_c", {}).items())
+    ]
+    gpus = [
+        f"{g['name']} {g['utilization'] * 100:.0f}% load"
+        for g in power.get("gpus") or []
+        if g.get("utilization") is not None
+    ]
+    lines += _wrap("rails (W now/avg): ", rails, width)
+    cores = [f"{u * 100:.0f}" for u in device.get("cpu_core_utilization") or []]
+    lines += _wrap("cpu% per core: ", cores, width)
+    lines += _wrap("temp: ", temps, width)
+    lines += _wrap("gpu: ", gpus, width)
+    return lines
+
+
+def _wrap(head: str, items: list[str], width: int) -> list[str]:
+    if not items:
+        return []
+    lines, line = [], head
+    for item in items:
+        if len(line) + len(item) + 2 > width and line.strip():
+            lines.append(line.rstrip())
+            line = "  "
+        line += item + "  "
+    lines.append(line.rstrip())
+    return lines
+
+
+COLUMNS = (
+    "ID",
+    "NAME",
+    "W",
+    "J",
+    "CPU%",
+    "MEM",
+    "NET KiB/s",
+    "PROCS",
+    "PHASE",
+    "PHASE J",
+    "LABELS",
+)
+# Dropped in this order while a row is wider than the screen (80 columns keep the rest).
+_DROP = ("LABELS", "NET KiB/s", "ID", "PROCS")
+_CAP = {"NAME": 16, "PHASE": 12, "LABELS": 40}
+
+
+def target_rows(document: dict[str, Any], sort: str) -> list[tuple[str, ...]]:
+    cpus = document["device"].get("logical_cpus")
+    rows = []
+    for t in ordered(document["targets"], sort):
+        latest = t.get("latest") or {}
+        summary = t.get("summary") or {}
+        phases = summary.get("phases") or []
+        phase = phases[-1] if phases and phases[-1].get("ended_at") is None else None
+        duration = summary.get("duration_s") or 0
+        net = [summary.get("network_transmit_bytes"), summary.get("network_receive_bytes")]
+        rate = (
+            "-"
+            if None in net or not duration
+            else f"{net[0] / duration / 1024:.0f}/{net[1] / duration / 1024:.0f}"
+        )
+        running = t.get("state") == "running"
+        rows.append(
+            (
+                t["id"],
+                t.get("executable") or "-",
+                _w(latest.get("power_w")) if running else "-",
+                _j(summary.get("energy_j")),
+                _cpu(latest.get("cpu_utilization"), cpus) if running else t.get("state", ""),
+                human_bytes(latest.get("memory_rss_bytes")),
+                rate,
+                str(latest.get("processes", "-")),
+                phase["name"] if phase else "-",
+                _j(phase.get("energy_j")) if phase else "-",
+                ",".join(f"{k}={v}" for k, v in sorted(t.get("labels", {}).items())) or "-",
+            )
+        )
+    return [tuple(printable(c) for c in row) for row in rows]
+
+
+def table_lines(rows: list[tuple[str, ...]], width: int) -> list[str]:
+    """Columns sized to their cells, the least needed dropped until a row fits."""
+    everything = [COLUMNS, *rows]
+    widths = {
+        c: min(max(len(r[i]) for r in everything), _CAP.get(c, 99)) for i, c in enumerate(COLUMNS)
+    }
+    shown = list(COLUMNS)
+    for column in _DROP:
+        if sum(widths[c] + 2 for c in shown) - 2 <= width:
+            break
+        shown.remove(column)
+    index = [COLUMNS.index(c) for c in shown]
+    return [
+        "  ".join(row[i][: widths[COLUMNS[i]]].ljust(widths[COLUMNS[i]]) for i in index)[
+            :width
+        ].rstrip()
+        for row in everything
+    ]
+
+
+def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[str]:
+    summary = target.get("summary") or {}
+    latest = target.get("latest") or {}
+    labels = ", ".join(f"{k}={v}" for k, v in sorted(target.get("labels", {}).items()))
+    lines = [
+        f"target {target['id']}  {target.get('kind')} pid {target.get('pid')}"
+        f"  {target.get('executable') or ''}  {target.get('state')}",
+        f"registered {time.strftime('%H:%M:%S', time.localtime(target['registered_at']))}"
+        f"  labels: {labels or '-'}",
+        f"total {_j(summary.get('energy_j'))} J  CPU {_cpu_s(summary):.2f} s"
+        f"  processes {latest.get('processes', '-')}"
+        f"  RSS peak {human_bytes(summary.get('memory_rss_peak_bytes'))}",
+        f"members ({target.get('member_count', 0)}): "
+        + (" ".join(str(pid) for pid in target.get("members") or []) or "-"),
+        "",
+        "PHASE                 DURATION s  CPU s    J        AVG W   RSS PEAK",
+    ]
+    for p in summary.get("phases") or []:
+        cpu = _cpu_s(p)
+        lines.append(
+            f"{p['name'][:20]:<20}  {p.get('duration_s', 0):>10.1f}  {cpu:>7.2f}  "
+            f"{_j(p.get('energy_j')):>7}  {_w(p.get('power_avg_w')):>6}  "
+            f"{human_bytes(p.get('memory_rss_peak_bytes'))}"
+            + ("  (running)" if p.get("ended_at") is None else "")
+        )
+    if not summary.get("phases"):
+        lines.append("(no phases)")
+    return [printable(line)[:width] for line in lines]
+
+
+def frame(document: dict[str, Any], view: View, width: int = 80, height: int = 24) -> list[str]:
+    """One screen's lines, at most ``height``, each at most ``width`` columns."""
+    lines = device_lines(document, width)
+    targets = ordered(document["targets"], view.sort)
+    if view.help:
+        lines += ["", *HELP]
+    elif view.detail and targets:
+        view.selected = min(view.selected, len(targets) - 1)
+        cpus = document["device"].get("logical_cpus")
+        lines += ["", *detail_lines(targets[view.selected], cpus, width)]
+    else:
+        lines.append(f"targets (sort: {view.sort}; W, J attributed; CPU% of one core)")
+        lines += table_lines(target_rows(document, view.sort), width)
+        if not targets:
+            lines.append("(no registered targets)")
+    lines = [line[:width] for line in lines]
+    footer = "q quit  arrows select  Enter detail  p/e/c/m sort  ? help"[:width]
+    return [*lines[: max(height - 1, 0)], footer]
+
+
+def run_screen(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
+    """The live view: a refresh every ``interval`` s; a key redraws at once."""
+    import curses  # here: only the live view needs it (--once and --json do not)
+
+    def loop(screen: Any) -> None:
+        curses.curs_set(0)
+        screen.timeout(int(interval * 1000))
+        view = View()
+        document = fetch()
+        next_fetch = time.monotonic() + interval
+        while True:
+            height, width = screen.getmaxyx()
+            screen.erase()
+            lines = frame(document, view, width - 1, height)
+            header = len(device_lines(document, width - 1)) + 2
+            table = not view.detail and not view.help
+            running = sum(t.get("state") == "running" for t in document["targets"])
+            for y, line in enumerate(lines[:height]):
+                attribute = 0
+                if table and y == header + view.selected:
+                    attribute = curses.A_REVERSE
+                elif table and header + running <= y < header + len(document["targets"]):
+                    attribute = curses.A_DIM  # finished: final figures
+                screen.addnstr(y, 0, line, width - 1, attribute)
+            screen.refresh()
+            key = screen.getch()
+            count = len(document["targets"])
+            if key in (ord("q"), ord("Q")):
+                return
+            if key == curses.KEY_DOWN:
+                view.selected = min(view.selected + 1, max(count - 1, 0))
+            elif key == curses.KEY_UP:
+                view.selected = max(view.selected - 1, 0)
+            elif key in (10, 13, curses.KEY_ENTER):
+                view.detail = not view.detail
+            elif key == 27:
+                view.detail = view.help = False
+            elif key == ord("?"):
+                view.help = not view.help
+            elif key in range(256) and chr(key) in SORTS:
+                view.sort = SORTS[chr(key)]
+            if time.monotonic() >= next_fetch:
+                document = fetch()
+                next_fetch = time.monotonic() + interval
+
+    curses.wrapper(loop)
+
+
+def once(document: dict[str, Any], as_json: bool, width: int) -> str:
+    if as_json:
+        return json.dumps(document, indent=2)
+    return "\n".join(frame(document, View(), width, 10**6))
