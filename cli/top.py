@@ -72,8 +72,10 @@ def device_lines(document: dict[str, Any], width: int) -> list[str]:
         f"  mem {human_bytes(used)}/{human_bytes(total)}",
         f"power {_w(power.get('host_power_w'))} W, {_w(power.get('host_power_avg_w'))} W"
         f" avg {power.get('avg_window_s', 0):.0f} s, {_j(power.get('host_energy_j'))} J"
-        f" since start; {','.join(power.get('sources') or []) or 'no sensor'}"
-        f" at {'-' if hz is None else f'{hz:g}'} Hz",
+        f" since start; {','.join(power.get('sources') or [])}"
+        f" at {'-' if hz is None else f'{hz:g}'} Hz"
+        if power.get("sources")
+        else "power: no power source on this device (edgewatt doctor says why)",
     ]
     rails = [
         f"{name} {_w(r.get('power_w'))}/{_w(r.get('power_avg_w'))} W"

@@ -269,3 +269,15 @@ def test_each_core_is_read_from_its_own_line() -> None:
         (250 / CLOCK_TICKS, 700 / CLOCK_TICKS),
         (150 / CLOCK_TICKS, 800 / CLOCK_TICKS),
     )
+
+
+def test_a_device_without_a_power_source_says_so(daemon: DaemonProcess) -> None:
+    # No sensor here: one plain sentence, not a row of dashes for watts and hertz.
+    once = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "top", "--once", "--socket", daemon.socket],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert once.returncode == 0, once.stderr
+    lines = once.stdout.splitlines()
+    assert lines[1] == "power: no power source on this device (edgewatt doctor says why)"
+    assert " - W" not in once.stdout
