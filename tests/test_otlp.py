@@ -191,7 +191,7 @@ def test_a_redirect_is_not_followed_and_the_batch_is_not_counted_as_sent() -> No
     # the export is a failure, not a batch sent (issue 39).
     from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
-    from edgewatt.exporter.otlp import OtlpOptions, build_exporter
+    from edgewatt.exporter.otlp import OtlpOptions, OutageLoggingExporter, build_exporter
 
     elsewhere: list[dict[str, str]] = []
 
@@ -224,12 +224,13 @@ def test_a_redirect_is_not_followed_and_the_batch_is_not_counted_as_sent() -> No
 
     collector = serve(redirect)
     try:
-        exporter = build_exporter(
-            OtlpOptions(
-                endpoint=f"http://127.0.0.1:{collector.server_address[1]}",
-                headers={"x-api-key": "s3cret"},
-                timeout_s=2.0,
-            )
+        endpoint = f"http://127.0.0.1:{collector.server_address[1]}"
+        # Wrapped as the daemon wraps it (older SDKs let the session's error out).
+        exporter = OutageLoggingExporter(
+            build_exporter(
+                OtlpOptions(endpoint=endpoint, headers={"x-api-key": "s3cret"}, timeout_s=2.0)
+            ),
+            endpoint,
         )
         result = exporter.export(MetricsData(resource_metrics=[]), timeout_millis=2000)
         exporter.shutdown()
