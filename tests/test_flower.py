@@ -186,11 +186,14 @@ def test_a_supernode_holds_its_clientapps_and_the_model_bytes(
                 assert work[app] <= record[key] <= work[app] * 1.1 + 64 * 1024, (record, work)
         assert sorted(r["round"] for r in rounds) == [1, 2, 3]
         assert len({r["pid"] for r in rounds}) == ROUNDS  # one ClientApp process each
-        if cgroup:  # edgewatt run removed its cgroup: the next pass finds the end
-            wait_for(lambda tid=tid: daemon.call("GET", f"/v1/targets/{tid}/summary?fresh=1")[
-                1]["state"] == "exited")  # fmt: skip
+        # The end is found by the next pass (a cgroup: edgewatt run removed it).
+        wait_for(lambda tid=tid: daemon.call("GET", f"/v1/targets/{tid}/summary?fresh=1")[
+            1]["state"] == "exited")  # fmt: skip
         summary = daemon.call("GET", f"/v1/targets/{tid}/summary")[1]
-        assert summary["state"] == "exited" and summary["exit"] == "exact", summary
+        # "exit-records" where the SuperNode reaped a ClientApp after the last pass that
+        # read it (a busy machine): the CPU below is then checked against wait4 all the same.
+        assert summary["state"] == "exited", summary
+        assert summary["exit"] in ("exact", "exit-records"), summary
         cpu = summary["cpu_user_s"] + summary["cpu_system_s"]
         # Everything the SuperNode started, once: its SuperExec and every ClientApp.
         # What the records miss is each process's address-space teardown after its
