@@ -3,6 +3,7 @@ one raw :class:`Reading` (cumulative counters, instantaneous gauges)."""
 
 from __future__ import annotations
 
+import time as clock
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.client._samples import Reading
@@ -10,6 +11,18 @@ from edgewatt.core.carbon import CarbonIntensity
 
 if TYPE_CHECKING:
     from edgewatt.core.snapshot import Snapshot
+
+
+# A reading's wall-clock age counts up to this much: beyond, the wall clock was stepped
+# (the daemon's samples are at most an interval old), as core/targets.py's table holds.
+MAX_READING_AGE_S = 60.0
+
+
+def monotonic_instant(wall_time: float) -> float:
+    """The monotonic instant of a figure stamped ``wall_time``: now less its wall-clock
+    age, the age clamped to 0..60 s, so a step of the wall clock moves no interval."""
+    age = min(max(0.0, clock.time() - wall_time), MAX_READING_AGE_S)
+    return clock.monotonic() - age
 
 
 def _network_totals(interfaces: dict[str, tuple[int, int]]) -> tuple[int, int]:
@@ -47,6 +60,7 @@ def reading_from_api(target: dict[str, Any], host: dict[str, Any]) -> Reading | 
         carbon=CarbonIntensity(carbon["intensity_g_per_kwh"], carbon["source"]) if carbon else None,
         tcp_sent_total=latest.get("network_transmit_bytes"),
         tcp_recv_total=latest.get("network_receive_bytes"),
+        monotonic=monotonic_instant(latest["time"]),
     )
 
 
@@ -114,4 +128,5 @@ def _local_reading(
         carbon=snapshot.carbon,
         tcp_sent_total=tcp[0],
         tcp_recv_total=tcp[1],
+        monotonic=monotonic_instant(time),
     )

@@ -73,10 +73,17 @@ class Reading:
     # outside it included; None where they are not counted (no sock_diag, psutil).
     tcp_sent_total: int | None = None
     tcp_recv_total: int | None = None
+    # The reading's instant on the monotonic clock (seconds, any origin): intervals and
+    # order come from it, so a wall-clock step moves no duration. None: ``time`` serves.
+    monotonic: float | None = None
 
     @property
     def cpu_time_s(self) -> float:
         return self.cpu_user_s + self.cpu_system_s
+
+    @property
+    def instant(self) -> float:
+        return self.time if self.monotonic is None else self.monotonic
 
 
 def _network(previous: Reading, current: Reading, scope: str) -> tuple[int, int] | None:
@@ -97,7 +104,7 @@ def sample_from(
     previous: Reading, current: Reading, metrics: dict[str, bool], network: str = "host"
 ) -> dict[str, Any]:
     """The sample recorded for the interval between two readings (heflwr keys)."""
-    elapsed = current.time - previous.time
+    elapsed = current.instant - previous.instant
     sample: dict[str, Any] = {"timestamp": current.time}
     if metrics["cpu"] and elapsed > 0:
         sample["cpu_usage"] = max(0.0, current.cpu_time_s - previous.cpu_time_s) / elapsed * 100
@@ -120,16 +127,18 @@ def sample_from(
 
 @dataclass
 class Segment:
-    """One start()..stop() of a monitor: its baseline, its latest reading, its samples."""
+    """One start()..stop() of a monitor: its baseline, its latest reading, its samples
+    and each sample's monotonic instant (its ``timestamp`` is the wall clock's)."""
 
     first: Reading
     last: Reading
     samples: list[dict[str, Any]] = field(default_factory=list)
+    instants: list[float] = field(default_factory=list)
     base: Reading | None = None  # where the latest sample's interval began (for merging)
 
     @property
     def span_s(self) -> float:
-        return self.last.time - self.first.time
+        return self.last.instant - self.first.instant
 
 
 class Recorder:
@@ -172,15 +181,17 @@ class Recorder:
             return None
         segment = self.segments[-1]
         previous = segment.last
-        if reading.time <= previous.time:
+        if reading.time == previous.time or reading.instant <= previous.instant:
             return None  # the daemon has not sampled again yet
         segment.last = reading
-        if segment.samples and segment.base and reading.time - previous.time < self.short_s:
+        if segment.samples and segment.base and reading.instant - previous.instant < self.short_s:
             segment.samples[-1] = sample_from(segment.base, reading, self.metrics, self.network)
+            segment.instants[-1] = reading.instant
             return None
         segment.base = previous
         sample = sample_from(previous, reading, self.metrics, self.network)
         segment.samples.append(sample)
+        segment.instants.append(reading.instant)
         return sample
 
     def stats(self) -> dict[str, list[Any]]:
@@ -260,19 +271,19 @@ class Recorder:
 
 def _rail_millijoules(segment: Segment, key: str) -> float:
     """A rail's energy over a segment, from its first reading on (the first interval
-    counts too), by the trapezoid rule over the real elapsed time."""
+    counts too), by the trapezoid rule over the real (monotonic) elapsed time."""
     rail = HEFLWR_RAILS.get(key)
     first = segment.first
     start = first.power_w if rail is None else first.rails_w.get(rail)
-    times = [s["timestamp"] for s in segment.samples if key in s]
-    values = [s[key] for s in segment.samples if key in s]
+    pairs = [(t, s[key]) for t, s in zip(segment.instants, segment.samples) if key in s]
+    times, values = [t for t, _ in pairs], [v for _, v in pairs]
     if start is not None:
-        times, values = [first.time, *times], [start * 1000, *values]
+        times, values = [first.instant, *times], [start * 1000, *values]
     return _trapezoid(times, values)
 
 
 def _measured_s(segment: Segment) -> float:
-    times = [segment.first.time] + [s["timestamp"] for s in segment.samples]
+    times = [segment.first.instant, *segment.instants]
     return math.fsum(
         t1 - t0 for t0, t1, s in zip(times, times[1:], segment.samples) if "energy_j" in s
     )

@@ -394,6 +394,60 @@ def test_average_cpu_is_weighted_by_time_and_a_short_last_sample_is_merged() -> 
     assert recorder.summary()["samples"] == 3
 
 
+def test_a_wall_clock_step_moves_no_interval_of_the_recorder() -> None:
+    # Five readings 1 s apart on the monotonic clock; the wall clock is stepped back an
+    # hour after the second and forward two hours after the fourth (NTP on a board
+    # that booted without a clock). Every reading is a sample, each interval 1 s: 100 %
+    # of a core, 2 W on the SoC rail for 4 s (8,000 mJ), 4 s monitored. Before: the
+    # readings after the step back were skipped as "not newer", and the step forward
+    # made one interval last 3,601 s.
+    from edgewatt.client._samples import Reading, Recorder
+
+    walls = [1000.0, 1001.0, -1598.0, -1597.0, 5604.0]
+    readings = [
+        Reading(wall, 5.0 + i, 0.0, 2**20, 2**30, 0, 0, power_w=5.0, energy_j=5.0 * i,
+                rails_w={"VDD_SOC": 2.0}, monotonic=50.0 + i)
+        for i, wall in enumerate(walls)
+    ]  # fmt: skip
+    recorder = Recorder({"cpu": True, "memory": True, "network": True, "power": True}, 1.0)
+    assert [recorder.observe(r) is not None for r in readings] == [0, 1, 1, 1, 1]
+    stats, summary = recorder.stats(), recorder.summary()
+    assert stats["cpu_usage"] == [100.0] * 4
+    assert stats["timestamp"] == walls[1:]  # what the wall clock said, as it said it
+    assert summary["duration_s"] == 4.0 and summary["cpu_time_s"] == 4.0
+    assert summary["avg_cpu_usage"] == 100.0
+    assert summary["total_power_vdd_soc"] == 8000.0
+    assert summary["energy_j"] == 20.0 and summary["avg_power_w"] == 5.0
+    # The daemon's same sample read twice is no sample, whatever the clocks say.
+    repeated = Reading(5604.0, 9.0, 0.0, 2**20, 2**30, 0, 0, monotonic=54.5)
+    assert recorder.observe(repeated) is None and recorder.summary()["samples"] == 4
+
+
+def test_a_monitor_counts_through_a_step_of_the_wall_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The in-process monitor while the wall clock is stepped back an hour mid-run: the
+    # CPU burnt after the step is counted (the kernel's own count of it), the duration
+    # is the real one.
+    real_time, offset = time.time, [0.0]
+    monkeypatch.setattr(time, "time", lambda: real_time() + offset[0])
+    monitor = thread_monitor.FileMonitor(
+        str(tmp_path / "m.jsonl"), interval=0.2, records="edgewatt"
+    )
+    monitor.socket = str(tmp_path / "none.sock")
+    started, cpu_before = time.monotonic(), time.process_time()
+    monitor.start()
+    burn(0.5)
+    offset[0] = -3600.0
+    burn(0.8)
+    monitor.stop()
+    elapsed, cpu = time.monotonic() - started, time.process_time() - cpu_before
+    summary = monitor.summary()
+    assert summary["samples"] >= 4
+    assert 1.3 - 2 * TICK <= summary["cpu_time_s"] <= cpu + 2 * TICK
+    assert 1.3 - 2 * TICK <= summary["duration_s"] <= elapsed
+
+
 # -- heflwr 0.1.91's shapes (tests/test_heflwr_compat.py checks them against heflwr) ---
 
 
