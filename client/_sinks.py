@@ -6,20 +6,20 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import http.client
 import json
 import logging
 import os
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 from edgewatt.client import _heflwr
 from edgewatt.client._samples import Reading, units
 from edgewatt.core import compat
+from edgewatt.core.http_exchange import Exchanges
 from edgewatt.core.metrics import BY_NAME
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,11 @@ class RemoteSink:
     ``/simple_log`` (``identifier``, ``message``) or, with ``simple=False``, to
     ``/log`` with the fields of a log record. ``protocol="otlp"`` sends each sample as
     an OTLP/HTTP protobuf request to ``/v1/metrics`` with the daemon's metric names.
-    While the server is unreachable samples wait in the buffer (``buffer`` entries;
-    the oldest are dropped and counted) and are delivered in order once it is back.
+    While the server is unreachable, answers 5xx or takes longer than ``timeout_s`` for
+    a whole exchange, samples wait in the buffer (``buffer`` entries; the oldest are
+    dropped and counted) and are delivered in order once it is back. A sample is sent
+    only on a 2xx; a redirect is not followed (the sample would go as a GET without
+    its body, to whatever host the server names): it is refused, like a 4xx, and said.
     """
 
     def __init__(
@@ -145,6 +148,8 @@ class RemoteSink:
         self.queue: collections.deque[tuple[bytes, str, str]] = collections.deque(maxlen=buffer)
         self.dropped = 0
         self.sent = 0
+        self.refused = 0
+        self._exchanges = Exchanges("edgewatt-remote-post")
         self._pid_labels: dict[str, str] = {}
         self._cond = threading.Condition()
         self._stopping = False
@@ -174,7 +179,8 @@ class RemoteSink:
             self._cond.notify()
 
     def stop(self, summary: dict[str, Any], flush_timeout_s: float = 5.0) -> None:
-        """Deliver what is buffered, for at most ``flush_timeout_s``."""
+        """Deliver what is buffered, for at most ``flush_timeout_s``; a post still
+        waiting then is cut short."""
         deadline = time.monotonic() + flush_timeout_s
         with self._cond:
             self._stopping = True
@@ -183,8 +189,9 @@ class RemoteSink:
                 self._cond.wait(0.05)
             self._give_up = True
             self._cond.notify_all()
+        self._exchanges.abort()
         if self._thread.is_alive():
-            self._thread.join(timeout=self.timeout_s + 1)
+            self._thread.join(timeout=1.0)
         if self.queue:
             log.warning("edgewatt: %d samples not delivered to %s", len(self.queue), self.host)
 
@@ -216,21 +223,13 @@ class RemoteSink:
                 item = self.queue[0]
             body, url, content_type = item
             try:
-                request = urllib.request.Request(
-                    url, data=body, method="POST", headers={"Content-Type": content_type}
-                )
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    response.read()
-            except urllib.error.HTTPError as exc:
-                if exc.code >= 500:
-                    outage = self._retry(outage, url, exc, backoff)
-                    backoff = min(backoff * 2, 5.0)
-                    if self._give_up:
-                        return
-                    continue
-                log.warning("edgewatt: %s refused a sample (HTTP %d); dropped", url, exc.code)
-            except OSError as exc:
-                outage = self._retry(outage, url, exc, backoff)
+                deadline = time.monotonic() + self.timeout_s
+                answer = self._exchanges.post(url, body, {"Content-Type": content_type}, deadline)
+                problem = f"HTTP {answer.status}" if answer.status >= 500 else ""
+            except (OSError, http.client.HTTPException) as exc:  # TimeoutError included
+                answer, problem = None, f"{type(exc).__name__}: {exc}"
+            if answer is None or problem:
+                outage = self._retry(outage, url, problem, backoff)
                 backoff = min(backoff * 2, 5.0)
                 if self._give_up:
                     return
@@ -239,15 +238,26 @@ class RemoteSink:
                 outage = False
                 log.info("edgewatt: %s reachable again", url)
             backoff = 0.1
+            if answer.status >= 300:
+                self._refused(url, answer.status, answer.location)
             with self._cond:
                 if self.queue and self.queue[0] is item:  # not evicted meanwhile
                     self.queue.popleft()
-                self.sent += 1
+                if answer.status < 300:
+                    self.sent += 1
                 self._cond.notify_all()
 
-    def _retry(self, outage: bool, url: str, exc: Exception, backoff: float) -> bool:
+    def _refused(self, url: str, status: int, location: str) -> None:
+        self.refused += 1
+        why = f"HTTP {status}"
+        if location:
+            why += f", a redirect to {location[:200]}, not followed"
+        if self.refused == 1 or self.refused % 1000 == 0:
+            log.warning("edgewatt: %s refused a sample (%s); %d dropped", url, why, self.refused)
+
+    def _retry(self, outage: bool, url: str, problem: str, backoff: float) -> bool:
         if not outage:
-            log.warning("edgewatt: cannot reach %s (%s); buffering samples", url, exc)
+            log.warning("edgewatt: cannot reach %s (%s); buffering samples", url, problem)
         with self._cond:
             if not self._give_up:
                 self._cond.wait(backoff)

@@ -42,9 +42,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from edgewatt.core.http_exchange import Exchanges
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.core.text import shown
-from edgewatt.exporter.http_exchange import Exchanges
 from edgewatt.exporter.telemetry import MetricSpec, metric_specs
 
 log = logging.getLogger(__name__)

@@ -259,6 +259,95 @@ def test_buffer_is_bounded_oldest_dropped(tmp_path: Path, caplog: Any) -> None:
     assert any("samples not delivered" in r.message for r in caplog.records)
 
 
+def test_remote_monitor_follows_no_redirect(tmp_path: Path, caplog: Any) -> None:
+    # A server answering 302 to another host: urllib followed it as a GET without the
+    # sample, to whatever host was named. Now the redirect is refused and said.
+    elsewhere: list[tuple[str, str]] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            elsewhere.append(("GET", self.path))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args: Any) -> None: ...
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+    location = f"http://127.0.0.1:{other.server_address[1]}/stolen"
+    posts: list[str] = []
+
+    class Redirecting(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            posts.append(self.path)
+            self.send_response(302)
+            self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None: ...
+
+    redirecting = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    for server in (other, redirecting):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = redirecting.server_address[1]
+        monitor = thread_monitor.RemoteMonitor(f"127.0.0.1:{port}", 0.2, "x")
+        monitor.socket = str(tmp_path / "none.sock")
+        monitor.start()
+        time.sleep(0.7)
+        monitor.stop()
+    finally:
+        for server in (other, redirecting):
+            server.shutdown()
+            server.server_close()
+    assert len(posts) == len(monitor.stats()["cpu_usage"]) >= 2  # each tried once
+    assert elsewhere == []
+    warned = [r.message for r in caplog.records if "refused a sample" in r.message]
+    assert warned == [
+        f"edgewatt: http://127.0.0.1:{port}/simple_log refused a sample "
+        f"(HTTP 302, a redirect to {location}, not followed); 1 dropped"
+    ]
+
+
+def test_remote_monitor_stops_in_time_with_a_trickling_server(tmp_path: Path, caplog: Any) -> None:
+    # A server that answers a byte every 0.2 s: each receive is quick, the exchange
+    # never ends. stop() waits at most its 5 s flush for the buffer, then cuts the post
+    # short (it waited 5 s and then 3 s more, the post still running after).
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop_serving = threading.Event()
+
+    def trickle() -> None:
+        with contextlib.suppress(OSError):
+            while not stop_serving.is_set():
+                connection, _ = listener.accept()
+                connection.recv(65536)
+                for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10_000:
+                    if stop_serving.wait(0.2):
+                        break
+                    connection.sendall(bytes([byte]))
+                connection.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        monitor = thread_monitor.RemoteMonitor(f"127.0.0.1:{listener.getsockname()[1]}", 0.2, "x")
+        monitor.socket = str(tmp_path / "none.sock")
+        monitor.start()
+        time.sleep(0.5)
+        began = time.monotonic()
+        monitor.stop()
+        stopped_s = time.monotonic() - began
+    finally:
+        stop_serving.set()
+        listener.close()
+    assert stopped_s < 5.0 + 1.0, stopped_s
+    assert any("samples not delivered" in r.message for r in caplog.records)
+    assert any("TimeoutError: no whole answer within 2 s" in r.message for r in caplog.records)
+
+
 def test_remote_monitor_otlp_decodes_with_official_messages(
     receiver: Receiver, tmp_path: Path
 ) -> None:
