@@ -33,9 +33,10 @@ def tables() -> list[str]:
     ]
 
 
-def member(cgroup: Path, code: str) -> subprocess.Popen:
+def member(cgroup: Path, code: str, stdout: int | None = None) -> subprocess.Popen:
     """A Python process inside ``cgroup`` from its first instruction, that runs
-    ``code`` once a line arrives on its stdin (so the rules are in place first)."""
+    ``code`` once a line arrives on its stdin (so the rules are in place first);
+    ``stdout``: as Popen's (subprocess.PIPE: communicate() returns what it printed)."""
 
     def join() -> None:
         with open(cgroup / "cgroup.procs", "w") as f:
