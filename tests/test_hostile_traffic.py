@@ -285,21 +285,21 @@ def test_two_targets_on_one_cgroup_both_get_figures(
 ) -> None:
     port, counts, thread = tcp_server(replies=0)
     path = "/" + cgroup_dir.name
-    proc = member(cgroup_dir, send_each(port, 50_000))
+    proc = member(cgroup_dir, send_each(port, 50_000), stdout=subprocess.PIPE)
     traffic.watch("a", path, 1, [proc.pid])
-    proc.communicate(b"go\n")
+    sent = tcp_sent(proc.communicate(b"go\n")[0], 50_000)
     first = traffic.sample()
-    assert_tcp_ip_bytes(first["a"].sent_bytes, 50_000, first["a"].sent_packets)
+    assert_tcp_ip_bytes(first["a"].sent_bytes, sent, first["a"].sent_packets)
     # The second target joins while a member is there: counted from then on.
-    proc = member(cgroup_dir, send_each(port, 70_000))
+    proc = member(cgroup_dir, send_each(port, 70_000), stdout=subprocess.PIPE)
     traffic.watch("a", path, 1, [proc.pid])
     traffic.watch("b", path, 1, [proc.pid])
-    proc.communicate(b"go\n")
+    sent = tcp_sent(proc.communicate(b"go\n")[0], 70_000)
     stop_server(port, thread)
     second = traffic.sample()
     assert counts["received"] == 120_000
     b = second["b"]
-    assert_tcp_ip_bytes(b.sent_bytes, 70_000, b.sent_packets)
+    assert_tcp_ip_bytes(b.sent_bytes, sent, b.sent_packets)
     a = second["a"].since(first["a"])
     assert a == b
     assert traffic.problem("b") is None
