@@ -461,6 +461,25 @@ def assert_tcp_ip_bytes(figure: int, payload: int, packets: int) -> None:
     assert 40 * packets <= headers <= 80 * packets, (figure, payload, packets)
 
 
+# A sender's last line, once its TCP socket ``s`` is done: the payload bytes the kernel
+# sent on it, what it sent again included, and of those the ones sent again (struct
+# tcp_info's tcpi_bytes_sent and tcpi_bytes_retrans, Linux 4.19).
+PRINT_TCP_SENT = (
+    "import struct; print(*struct.unpack_from('QQ', s.getsockopt(socket.IPPROTO_TCP, "
+    "socket.TCP_INFO, 232), 200), flush=True)\n"
+)
+
+
+def tcp_sent(printed: bytes | str, payload: int) -> int:
+    """The payload bytes the kernel sent, from PRINT_TCP_SENT's line: the ``payload``
+    the peer counted plus every segment TCP sent again. Each crossed the interface (on
+    a busy host loopback reorders packets, and TCP resends what it takes for lost), so
+    each is in a cgroup's counters; a test compares them with this, not the payload."""
+    sent, again = map(int, printed.split())
+    assert sent == payload + again, (sent, payload, again)
+    return sent
+
+
 @pytest.fixture
 def cgroup_dir() -> Iterator[Path]:
     """A cgroup v2 directory of the test's own (root and a v2 mount: the tests that use

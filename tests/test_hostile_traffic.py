@@ -20,7 +20,7 @@ import pytest
 from edgewatt.core.sampling import cgroup_traffic, cgroups, nftables
 from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic, Counts
 from edgewatt.core.sampling.nftables import Nft
-from tests.conftest import ROOT, assert_tcp_ip_bytes, wait_for
+from tests.conftest import PRINT_TCP_SENT, ROOT, assert_tcp_ip_bytes, tcp_sent, wait_for
 from tests.test_cgroup_traffic import UDP_HEADERS, member, stop_server, tcp_server
 
 WHERE = cgroups.mounts()
@@ -42,12 +42,13 @@ def joining(cgroup: Path) -> Callable[[], None]:
 
 
 def send_each(port: int, size: int) -> str:
-    """A member's code: one connection to ``port`` carrying ``size`` bytes."""
+    """A member's code: one connection to ``port`` carrying ``size`` bytes; at the end
+    it prints what the kernel sent on it (PRINT_TCP_SENT)."""
     return (
         f"import socket; s = socket.create_connection(('127.0.0.1', {port}))\n"
         f"s.sendall(b'x' * {size}); s.shutdown(socket.SHUT_WR)\n"
         "while s.recv(65536): pass\n"
-    )
+    ) + PRINT_TCP_SENT
 
 
 def test_without_net_admin_the_traffic_figure_is_absent_and_says_why(
@@ -214,27 +215,23 @@ def test_nested_targets_count_as_if_each_were_alone(
     base = f"/{cgroup_dir.name}"
     port, counts, thread = tcp_server(replies=0)
     # 1 MB from the inner cgroup to a process outside both.
-    proc = member(inner, send_each(port, 1_000_000))
+    proc = member(inner, send_each(port, 1_000_000), stdout=subprocess.PIPE)
     traffic.watch("outer", f"{base}/outer", 2, [proc.pid])
     traffic.watch("inner", f"{base}/outer/inner", 3, [proc.pid])
-    proc.communicate(b"go\n")
+    sent = tcp_sent(proc.communicate(b"go\n")[0], 1_000_000)  # and what TCP sent again
     stop_server(port, thread)
     assert counts["received"] == 1_000_000
     first = traffic.sample()
     for name in ("inner", "outer"):
-        # At least the payload and each packet's headers. Not exact: in about one run
-        # of ten under load (CI, 2026-12-03) both read 96,592 bytes more in 26 packets,
-        # not yet explained (no TCP retransmission was counted in runs that passed).
-        sent = first[name].sent_bytes
-        assert 1_000_000 + 40 * first[name].sent_packets <= sent <= 1_150_000, first
+        assert_tcp_ip_bytes(first[name].sent_bytes, sent, first[name].sent_packets)
         assert first[name].received_packets == first["inner"].received_packets
     assert first["outer"] == first["inner"]
     # 1 MB from the inner cgroup to a sibling inside the outer: the inner's alone.
     receiver, sink_port = sink(sibling)
-    proc = member(inner, send_each(sink_port, 1_000_000))
+    proc = member(inner, send_each(sink_port, 1_000_000), stdout=subprocess.PIPE)
     traffic.watch("outer", f"{base}/outer", 2, [proc.pid, receiver.pid])
     traffic.watch("inner", f"{base}/outer/inner", 3, [proc.pid])
-    proc.communicate(b"go\n")
+    sent = tcp_sent(proc.communicate(b"go\n")[0], 1_000_000)
     assert receiver.communicate()[0].strip() == "1000000"
     second = traffic.sample()
     # Internal to the outer: nothing of the 1 MB. The handshake's SYN-ACK and last ACK
@@ -243,7 +240,44 @@ def test_nested_targets_count_as_if_each_were_alone(
     assert outer_delta.sent_packets <= 1 and outer_delta.received_packets <= 1, outer_delta
     assert outer_delta.sent_bytes <= 80 and outer_delta.received_bytes <= 80, outer_delta
     inner_sent = second["inner"].since(first["inner"])
-    assert_tcp_ip_bytes(inner_sent.sent_bytes, 1_000_000, inner_sent.sent_packets)
+    assert_tcp_ip_bytes(inner_sent.sent_bytes, sent, inner_sent.sent_packets)
+
+
+def test_a_segment_tcp_sends_again_counts_again(cgroup_dir: Path, traffic: CgroupTraffic) -> None:
+    """A busy host's loopback reorders packets (a sender moved to another CPU has its
+    packets queued there), and TCP resends what it takes for lost: 1 MB then crossed
+    loopback as 1,095,232 bytes of payload (issue 38's CI reading). Here a table of
+    another program's drops one segment after edgewatt's input hook counted it, so
+    the resend is certain: both copies are the target's, as in the sender's books."""
+    port, counts, thread = tcp_server(replies=0)
+    table = f"inet ewdrop_{os.getpid()}"
+    # The 4th segment over 1,000 bytes to the server, once (numgen counts to 1,000).
+    Nft().run(
+        "\n".join(
+            [
+                f"add table {table}",
+                f"add chain {table} input {{ type filter hook input priority 0; policy accept; }}",
+                f'add rule {table} input iif "lo" tcp dport {port} meta length > 1000 '
+                "numgen inc mod 1000 == 3 counter drop",
+            ]
+        )
+    )
+    try:
+        proc = member(cgroup_dir, send_each(port, 300_000), stdout=subprocess.PIPE)
+        traffic.watch("t1", "/" + cgroup_dir.name, 1, [proc.pid])
+        printed = proc.communicate(b"go\n")[0]
+        dropped = Nft().run(f"list chain {table} input")["nftables"]
+    finally:
+        Nft().run(f"delete table {table}")
+    stop_server(port, thread)
+    assert counts["received"] == 300_000
+    rule = next(item["rule"] for item in dropped if "rule" in item)
+    lost = next(e["counter"] for e in rule["expr"] if "counter" in e)
+    assert lost["packets"] == 1, rule
+    sent = tcp_sent(printed, 300_000)
+    assert sent - 300_000 >= lost["bytes"] - 80  # the dropped segment's payload, again
+    counted = traffic.sample()["t1"]
+    assert_tcp_ip_bytes(counted.sent_bytes, sent, counted.sent_packets)
 
 
 def test_two_targets_on_one_cgroup_both_get_figures(
@@ -251,21 +285,21 @@ def test_two_targets_on_one_cgroup_both_get_figures(
 ) -> None:
     port, counts, thread = tcp_server(replies=0)
     path = "/" + cgroup_dir.name
-    proc = member(cgroup_dir, send_each(port, 50_000))
+    proc = member(cgroup_dir, send_each(port, 50_000), stdout=subprocess.PIPE)
     traffic.watch("a", path, 1, [proc.pid])
-    proc.communicate(b"go\n")
+    sent = tcp_sent(proc.communicate(b"go\n")[0], 50_000)
     first = traffic.sample()
-    assert_tcp_ip_bytes(first["a"].sent_bytes, 50_000, first["a"].sent_packets)
+    assert_tcp_ip_bytes(first["a"].sent_bytes, sent, first["a"].sent_packets)
     # The second target joins while a member is there: counted from then on.
-    proc = member(cgroup_dir, send_each(port, 70_000))
+    proc = member(cgroup_dir, send_each(port, 70_000), stdout=subprocess.PIPE)
     traffic.watch("a", path, 1, [proc.pid])
     traffic.watch("b", path, 1, [proc.pid])
-    proc.communicate(b"go\n")
+    sent = tcp_sent(proc.communicate(b"go\n")[0], 70_000)
     stop_server(port, thread)
     second = traffic.sample()
     assert counts["received"] == 120_000
     b = second["b"]
-    assert_tcp_ip_bytes(b.sent_bytes, 70_000, b.sent_packets)
+    assert_tcp_ip_bytes(b.sent_bytes, sent, b.sent_packets)
     a = second["a"].since(first["a"])
     assert a == b
     assert traffic.problem("b") is None
