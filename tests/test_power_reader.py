@@ -19,10 +19,10 @@ from edgewatt.core.power import ina3221, native
 from edgewatt.core.power import meter as meter_module
 from edgewatt.core.power.meter import (
     PowerMeter,
-    auto_rate,
     sample_hz_from_environment,
     window_hz_from_environment,
 )
+from edgewatt.core.power.rate import RateController, auto_rate
 from edgewatt.core.power.source import AUTO_BUDGET, PowerOptions, PowerReading, PullSource
 from tests.conftest import ROOT, DaemonProcess, wait_for
 from tests.power_standin import Waveform, build_tree, start_writer
@@ -210,11 +210,11 @@ def test_windows_spend_an_allowance_and_then_get_the_steady_rate() -> None:
     try:
         t0 = time.monotonic()
         meter.read(t0, window_until=t0 + 10.0)
-        wait_for(lambda: meter._window_since is None, timeout=20)
+        wait_for(lambda: meter.windows.since is None, timeout=20)
         spent = meter.window_readings
         assert 20 <= spent <= 27
         # As if the steady stream were measured at the whole budget: nothing refills.
-        meter.usage = AUTO_BUDGET
+        meter.rate.usage = AUTO_BUDGET
         t1 = time.monotonic()
         snapshot = meter.read(t1, window_until=t1 + 10.0)
         assert snapshot is not None and snapshot.period_s == pytest.approx(1 / 5)
@@ -352,27 +352,24 @@ def test_the_steady_rate_makes_room_for_what_the_windows_spent() -> None:
     # window thread spent in it: none leaves the whole 0.5 % to the steady rate; 2 ms
     # a second (0.2 %) leaves 0.3 %: 50 Hz is over, one rate down; 4 ms a second would
     # leave 0.1 %, and the steady rate keeps half the budget whatever the windows spend.
-    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0)
+    rate = RateController(None)
 
     def window(usage: float, windows_cpu_s: float) -> float:
-        meter.window_cpu_s += windows_cpu_s
-        meter._calibrate(usage * 10, 10.0, round(meter.sample_hz * 10))
-        return meter.sample_hz
+        return rate.calibrate(usage * 10, 10.0, round(rate.hz * 10), windows_cpu_s)
 
     assert window(0.004, 0.0) == 50.0
     assert window(0.004, 0.02) == 20.0
-    assert meter._budget == pytest.approx(0.003)
-    assert window(0.0016, 0.04) == 20.0 and meter._budget == pytest.approx(0.0025)
-    assert window(0.0016, 0.0) == 20.0 and meter._budget == pytest.approx(0.005)
+    assert rate.budget == pytest.approx(0.003)
+    assert window(0.0016, 0.04) == 20.0 and rate.budget == pytest.approx(0.0025)
+    assert window(0.0016, 0.0) == 20.0 and rate.budget == pytest.approx(0.005)
 
 
 def test_a_higher_rate_is_tried_now_and_then_and_kept_only_within_the_budget() -> None:
     # The state machine alone, fed the windows' measured usage (no thread).
-    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0)
+    rate = RateController(None)
 
     def window(usage: float) -> float:
-        meter._calibrate(usage * 10, 10.0, round(meter.sample_hz * 10))  # CPU, wall, readings
-        return meter.sample_hz
+        return rate.calibrate(usage * 10, 10.0, round(rate.hz * 10))  # CPU, wall, readings
 
     assert [window(0.004) for _ in range(7)] == [50.0] * 6 + [100.0]  # tried after 6
     assert window(0.0045) == 100.0  # it holds: kept
@@ -381,10 +378,10 @@ def test_a_higher_rate_is_tried_now_and_then_and_kept_only_within_the_budget() -
     assert window(0.008) == 100.0  # over: back, and the next try waits twice as long
     assert [window(0.004) for _ in range(12)] == [100.0] * 12
     assert window(0.004) == 200.0
-    assert window(0.009) == 100.0 and meter._probe_wait == 24
-    fixed = PowerMeter([Costly(0.0)], max_gap_s=5.0, sample_hz=50.0)
-    fixed._calibrate(1.0, 10.0, 500)  # 10 % of a core: measured, not acted on
-    assert fixed.sample_hz == 50.0 and fixed.usage == pytest.approx(0.1)
+    assert window(0.009) == 100.0 and rate.probe_wait == 24
+    fixed = RateController(50.0)
+    fixed.calibrate(1.0, 10.0, 500)  # 10 % of a core: measured, not acted on
+    assert fixed.hz == 50.0 and fixed.usage == pytest.approx(0.1)
 
 
 def test_in_process_rates_from_the_daemons_variables(
