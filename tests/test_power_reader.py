@@ -333,15 +333,15 @@ def test_the_reader_settles_at_the_rate_its_own_measured_cost_allows() -> None:
     meter = PowerMeter([Costly(3e-4)], max_gap_s=5.0, calibration_s=2.0).start()
     try:
         assert meter.sample_hz == 50.0  # where it starts
-        wait_for(lambda: meter.cost_s is not None, timeout=10)
-        assert 3e-4 <= meter.cost_s < 5e-4  # type: ignore[operator]
+        wait_for(lambda: meter.rate.cost_s is not None, timeout=10)
+        assert 3e-4 <= meter.rate.cost_s < 5e-4  # type: ignore[operator]
         assert meter.sample_hz == 10.0
         assert meter.read(time.monotonic()).period_s == pytest.approx(0.1)  # type: ignore[union-attr]
     finally:
         meter.close()
     fixed = PowerMeter([Costly(3e-4)], max_gap_s=5.0, sample_hz=50.0, calibration_s=2.0).start()
     try:
-        wait_for(lambda: fixed.cost_s is not None, timeout=10)
+        wait_for(lambda: fixed.rate.cost_s is not None, timeout=10)
         assert fixed.sample_hz == 50.0  # a configured rate is kept, its cost measured
     finally:
         fixed.close()

@@ -222,16 +222,6 @@ class PowerMeter:
         return self.rate.hz
 
     @property
-    def window_hz(self) -> float:
-        """Young windows' rate (0: none)."""
-        return self.windows.hz
-
-    @property
-    def cost_s(self) -> float | None:
-        """The reader's CPU per reading, wake included, as last measured."""
-        return self.rate.cost_s
-
-    @property
     def readings(self) -> int:
         """Taken by the reader, edges included, since start."""
         return self.traces.readings
@@ -263,7 +253,7 @@ class PowerMeter:
             reader=self.reader,
             sample_hz=self.rate.hz,
             reading_cpu_s=self.rate.cost_s,
-            window_hz=self.window_hz,
+            window_hz=self.windows.hz,
             window_readings=self.window_readings,
             windows_refused=self.windows.refused,
         )
