@@ -17,6 +17,7 @@ import pytest
 
 from edgewatt.core.power import ina3221, native
 from edgewatt.core.power import meter as meter_module
+from edgewatt.core.power.allowance import WindowAllowance
 from edgewatt.core.power.meter import (
     PowerMeter,
     sample_hz_from_environment,
@@ -24,6 +25,7 @@ from edgewatt.core.power.meter import (
 )
 from edgewatt.core.power.rate import RateController, auto_rate
 from edgewatt.core.power.source import AUTO_BUDGET, PowerOptions, PowerReading, PullSource
+from edgewatt.core.power.values import PowerStatus
 from tests.conftest import ROOT, DaemonProcess, wait_for
 from tests.power_standin import Waveform, build_tree, start_writer
 
@@ -382,6 +384,77 @@ def test_a_higher_rate_is_tried_now_and_then_and_kept_only_within_the_budget() -
     fixed = RateController(50.0)
     fixed.calibrate(1.0, 10.0, 500)  # 10 % of a core: measured, not acted on
     assert fixed.hz == 50.0 and fixed.usage == pytest.approx(0.1)
+
+
+def test_the_full_allowance_buys_26_readings_of_2_ms_at_200_hz() -> None:
+    # The window thread's accounting without the thread: 2 ms of CPU a reading at
+    # 200 Hz, the steady rate not measured yet (taken at half the budget, so 2.5 ms a
+    # second refills). The allowance starts at 50 ms: after k readings 50 ms - k x
+    # (2 ms - 2.5 ms x 5 ms) is left, above 0 up to k = 25, so the readings at k = 0..25
+    # are taken and the window rate stops at the 27th.
+    windows = WindowAllowance(200.0, now=0.0)
+    assert windows.open(0.0, 10.0, steady_hz=5.0, steady_usage=None)
+    taken = 0
+    for k in range(100):
+        now = k / 200.0
+        windows.charge(now, 2e-3 if k else 0.0, steady_usage=None)
+        if not windows.reading(now):
+            break
+        taken += 1
+    assert taken == 26 and windows.since is None
+    assert windows.cpu_s == pytest.approx(26 * 2e-3)
+    # Spent, with the steady rate measured at the whole budget (nothing refills): a
+    # window opened now is refused, and counted; the steady rate makes room for what
+    # the windows spent (rate.py) once, at its next calibration.
+    assert not windows.open(0.2, 10.2, steady_hz=5.0, steady_usage=AUTO_BUDGET)
+    assert windows.refused == 1 and windows.since is None
+    assert windows.take_spent() == pytest.approx(0.052) and windows.take_spent() == 0.0
+    # 20 s later, at the steady rate's usage of half the budget: 50 ms refilled, less
+    # what the last reading overspent (50 + 0.3 refilled in the window - 52 ms).
+    assert windows.open(20.2, 22.2, steady_hz=5.0, steady_usage=AUTO_BUDGET / 2)
+    assert windows.left_s == pytest.approx(0.05 + 0.0025 * 0.125 - 0.052 + 0.05)
+    # Never more than 10 s of the whole budget, however long none opened.
+    windows.refill(1000.0, steady_usage=0.0)
+    assert windows.left_s == pytest.approx(AUTO_BUDGET * 10)
+
+
+def test_a_window_ends_with_its_youth_and_is_not_read_where_no_finer() -> None:
+    windows = WindowAllowance(200.0, now=0.0)
+    # No finer than the steady rate: not read at the window rate, and not refused.
+    assert not windows.open(1.0, 3.0, steady_hz=200.0, steady_usage=None)
+    assert windows.since is None and windows.refused == 0
+    assert windows.open(1.0, 3.0, steady_hz=10.0, steady_usage=None)
+    assert not windows.fine_since(None) and not windows.fine_since(0.9)
+    assert windows.fine_since(1.0)  # read finely all along since that edge
+    # A second edge while it is young: longer, not a new start.
+    assert not windows.open(1.5, 3.5, steady_hz=10.0, steady_usage=None)
+    assert windows.since == 1.0 and windows.reading(3.4) and not windows.reading(3.5)
+    # An edge that says none is young: the window rate stops at its next reading.
+    assert windows.open(4.0, 6.0, steady_hz=10.0, steady_usage=None)
+    assert not windows.open(4.2, None, steady_hz=10.0, steady_usage=None)
+    assert not windows.reading(4.2) and windows.since is None
+
+
+def test_the_status_says_what_reads_at_which_rates() -> None:
+    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0, sample_hz=20.0, window_hz=100.0)
+    assert meter.status() == PowerStatus(
+        sources=("costly",),
+        reader="none",
+        sample_hz=20.0,
+        reading_cpu_s=None,
+        window_hz=100.0,
+        window_readings=0,
+        windows_refused=0,
+    )
+    meter.start()
+    try:
+        assert meter.status().reader == "python"  # no native stream: not a sysfs file
+        meter.read(t0 := time.monotonic(), window_until=t0 + 0.3)
+        wait_for(lambda: meter.windows.since is None, timeout=10)
+        status = meter.status()
+        assert status.window_readings == meter.window_readings > 0
+    finally:
+        meter.close()
 
 
 def test_in_process_rates_from_the_daemons_variables(
