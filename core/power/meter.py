@@ -139,12 +139,11 @@ class PowerMeter:
     def _start_reader(self, streamed: list[PowerSource]) -> StreamReader:
         """The native reader where every streamed source has a native stream (one reader
         for the stream), else Python's."""
-        streams = [native.stream(s, self.rate.hz) for s in streamed]
-        if all(streams):
-            return native.NativeReader(streams, self.traces, self._pacing, NATIVE_DRAIN_S)  # type: ignore[arg-type]
+        streams = [n for s in streamed if (n := native.stream(s, self.rate.hz)) is not None]
+        if len(streams) == len(streamed):
+            return native.NativeReader(streams, self.traces, self._pacing, NATIVE_DRAIN_S)
         for stream in streams:
-            if stream is not None:
-                stream.close()
+            stream.close()
         return PythonReader(streamed, self.traces, self._pacing)
 
     def _wait_s(self, source: PowerSource, now: float) -> float:
