@@ -61,7 +61,7 @@ def main() -> int:
         meters[f"{hz:g} Hz"] = meter.start()
     for hz in [float(r) for r in args.windowed.split(",") if r]:
         meter = PowerMeter([ina3221.discover(options)], max_gap_s=5.0, sample_hz=hz)
-        meters[f"{hz:g}+{meter.window_hz:g} Hz"] = meter.start()
+        meters[f"{hz:g}+{meter.windows.hz:g} Hz"] = meter.start()
 
     def edge(opens: bool = False) -> tuple[float, dict[str, float]]:
         now = time.monotonic()

@@ -11,7 +11,7 @@ for each reader and for the plain poller in turn.
 
     .venv/bin/python benchmarks/power_reader.py [--seconds 5] [--rates 10,50,100,200,500]
 
-The rule of the automatic ``power_sample_hz`` (meter.py: the highest rate whose cost
+The rule of the automatic ``power_sample_hz`` (rate.py: the highest rate whose cost
 stays within 0.5 % of one core, measured by the reader on the device itself) is
 checked against these figures, and against them scaled to a Jetson Nano core
 (``--nano-factor``: a Cortex-A57 at 1.43 GHz does about a fifth of this VM's Xeon

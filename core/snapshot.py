@@ -12,7 +12,7 @@ from typing import Any
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.power.meter import PowerSnapshot
+from edgewatt.core.power.values import PowerSnapshot
 from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
 
 

@@ -326,10 +326,10 @@ class Daemon:
     def health(self) -> dict[str, Any]:
         snapshot = self.sampler.snapshot
         speaking = list(snapshot.power.sources) if snapshot.power else []
-        meter = self.sampler.power
+        power = self.sampler.power.status() if self.sampler.power else None
         # A source found at startup that no longer speaks (a tegrastats restarting,
         # a sensor gone): its hw_* series are absent meanwhile, so health says so.
-        silent = [s.name for s in meter.sources if s.name not in speaking] if meter else []
+        silent = [name for name in power.sources if name not in speaking] if power else []
         return {
             "status": "degraded" if silent or self.state_error else "ok",
             "version": __version__,
@@ -343,17 +343,17 @@ class Daemon:
             "power_sources_silent": silent,
             # The power reader's rate now (chosen on the device unless configured), and
             # what a reading costs its thread in CPU, wake included (None: not yet known).
-            "power_sample_hz": meter.sample_hz if meter else None,
+            "power_sample_hz": power.sample_hz if power else None,
             # What reads the stream: "native" (built at install), "python" or "none".
-            "power_reader": meter.reader if meter else None,
-            "power_reading_cpu_us": round(meter.cost_s * 1e6, 1)
-            if meter and meter.cost_s
+            "power_reader": power.reader if power else None,
+            "power_reading_cpu_us": round(power.reading_cpu_s * 1e6, 1)
+            if power and power.reading_cpu_s
             else None,
             # Young windows' rate (0: none), the readings taken at it since start, and
             # the windows opened when its allowance was spent (read at the steady rate).
-            "power_window_hz": meter.window_hz if meter else None,
-            "power_window_readings": meter.window_readings if meter else None,
-            "power_windows_refused": meter.windows_refused if meter else None,
+            "power_window_hz": power.window_hz if power else None,
+            "power_window_readings": power.window_readings if power else None,
+            "power_windows_refused": power.windows_refused if power else None,
             # Whether a target's figures end at its exit (the kernel's exit records and
             # TCP destroy notifications, CAP_NET_ADMIN) or at the last pass before it.
             "exit_figures": "exact" if self._exact_exits() else "last-sample",

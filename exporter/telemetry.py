@@ -32,8 +32,8 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
 from edgewatt.core.metrics import TABLE, Metric
-from edgewatt.core.power.meter import PowerSnapshot, RailState
 from edgewatt.core.power.source import Gpu
+from edgewatt.core.power.values import PowerSnapshot, RailState
 from edgewatt.core.snapshot import ProcessSample, Snapshot
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from edgewatt.core.power.meter import PowerSnapshot, RailState
 from edgewatt.core.power.source import Gpu
+from edgewatt.core.power.values import PowerSnapshot, RailState
 from edgewatt.core.snapshot import ProcessSample
 
 

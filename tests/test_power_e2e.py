@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,6 +57,44 @@ def test_device_rails_and_target_energy_exported(thor: DaemonProcess, spawn: Any
     # The host counter grows at the measured 16.802 W.
     rate = (host_energies[-1] - host_energies[0]) / (7 * thor.interval)
     assert rate == pytest.approx(THOR_VIN_W, rel=0.25)
+
+
+def test_health_says_how_power_is_read_and_names_a_source_gone_silent(
+    thor: DaemonProcess,
+) -> None:
+    # tegrastats prints on its own: nothing is streamed, so no reader runs and the
+    # automatic rate stays where it starts, unmeasured.
+    health = wait_for(lambda: (h := thor.call("GET", "/healthz")[1])["power_sources"] and h)
+    power = {k: v for k, v in health.items() if k.startswith("power_")}
+    assert health["status"] == "ok"
+    assert power == {
+        "power_sources": ["tegrastats"],
+        "power_sources_silent": [],
+        "power_sample_hz": 50.0,
+        "power_reader": "none",
+        "power_reading_cpu_us": None,
+        "power_window_hz": 200.0,
+        "power_window_readings": 0,
+        "power_windows_refused": 0,
+    }
+    assert thor.proc is not None
+    children = " ".join(
+        p.read_text() for p in Path(f"/proc/{thor.proc.pid}/task").glob("*/children")
+    )
+    (child,) = [int(pid) for pid in children.split()]  # the stand-in, the only child
+    os.kill(child, signal.SIGSTOP)  # silent, not dead: nothing restarts it
+    try:
+        # Past max_gap_s (5 s here) it drops out of the snapshot, and health says so.
+        wait_for(
+            lambda: thor.call("GET", "/healthz")[1]["power_sources_silent"] == ["tegrastats"],
+            timeout=30,
+            step=0.5,
+        )
+        health = thor.call("GET", "/healthz")[1]
+        assert health["status"] == "degraded" and health["power_sources"] == []
+    finally:
+        os.kill(child, signal.SIGCONT)
+    wait_for(lambda: thor.call("GET", "/healthz")[1]["status"] == "ok", timeout=30, step=0.5)
 
 
 def test_summary_reports_energy_per_phase(thor: DaemonProcess, spawn: Any) -> None:

@@ -17,13 +17,15 @@ import pytest
 
 from edgewatt.core.power import ina3221, native
 from edgewatt.core.power import meter as meter_module
+from edgewatt.core.power.allowance import WindowAllowance
 from edgewatt.core.power.meter import (
     PowerMeter,
-    auto_rate,
     sample_hz_from_environment,
     window_hz_from_environment,
 )
+from edgewatt.core.power.rate import RateController, auto_rate
 from edgewatt.core.power.source import AUTO_BUDGET, PowerOptions, PowerReading, PullSource
+from edgewatt.core.power.values import PowerStatus
 from tests.conftest import ROOT, DaemonProcess, wait_for
 from tests.power_standin import Waveform, build_tree, start_writer
 
@@ -210,11 +212,11 @@ def test_windows_spend_an_allowance_and_then_get_the_steady_rate() -> None:
     try:
         t0 = time.monotonic()
         meter.read(t0, window_until=t0 + 10.0)
-        wait_for(lambda: meter._window_since is None, timeout=20)
+        wait_for(lambda: meter.windows.since is None, timeout=20)
         spent = meter.window_readings
         assert 20 <= spent <= 27
         # As if the steady stream were measured at the whole budget: nothing refills.
-        meter.usage = AUTO_BUDGET
+        meter.rate.usage = AUTO_BUDGET
         t1 = time.monotonic()
         snapshot = meter.read(t1, window_until=t1 + 10.0)
         assert snapshot is not None and snapshot.period_s == pytest.approx(1 / 5)
@@ -333,15 +335,15 @@ def test_the_reader_settles_at_the_rate_its_own_measured_cost_allows() -> None:
     meter = PowerMeter([Costly(3e-4)], max_gap_s=5.0, calibration_s=2.0).start()
     try:
         assert meter.sample_hz == 50.0  # where it starts
-        wait_for(lambda: meter.cost_s is not None, timeout=10)
-        assert 3e-4 <= meter.cost_s < 5e-4  # type: ignore[operator]
+        wait_for(lambda: meter.rate.cost_s is not None, timeout=10)
+        assert 3e-4 <= meter.rate.cost_s < 5e-4  # type: ignore[operator]
         assert meter.sample_hz == 10.0
         assert meter.read(time.monotonic()).period_s == pytest.approx(0.1)  # type: ignore[union-attr]
     finally:
         meter.close()
     fixed = PowerMeter([Costly(3e-4)], max_gap_s=5.0, sample_hz=50.0, calibration_s=2.0).start()
     try:
-        wait_for(lambda: fixed.cost_s is not None, timeout=10)
+        wait_for(lambda: fixed.rate.cost_s is not None, timeout=10)
         assert fixed.sample_hz == 50.0  # a configured rate is kept, its cost measured
     finally:
         fixed.close()
@@ -352,27 +354,24 @@ def test_the_steady_rate_makes_room_for_what_the_windows_spent() -> None:
     # window thread spent in it: none leaves the whole 0.5 % to the steady rate; 2 ms
     # a second (0.2 %) leaves 0.3 %: 50 Hz is over, one rate down; 4 ms a second would
     # leave 0.1 %, and the steady rate keeps half the budget whatever the windows spend.
-    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0)
+    rate = RateController(None)
 
     def window(usage: float, windows_cpu_s: float) -> float:
-        meter.window_cpu_s += windows_cpu_s
-        meter._calibrate(usage * 10, 10.0, round(meter.sample_hz * 10))
-        return meter.sample_hz
+        return rate.calibrate(usage * 10, 10.0, round(rate.hz * 10), windows_cpu_s)
 
     assert window(0.004, 0.0) == 50.0
     assert window(0.004, 0.02) == 20.0
-    assert meter._budget == pytest.approx(0.003)
-    assert window(0.0016, 0.04) == 20.0 and meter._budget == pytest.approx(0.0025)
-    assert window(0.0016, 0.0) == 20.0 and meter._budget == pytest.approx(0.005)
+    assert rate.budget == pytest.approx(0.003)
+    assert window(0.0016, 0.04) == 20.0 and rate.budget == pytest.approx(0.0025)
+    assert window(0.0016, 0.0) == 20.0 and rate.budget == pytest.approx(0.005)
 
 
 def test_a_higher_rate_is_tried_now_and_then_and_kept_only_within_the_budget() -> None:
     # The state machine alone, fed the windows' measured usage (no thread).
-    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0)
+    rate = RateController(None)
 
     def window(usage: float) -> float:
-        meter._calibrate(usage * 10, 10.0, round(meter.sample_hz * 10))  # CPU, wall, readings
-        return meter.sample_hz
+        return rate.calibrate(usage * 10, 10.0, round(rate.hz * 10))  # CPU, wall, readings
 
     assert [window(0.004) for _ in range(7)] == [50.0] * 6 + [100.0]  # tried after 6
     assert window(0.0045) == 100.0  # it holds: kept
@@ -381,10 +380,81 @@ def test_a_higher_rate_is_tried_now_and_then_and_kept_only_within_the_budget() -
     assert window(0.008) == 100.0  # over: back, and the next try waits twice as long
     assert [window(0.004) for _ in range(12)] == [100.0] * 12
     assert window(0.004) == 200.0
-    assert window(0.009) == 100.0 and meter._probe_wait == 24
-    fixed = PowerMeter([Costly(0.0)], max_gap_s=5.0, sample_hz=50.0)
-    fixed._calibrate(1.0, 10.0, 500)  # 10 % of a core: measured, not acted on
-    assert fixed.sample_hz == 50.0 and fixed.usage == pytest.approx(0.1)
+    assert window(0.009) == 100.0 and rate.probe_wait == 24
+    fixed = RateController(50.0)
+    fixed.calibrate(1.0, 10.0, 500)  # 10 % of a core: measured, not acted on
+    assert fixed.hz == 50.0 and fixed.usage == pytest.approx(0.1)
+
+
+def test_the_full_allowance_buys_26_readings_of_2_ms_at_200_hz() -> None:
+    # The window thread's accounting without the thread: 2 ms of CPU a reading at
+    # 200 Hz, the steady rate not measured yet (taken at half the budget, so 2.5 ms a
+    # second refills). The allowance starts at 50 ms: after k readings 50 ms - k x
+    # (2 ms - 2.5 ms x 5 ms) is left, above 0 up to k = 25, so the readings at k = 0..25
+    # are taken and the window rate stops at the 27th.
+    windows = WindowAllowance(200.0, now=0.0)
+    assert windows.open(0.0, 10.0, steady_hz=5.0, steady_usage=None)
+    taken = 0
+    for k in range(100):
+        now = k / 200.0
+        windows.charge(now, 2e-3 if k else 0.0, steady_usage=None)
+        if not windows.reading(now):
+            break
+        taken += 1
+    assert taken == 26 and windows.since is None
+    assert windows.cpu_s == pytest.approx(26 * 2e-3)
+    # Spent, with the steady rate measured at the whole budget (nothing refills): a
+    # window opened now is refused, and counted; the steady rate makes room for what
+    # the windows spent (rate.py) once, at its next calibration.
+    assert not windows.open(0.2, 10.2, steady_hz=5.0, steady_usage=AUTO_BUDGET)
+    assert windows.refused == 1 and windows.since is None
+    assert windows.take_spent() == pytest.approx(0.052) and windows.take_spent() == 0.0
+    # 20 s later, at the steady rate's usage of half the budget: 50 ms refilled, less
+    # what the last reading overspent (50 + 0.3 refilled in the window - 52 ms).
+    assert windows.open(20.2, 22.2, steady_hz=5.0, steady_usage=AUTO_BUDGET / 2)
+    assert windows.left_s == pytest.approx(0.05 + 0.0025 * 0.125 - 0.052 + 0.05)
+    # Never more than 10 s of the whole budget, however long none opened.
+    windows.refill(1000.0, steady_usage=0.0)
+    assert windows.left_s == pytest.approx(AUTO_BUDGET * 10)
+
+
+def test_a_window_ends_with_its_youth_and_is_not_read_where_no_finer() -> None:
+    windows = WindowAllowance(200.0, now=0.0)
+    # No finer than the steady rate: not read at the window rate, and not refused.
+    assert not windows.open(1.0, 3.0, steady_hz=200.0, steady_usage=None)
+    assert windows.since is None and windows.refused == 0
+    assert windows.open(1.0, 3.0, steady_hz=10.0, steady_usage=None)
+    assert not windows.fine_since(None) and not windows.fine_since(0.9)
+    assert windows.fine_since(1.0)  # read finely all along since that edge
+    # A second edge while it is young: longer, not a new start.
+    assert not windows.open(1.5, 3.5, steady_hz=10.0, steady_usage=None)
+    assert windows.since == 1.0 and windows.reading(3.4) and not windows.reading(3.5)
+    # An edge that says none is young: the window rate stops at its next reading.
+    assert windows.open(4.0, 6.0, steady_hz=10.0, steady_usage=None)
+    assert not windows.open(4.2, None, steady_hz=10.0, steady_usage=None)
+    assert not windows.reading(4.2) and windows.since is None
+
+
+def test_the_status_says_what_reads_at_which_rates() -> None:
+    meter = PowerMeter([Costly(0.0)], max_gap_s=5.0, sample_hz=20.0, window_hz=100.0)
+    assert meter.status() == PowerStatus(
+        sources=("costly",),
+        reader="none",
+        sample_hz=20.0,
+        reading_cpu_s=None,
+        window_hz=100.0,
+        window_readings=0,
+        windows_refused=0,
+    )
+    meter.start()
+    try:
+        assert meter.status().reader == "python"  # no native stream: not a sysfs file
+        meter.read(t0 := time.monotonic(), window_until=t0 + 0.3)
+        wait_for(lambda: meter.windows.since is None, timeout=10)
+        status = meter.status()
+        assert status.window_readings == meter.window_readings > 0
+    finally:
+        meter.close()
 
 
 def test_in_process_rates_from_the_daemons_variables(

@@ -1,22 +1,28 @@
 """The board input streamed by the native reader (_stream.c), where it was built.
 
 A Python thread's wake is most of what a reading costs (docs/performance.md); the
-native thread reads the same open sysfs files without the GIL, at a rate the meter
-changes at once (the window rate at an edge), and keeps the raw values, which the
-meter drains at each edge. Where the extension is absent (no C compiler or Python
-headers at install), or ``EDGEWATT_NATIVE_READER=0``, the meter's own threads read.
+native thread reads the same open sysfs files without the GIL, at a rate changed at
+once (the window rate at an edge), and keeps the raw values, drained into the traces
+at each edge. Where the extension is absent (no C compiler or Python headers at
+install), or ``EDGEWATT_NATIVE_READER=0``, Python's threads read (python_reader.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
+from collections.abc import Sequence
 from typing import Protocol
+
+from edgewatt.core.power.reader import Pacing
+from edgewatt.core.power.traces import Traces
 
 log = logging.getLogger(__name__)
 
 # Readings a stream's ring holds between two drains: 33 s at the highest rate (1 kHz).
-# The meter drains it at every edge and, between edges further apart, every
+# The reader drains it at every edge and, between edges further apart, every
 # meter.NATIVE_DRAIN_S, so none is dropped whatever the pass interval.
 RING_READINGS = 32768
 
@@ -87,3 +93,85 @@ def stream(source: object, hz: float) -> NativeStream | None:
     except (OSError, ValueError) as exc:
         log.warning("native power reader unavailable, the Python one reads: %s", exc)
         return None
+
+
+class NativeReader:
+    """The streams of every streamed source, steered at the edges: at the window rate
+    while a window is young and the allowance lasts (one interval's overrun at most),
+    else at the steady rate. Their CPU (their threads' clocks, and the drains at the
+    edges) is counted at the edges: to the allowance where the window rate read since
+    the last edge, else to the steady rate's calibration window."""
+
+    name = "native"
+
+    def __init__(
+        self, streams: Sequence[NativeStream], traces: Traces, pacing: Pacing, drain_s: float
+    ) -> None:
+        self._streams = list(streams)
+        self._traces = traces
+        self._pacing = pacing
+        self.window_readings = 0
+        self._seen = (self.cpu_s(), time.monotonic())  # as of the last edge: CPU, when
+        self._moved = 0  # readings drained since the last edge
+        self._steady = (0.0, 0.0, 0)  # the calibration window so far: CPU, wall, readings
+        self._complete: tuple[float, float, int] | None = None  # to calibrate after the edge
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run_drains, args=(drain_s,), name="edgewatt-power-drain", daemon=True
+        )
+        self._thread.start()
+
+    def _run_drains(self, every_s: float) -> None:
+        """Between edges further apart than ``every_s``: the rings into the traces (its
+        own CPU is not counted: one drain in 8 s)."""
+        while not self._stop.wait(every_s):
+            with self._traces.lock:
+                self._move()
+
+    def _move(self) -> None:
+        """The readings since the last drain into the traces (lock held)."""
+        for stream in self._streams:
+            trace = self._traces.totals[stream.source.name]
+            for t, watts in stream.drain():
+                self._moved += trace.add(t, watts)
+
+    def at_edge(self, now: float) -> None:
+        started = time.thread_time()
+        self._move()
+        drained, self._moved = self._moved, 0
+        self._traces.readings += drained
+        cpu = self.cpu_s()
+        seen_cpu, seen_at = self._seen
+        spent = cpu - seen_cpu + time.thread_time() - started
+        self._seen = (cpu, now)
+        if self._pacing.windows.since is not None:
+            self._pacing.charge(now, spent)
+            self.window_readings += drained
+            return
+        cpu_s, wall_s, count = self._steady
+        cpu_s, wall_s, count = cpu_s + spent, wall_s + now - seen_at, count + drained
+        if wall_s < self._pacing.rate.calibration_s or count == 0:
+            self._steady = (cpu_s, wall_s, count)
+            return
+        self._steady = (0.0, 0.0, 0)
+        self._complete = (cpu_s, wall_s, count)
+
+    def after_edge(self, now: float, opened: bool) -> None:
+        pacing = self._pacing
+        if self._complete is not None:
+            complete, self._complete = self._complete, None
+            pacing.calibrate(*complete)
+        with pacing.lock:
+            reading = pacing.windows.reading(now)
+            hz = pacing.windows.hz if reading else pacing.rate.hz
+        for stream in self._streams:
+            stream.set_hz(hz)
+
+    def cpu_s(self) -> float:
+        return sum(n.cpu_s() for n in self._streams)
+
+    def close(self) -> None:
+        self._stop.set()
+        for stream in self._streams:
+            stream.close()
+        self._thread.join(timeout=2)

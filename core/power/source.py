@@ -17,9 +17,9 @@ from typing import Protocol
 from edgewatt.core.compat import SLOTS
 
 # The power reader's rate (config ``power_sample_hz``) is by default chosen on the
-# device itself (meter.py): the highest of AUTO_RATES_HZ whose cost, as the reader's
+# device itself (rate.py): the highest of AUTO_RATES_HZ whose cost, as the reader's
 # own thread measures it, stays within AUTO_BUDGET of one core (less what windows
-# spent lately, meter.py). On the 2-core VM of docs/performance.md the Python reader
+# spent lately, allowance.py). On the 2-core VM of docs/performance.md the Python reader
 # runs at 20 or 50 Hz, the native one (power/native.py) at 50 or 100 Hz; a Jetson
 # Nano core, about a fifth as fast, would get 10 Hz or less. Windows of 150 ms are
 # within 1 % at 50 Hz when they hold no step of the power, up to 12 % across a 10 W
@@ -31,7 +31,7 @@ AUTO_BUDGET = 0.005  # of one core
 # lines): under the automatic rate, this one, whatever the reader's thread settles at.
 AUTO_PUSH_HZ = 10.0
 MAX_SAMPLE_HZ = 1000.0
-# The rate young windows (phases, track calls, FL rounds) are read at (meter.py).
+# The rate young windows (phases, track calls, FL rounds) are read at (allowance.py).
 WINDOW_HZ = 200.0
 
 

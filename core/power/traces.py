@@ -1,0 +1,154 @@
+"""Every power source's energy, kept for the edges: one trace per rail and per source's
+total (trace.py), each source's latest reading, under one lock that the reader's
+threads and the edges share.
+
+Host totals: when a board source (INA3221, tegrastats) is present, its board input
+is the device's power and nothing else is added (RAPL or NVML, if any, are inside
+it). Otherwise the host total is the sum of the other sources' totals (RAPL
+packages + dram, or psys; NVML GPUs).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from edgewatt.core.power.source import Gpu, PowerReading, PowerSource
+from edgewatt.core.power.trace import Trace
+from edgewatt.core.power.values import PowerSnapshot, RailState
+
+log = logging.getLogger(__name__)
+
+
+class Traces:
+    def __init__(self, sources: Sequence[PowerSource], max_gap_s: float) -> None:
+        self.sources = list(sources)
+        self.max_gap_s = max_gap_s
+        boards = [s.name for s in self.sources if s.board]
+        # The sources whose totals make the device's (not overlapping).
+        self.contributing = set(boards[:1] or [s.name for s in self.sources])
+        # Pull sources without a counter: a reader streams them between the edges.
+        self.streamed: set[str] = set()
+        self.totals: dict[str, Trace] = {}
+        self.readings = 0  # taken, edges included, since start
+        self.lock = threading.Lock()
+        self._rails: dict[str, Trace] = {}
+        self._latest: dict[str, PowerReading] = {}
+        self._failing: set[str] = set()
+        self._host_energy = 0.0  # as last reported: never backwards
+
+    def latest(self, source: str) -> PowerReading | None:
+        return self._latest.get(source)
+
+    def take(self, source: PowerSource) -> None:
+        """Read ``source`` (its lines since the last take, for a push source) into the
+        traces (lock held). A failing source is logged once and retried at the next
+        take."""
+        try:
+            if source.pushed:
+                readings = source.arrived()
+            else:
+                reading = source.read()
+                readings = [reading] if reading is not None else []
+        except Exception as exc:  # a sensor failing at runtime must never stop sampling
+            if source.name not in self._failing:
+                self._failing.add(source.name)
+                log.warning("power source %s failed, retrying: %s", source.name, exc)
+            return
+        if readings and source.name in self._failing:
+            self._failing.discard(source.name)
+            log.info("power source %s is back", source.name)
+        for reading in readings:
+            self._feed(source, reading)
+
+    def _feed(self, source: PowerSource, reading: PowerReading) -> None:
+        t = reading.monotonic
+        for rail in reading.rails:
+            trace = self._rails.get(rail.id)
+            if trace is None:
+                trace = self._rails[rail.id] = Trace(
+                    self.max_gap_s, counter=rail.energy_j is not None
+                )
+            trace.add(t, rail.power_w, rail.energy_j)
+        if source.name in self.contributing:
+            trace = self.totals.get(source.name)
+            if trace is None:
+                counter = reading.total_energy_j is not None
+                trace = self.totals[source.name] = Trace(self.max_gap_s, counter=counter)
+                if not counter and not source.pushed:
+                    self.streamed.add(source.name)
+            trace.add(t, reading.total_w, reading.total_energy_j)
+        self._latest[source.name] = reading
+        self.readings += 1
+
+    def stream(self, source: PowerSource) -> None:
+        """One reading of a streamed source's total: its cheap path where it has one."""
+        with self.lock:
+            try:
+                total = source.read_total()
+            except Exception:  # the next edge's whole reading logs it
+                return
+            if total is None:
+                self.take(source)
+                return
+            self.totals[source.name].add(total[0], total[1])
+            self.readings += 1
+
+    def snapshot(self, now: float, period_s: float | None) -> PowerSnapshot:
+        """The device at ``now`` (lock held), energies interpolated to it."""
+        # A source whose last read failed, or silent beyond the gap, is left out.
+        fresh = [
+            (s, r)
+            for s in self.sources
+            if (r := self._latest.get(s.name)) is not None
+            and s.name not in self._failing
+            and now - r.monotonic <= self.max_gap_s
+        ]
+        rails: list[RailState] = []
+        gpus: list[Gpu] = []
+        temperatures: dict[tuple[str, str], float] = {}
+        for _, r in fresh:
+            for rail in r.rails:
+                trace = self._rails.get(rail.id)
+                energy = trace.at(now) if trace is not None else None
+                rails.append(
+                    RailState(rail.id, rail.name, rail.type, r.source, rail.power_w, energy)
+                )
+            gpus.extend(r.gpus)
+            temperatures.update({(r.source, name): c for name, c in r.temperatures_c.items()})
+        powers = [r.total_w for s, r in fresh if s.name in self.contributing]
+        # A partial sum would understate the device: no figure rather than a wrong one.
+        complete = len(powers) == len(self.contributing) and None not in powers
+        host_power = sum(p for p in powers if p is not None) if complete else None
+        # Summed over every contributing trace, read this edge or not: a source missing
+        # one edge must not make the host's energy go backwards. A power held past the
+        # last reading (a push source's line not yet come) may come in lower once the
+        # line comes, so the total is held where it was until it catches up.
+        counted = self._energy_at(now)
+        host_energy = None
+        if counted is not None:
+            host_energy = self._host_energy = max(self._host_energy, counted)
+        return PowerSnapshot(
+            host_power_w=host_power,
+            host_energy_j=host_energy,
+            rails=tuple(rails),
+            gpus=tuple(gpus),
+            temperatures_c=temperatures,
+            sources=tuple(s.name for s, _ in fresh),
+            measured_at=now if host_energy is not None else None,
+            period_s=period_s,
+        )
+
+    def energy_at(self, t: float) -> float | None:
+        """The device's energy up to a past instant ``t`` within the readings kept, never
+        above what the last snapshot said."""
+        with self.lock:
+            counted = self._energy_at(t)
+            return None if counted is None else min(self._host_energy, counted)
+
+    def _energy_at(self, t: float) -> float | None:
+        """The contributing traces' joules up to ``t``, summed (None: no trace yet)."""
+        if not self.totals:
+            return None
+        return sum(trace.at(t) for trace in self.totals.values())
