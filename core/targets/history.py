@@ -7,11 +7,23 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.labels import LabelError, validate_value
+from edgewatt.core.targets.errors import TargetError
 from edgewatt.core.targets.row import SampleRow
 
 # Phases a target's summary lists: the newest, so a tracked training step or an FL
 # round keeps being measured past the bound; the older ones are counted as dropped.
 MAX_PHASES = 1000
+MAX_PHASE_NAME = 128  # bytes of UTF-8
+
+
+def phase_name(name: object) -> str:
+    """``name`` checked as a phase's name: it becomes a label value, so the same rules
+    hold, with a shorter bound (TargetError naming what is wrong)."""
+    try:
+        return validate_value(name, "the phase name", MAX_PHASE_NAME)
+    except LabelError as exc:
+        raise TargetError("invalid phase name", str(exc)) from None
 
 
 @dataclass(**SLOTS)

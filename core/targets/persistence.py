@@ -4,6 +4,8 @@ exporter/registration.py's parse_saved reads an entry back)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from edgewatt.core.targets.target import Target
@@ -31,3 +33,20 @@ def saved(target: Target) -> dict[str, Any]:
             "container_id": name.container_id,
         }
     return entry
+
+
+class StateSaver:
+    """Hands the table's state to ``on_change`` (the daemon's state file; None:
+    nothing is kept, as in the in-process client)."""
+
+    def __init__(self, on_change: Callable[[list[dict[str, Any]]], None] | None) -> None:
+        self._on_change = on_change
+        self._lock = threading.Lock()
+
+    def save(self, state: Callable[[], list[dict[str, Any]]]) -> None:
+        """Save what ``state()`` returns now."""
+        if self._on_change is not None:
+            # Taken and handed on under one lock: of two changes saved at once, the
+            # state read last is also saved last (never an older over a newer).
+            with self._lock:
+                self._on_change(state())

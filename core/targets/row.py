@@ -58,11 +58,14 @@ SAMPLE_UNITS = {
 }
 
 _figures = operator.attrgetter(*SAMPLE_FIELDS)
+# A NamedTuple's own __new__ is a Python function of all its fields: building the
+# tuple directly costs half as much, for every target at every pass.
+_new = tuple.__new__
 
 
 def row_of(sample: ProcessSample, monotonic: float) -> SampleRow:
     """The row of ``sample``, taken at ``monotonic`` (time.monotonic's seconds)."""
-    return SampleRow(*_figures(sample), monotonic)
+    return _new(SampleRow, (*_figures(sample), monotonic))
 
 
 def sample_dict(row: SampleRow) -> dict[str, Any]:

@@ -22,6 +22,9 @@ class PhaseFigures(NamedTuple):
     duration_s: float  # edge to edge, so far while it runs
 
 
+_new = tuple.__new__  # skips PhaseFigures' Python-level __new__ (see row.py)
+
+
 def _change(before: Any, after: Any) -> Any:
     """A cumulative figure's increase (None where either end lacks it)."""
     return None if before is None or after is None else after - before
@@ -32,13 +35,16 @@ def phase_figures(phase: Phase) -> PhaseFigures:
     the last phases of every target at every pass)."""
     first, last = phase.first, phase.last
     if first is None or last is None:
-        return PhaseFigures(phase.name, phase.running, None, 0.0)
+        return _new(PhaseFigures, (phase.name, phase.ended_at is None, None, 0.0))
     energy = _change(first.energy_j, last.energy_j)
-    return PhaseFigures(
-        phase.name,
-        phase.running,
-        None if energy is None else round(energy, 3),
-        round(last.monotonic - first.monotonic, 3),
+    return _new(
+        PhaseFigures,
+        (
+            phase.name,
+            phase.ended_at is None,
+            None if energy is None else round(energy, 3),
+            round(last.monotonic - first.monotonic, 3),
+        ),
     )
 
 

@@ -11,13 +11,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.carbon import CarbonIntensity
-from edgewatt.core.labels import LabelError, validate_value
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets.access import Limits, check_owner
-from edgewatt.core.targets.errors import Conflict, NotFound, TargetError
-from edgewatt.core.targets.history import History, Phase
-from edgewatt.core.targets.persistence import saved
+from edgewatt.core.targets.errors import Conflict, NotFound
+from edgewatt.core.targets.history import History, Phase, phase_name
+from edgewatt.core.targets.persistence import StateSaver, saved
 from edgewatt.core.targets.resolve import Resolver
 from edgewatt.core.targets.row import row_of, sample_dict
 from edgewatt.core.targets.summary import PhaseFigures, phase_figures, summarize, summarize_phase
@@ -26,7 +25,6 @@ from edgewatt.core.targets.target import Identity, Observed, Target
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
     from edgewatt.core.sampling.cgroup_names import CgroupName
 
-MAX_PHASE_NAME = 128  # bytes of UTF-8
 # A sample's age at record, measured on the wall clock, is taken as at most this (an
 # exit sample is dated at the exit, up to an interval before its pass): a wall-clock
 # step between the read and the record moves it by no more.
@@ -34,6 +32,9 @@ MAX_SAMPLE_AGE_S = 60.0
 
 
 class TargetTable:
+    """Every registered target, running or exited (until purged), by id and by
+    identity; one lock, every operation under it short."""
+
     def __init__(
         self,
         limits: Limits,
@@ -55,14 +56,13 @@ class TargetTable:
         self._wall = wall_clock
         self._monotonic = monotonic_clock
         self._carbon = carbon
-        self._on_change = on_change
+        self._saver = StateSaver(on_change)
         # How a target's members are learnt (sampling/membership.py): the daemon says
         # "lineage" where it hears the kernel's process events.
         self.membership = PARENT_LINKS
         # The power sensors' period, as the sampler last saw it (None: no sensor).
         self.energy_period_s: float | None = None
         self._lock = threading.Lock()
-        self._save_lock = threading.Lock()
         self._targets: dict[str, Target] = {}
         self._by_identity: dict[tuple[int, int], str] = {}
 
@@ -96,27 +96,21 @@ class TargetTable:
         """Register a live process; returns (target, created). Registering a registered
         process again (same labels) holds the same target once more."""
         handle = self._resolver.process(pid, uid, expect_start)
-
-        def identity() -> Identity:
-            return Identity(
-                id=target_id or secrets.token_hex(6),
-                pid=pid,
-                start_ticks=handle.start_ticks,
-                start_time=self._resolver.start_time(handle.start_ticks),
-                labels=labels,
-                children=children,
-                uid=uid,
-                registered_at=registered_at or self._wall(),
-                executable=handle.executable,
-            )
-
+        identity = Identity(
+            id=target_id or secrets.token_hex(6),
+            pid=pid,
+            start_ticks=handle.start_ticks,
+            start_time=self._resolver.start_time(handle.start_ticks),
+            labels=labels,
+            children=children,
+            uid=uid,
+            registered_at=registered_at or self._wall(),
+            executable=handle.executable,
+        )
+        history = History(self._limits.history_samples)
         return self._hold_or_add(
-            (pid, handle.start_ticks),
-            uid,
-            same=lambda t: t.labels == labels and t.children == children,
-            conflict=lambda t: f"pid {pid} is target {t.id} with other labels or children flag",
-            make=lambda: self._new(identity(), holders, handle=handle),
-            discard=handle.close,
+            Target(identity, history, handle=handle, holders=max(1, holders)),
+            lambda t: f"pid {pid} is target {t.id} with other labels or children flag",
         )
 
     def register_cgroup(
@@ -135,68 +129,49 @@ class TargetTable:
         register which: access.check_cgroup. ``limited``: the user's lookup bounds
         hold (Resolver.cgroup)."""
         cgroup = self._resolver.cgroup(name, uid, gids, limited)
-
-        def identity() -> Identity:
-            now = self._wall()
-            return Identity(
-                id=target_id or secrets.token_hex(6),
-                pid=0,
-                start_ticks=cgroup.inode,
-                start_time=now,
-                labels=labels,
-                children=True,
-                uid=uid,
-                registered_at=registered_at or now,
-                executable=name.display,
-                cgroup_name=name,
-                gids=gids,
-            )
-
+        now = self._wall()
+        identity = Identity(
+            id=target_id or secrets.token_hex(6),
+            pid=0,
+            start_ticks=cgroup.inode,
+            start_time=now,
+            labels=labels,
+            children=True,
+            uid=uid,
+            registered_at=registered_at or now,
+            executable=name.display,
+            cgroup_name=name,
+            gids=gids,
+        )
+        history, observed = History(self._limits.history_samples), Observed(cgroup=cgroup.path)
         return self._hold_or_add(
-            (0, cgroup.inode),
-            uid,
-            same=lambda t: t.labels == labels,
-            conflict=lambda t: f"cgroup {cgroup.path} is target {t.id} with other labels",
-            make=lambda: self._new(identity(), holders, observed=Observed(cgroup=cgroup.path)),
+            Target(identity, history, observed, holders=max(1, holders)),
+            lambda t: f"cgroup {cgroup.path} is target {t.id} with other labels",
         )
 
-    def _new(self, identity: Identity, holders: int, **live: Any) -> Target:
-        history = History(self._limits.history_samples)
-        return Target(identity, history, holders=max(1, holders), **live)
-
-    def _hold_or_add(
-        self,
-        key: tuple[int, int],
-        uid: int,
-        *,
-        same: Callable[[Target], bool],
-        conflict: Callable[[Target], str],
-        make: Callable[[], Target],
-        discard: Callable[[], None] = lambda: None,
-    ) -> tuple[Target, bool]:
-        """The target of identity ``key`` held once more (the ``same`` registration,
-        else Conflict saying ``conflict(it)``), or ``make()``'s, within the limits;
-        ``discard`` lets go of what a new target would have kept (its process
-        handle). Both are persisted."""
+    def _hold_or_add(self, new: Target, conflict: Callable[[Target], str]) -> tuple[Target, bool]:
+        """The target of ``new``'s identity held once more (registered with the same
+        labels and children flag, else Conflict saying ``conflict(it)``), or ``new``,
+        within the limits; ``new``'s handle is closed where it is not kept. Both are
+        persisted."""
+        key = new.identity.key
         with self._lock:
             existing_id = self._by_identity.get(key)
-            if existing_id is not None:
-                discard()
-                existing = self._targets[existing_id]
-                if not same(existing):
-                    raise Conflict("already registered", conflict(existing))
-                existing.holders += 1
-                target, created = existing, False
-            else:
+            if existing_id is None:
                 running = [t.uid for t in self._targets.values() if t.exited_at is None]
-                refusal = self._limits.refusal(running, uid)
+                refusal = self._limits.refusal(running, new.uid)
                 if refusal is not None:
-                    discard()
+                    _discard(new)
                     raise refusal
-                target = make()
-                self._targets[target.id] = target
-                self._by_identity[key] = target.id
-                created = True
+                self._targets[new.id] = new
+                self._by_identity[key] = new.id
+                target, created = new, True
+            else:
+                _discard(new)
+                target, created = self._targets[existing_id], False
+                if (target.labels, target.children) != (new.labels, new.children):
+                    raise Conflict("already registered", conflict(target))
+                target.holders += 1
         self.persist()  # a new target, or one more holder: both are persisted
         return target, created
 
@@ -214,11 +189,9 @@ class TargetTable:
         return target
 
     def start_phase(self, target_id: str, name: object, uid: int) -> Phase:
-        # A phase name becomes a label value: the same rules, a shorter bound.
-        try:
-            valid = validate_value(name, "the phase name", MAX_PHASE_NAME)
-        except LabelError as exc:
-            raise TargetError("invalid phase name", str(exc)) from None
+        """Start phase ``name`` (ending the running one); TargetError where the name is
+        not a valid label value, Conflict where the target has exited."""
+        valid = phase_name(name)
         now = self._wall()
         with self._lock:
             target = self._get(target_id)
@@ -234,8 +207,6 @@ class TargetTable:
         with self._lock:
             target = self._get(target_id)
             check_owner(target, uid)
-            if target.history.running_phase is None:
-                return None
             return target.history.end_phase(self._wall())
 
     # -- reading ------------------------------------------------------------------
@@ -243,10 +214,6 @@ class TargetTable:
     def get(self, target_id: str) -> Target:
         with self._lock:
             return self._get(target_id)
-
-    def all(self) -> list[Target]:
-        with self._lock:
-            return list(self._targets.values())
 
     def running(self) -> list[Target]:
         with self._lock:
@@ -280,13 +247,8 @@ class TargetTable:
 
     def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
         with self._lock:
-            return summarize(
-                self._get(target_id),
-                logical_cpus,
-                self._carbon,
-                self.membership,
-                self.energy_period_s,
-            )
+            target, period_s = self._get(target_id), self.energy_period_s
+            return summarize(target, logical_cpus, self._carbon, self.membership, period_s)
 
     def phase_summary(self, target_id: str, phase: Phase, logical_cpus: int) -> dict[str, Any]:
         """One phase's figures, as the summary lists them."""
@@ -315,14 +277,12 @@ class TargetTable:
                 target = self._targets.get(sample.target_id)
                 if target is None:
                     continue
-                target.observed.update(sample)
-                history = target.history
-                history.note_period(self.energy_period_s)
-                if only is None or target.id in only:
-                    age = min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
-                    history.add(row_of(sample, monotonic - age))
-                if history.phases:
-                    recent[target.id] = tuple(phase_figures(p) for p in history.phases[-phases:])
+                age = min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
+                row = row_of(sample, monotonic - age) if only is None or target.id in only else None
+                target.observe(sample, row, self.energy_period_s)
+                if target.history.phases:
+                    latest = target.history.phases[-phases:]
+                    recent[target.id] = tuple(phase_figures(p) for p in latest)
         return recent
 
     def mark_exited(
@@ -334,9 +294,8 @@ class TargetTable:
         rss_peak_bytes: int | None = None,
         end_reason: str | None = None,
     ) -> None:
-        """The target is gone; its last sample (taken at the exit, see Sampler) ends
-        its history. ``exit_mode`` says how exact that sample is; ``rss_peak_bytes`` is
-        the kernel's peak RSS of a one-process target, which no sample can miss."""
+        """The target is gone, at ``when``: Target.end; its identity may be registered
+        anew."""
         with self._lock:
             target = self._targets.get(target_id)
             if target is None or target.exited_at is not None:
@@ -355,22 +314,23 @@ class TargetTable:
                 del self._targets[target_id]
         return len(expired)
 
-    # -- persistence --------------------------------------------------------------
-
     def persistent_state(self) -> list[dict[str, Any]]:
+        """The running targets' state-file entries."""
         with self._lock:
             return [saved(t) for t in self._targets.values() if t.exited_at is None]
 
     def persist(self) -> None:
         """Hand the state to on_change (the state file)."""
-        if self._on_change is not None:
-            # Taken and handed on under one lock: of two changes saved at once, the
-            # state read last is also saved last (never an older over a newer).
-            with self._save_lock:
-                self._on_change(self.persistent_state())
+        self._saver.save(self.persistent_state)
 
     def _get(self, target_id: str) -> Target:
         target = self._targets.get(target_id)
         if target is None:
             raise NotFound("no such target", f"no target with id {target_id!r}")
         return target
+
+
+def _discard(target: Target) -> None:
+    """Let go of what a target not kept holds: its process handle."""
+    if target.handle is not None:
+        target.handle.close()

@@ -10,7 +10,7 @@ from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets.history import History
-from edgewatt.core.targets.row import sample_dict
+from edgewatt.core.targets.row import SampleRow, sample_dict
 
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
     from edgewatt.core.sampling.cgroup_names import CgroupName
@@ -60,6 +60,8 @@ class Observed:
     network_unknown: str | None = None
 
     def update(self, sample: ProcessSample) -> None:
+        """Take ``sample``'s view; a cgroup's figures come only with its cgroup, and
+        what the network figures count stays until a pass says otherwise."""
         self.members = sample.members
         if sample.cgroup is not None:
             self.cgroup, self.cgroup_memory = sample.cgroup, sample.cgroup_memory
@@ -133,6 +135,15 @@ class Target:
     def kind(self) -> str:
         return "process" if self.identity.cgroup_name is None else "cgroup"
 
+    def observe(self, sample: ProcessSample, row: SampleRow | None, period_s: float | None) -> None:
+        """One pass's ``sample``: what it saw is kept, its ``row`` added to the history
+        (None: a pass on demand for other targets); ``period_s``: the power sensors'
+        period over that pass."""
+        self.observed.update(sample)
+        self.history.note_period(period_s)
+        if row is not None:
+            self.history.add(row)
+
     def end(
         self,
         when: float,
@@ -140,7 +151,9 @@ class Target:
         rss_peak_bytes: int | None = None,
         end_reason: str | None = None,
     ) -> None:
-        """It exited at ``when``: see TargetTable.mark_exited."""
+        """It exited at ``when``; its last sample (taken at the exit, see Sampler) ends
+        its history. ``exit_mode`` says how exact that sample is; ``rss_peak_bytes`` is
+        the kernel's peak RSS of a one-process target, which no sample can miss."""
         self.exited_at = when
         self.exit_mode = exit_mode
         self.end_reason = end_reason
