@@ -32,8 +32,7 @@ MAX_SAMPLE_AGE_S = 60.0
 
 
 class TargetTable:
-    """Every registered target, running or exited (until purged), by id and by
-    identity; one lock, every operation under it short."""
+    """Every registered target, running or exited until purged, by id and identity."""
 
     def __init__(
         self,
