@@ -35,14 +35,15 @@ class Phase:
     name: str
     started_at: float  # unix seconds: when, as users see it
     started_monotonic: float = 0.0  # for its age (time.monotonic)
-    first: SampleRow | None = None
-    last: SampleRow | None = None
-    ended_at: float | None = None
-    closed: bool = False  # the sample after the end has been taken
-    rss_peak: int = 0
+    # What its samples and end make of it (none given at its start):
+    first: SampleRow | None = field(default=None, init=False)
+    last: SampleRow | None = field(default=None, init=False)
+    ended_at: float | None = field(default=None, init=False)
+    closed: bool = field(default=False, init=False)  # the sample after the end was taken
+    rss_peak: int = field(default=0, init=False)
     # The power sensors' coarsest period over the intervals between its samples (the
     # window is flagged against it; None: no sensor, or no interval yet).
-    period_s: float | None = None
+    period_s: float | None = field(default=None, init=False)
 
     @property
     def running(self) -> bool:
@@ -64,19 +65,20 @@ class Phase:
 class History:
     """A bounded ring of samples plus running figures that outlive the ring."""
 
-    capacity: int
+    capacity: int  # rows kept
+    # What its rows make of it (none given at its start):
     rows: deque[SampleRow] = field(init=False)
-    first: SampleRow | None = None
-    last: SampleRow | None = None
-    count: int = 0
-    rss_peak: int = 0
-    rss_sum: float = 0.0
-    phases: list[Phase] = field(default_factory=list)
-    phases_dropped: int = 0  # the oldest phases, beyond the newest MAX_PHASES
+    first: SampleRow | None = field(default=None, init=False)
+    last: SampleRow | None = field(default=None, init=False)
+    count: int = field(default=0, init=False)
+    rss_peak: int = field(default=0, init=False)
+    rss_sum: float = field(default=0.0, init=False)
+    phases: list[Phase] = field(default_factory=list, init=False)
+    phases_dropped: int = field(default=0, init=False)  # the oldest, beyond MAX_PHASES
     # The sensors' coarsest period since the last row (passes that added none to this
     # target's history: on demand for others), and over the whole history.
-    pending_period_s: float | None = None
-    period_s: float | None = None
+    pending_period_s: float | None = field(default=None, init=False)
+    period_s: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.rows = deque(maxlen=self.capacity)
