@@ -235,8 +235,8 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def _register(args: argparse.Namespace) -> int:
+    from edgewatt.cli.registrations import register
     from edgewatt.cli.run import parse_labels
-    from edgewatt.cli.targets import register
 
     try:
         body: dict = {"labels": parse_labels(args.label)}
@@ -249,7 +249,7 @@ def _register(args: argparse.Namespace) -> int:
     if args.runtime is not None:
         body["runtime"] = args.runtime
     if args.container is not None:
-        from edgewatt.cli.targets import container_id
+        from edgewatt.cli.registrations import container_id
 
         found = container_id(args.container, args.runtime)
         if found is not None:  # the daemon finds it by id where it may not ask the runtime
@@ -258,13 +258,13 @@ def _register(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from edgewatt.cli.targets import summary
+    from edgewatt.cli.registrations import summary
 
     return summary(args.id, args.socket, args.json)
 
 
 def _unregister(args: argparse.Namespace) -> int:
-    from edgewatt.cli.targets import unregister
+    from edgewatt.cli.registrations import unregister
 
     return unregister(args.id, args.socket)
 

@@ -59,19 +59,17 @@ class LocalSampler:
         )
         from edgewatt.core.power.source import PowerOptions
         from edgewatt.core.sampler import Sampler
-        from edgewatt.core.targets import TargetTable
+        from edgewatt.core.targets import Limits, Resolver, TargetTable
 
         carbon = from_environment()
         self.backend = platforms.choose()
         # One target inside a busy process: the kernel's children files (see LinuxPlatform).
         platform = platforms.create(self.backend, children_files=True)
         self.table = TargetTable(
-            boot_time=platform.boot_time(),
-            clock_ticks=platform.clock_ticks,
-            max_targets=1,
-            history_samples=3600,
-            exited_retention_s=float("inf"),
-            open_process=platform.open_process,
+            Limits(max_targets=1, history_samples=3600, exited_retention_s=float("inf")),
+            Resolver(
+                platform.boot_time(), platform.clock_ticks, open_process=platform.open_process
+            ),
             carbon=carbon,
         )
         self.target, _ = self.table.register(pid, labels or {}, children, current_uid())

@@ -32,7 +32,15 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from edgewatt.core.sampling import procfs
-from edgewatt.core.targets import TargetError, TargetTable, TooManyLookups
+from edgewatt.core.targets import (
+    Conflict,
+    Forbidden,
+    NotFound,
+    TargetError,
+    TargetTable,
+    TooMany,
+    TooManyLookups,
+)
 from edgewatt.core.transport import directory_problem, peer_credentials
 from edgewatt.exporter.registration import (
     TARGET_ID,
@@ -58,6 +66,14 @@ class ApiError(Exception):
         self.status = status
         self.error = error
         self.detail = detail
+
+
+# The status each refusal of the table is answered with (any other TargetError: 400).
+_STATUS: dict[type[TargetError], int] = {NotFound: 404, Forbidden: 403, Conflict: 409, TooMany: 429}
+
+
+def _status(exc: TargetError) -> int:
+    return next((s for kind, s in _STATUS.items() if isinstance(exc, kind)), 400)
 
 
 def _credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -159,7 +175,7 @@ class _Handler(BaseHTTPRequestHandler):
         except InvalidRegistration as exc:
             self._reply(400, {"error": exc.error, "detail": exc.detail})
         except TargetError as exc:
-            self._reply(exc.status, {"error": exc.error, "detail": exc.detail})
+            self._reply(_status(exc), {"error": exc.error, "detail": exc.detail})
         except Exception:
             log.exception("api: unexpected error on %s %s", self.command, self.path)
             self._reply(500, {"error": "internal error", "detail": "see the daemon's log"})

@@ -36,7 +36,7 @@ from edgewatt.core.sampling.proc_events import ProcEvents
 from edgewatt.core.sampling.sockets import DestroyListener
 from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
 from edgewatt.core.snapshot import host_document
-from edgewatt.core.targets import SAMPLE_UNITS, TargetError, TargetTable
+from edgewatt.core.targets import SAMPLE_UNITS, Limits, Resolver, TargetError, TargetTable
 from edgewatt.core.text import printable
 from edgewatt.exporter.api import ApiServer
 from edgewatt.exporter.config import KEYS, Config, ConfigError
@@ -122,13 +122,13 @@ class Daemon:
         self.statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc))
         self.state_error: str | None = None  # why the last save failed; None: it worked
         self.table = TargetTable(
-            boot_time=procfs.boot_time(proc),
-            clock_ticks=procfs.CLOCK_TICKS,
-            max_targets=config.max_targets,
-            max_targets_per_uid=config.max_targets_per_uid,
-            history_samples=config.history_samples,
-            exited_retention_s=config.exited_retention,
-            proc=proc,
+            Limits(
+                max_targets=config.max_targets,
+                max_targets_per_uid=config.max_targets_per_uid,
+                history_samples=config.history_samples,
+                exited_retention_s=config.exited_retention,
+            ),
+            Resolver(procfs.boot_time(proc), procfs.CLOCK_TICKS, proc),
             on_change=self._persist,
             carbon=self.carbon,
         )

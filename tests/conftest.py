@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgewatt.core import transport
 from edgewatt.core.sampling import procfs
-from edgewatt.core.targets import TargetTable
+from edgewatt.core.targets import Limits, Resolver, TargetTable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -312,11 +312,8 @@ def table_with(pid: int, **clocks: Callable[[], float]) -> TargetTable:
     """A target table with ``pid`` registered (descendants included), for in-process
     sampler tests; ``clocks``: its wall_clock and monotonic_clock, where given."""
     table = TargetTable(
-        boot_time=procfs.boot_time(),
-        clock_ticks=procfs.CLOCK_TICKS,
-        max_targets=10,
-        history_samples=100,
-        exited_retention_s=60,
+        Limits(max_targets=10, history_samples=100, exited_retention_s=60),
+        Resolver(procfs.boot_time(), procfs.CLOCK_TICKS),
         **clocks,
     )
     table.register(pid, {}, True, os.getuid())

@@ -522,7 +522,7 @@ def test_status_escapes_control_characters(daemon: DaemonProcess, spawn: Any) ->
 
 def test_an_older_save_never_overwrites_a_newer_one(spawn: Any) -> None:
     from edgewatt.core.sampling import procfs
-    from edgewatt.core.targets import TargetTable
+    from edgewatt.core.targets import Limits, Resolver, TargetTable
 
     saved: list[list[int]] = []
     first = threading.Event()
@@ -534,9 +534,10 @@ def test_an_older_save_never_overwrites_a_newer_one(spawn: Any) -> None:
         saved.append(sorted(t["pid"] for t in state))
 
     table = TargetTable(
-        boot_time=procfs.boot_time(), clock_ticks=procfs.CLOCK_TICKS, max_targets=10,
-        history_samples=10, exited_retention_s=60, on_change=slow_save,
-    )  # fmt: skip
+        Limits(max_targets=10, history_samples=10, exited_retention_s=60),
+        Resolver(procfs.boot_time(), procfs.CLOCK_TICKS),
+        on_change=slow_save,
+    )
     a, b = spawn("import time; time.sleep(60)"), spawn("import time; time.sleep(60)")
     slow = threading.Thread(target=table.register, args=(a.pid, {}, True, 0))
     slow.start()

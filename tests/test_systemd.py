@@ -23,7 +23,7 @@ from edgewatt.cli import service_env
 from edgewatt.cli.service import install, render_unit, uninstall
 from edgewatt.core.sampler import Sampler
 from edgewatt.core.sampling import procfs
-from edgewatt.core.targets import TargetTable
+from edgewatt.core.targets import Limits, Resolver, TargetTable
 from edgewatt.exporter import config as cfg
 from edgewatt.exporter.notify import Notifier
 from tests.conftest import ROOT, DaemonProcess, wait_for
@@ -220,8 +220,8 @@ def test_notify_protocol_with_the_real_daemon(
 class StallableTable(TargetTable):
     """running() blocks while ``stall`` is set: a sampler stuck on /proc."""
 
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self.release = threading.Event()
         self.release.set()
 
@@ -234,9 +234,9 @@ def test_a_stalled_sampler_stops_the_watchdog_pings(tmp_path: Path) -> None:
     listener = Listener(tmp_path / "n.sock")
     notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "n.sock"), "WATCHDOG_USEC": "200000"})
     table = StallableTable(
-        boot_time=procfs.boot_time(), clock_ticks=procfs.CLOCK_TICKS, max_targets=5,
-        history_samples=10, exited_retention_s=10,
-    )  # fmt: skip
+        Limits(max_targets=5, history_samples=10, exited_retention_s=10),
+        Resolver(procfs.boot_time(), procfs.CLOCK_TICKS),
+    )
     sampler = Sampler(table, interval=0.05, host_name="h", on_pass=lambda s: notifier.watchdog())
     stop = threading.Event()
     thread = threading.Thread(target=sampler.run, args=(stop,), daemon=True)

@@ -1,11 +1,30 @@
-"""The target table's phases: which sensor period a window is flagged against."""
+"""The target table: its phases (which sensor period a window is flagged against), the
+summary's arithmetic on named rows, a target's persisted identity apart from what each
+pass sees, and the bounds, each through its own module."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 
-from edgewatt.core.targets import TargetTable
+import pytest
+
+from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.targets import (
+    Conflict,
+    Forbidden,
+    History,
+    Identity,
+    Limits,
+    NotFound,
+    Target,
+    TargetError,
+    TargetTable,
+    TooMany,
+    TooManyLookups,
+)
+from edgewatt.core.targets.row import SampleRow, row_of, sample_dict
+from edgewatt.core.targets.summary import span
 from tests.conftest import table_with
 from tests.snapshots import process
 
@@ -137,3 +156,107 @@ def test_a_wall_clock_step_moves_no_duration() -> None:
     table.start_phase(target.id, "live", uid)
     clocks.step, clocks.t = -3600.0, 21.0
     assert table.youngest_phase_age() == 2.0
+
+
+# -- the package's seams ---------------------------------------------------------------
+
+
+def _row(at: float, **figures: float | int | None) -> SampleRow:
+    """A history row read at ``at`` s (monotonic), from tests/snapshots.py's sample."""
+    return row_of(dataclasses.replace(process(0), time=1_700_000_000.0 + at, **figures), at)
+
+
+def test_a_span_is_what_was_consumed_between_two_named_rows() -> None:
+    first = _row(10.0, cpu_user_s=1.0, energy_j=4.0, device_energy_j=100.0, disk_read_bytes=4096)
+    last = _row(
+        14.0,
+        cpu_user_s=3.0,
+        cpu_system_s=1.25,
+        energy_j=12.0,
+        device_energy_j=140.0,
+        disk_read_bytes=12288,
+        network_transmit_bytes=1500,
+    )
+    # Each figure by its name; the monotonic time is the row's, never shown to users.
+    assert (last.cpu_user_s, last.energy_j, last.monotonic) == (3.0, 12.0, 14.0)
+    assert sample_dict(last)["disk_read_bytes"] == 12288 and "monotonic" not in sample_dict(last)
+    assert span(first, last, 2, None, period_s=5.0) == {
+        "duration_s": 4.0,
+        "cpu_user_s": 2.0,
+        "cpu_system_s": 1.0,
+        "cpu_avg_cores": 0.75,
+        "cpu_avg_utilization": 0.375,
+        "disk_read_bytes": 8192,
+        "disk_write_bytes": None,  # unknown at both ends: unknown, never 0
+        "network_transmit_bytes": 500,
+        "network_receive_bytes": 0,
+        "energy_j": 8.0,
+        "power_avg_w": 2.0,
+        "device_energy_j": 40.0,
+        "shorter_than_sensor_period": True,  # 4 s read by a sensor every 5 s
+    }
+    carbon = span(first, last, 2, CarbonIntensity(450.0, "test"), period_s=1.0)
+    assert carbon["shorter_than_sensor_period"] is False
+    assert carbon["carbon_g"] == pytest.approx(8.0 / 3_600_000 * 450.0, rel=1e-12)
+    assert span(None, None, 2, None)["duration_s"] == 0.0  # no sample yet
+
+
+def test_a_targets_identity_is_fixed_and_is_all_the_state_file_keeps() -> None:
+    table = table_with(os.getpid(), wall_clock=lambda: 1_700_000_000.0)
+    (target,) = table.running()
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    saved = {
+        "id": target.id,
+        "pid": os.getpid(),
+        "start_ticks": start_ticks,
+        "labels": {},
+        "children": True,
+        "uid": os.getuid(),
+        "registered_at": 1_700_000_000.0,
+        "holders": 1,
+    }
+    assert table.persistent_state() == [saved]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        target.identity.pid = 1  # type: ignore[misc]
+    # A pass changes what it saw, not who the target is.
+    table.record([dataclasses.replace(process(0), target_id=target.id, members=(7, 8))], 10)
+    assert target.members == (7, 8) and target.observed.members == (7, 8)
+    assert table.persistent_state() == [saved]
+    table.register(os.getpid(), {}, True, os.getuid())  # held twice: the count is kept
+    assert table.persistent_state() == [{**saved, "holders": 2}]
+    table.mark_exited(target.id, 1_700_000_005.0)
+    assert table.persistent_state() == [] and target.handle is None
+    assert target.identity.pid == os.getpid()  # an exited target still says who it was
+
+
+def _exited(at: float) -> Target:
+    identity = Identity(f"t{at:g}", 1, 1, 0.0, {}, False, 1000, 0.0)
+    return Target(identity, History(1), exited_at=at)
+
+
+def test_the_bounds_refuse_and_forget_by_rule() -> None:
+    limits = Limits(
+        max_targets=3, history_samples=10, exited_retention_s=60.0, max_targets_per_uid=2
+    )
+    assert limits.refusal([1000, 0], 1000) is None
+    per_user = limits.refusal([1000, 1000], 1000)
+    assert isinstance(per_user, TooMany) and per_user.detail == "at most 2 per user may run at once"
+    assert limits.refusal([1000, 1000], 0) is None  # root is held to the total alone
+    total = limits.refusal([0, 0, 1000], 0)
+    assert total is not None and total.detail == "at most 3 may run at once"
+    # Five exited, at most three kept: the two oldest go; past the 60 s retention at
+    # 85 s, the one exited at 20 s goes too.
+    exited = [_exited(at) for at in (40.0, 0.0, 30.0, 10.0, 20.0)]
+    assert limits.expired(exited, 85.0) == ["t0", "t10", "t20"]
+    assert limits.expired(exited[:3], 85.0) == ["t0"]
+
+
+def test_a_refusal_says_what_it_is_not_how_http_answers_it() -> None:
+    # The API maps each kind to its status (exporter/api.py); the table knows no HTTP.
+    kinds = (TargetError, NotFound, Forbidden, Conflict, TooMany, TooManyLookups)
+    assert [k for k in kinds if hasattr(k, "status")] == []
+    refused = TooManyLookups("3 name lookups a second per user", 0.5)
+    assert (refused.error, refused.retry_s, str(refused)) == (
+        "too many lookups", 0.5, "too many lookups: 3 name lookups a second per user"
+    )  # fmt: skip

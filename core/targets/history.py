@@ -1,0 +1,139 @@
+"""A target's history: a bounded ring of sample rows, the running figures that outlive
+the ring, and the phases (named spans) bounded by those rows."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from edgewatt.core.compat import SLOTS
+from edgewatt.core.labels import LabelError, validate_value
+from edgewatt.core.targets.errors import TargetError
+from edgewatt.core.targets.row import SampleRow
+
+# Phases a target's summary lists: the newest, so a tracked training step or an FL
+# round keeps being measured past the bound; the older ones are counted as dropped.
+MAX_PHASES = 1000
+MAX_PHASE_NAME = 128  # bytes of UTF-8
+
+
+def phase_name(name: object) -> str:
+    """``name`` checked as a phase's name: it becomes a label value, so the same rules
+    hold, with a shorter bound (TargetError naming what is wrong)."""
+    try:
+        return validate_value(name, "the phase name", MAX_PHASE_NAME)
+    except LabelError as exc:
+        raise TargetError("invalid phase name", str(exc)) from None
+
+
+@dataclass(**SLOTS)
+class Phase:
+    """A named span bounded by samples: from the first sample taken after it began to
+    the first taken after it ended. Adjacent phases share that boundary sample, so
+    their figures add up; each edge is late by less than one interval."""
+
+    name: str
+    started_at: float  # unix seconds: when, as users see it
+    started_monotonic: float = 0.0  # for its age (time.monotonic)
+    # What its samples and end make of it (none given at its start):
+    first: SampleRow | None = field(default=None, init=False)
+    last: SampleRow | None = field(default=None, init=False)
+    ended_at: float | None = field(default=None, init=False)
+    closed: bool = field(default=False, init=False)  # the sample after the end was taken
+    rss_peak: int = field(default=0, init=False)
+    # The power sensors' coarsest period over the intervals between its samples (the
+    # window is flagged against it; None: no sensor, or no interval yet).
+    period_s: float | None = field(default=None, init=False)
+
+    @property
+    def running(self) -> bool:
+        return self.ended_at is None
+
+    def add(self, row: SampleRow, period_s: float | None = None) -> None:
+        """A sample; ``period_s``: the sensors' period over the interval it ends."""
+        if self.first is None:
+            self.first = row
+        elif period_s is not None:
+            self.period_s = max(self.period_s or 0.0, period_s)
+        self.last = row
+        self.rss_peak = max(self.rss_peak, row.memory_rss_bytes)
+        if self.ended_at is not None:
+            self.closed = True
+
+
+@dataclass(**SLOTS)
+class History:
+    """A bounded ring of samples plus running figures that outlive the ring."""
+
+    capacity: int  # rows kept
+    # What its rows make of it (none given at its start):
+    rows: deque[SampleRow] = field(init=False)
+    first: SampleRow | None = field(default=None, init=False)
+    last: SampleRow | None = field(default=None, init=False)
+    count: int = field(default=0, init=False)
+    rss_peak: int = field(default=0, init=False)
+    rss_sum: float = field(default=0.0, init=False)
+    phases: list[Phase] = field(default_factory=list, init=False)
+    phases_dropped: int = field(default=0, init=False)  # the oldest, beyond MAX_PHASES
+    # The sensors' coarsest period since the last row (passes that added none to this
+    # target's history: on demand for others), and over the whole history.
+    pending_period_s: float | None = field(default=None, init=False)
+    period_s: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.rows = deque(maxlen=self.capacity)
+
+    def note_period(self, period_s: float | None) -> None:
+        """A pass's sensor period, whether or not it adds a row here."""
+        if period_s is not None:
+            self.pending_period_s = max(self.pending_period_s or 0.0, period_s)
+
+    def add(self, row: SampleRow) -> None:
+        period, self.pending_period_s = self.pending_period_s, None
+        if self.first is not None and period is not None:
+            self.period_s = max(self.period_s or 0.0, period)
+        self.rows.append(row)
+        if self.first is None:
+            self.first = row
+        self.last = row
+        self.count += 1
+        rss = row.memory_rss_bytes
+        self.rss_peak = max(self.rss_peak, rss)
+        self.rss_sum += rss
+        # Only the last two phases can still be open: the running one, and the one
+        # that ended since the previous sample and waits for its closing sample.
+        for phase in self.phases[-2:]:
+            if not phase.closed:
+                phase.add(row, period)
+
+    @property
+    def running_phase(self) -> Phase | None:
+        """The phase not yet ended, if any (only the newest can be)."""
+        phases = self.phases
+        return phases[-1] if phases and phases[-1].ended_at is None else None
+
+    def start_phase(self, phase: Phase, now: float) -> None:
+        """End the running phase at ``now`` and start ``phase``; the oldest beyond the
+        bound go (they are closed: only the last two can still take samples)."""
+        self.end_phase(now)
+        phases = self.phases
+        phases.append(phase)
+        if len(phases) > MAX_PHASES:
+            del phases[0]  # a list, not a deque: the pass slices the last few
+            self.phases_dropped += 1
+
+    def end_phase(self, now: float) -> Phase | None:
+        """End the running phase at ``now``; returns it (None: none was running)."""
+        phase = self.running_phase
+        if phase is not None:
+            phase.ended_at = now
+        return phase
+
+    def end(self, when: float, rss_peak_bytes: int | None) -> None:
+        """The target exited at ``when``: its running phase ends there, and the kernel's
+        peak RSS (``rss_peak_bytes``, where known) counts, as no sample can miss it."""
+        if rss_peak_bytes is not None:
+            self.rss_peak = max(self.rss_peak, rss_peak_bytes)
+        for phase in self.phases:
+            if phase.ended_at is None:
+                phase.ended_at = when

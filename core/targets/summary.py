@@ -1,0 +1,172 @@
+"""What a target consumed between two of its samples, and the summary's JSON: pure
+functions of the rows, the phases and the target, called under the table's lock."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.targets.history import Phase
+from edgewatt.core.targets.row import SampleRow
+
+if TYPE_CHECKING:
+    from edgewatt.core.targets.target import Target
+
+
+class PhaseFigures(NamedTuple):
+    """A phase as the sampler exports it each pass (ProcessSample.phases)."""
+
+    name: str
+    running: bool
+    energy_j: float | None  # attributed in it
+    duration_s: float  # edge to edge, so far while it runs
+
+
+_new = tuple.__new__  # skips PhaseFigures' Python-level __new__ (see row.py)
+
+
+def _change(before: Any, after: Any) -> Any:
+    """A cumulative figure's increase (None where either end lacks it)."""
+    return None if before is None or after is None else after - before
+
+
+def phase_figures(phase: Phase) -> PhaseFigures:
+    """A phase's exported figures, as span gives them (two of its fields: this runs for
+    the last phases of every target at every pass)."""
+    first, last = phase.first, phase.last
+    if first is None or last is None:
+        return _new(PhaseFigures, (phase.name, phase.ended_at is None, None, 0.0))
+    energy = _change(first.energy_j, last.energy_j)
+    return _new(
+        PhaseFigures,
+        (
+            phase.name,
+            phase.ended_at is None,
+            None if energy is None else round(energy, 3),
+            round(last.monotonic - first.monotonic, 3),
+        ),
+    )
+
+
+def span(
+    first: SampleRow | None,
+    last: SampleRow | None,
+    logical_cpus: int,
+    carbon: CarbonIntensity | None,
+    period_s: float | None = None,
+) -> dict[str, Any]:
+    """Differences between two samples: what the target consumed in between;
+    ``period_s``: the power sensors' coarsest period over the span (None: unknown)."""
+
+    def delta(name: str) -> Any:
+        if first is None or last is None:
+            return None
+        return _change(getattr(first, name), getattr(last, name))
+
+    duration = 0.0 if first is None or last is None else last.monotonic - first.monotonic
+    user, system, energy = delta("cpu_user_s"), delta("cpu_system_s"), delta("energy_j")
+    device = delta("device_energy_j")
+    cpu = None if user is None or system is None else user + system
+    per_second = duration > 0 and cpu is not None
+    figures = {
+        "duration_s": round(duration, 3),
+        "cpu_user_s": None if user is None else round(user, 3),
+        "cpu_system_s": None if system is None else round(system, 3),
+        "cpu_avg_cores": round(cpu / duration, 4) if per_second else None,
+        "cpu_avg_utilization": round(cpu / duration / logical_cpus, 4) if per_second else None,
+        "disk_read_bytes": delta("disk_read_bytes"),
+        "disk_write_bytes": delta("disk_write_bytes"),
+        "network_transmit_bytes": delta("network_transmit_bytes"),
+        "network_receive_bytes": delta("network_receive_bytes"),
+        "energy_j": None if energy is None else round(energy, 3),
+        "power_avg_w": round(energy / duration, 3) if energy is not None and duration > 0 else None,
+        "device_energy_j": None if device is None else round(device, 3),
+        # A window shorter than the sensors' period is not resolved by them: its energy
+        # is interpolated between readings outside it (None: no sensor, or its period
+        # is unknown).
+        "shorter_than_sensor_period": None
+        if device is None or period_s is None
+        else duration < period_s,
+    }
+    if carbon is not None:  # of the energy as reported, so that the product is exact
+        figures["carbon_g"] = None if energy is None else carbon.grams(figures["energy_j"])
+    return figures
+
+
+def summarize_phase(
+    phase: Phase, logical_cpus: int, carbon: CarbonIntensity | None, period_s: float | None
+) -> dict[str, Any]:
+    """One phase as the summary lists it; ``period_s``: the sensors' period now, for a
+    phase with no interval of its own yet."""
+    item = {"name": phase.name, "started_at": phase.started_at, "ended_at": phase.ended_at}
+    item.update(span(phase.first, phase.last, logical_cpus, carbon, phase.period_s or period_s))
+    item["memory_rss_peak_bytes"] = phase.rss_peak if phase.first else None
+    return item
+
+
+def _membership(target: Target, membership: str) -> str:
+    """Who is counted: the process alone, or everything it forked until each exits,
+    learnt from the kernel's events ("lineage") or from the parent links each pass
+    sees ("parent-links": a double fork between two passes escapes it), or the
+    kernel's members of a cgroup ("cgroup")."""
+    if target.cgroup_name is not None:
+        return "cgroup"
+    return membership if target.children else "process"
+
+
+def _network_counts(target: Target) -> str | None:
+    """What the network figures count: TCP payload acknowledged, or every IP byte of
+    the cgroup's sockets, headers included, or the frames of the interfaces of a
+    network namespace the daemon may not enter, or both (docs/reference.md)."""
+    if target.cgroup_name is None:
+        return "tcp-payload"
+    if target.observed.network_unknown:
+        return None
+    return target.observed.network_counts or "ip-bytes"
+
+
+def summarize(
+    target: Target,
+    logical_cpus: int,
+    carbon: CarbonIntensity | None,
+    membership: str,
+    period_s: float | None,
+) -> dict[str, Any]:
+    """Totals and per-phase figures; gCO2e beside each energy only when ``carbon``;
+    ``membership``: how descendants are learnt (sampling/membership.py); ``period_s``:
+    the power sensors' period now, for a window with no interval of its own yet (the
+    others keep the coarsest period they were read at)."""
+    h = target.history
+    result: dict[str, Any] = {
+        "id": target.id,
+        "kind": target.kind,
+        "pid": target.pid,
+        "labels": dict(target.labels),
+        "state": target.state,
+        "registered_at": round(target.identity.registered_at, 3),
+        "exited_at": target.exited_at,
+        # How the figures end: at the kernel's exit records with every teardown
+        # ("exact"), at the exit records with a reaped child's teardown missing
+        # ("exit-records"), or at the last pass before the exit ("last-sample");
+        # None while running.
+        "exit": target.exit_mode,
+        "membership": _membership(target, membership),
+        "network_counts": _network_counts(target),
+        "samples": h.count,
+    }
+    if target.cgroup_name is not None:
+        # Why it ended (its cgroup removed, or followed to one not the registrant's).
+        result["end_reason"] = target.end_reason
+    result.update(span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s))
+    result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
+    result["memory_rss_avg_bytes"] = round(h.rss_sum / h.count) if h.count else None
+    result["phases"] = [summarize_phase(p, logical_cpus, carbon, period_s) for p in h.phases]
+    result["phases_dropped"] = h.phases_dropped
+    if target.cgroup_name is not None:
+        # Why its network figures are absent (None: they are counted).
+        result["network_unknown"] = target.observed.network_unknown
+        result["cgroup"] = target.cgroup_info()
+    if carbon is not None:
+        result["carbon_intensity_g_per_kwh"] = carbon.g_per_kwh
+        result["carbon_intensity_source"] = carbon.source
+    return result

@@ -1,0 +1,335 @@
+"""The table of registered targets: written by the API (register, delete, phase) and
+by the sampler (record, mark_exited); read by both. One lock guards it; every
+operation under it is short."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.sampling.membership import PARENT_LINKS
+from edgewatt.core.snapshot import ProcessSample
+from edgewatt.core.targets.access import Limits, check_owner
+from edgewatt.core.targets.errors import Conflict, NotFound
+from edgewatt.core.targets.history import History, Phase, phase_name
+from edgewatt.core.targets.persistence import StateSaver, saved
+from edgewatt.core.targets.resolve import Resolver
+from edgewatt.core.targets.row import row_of, sample_dict
+from edgewatt.core.targets.summary import PhaseFigures, phase_figures, summarize, summarize_phase
+from edgewatt.core.targets.target import Identity, Observed, Target
+
+if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
+    from edgewatt.core.sampling.cgroup_names import CgroupName
+
+# A sample's age at record, measured on the wall clock, is taken as at most this (an
+# exit sample is dated at the exit, up to an interval before its pass): a wall-clock
+# step between the read and the record moves it by no more.
+MAX_SAMPLE_AGE_S = 60.0
+
+
+class TargetTable:
+    """Every registered target, running or exited until purged, by id and identity."""
+
+    def __init__(
+        self,
+        limits: Limits,
+        resolver: Resolver,
+        *,
+        on_change: Callable[[list[dict[str, Any]]], None] | None = None,
+        carbon: CarbonIntensity | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``on_change``: handed the persistent state after every change (the state
+        file); ``carbon``: the intensity summaries convert energy with."""
+        self._limits = limits
+        self._resolver = resolver
+        # Per-user bounds on name lookups, registrations' and follows' (the sampler's).
+        self.lookups = resolver.lookups
+        # Wall time dates what users see (registrations, phases' edges); durations come
+        # from the monotonic clock, which no NTP step moves.
+        self._wall = wall_clock
+        self._monotonic = monotonic_clock
+        self._carbon = carbon
+        self._saver = StateSaver(on_change)
+        # How a target's members are learnt (sampling/membership.py): the daemon says
+        # "lineage" where it hears the kernel's process events.
+        self.membership = PARENT_LINKS
+        # The power sensors' period, as the sampler last saw it (None: no sensor).
+        self.energy_period_s: float | None = None
+        self._lock = threading.Lock()
+        self._targets: dict[str, Target] = {}
+        self._by_identity: dict[tuple[int, int], str] = {}
+
+    def set_limits(
+        self,
+        *,
+        max_targets: int,
+        max_targets_per_uid: int,
+        history_samples: int,
+        exited_retention_s: float,
+    ) -> None:
+        """A reload changed the limits: they hold for what comes next (Limits)."""
+        limits = Limits(max_targets, history_samples, exited_retention_s, max_targets_per_uid)
+        with self._lock:
+            self._limits = limits
+
+    # -- registration -------------------------------------------------------------
+
+    def register(
+        self,
+        pid: int,
+        labels: dict[str, str],
+        children: bool,
+        uid: int,
+        *,
+        target_id: str | None = None,
+        expect_start: int | None = None,
+        registered_at: float | None = None,
+        holders: int = 1,
+    ) -> tuple[Target, bool]:
+        """Register a live process; returns (target, created). Registering a registered
+        process again (same labels) holds the same target once more."""
+        handle = self._resolver.process(pid, uid, expect_start)
+        identity = Identity(
+            id=target_id or secrets.token_hex(6),
+            pid=pid,
+            start_ticks=handle.start_ticks,
+            start_time=self._resolver.start_time(handle.start_ticks),
+            labels=labels,
+            children=children,
+            uid=uid,
+            registered_at=registered_at or self._wall(),
+            executable=handle.executable,
+        )
+        history = History(self._limits.history_samples)
+        return self._hold_or_add(
+            Target(identity, history, handle=handle, holders=max(1, holders)),
+            lambda t: f"pid {pid} is target {t.id} with other labels or children flag",
+        )
+
+    def register_cgroup(
+        self,
+        name: CgroupName,
+        labels: dict[str, str],
+        uid: int,
+        gids: frozenset[int] = frozenset(),
+        *,
+        target_id: str | None = None,
+        registered_at: float | None = None,
+        holders: int = 1,
+        limited: bool = True,
+    ) -> tuple[Target, bool]:
+        """Register the cgroup ``name`` names now; returns (target, created). Who may
+        register which: access.check_cgroup. ``limited``: the user's lookup bounds
+        hold (Resolver.cgroup)."""
+        cgroup = self._resolver.cgroup(name, uid, gids, limited)
+        now = self._wall()
+        identity = Identity(
+            id=target_id or secrets.token_hex(6),
+            pid=0,
+            start_ticks=cgroup.inode,
+            start_time=now,
+            labels=labels,
+            children=True,
+            uid=uid,
+            registered_at=registered_at or now,
+            executable=name.display,
+            cgroup_name=name,
+            gids=gids,
+        )
+        history, observed = History(self._limits.history_samples), Observed(cgroup=cgroup.path)
+        return self._hold_or_add(
+            Target(identity, history, observed, holders=max(1, holders)),
+            lambda t: f"cgroup {cgroup.path} is target {t.id} with other labels",
+        )
+
+    def _hold_or_add(self, new: Target, conflict: Callable[[Target], str]) -> tuple[Target, bool]:
+        """The target of ``new``'s identity held once more (registered with the same
+        labels and children flag, else Conflict saying ``conflict(it)``), or ``new``,
+        within the limits; ``new``'s handle is closed where it is not kept. Both are
+        persisted."""
+        key = new.identity.key
+        with self._lock:
+            existing_id = self._by_identity.get(key)
+            if existing_id is None:
+                running = [t.uid for t in self._targets.values() if t.exited_at is None]
+                refusal = self._limits.refusal(running, new.uid)
+                if refusal is not None:
+                    _discard(new)
+                    raise refusal
+                self._targets[new.id] = new
+                self._by_identity[key] = new.id
+                target, created = new, True
+            else:
+                _discard(new)
+                target, created = self._targets[existing_id], False
+                if (target.labels, target.children) != (new.labels, new.children):
+                    raise Conflict("already registered", conflict(target))
+                target.holders += 1
+        self.persist()  # a new target, or one more holder: both are persisted
+        return target, created
+
+    def delete(self, target_id: str, uid: int) -> Target:
+        """Let go of one registration; the target goes with the last one."""
+        with self._lock:
+            target = self._get(target_id)
+            check_owner(target, uid)
+            target.holders -= 1
+            if target.holders <= 0:
+                del self._targets[target_id]
+                self._by_identity.pop(target.identity.key, None)
+        # The sampler owns the handle; it closes it when the target leaves its list.
+        self.persist()
+        return target
+
+    def start_phase(self, target_id: str, name: object, uid: int) -> Phase:
+        """Start phase ``name`` (ending the running one); TargetError where the name is
+        not a valid label value, Conflict where the target has exited."""
+        valid = phase_name(name)
+        now = self._wall()
+        with self._lock:
+            target = self._get(target_id)
+            check_owner(target, uid)
+            if target.exited_at is not None:
+                raise Conflict("target has exited", f"target {target_id} exited")
+            phase = Phase(name=valid, started_at=now, started_monotonic=self._monotonic())
+            target.history.start_phase(phase, now)
+            return phase
+
+    def end_phase(self, target_id: str, uid: int) -> Phase | None:
+        """End the running phase, if any, without starting another."""
+        with self._lock:
+            target = self._get(target_id)
+            check_owner(target, uid)
+            return target.history.end_phase(self._wall())
+
+    # -- reading ------------------------------------------------------------------
+
+    def get(self, target_id: str) -> Target:
+        with self._lock:
+            return self._get(target_id)
+
+    def running(self) -> list[Target]:
+        with self._lock:
+            return [t for t in self._targets.values() if t.exited_at is None]
+
+    def youngest_phase_age(self) -> float | None:
+        """Seconds since the youngest phase still running started (on the monotonic
+        clock); None where none runs."""
+        now = self._monotonic()
+        with self._lock:
+            ages = [
+                now - phase.started_monotonic
+                for t in self._targets.values()
+                if t.exited_at is None and (phase := t.history.running_phase) is not None
+            ]
+        return min(ages) if ages else None
+
+    def describe(self, target_id: str) -> dict[str, Any]:
+        with self._lock:
+            return self._get(target_id).describe()
+
+    def describe_all(self, member: int | None = None) -> list[dict[str, Any]]:
+        """Every target, or those running with process ``member`` among their members
+        (a Flower ClientApp finding the SuperNode's target it is part of)."""
+        with self._lock:
+            return [
+                t.describe()
+                for t in self._targets.values()
+                if member is None or (t.exited_at is None and member in t.members)
+            ]
+
+    def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
+        with self._lock:
+            target, period_s = self._get(target_id), self.energy_period_s
+            return summarize(target, logical_cpus, self._carbon, self.membership, period_s)
+
+    def phase_summary(self, target_id: str, phase: Phase, logical_cpus: int) -> dict[str, Any]:
+        """One phase's figures, as the summary lists them."""
+        with self._lock:
+            self._get(target_id)
+            return summarize_phase(phase, logical_cpus, self._carbon, self.energy_period_s)
+
+    def samples(self, target_id: str, since: float | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = list(self._get(target_id).history.rows)
+        return [sample_dict(r) for r in rows if since is None or r.time > since]
+
+    # -- sampler side -------------------------------------------------------------
+
+    def record(
+        self, samples: list[ProcessSample], phases: int, only: set[str] | None = None
+    ) -> dict[str, tuple[PhaseFigures, ...]]:
+        """Add one pass's samples to the targets' histories (one lock for the pass),
+        or, with ``only``, those of these targets (a pass on demand: the others' next
+        rows carry their cumulative counters all the same); returns the figures of the
+        last ``phases`` phases of each target that has any, for export."""
+        recent = {}
+        wall, monotonic = self._wall(), self._monotonic()
+        with self._lock:
+            for sample in samples:
+                target = self._targets.get(sample.target_id)
+                if target is None:
+                    continue
+                age = min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
+                row = row_of(sample, monotonic - age) if only is None or target.id in only else None
+                target.observe(sample, row, self.energy_period_s)
+                if target.history.phases:
+                    latest = target.history.phases[-phases:]
+                    recent[target.id] = tuple(phase_figures(p) for p in latest)
+        return recent
+
+    def mark_exited(
+        self,
+        target_id: str,
+        when: float,
+        *,
+        exit_mode: str = "last-sample",
+        rss_peak_bytes: int | None = None,
+        end_reason: str | None = None,
+    ) -> None:
+        """The target is gone, at ``when``: Target.end; its identity may be registered
+        anew."""
+        with self._lock:
+            target = self._targets.get(target_id)
+            if target is None or target.exited_at is not None:
+                return
+            target.end(when, exit_mode, rss_peak_bytes, end_reason)
+            self._by_identity.pop(target.identity.key, None)
+        self.persist()
+
+    def purge_exited(self, now: float) -> int:
+        """Forget exited targets older than the retention, and the oldest beyond
+        ``max_targets`` of them, so churn cannot grow the table without bound."""
+        with self._lock:
+            exited = [t for t in self._targets.values() if t.exited_at is not None]
+            expired = self._limits.expired(exited, now)
+            for target_id in expired:
+                del self._targets[target_id]
+        return len(expired)
+
+    def persistent_state(self) -> list[dict[str, Any]]:
+        """The running targets' state-file entries."""
+        with self._lock:
+            return [saved(t) for t in self._targets.values() if t.exited_at is None]
+
+    def persist(self) -> None:
+        """Hand the state to on_change (the state file)."""
+        self._saver.save(self.persistent_state)
+
+    def _get(self, target_id: str) -> Target:
+        target = self._targets.get(target_id)
+        if target is None:
+            raise NotFound("no such target", f"no target with id {target_id!r}")
+        return target
+
+
+def _discard(target: Target) -> None:
+    """Let go of what a target not kept holds: its process handle."""
+    if target.handle is not None:
+        target.handle.close()

@@ -1,0 +1,198 @@
+"""A registered target: its persisted identity, what the last pass saw of it, its
+history, and its end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from edgewatt.core.compat import SLOTS
+from edgewatt.core.sampling.procfs import ProcHandle
+from edgewatt.core.snapshot import ProcessSample
+from edgewatt.core.targets.history import History
+from edgewatt.core.targets.row import SampleRow, sample_dict
+
+if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
+    from edgewatt.core.sampling.cgroup_names import CgroupName
+
+
+@dataclass(frozen=True, **SLOTS)
+class Identity:
+    """Who a target is, fixed at registration: the state file keeps it (with the
+    number of holders) and a restarted daemon registers it again from there."""
+
+    id: str
+    pid: int  # 0 for a cgroup target
+    # The process's start in clock ticks since boot (a pid reused is another), or the
+    # cgroup's inode.
+    start_ticks: int
+    start_time: float  # unix seconds
+    labels: dict[str, str]
+    children: bool
+    uid: int
+    registered_at: float  # unix seconds
+    executable: str = ""  # a cgroup target's: the name it was registered by
+    # A cgroup target (a container, a unit, a path): what it was registered as.
+    cgroup_name: CgroupName | None = None
+    # The registrant's groups at registration: their rights, checked again whenever
+    # the name is followed to a new cgroup.
+    gids: frozenset[int] = frozenset()
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """One process (a reused pid is another) or one cgroup: the table's index."""
+        return self.pid, self.start_ticks
+
+
+@dataclass(**SLOTS)
+class Observed:
+    """What the last pass saw of a target, copied from its sample (record)."""
+
+    members: tuple[int, ...] = ()  # live members' pids
+    # A cgroup target's cgroup now (a name is followed when its container restarts),
+    # its memory (current, kernel's peak) bytes and IP packets (sent, received,
+    # cumulative); what its network figures count (cgroup_traffic.py's kinds), or why
+    # it has none.
+    cgroup: str | None = None
+    cgroup_memory: tuple[int | None, int | None] = (None, None)
+    cgroup_packets: tuple[int, int] | None = None
+    network_counts: str | None = None
+    network_unknown: str | None = None
+
+    def update(self, sample: ProcessSample) -> None:
+        """Take ``sample``'s view; a cgroup's figures come only with its cgroup, and
+        what the network figures count stays until a pass says otherwise."""
+        self.members = sample.members
+        if sample.cgroup is not None:
+            self.cgroup, self.cgroup_memory = sample.cgroup, sample.cgroup_memory
+            self.cgroup_packets = sample.cgroup_packets
+            self.network_counts = sample.network_counts or self.network_counts
+            self.network_unknown = sample.network_unknown
+
+
+@dataclass(**SLOTS)
+class Target:
+    """One registered target: ``identity`` (persisted), ``observed`` (the last pass),
+    ``history``, the live ``handle`` and how many registrations hold it. The identity's
+    and observed fields the sampler reads are properties here."""
+
+    identity: Identity
+    history: History
+    observed: Observed = field(default_factory=Observed)
+    handle: ProcHandle | None = None  # the sampler's; None once exited (or restored without)
+    # Registrations holding it: a process registered by `edgewatt run` and by itself
+    # is one target, which stays until the last of them unregisters (or it exits).
+    holders: int = 1
+    exited_at: float | None = None
+    exit_mode: str | None = None  # once exited: "exact", "exit-records" or "last-sample"
+    end_reason: str | None = None  # why a cgroup target ended, for its summary
+
+    @property
+    def id(self) -> str:
+        return self.identity.id
+
+    @property
+    def pid(self) -> int:
+        return self.identity.pid
+
+    @property
+    def uid(self) -> int:
+        return self.identity.uid
+
+    @property
+    def gids(self) -> frozenset[int]:
+        return self.identity.gids
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.identity.labels
+
+    @property
+    def children(self) -> bool:
+        return self.identity.children
+
+    @property
+    def executable(self) -> str:
+        return self.identity.executable
+
+    @property
+    def cgroup_name(self) -> CgroupName | None:
+        return self.identity.cgroup_name
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return self.observed.members
+
+    @property
+    def cgroup(self) -> str | None:
+        return self.observed.cgroup
+
+    @property
+    def state(self) -> str:
+        return "running" if self.exited_at is None else "exited"
+
+    @property
+    def kind(self) -> str:
+        return "process" if self.identity.cgroup_name is None else "cgroup"
+
+    def observe(self, sample: ProcessSample, row: SampleRow | None, period_s: float | None) -> None:
+        """One pass's ``sample``: what it saw is kept, its ``row`` added to the history
+        (None: a pass on demand for other targets); ``period_s``: the power sensors'
+        period over that pass."""
+        self.observed.update(sample)
+        self.history.note_period(period_s)
+        if row is not None:
+            self.history.add(row)
+
+    def end(
+        self,
+        when: float,
+        exit_mode: str,
+        rss_peak_bytes: int | None = None,
+        end_reason: str | None = None,
+    ) -> None:
+        """It exited at ``when``; its last sample (taken at the exit, see Sampler) ends
+        its history. ``exit_mode`` says how exact that sample is; ``rss_peak_bytes`` is
+        the kernel's peak RSS of a one-process target, which no sample can miss."""
+        self.exited_at = when
+        self.exit_mode = exit_mode
+        self.end_reason = end_reason
+        self.history.end(when, rss_peak_bytes)
+        self.handle = None
+
+    def cgroup_info(self) -> dict[str, Any] | None:
+        name = self.identity.cgroup_name
+        if name is None:
+            return None
+        current, peak = self.observed.cgroup_memory
+        packets = self.observed.cgroup_packets
+        return {
+            "kind": name.kind,  # cgroup, unit or container
+            "name": name.name,
+            "runtime": name.runtime or None,
+            "path": self.observed.cgroup,  # in the cgroup v2 tree
+            "memory_current_bytes": current,
+            "memory_peak_bytes": peak,  # the kernel's high-water mark, where it keeps one
+            # The packets behind the network bytes (since registration): each carries
+            # its headers once, which makes the bytes checkable against a payload.
+            "network_transmit_packets": None if packets is None else packets[0],
+            "network_receive_packets": None if packets is None else packets[1],
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """The target as GET /v1/targets/{id} answers: identity, state, latest sample."""
+        me, latest = self.identity, self.history.last
+        return {
+            "id": me.id,
+            "kind": self.kind,
+            "pid": me.pid,
+            "start_time": round(me.start_time, 2),
+            "executable": me.executable,
+            "labels": dict(me.labels),
+            "children": me.children,
+            "state": self.state,
+            "registered_at": round(me.registered_at, 3),
+            "exited_at": self.exited_at,
+            "latest": sample_dict(latest) if latest else None,
+            "cgroup": self.cgroup_info(),
+        }
