@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgewatt.core.sampler import Sampler, _final_cpu
+from edgewatt.core.sampler import Sampler
+from edgewatt.core.sampling.exits import final_cpu
 from edgewatt.core.snapshot import Snapshot
 from tests.conftest import table_with
 
@@ -67,7 +68,7 @@ def test_the_cpu_at_an_exit_is_the_larger_total_and_neither_mode_goes_back(
 ) -> None:
     # /proc's last reading and the kernel's exit figures split one runtime between user
     # and system differently: (0.20, 0.05) and (0.17, 0.08) are 0.25 s, not 0.28.
-    user, system = _final_cpu(last, final)
+    user, system = final_cpu(last, final)
     assert user + system == pytest.approx(max(sum(last), sum(final)), abs=1e-9)
     assert user >= last[0] and system >= last[1] - 1e-9
     if final[0] >= last[0] and final[1] >= last[1]:  # the exit figures as they are
@@ -75,5 +76,5 @@ def test_the_cpu_at_an_exit_is_the_larger_total_and_neither_mode_goes_back(
 
 
 def test_the_cpu_at_an_exit_split_differently_is_not_counted_twice() -> None:
-    assert _final_cpu((0.20, 0.05), (0.17, 0.08)) == pytest.approx((0.20, 0.05))
-    assert _final_cpu((0.20, 0.05), (0.17, 0.10)) == pytest.approx((0.20, 0.07))
+    assert final_cpu((0.20, 0.05), (0.17, 0.08)) == pytest.approx((0.20, 0.05))
+    assert final_cpu((0.20, 0.05), (0.17, 0.10)) == pytest.approx((0.20, 0.07))
