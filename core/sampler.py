@@ -23,9 +23,10 @@ from edgewatt.core.power.meter import WINDOW_BOOST_S, PowerMeter, PowerSnapshot
 from edgewatt.core.sampling import procfs
 from edgewatt.core.sampling.cgroups import CgroupEnded, CgroupGone
 from edgewatt.core.sampling.clock import Clock
-from edgewatt.core.sampling.contributors import NOT_COUNTED, Contributor
-from edgewatt.core.sampling.exits import Ending, exit_reading
+from edgewatt.core.sampling.contributors import Contributor
+from edgewatt.core.sampling.exits import Ending, exit_reading, mark_exited
 from edgewatt.core.sampling.host import HostReader
+from edgewatt.core.sampling.passes import Passes
 from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.tracked import TargetState
 from edgewatt.core.sampling.trees import ProcessTrees, TargetEnded
@@ -78,38 +79,21 @@ class Sampler:
         self._inputs = PassInputs(parts.trees.platform.holds_gpu)
         self._states: dict[str, TargetState] = {}  # every tracked target's, by id
         self._relist = False  # a tree lost members or a target exited: list /proc anew
-        self._overruns = self._errors = self._exits = self._sequence = 0
+        self._errors = self._exits = self._sequence = 0
         self.logical_cpus = parts.trees.logical_cpus
         self.snapshot = Snapshot(time=self._clock.time(), sequence=0, host=None)
-        # Passes on demand (sample_now): counted as started and done under _edge.
-        self._pass_lock = threading.Lock()
-        self._edge = threading.Lock()
-        self._wake = threading.Event()
-        self._started = self._done = 0
-        self._asked: set[str] | None = set()  # targets that asked for the next pass
-        self._closed = False
+        self._passes = Passes(self, self._clock)  # when passes run
+        self.closed = False
 
     def run(self, stop: threading.Event) -> None:
         """Sample at a fixed cadence until ``stop`` is set (then call :meth:`wake`).
         Passes on demand (:meth:`sample_now`) run meanwhile in their callers' threads
         and leave the cadence as it was."""
-        monotonic = self._clock.monotonic
-        deadline = monotonic()
-        try:
-            while not stop.is_set():
-                self._counted_pass(scheduled=True)
-                deadline += self.interval
-                if deadline < monotonic():
-                    self._overruns += 1
-                    deadline = monotonic()  # skip missed ticks rather than burst
-                self._wake.wait(max(0.0, deadline - monotonic()))
-        finally:
-            with self._pass_lock:  # a pass on demand in another thread ends first
-                self.close()
+        self._passes.run(stop)
 
     def wake(self) -> None:
         """End the wait between passes now: to stop."""
-        self._wake.set()
+        self._passes.wake()
 
     def sample_now(self, target_id: str | None = None, timeout_s: float = 2.0) -> Snapshot:
         """A pass that starts after this call, and its snapshot: the edge of a
@@ -118,41 +102,7 @@ class Sampler:
         few hundred us for a few targets); asks that come together share one pass,
         which adds a row to the history of the targets that asked (``target_id``;
         None: every target) and leaves the others' to the regular passes."""
-        with self._edge:
-            if self._asked is not None:
-                if target_id is None:
-                    self._asked = None
-                else:
-                    self._asked.add(target_id)
-            wanted = self._started + 1
-        if not self._pass_lock.acquire(timeout=timeout_s):
-            return self.snapshot  # a pass is stuck: the log says why; never block longer
-        try:
-            with self._edge:
-                if self._done >= wanted or self._closed:  # a pass after the ask is done
-                    return self.snapshot
-            return self._pass(scheduled=False)
-        finally:
-            self._pass_lock.release()
-
-    def _counted_pass(self, scheduled: bool) -> Snapshot:
-        with self._pass_lock:  # one pass at a time, whoever runs it
-            return self._pass(scheduled)
-
-    def _pass(self, scheduled: bool) -> Snapshot:
-        """One pass, with the pass lock held; a scheduled one records every target."""
-        with self._edge:
-            self._started += 1
-            asked, self._asked = self._asked, set()
-        try:
-            return self.sample_once(None if scheduled else asked)
-        except Exception:
-            # A bug in one pass must not end sampling for good; the log says what.
-            log.exception("sampling pass failed")
-            return self.snapshot
-        finally:
-            with self._edge:
-                self._done += 1
+        return self._passes.on_demand(target_id, timeout_s)
 
     def sample_once(self, record: set[str] | None = None) -> Snapshot:
         """One pass over every target; each gets a row in its history, or, with
@@ -202,7 +152,7 @@ class Sampler:
             host_name=self.host_name,
             stats=SamplerStats(
                 duration_s=self._clock.monotonic() - started,
-                overruns=self._overruns,
+                overruns=self._passes.overruns,
                 errors=self._errors,
                 exits=self._exits,
                 overflows={k: n for s in statuses for k, n in s.overflows.items()},
@@ -215,7 +165,8 @@ class Sampler:
         finally:
             # Marked only now, so a target the API calls exited is already gone from
             # what the exporters serve.
-            self._mark_exited(ended, all(s.exact for s in statuses))
+            exact = all(s.exact for s in statuses)
+            mark_exited(self.table, [(s.target.id, s.ending) for s in ended if s.ending], exact)
         return snapshot
 
     def _read(self, target: Target, children_of: Callable[[int], list[int]]) -> TargetState | None:
@@ -292,24 +243,6 @@ class Sampler:
             name=f"{target.id} (pid {target.pid})",
         )
 
-    def _mark_exited(self, ended: list[TargetState], network_exact: bool) -> None:
-        for state in ended:
-            ending = state.ending
-            assert ending is not None
-            if ending.figures and not network_exact:
-                log.info(
-                    "target %s: a closed connection's final counts did not come (lost "
-                    "notifications): its TCP bytes end at the last pass that saw it",
-                    state.target.id,
-                )
-            self.table.mark_exited(
-                state.target.id,
-                ending.when,
-                exit_mode=ending.mode(network_exact),
-                rss_peak_bytes=ending.rss_peak_bytes,
-                end_reason=ending.reason,
-            )
-
     def _attribute(self, now: float, power: PowerSnapshot | None, read: list[TargetState]) -> None:
         """Share the energy measured since the last pass among the targets."""
         used = {}
@@ -340,37 +273,15 @@ class Sampler:
     def _sample(
         self, state: TargetState, power: PowerSnapshot | None, figures: dict[str, Any] | None
     ) -> ProcessSample:
-        target, reading = state.target, state.reading
-        assert reading is not None
-        gpu = gpu_totals(power, reading.pids)
-        sample = ProcessSample(
-            target_id=target.id,
-            pid=target.pid,
-            executable=target.executable,
-            attributes=state.identity(self.host_name),
-            time=reading.time,
-            cpu_user_s=reading.cpu_user_s,
-            cpu_system_s=reading.cpu_system_s,
-            cpu_utilization=reading.cpu_utilization,
-            memory_rss_bytes=reading.rss_bytes,
-            memory_virtual_bytes=reading.vms_bytes,
-            disk_read_bytes=reading.read_bytes,
-            disk_write_bytes=reading.write_bytes,
-            threads=reading.threads,
-            open_fds=reading.open_fds,
-            processes=reading.processes,
-            power_w=self.attribution.power_w.get(target.id) if self.power else None,
-            energy_j=self.attribution.energy_j.get(target.id, 0.0) if self.power else None,
+        target_id, pids = state.target.id, state.reading.pids if state.reading else ()
+        return state.sample(
+            self.host_name,
+            power_w=self.attribution.power_w.get(target_id) if self.power else None,
+            energy_j=self.attribution.energy_j.get(target_id, 0.0) if self.power else None,
             device_energy_j=self._device_energy(state, power),
-            gpu_utilization=gpu[0],
-            gpu_memory_bytes=gpu[1],
-            members=reading.pids,
-            # A cgroup target's network figures come from a contributor, or are absent.
-            network_unknown=NOT_COUNTED if state.cgroup is not None else None,
+            gpu=gpu_totals(power, pids),
+            figures=figures or {},
         )
-        for name, value in (figures or {}).items():
-            setattr(sample, name, value)
-        return sample
 
     def _device_energy(self, state: TargetState, power: PowerSnapshot | None) -> float | None:
         """The device's energy at the sample's own instant: the pass's, or, for an exit
@@ -410,7 +321,7 @@ class Sampler:
         self.attribution.forget(target_id)
 
     def close(self) -> None:
-        self._closed = True
+        self.closed = True
         for target_id in list(self._states):
             self._drop(target_id)
         if self.power is not None:

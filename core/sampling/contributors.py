@@ -14,11 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from edgewatt.core.sampling.network import NetworkAccounting
-from edgewatt.core.sampling.tracked import TargetState
-
-if TYPE_CHECKING:  # the daemon's alone: the client's portable path never loads it (fcntl)
+if TYPE_CHECKING:  # cgroup_traffic is the daemon's alone: the client never loads it (fcntl)
     from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
+    from edgewatt.core.sampling.network import NetworkAccounting
+    from edgewatt.core.sampling.tracked import TargetState
 
 # Why cgroup targets have no network figures where no nftables counters are read.
 NOT_COUNTED = "cgroup traffic is not counted"

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from edgewatt.core.platforms import Tree
 from edgewatt.core.sampling.process import TreeReading
+
+if TYPE_CHECKING:
+    from edgewatt.core.targets import TargetTable
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +84,27 @@ def exit_reading(
         pids=(),
         idle_pids=frozenset(),
     )
+
+
+def mark_exited(
+    table: TargetTable, ended: Sequence[tuple[str, Ending]], network_exact: bool
+) -> None:
+    """Mark the targets ended in a pass exited in the table, each with its exit mode;
+    ``network_exact``: every closed connection's final counts came in the pass."""
+    for target_id, ending in ended:
+        if ending.figures and not network_exact:
+            log.info(
+                "target %s: a closed connection's final counts did not come (lost "
+                "notifications): its TCP bytes end at the last pass that saw it",
+                target_id,
+            )
+        table.mark_exited(
+            target_id,
+            ending.when,
+            exit_mode=ending.mode(network_exact),
+            rss_peak_bytes=ending.rss_peak_bytes,
+            end_reason=ending.reason,
+        )
 
 
 def final_cpu(last: tuple[float, float], final: tuple[float, float]) -> tuple[float, float]:
