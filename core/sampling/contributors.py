@@ -10,6 +10,7 @@ per-target figure is a field of ProcessSample and a contributor (or a key of one
 
 from __future__ import annotations
 
+import typing  # runtime aliases: Python 3.8's builtins take no [...]
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,7 +23,7 @@ if TYPE_CHECKING:  # cgroup_traffic is the daemon's alone: the client never load
 # Why cgroup targets have no network figures where no nftables counters are read.
 NOT_COUNTED = "cgroup traffic is not counted"
 
-Figures = Mapping[str, Mapping[str, Any]]  # target id -> ProcessSample fields
+Figures = typing.Mapping[str, typing.Mapping[str, Any]]  # target id -> ProcessSample fields
 
 
 @dataclass(frozen=True)
