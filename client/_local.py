@@ -58,7 +58,9 @@ class LocalSampler:
             window_hz_from_environment,
         )
         from edgewatt.core.power.source import PowerOptions
-        from edgewatt.core.sampler import Sampler
+        from edgewatt.core.sampler import Parts, Sampler
+        from edgewatt.core.sampling.contributors import TcpAccounting
+        from edgewatt.core.sampling.trees import ProcessTrees
         from edgewatt.core.targets import Limits, Resolver, TargetTable
 
         carbon = from_environment()
@@ -89,12 +91,14 @@ class LocalSampler:
                 meter.start()
         tcp_counted = sys.platform.startswith("linux")  # sock_diag, /proc/PID/fd
 
+        accounting = _network_accounting() if network and tcp_counted else None
         self.sampler = Sampler(
             self.table,
-            network=_network_accounting() if network and tcp_counted else None,
             interval=interval,
             host_name=socket.gethostname(),
-            platform=platform,
+            parts=Parts(
+                ProcessTrees(platform), () if accounting is None else (TcpAccounting(accounting),)
+            ),
             power=meter,
             attribution=Attribution(None, 3600.0),
             on_pass=on_snapshot,

@@ -28,17 +28,12 @@ from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.power.recent import RecentPower
 from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.sampler import Sampler
-from edgewatt.core.sampling import cgroups, procfs
-from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
-from edgewatt.core.sampling.membership import LINEAGE, Membership
-from edgewatt.core.sampling.network import NetworkAccounting
-from edgewatt.core.sampling.proc_events import ProcEvents
-from edgewatt.core.sampling.sockets import DestroyListener
-from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
-from edgewatt.core.snapshot import host_document
+from edgewatt.core.sampling import procfs
+from edgewatt.core.snapshot import Snapshot, host_document
 from edgewatt.core.targets import SAMPLE_UNITS, Limits, Resolver, TargetError, TargetTable
 from edgewatt.core.text import printable
 from edgewatt.exporter.api import ApiServer
+from edgewatt.exporter.collectors import start_collectors
 from edgewatt.exporter.config import KEYS, Config, ConfigError
 from edgewatt.exporter.exposition import Exposition
 from edgewatt.exporter.influx import InfluxOptions, InfluxPusher
@@ -147,15 +142,9 @@ class Daemon:
             else None
         )
         self.influx = InfluxPusher(_influx_options(config)) if config.influx_url else None
-        self.sampler = Sampler(
-            self.table,
-            interval=config.interval,
-            host_name=config.host_name,
-            platform=LinuxPlatform(proc),
-            on_pass=self._on_pass,
-            attribution=Attribution(config.idle_power_w, config.baseline_window),
-            carbon=self.carbon,
-        )
+        self.platform = LinuxPlatform(proc)
+        # Built in start(), with its collaborators, once both endpoints are bound.
+        self.sampler: Sampler
         self.notifier = Notifier()
         self.recent_power = RecentPower()
         self.api: ApiServer | None = None
@@ -163,6 +152,7 @@ class Daemon:
         self._threads: list[threading.Thread] = []
         self._started = time.time()
         self._cgroup_traffic_problem: str | None = "not started"
+        self._exact_exits = False
         self._may_join_namespaces = procfs.may_join_namespaces()  # a container's own
 
     def _on_pass(self, snapshot: Any) -> None:
@@ -356,7 +346,7 @@ class Daemon:
             "power_windows_refused": power.windows_refused if power else None,
             # Whether a target's figures end at its exit (the kernel's exit records and
             # TCP destroy notifications, CAP_NET_ADMIN) or at the last pass before it.
-            "exit_figures": "exact" if self._exact_exits() else "last-sample",
+            "exit_figures": "exact" if self._exact_exits else "last-sample",
             # How a target's descendants are learnt (sampling/membership.py).
             "membership": self.table.membership,
             # Cgroup targets' network figures: None where counted, else why not.
@@ -369,11 +359,7 @@ class Daemon:
             "influx": self.influx.status() if self.influx is not None else None,
         }
 
-    def _exact_exits(self) -> bool:
-        network = self.sampler.network
-        return self.sampler.exits is not None and (network is None or network.destroyed is not None)
-
-    def _start_power(self) -> None:
+    def _start_power(self) -> PowerMeter | None:
         options = PowerOptions(
             sample_hz=self.config.power_sample_hz,
             sysfs_path=self.config.sysfs_path,
@@ -384,103 +370,13 @@ class Daemon:
         if sources:
             # A sensor silent for five intervals (at least 5 s) is no longer trusted.
             gap = max(5 * self.config.interval, 5.0)
-            self.sampler.power = PowerMeter(
+            return PowerMeter(
                 sources,
                 max_gap_s=gap,
                 sample_hz=self.config.power_sample_hz,
                 window_hz=self.config.power_window_hz,
             ).start()
-
-    def _start_exits(self) -> None:
-        """The kernel's exit records (taskstats): a target's figures end at its exit,
-        not at the last pass. Needs CAP_NET_ADMIN."""
-        if not self.config.exact_exits:
-            return
-        try:
-            # Kept for a few passes: an exit is matched at the pass after it.
-            keep_s = max(10.0, 5 * self.config.interval)
-            self.sampler.exits = TaskExits(TaskstatsSocket(), keep_s=keep_s)
-        except OSError as exc:
-            log.warning(
-                "exact exit figures unavailable (taskstats: %s): a target's summary ends "
-                "at the last pass before its exit; grant CAP_NET_ADMIN for exact ones",
-                exc.strerror or exc,
-            )
-
-    def _start_lineage(self) -> None:
-        """The kernel's process events: every fork of a target's members is heard, so
-        its descendants count until they exit (sampling/membership.py)."""
-        if not self.config.follow_forks:
-            return
-        try:
-            self.sampler.membership = Membership(ProcEvents())
-            self.table.membership = LINEAGE
-        except OSError as exc:
-            log.warning(
-                "process events unavailable (%s): a target's descendants are found by "
-                "the parent links each pass sees, so a double fork between two passes "
-                "escapes it; grant CAP_NET_ADMIN to follow every fork",
-                exc.strerror or exc,
-            )
-
-    def _start_network(self) -> None:
-        try:
-            destroyed = DestroyListener() if self.config.exact_exits else None
-        except OSError as exc:
-            destroyed = None
-            log.warning(
-                "final TCP counts of closed connections unavailable (sock_diag destroy "
-                "groups: %s): a connection's bytes after the last pass that saw it are "
-                "lost; grant CAP_NET_ADMIN to count them",
-                exc.strerror or exc,
-            )
-        try:
-            self.sampler.network = NetworkAccounting(self.config.proc_path, destroyed=destroyed)
-        except OSError as exc:
-            if destroyed is not None:
-                destroyed.close()
-            log.warning("per-process network bytes unavailable (sock_diag: %s)", exc)
-            return
-        if not procfs.sees_other_users(self.config.proc_path):
-            log.warning(
-                "running as uid %d without CAP_SYS_PTRACE: network bytes are counted for "
-                "this user's targets only",
-                os.geteuid(),
-            )
-
-    def _start_cgroup_traffic(self) -> None:
-        """nftables counters for cgroup targets: root (or CAP_NET_ADMIN), libnftables
-        and a cgroup v2 mount; without them a cgroup target's network figures are
-        absent, and /healthz, doctor and each summary say why."""
-        where = cgroups.mounts()
-        if where.v2 is None:
-            self._no_cgroup_traffic("no cgroup v2 mount")
-            log.info("no cgroup v2 mount: cgroup targets have no network figures")
-            return
-        try:
-            traffic = CgroupTraffic(where.v2, self.config.proc_path)
-            stale = traffic.clean_stale()
-        except OSError as exc:
-            self._no_cgroup_traffic(f"nftables: {exc}")
-            log.warning(
-                "cgroup targets' network bytes unavailable (nftables: %s); the daemon needs "
-                "CAP_NET_ADMIN and libnftables (apt-get install nftables)",
-                exc,
-            )
-            return
-        self._cgroup_traffic_problem = None
-        if not self._may_join_namespaces:
-            log.info(
-                "without CAP_SYS_ADMIN, containers with a network namespace of their own "
-                "are counted by the frames of their interfaces (docs/reference.md, Cgroup "
-                "targets)"
-            )
-        if stale:
-            log.info("removed %d nftables table(s) left by an earlier daemon", stale)
-        self.sampler.cgroup_traffic = traffic
-
-    def _no_cgroup_traffic(self, why: str) -> None:
-        self._cgroup_traffic_problem = self.sampler.cgroup_traffic_problem = why
+        return None
 
     def start(self) -> None:
         # Both endpoints first: a port or socket in use fails here, before a power
@@ -497,23 +393,32 @@ class Daemon:
             self.api = ApiServer(
                 self.config.socket,
                 self.table,
-                logical_cpus=self.sampler.logical_cpus,
+                logical_cpus=self.platform.logical_cpus(),
                 health=self.health,
                 host=lambda: host_document(self.sampler.snapshot, self.recent_power.average_w()),
                 sample_units=SAMPLE_UNITS,
                 proc=self.config.proc_path,
-                sample_now=self.sampler.sample_now,
+                sample_now=self._sample_now,
                 min_interval=self.config.min_interval,
             )
         except OSError as exc:
             self.exposition.shutdown()
             raise StartError(f"cannot serve the API at {self.config.socket}: {exc}") from exc
         restored = self.restore()
-        self._start_power()
-        self._start_exits()
-        self._start_lineage()
-        self._start_network()
-        self._start_cgroup_traffic()
+        power_meter = self._start_power()
+        collectors = start_collectors(self.config, self.platform, self.table)
+        self._exact_exits = collectors.exact_exits
+        self._cgroup_traffic_problem = collectors.cgroup_traffic_problem
+        self.sampler = Sampler(
+            self.table,
+            interval=self.config.interval,
+            host_name=self.config.host_name,
+            on_pass=self._on_pass,
+            power=power_meter,
+            attribution=Attribution(self.config.idle_power_w, self.config.baseline_window),
+            carbon=self.carbon,
+            parts=collectors.parts,
+        )
         self.sampler.sample_once()  # the first scrape already has data
         self.exposition.serve()
         if self.influx is not None:
@@ -531,6 +436,10 @@ class Daemon:
             self.config.interval,
             restored,
         )
+
+    def _sample_now(self, target_id: str | None = None) -> Snapshot:
+        """A pass on demand (the API's edges): the sampler is built once the API is."""
+        return self.sampler.sample_now(target_id)
 
     def _spawn(self, name: str, target: Any, *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgewatt.core.sampler import Sampler, _final_cpu
+from edgewatt.core.platforms.linux import LinuxPlatform
+from edgewatt.core.sampler import Parts, Sampler
+from edgewatt.core.sampling.clock import Clock
+from edgewatt.core.sampling.contributors import Figures, Status
+from edgewatt.core.sampling.exits import final_cpu
+from edgewatt.core.sampling.tracked import TargetState
+from edgewatt.core.sampling.trees import ProcessTrees
 from edgewatt.core.snapshot import Snapshot
 from tests.conftest import table_with
 
@@ -57,6 +63,97 @@ def test_an_exporter_that_raises_still_lets_the_exit_be_recorded(spawn: Any) -> 
     sampler.close()
 
 
+def test_a_pass_keeps_time_by_the_clock_it_is_given(spawn: Any) -> None:
+    # The exit found at the clock's time and the exited target's 60 s retention run
+    # out on it, without sleeping a second.
+    now = [1_000_000.0]
+    clock = Clock(time=lambda: now[0], monotonic=lambda: now[0])
+    child = spawn("import time; time.sleep(60)")
+    table = table_with(child.pid)
+    (target,) = table.running()
+    parts = Parts(ProcessTrees(LinuxPlatform()), clock=clock)
+    sampler = Sampler(table, interval=0.1, host_name="h", parts=parts)
+    assert sampler.snapshot.time == 1_000_000.0
+    assert sampler.sample_once().time == 1_000_000.0
+    child.kill()
+    child.wait()
+    now[0] += 5.0
+    snapshot = sampler.sample_once()
+    assert snapshot.time == 1_000_005.0 and [s.target_id for s in snapshot.exits] == [target.id]
+    assert table.get(target.id).exited_at == 1_000_005.0
+    now[0] += 60.0  # the retention, to the second: kept
+    sampler.sample_once()
+    assert table.get(target.id).state == "exited"
+    now[0] += 0.5
+    sampler.sample_once()
+    assert target.id not in {t.id for t in table.all()}
+    sampler.close()
+
+
+class Threads:
+    """A contributor of one figure (the threads its reading counted, in words, where
+    network_counts goes); refuses (OSError) the passes named in ``refuse``."""
+
+    name = "counting threads"
+
+    def __init__(self, refuse: tuple[int, ...] = ()) -> None:
+        self.calls: list[str] = []
+        self.refuse = refuse
+        self.passes = 0
+
+    def begin(self) -> None:
+        self.passes += 1
+        self.calls.append("begin")
+
+    def contribute(self, states: Any) -> Figures:
+        self.calls.append("contribute")
+        if self.passes in self.refuse:
+            raise OSError("refused")
+        read: list[TargetState] = list(states)
+        return {
+            s.target.id: {"network_counts": f"{s.reading.threads} threads"}
+            for s in read
+            if s.reading
+        }
+
+    def forget(self, target_id: str) -> None:
+        self.calls.append(f"forget {target_id}")
+
+    def status(self) -> Status:
+        return Status(overflows={"threads": self.passes})
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+def test_a_contributor_given_at_construction_is_called_through_a_target_s_life(
+    spawn: Any,
+) -> None:
+    child = spawn("import time; time.sleep(60)")
+    table = table_with(child.pid)
+    (target,) = table.running()
+    threads = Threads(refuse=(2,))
+    parts = Parts(ProcessTrees(LinuxPlatform()), (threads,))
+    sampler = Sampler(table, interval=0.1, host_name="h", parts=parts)
+    first = sampler.sample_once()
+    (sample,) = first.processes
+    assert sample.network_counts == f"{sample.threads} threads"  # its figure, in the sample
+    assert first.stats.overflows["threads"] == 1 and first.stats.errors == 0
+    # A refusal costs its figure in that pass (counted as an error), not the pass.
+    second = sampler.sample_once()
+    assert second.stats.errors == 1 and second.processes[0].network_counts is None
+    child.kill()
+    child.wait()
+    third = sampler.sample_once()
+    assert [s.target_id for s in third.exits] == [target.id]
+    sampler.close()
+    assert threads.calls == [
+        *["begin", "contribute"] * 3,
+        f"forget {target.id}",  # in the pass that found its exit
+        "close",
+    ]
+
+
 @settings(max_examples=500, deadline=None)
 @given(
     last=st.tuples(st.floats(0, 100), st.floats(0, 100)),
@@ -67,7 +164,7 @@ def test_the_cpu_at_an_exit_is_the_larger_total_and_neither_mode_goes_back(
 ) -> None:
     # /proc's last reading and the kernel's exit figures split one runtime between user
     # and system differently: (0.20, 0.05) and (0.17, 0.08) are 0.25 s, not 0.28.
-    user, system = _final_cpu(last, final)
+    user, system = final_cpu(last, final)
     assert user + system == pytest.approx(max(sum(last), sum(final)), abs=1e-9)
     assert user >= last[0] and system >= last[1] - 1e-9
     if final[0] >= last[0] and final[1] >= last[1]:  # the exit figures as they are
@@ -75,5 +172,5 @@ def test_the_cpu_at_an_exit_is_the_larger_total_and_neither_mode_goes_back(
 
 
 def test_the_cpu_at_an_exit_split_differently_is_not_counted_twice() -> None:
-    assert _final_cpu((0.20, 0.05), (0.17, 0.08)) == pytest.approx((0.20, 0.05))
-    assert _final_cpu((0.20, 0.05), (0.17, 0.10)) == pytest.approx((0.20, 0.07))
+    assert final_cpu((0.20, 0.05), (0.17, 0.08)) == pytest.approx((0.20, 0.05))
+    assert final_cpu((0.20, 0.05), (0.17, 0.10)) == pytest.approx((0.20, 0.07))

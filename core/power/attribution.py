@@ -16,8 +16,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from edgewatt.core.power.source import BOARD_GPU_LOADS, BOARD_SOURCES, gpu_only
+
+if TYPE_CHECKING:
+    from edgewatt.core.power.meter import PowerSnapshot
+    from edgewatt.core.power.source import Gpu
 
 
 class Baseline:
@@ -168,3 +175,117 @@ class Attribution:
     def forget(self, target: str) -> None:
         self.energy_j.pop(target, None)
         self.power_w.pop(target, None)
+
+
+@dataclass(frozen=True)
+class TargetUse:
+    """A target's part of a pass, as the sampler read it."""
+
+    cpu_s: float  # CPU seconds it spent in the pass
+    pids: tuple[int, ...]  # its members
+
+
+class PassInputs:
+    """Attribution's inputs from one pass to the next: the device's and each GPU's
+    energy at the last power reading, and the processes found holding a GPU."""
+
+    def __init__(self, holds_gpu: Callable[[int], bool]) -> None:
+        self._holds_gpu = holds_gpu  # whether a process has a GPU device open
+        self._last_energy: tuple[float, float, dict[str, float]] | None = None
+        self._gpu_pids: set[int] = set()  # members found holding a GPU device
+
+    def measure(
+        self,
+        now: float,
+        power: PowerSnapshot | None,
+        host_busy_cpu_s: float | None,
+        used: Mapping[str, TargetUse],
+    ) -> tuple[float, PassEnergy, dict[str, Usage]] | None:
+        """What :meth:`Attribution.update` shares out for this pass: (when, what was
+        measured, what each target used); None where there is nothing new to share."""
+        if power is None or power.host_energy_j is None:
+            return None
+        gpu_energy = {
+            rail.id: rail.energy_j
+            for rail in power.rails
+            if rail.energy_j is not None and any(g.id == rail.id for g in power.gpus)
+        }
+        # A board's GPU rail (Jetson): its dynamic part goes to the targets holding the
+        # GPU, by their CPU time (docs/attribution.md).
+        gpu_rails = {
+            rail.id: rail.energy_j
+            for rail in power.rails
+            if rail.energy_j is not None and rail.source in BOARD_SOURCES and gpu_only(rail.name)
+        }
+        gpu_energy.update(gpu_rails)
+        measured_at = power.measured_at if power.measured_at is not None else now
+        if self._last_energy is not None and measured_at <= self._last_energy[0]:
+            return None  # no new power reading since the last pass
+        before, self._last_energy = (
+            self._last_energy,
+            (measured_at, power.host_energy_j, gpu_energy),
+        )
+        if before is None or host_busy_cpu_s is None:
+            return None
+        measured = PassEnergy(
+            seconds=measured_at - before[0],
+            device_j=max(0.0, power.host_energy_j - before[1]),
+            host_busy_cpu_s=host_busy_cpu_s,
+            gpu_j={k: max(0.0, j - before[2].get(k, j)) for k, j in gpu_energy.items()},
+            gpu_load={g.id: g.utilization or 0.0 for g in power.gpus if g.id in gpu_energy},
+        )
+        # Only while the GPU is busy (GR3D above 0 at the pass's edge, where known):
+        # the rail's dynamic part while it idles is no holder's work (unattributed).
+        holders = self._gpu_holders(used) if gpu_rails and gpu_busy(power) else set()
+        usage = {}
+        for target_id, use in used.items():
+            gpu = {g.id: load for g, load, _ in gpu_use(power, use.pids) if g.id in gpu_energy}
+            if target_id in holders:
+                gpu.update(dict.fromkeys(gpu_rails, use.cpu_s))  # shared by CPU time
+            usage[target_id] = Usage(cpu_s=use.cpu_s, gpu=gpu)
+        return measured_at, measured, usage
+
+    def _gpu_holders(self, used: Mapping[str, TargetUse]) -> set[str]:
+        """Targets with a member holding a GPU device open. A process that opened one
+        keeps it (a CUDA context): a pid found once is not scanned again."""
+        known, self._gpu_pids = self._gpu_pids, set()
+        holders = set()
+        for target_id, use in used.items():
+            for pid in use.pids:
+                if pid in known or self._holds_gpu(pid):
+                    self._gpu_pids.add(pid)
+                    holders.add(target_id)
+        return holders
+
+
+def gpu_use(power: PowerSnapshot, pids: tuple[int, ...]) -> list[tuple[Gpu, float, int | None]]:
+    """(GPU, SM load 0..1, memory bytes) of a target's processes on each GPU that
+    reports per-process figures."""
+    result = []
+    for gpu in power.gpus:
+        if not gpu.processes:
+            continue
+        mine = [gpu.processes[pid] for pid in pids if pid in gpu.processes]
+        load = sum(p.utilization or 0.0 for p in mine)
+        sizes = [p.memory_bytes for p in mine if p.memory_bytes is not None]
+        result.append((gpu, load, sum(sizes) if sizes else None))
+    return result
+
+
+def gpu_totals(
+    power: PowerSnapshot | None, pids: tuple[int, ...]
+) -> tuple[float | None, int | None]:
+    """A target's GPU load (summed over GPUs) and memory bytes, where some GPU reports
+    per-process figures."""
+    if power is None or not any(g.processes for g in power.gpus):
+        return None, None
+    use = gpu_use(power, pids)
+    sizes = [m for _, _, m in use if m is not None]
+    return sum(load for _, load, _ in use), sum(sizes) if sizes else 0
+
+
+def gpu_busy(power: PowerSnapshot) -> bool:
+    """Whether the board's GPU is busy at the edge: its load (GR3D) above 0, or unknown."""
+    loads = [g.utilization for g in power.gpus if g.id in BOARD_GPU_LOADS]
+    known = [load for load in loads if load is not None]
+    return not known or max(known) > 0

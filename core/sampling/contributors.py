@@ -1,0 +1,154 @@
+"""What contributes per-target figures to a pass, beside each target's own reader.
+
+The sampler is given its contributors at construction and, each pass, calls them in
+order: ``begin`` before any target is read, ``contribute`` once every target is
+(network accounting needs them all at once: one socket dump per pass), ``forget``
+when a target goes, ``status`` for the pass's counters, ``close`` at the end. A new
+per-target figure is a field of ProcessSample and a contributor (or a key of one's
+``contribute``): see docs/reference.md, Layout.
+"""
+
+from __future__ import annotations
+
+import typing  # runtime aliases: Python 3.8's builtins take no [...]
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # cgroup_traffic is the daemon's alone: the client never loads it (fcntl)
+    from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
+    from edgewatt.core.sampling.network import NetworkAccounting
+    from edgewatt.core.sampling.tracked import TargetState
+
+# Why cgroup targets have no network figures where no nftables counters are read.
+NOT_COUNTED = "cgroup traffic is not counted"
+
+Figures = typing.Mapping[str, typing.Mapping[str, Any]]  # target id -> ProcessSample fields
+
+
+@dataclass(frozen=True)
+class Status:
+    """A contributor's state, read after each pass."""
+
+    # Kernel notifications lost since start (a listener's buffer overran), by listener.
+    overflows: Mapping[str, int] = field(default_factory=dict)
+    # Whether what it counts is final at a target's exit (every closed connection's
+    # last counts came): an exit sample is "exact" only when each says so.
+    exact: bool = True
+
+
+class Contributor(Protocol):
+    name: str  # what it does, for the log: "<name> failed: <why>"
+
+    def begin(self) -> None:
+        """A pass begins: take what the kernel queued since the last one."""
+
+    def contribute(self, states: Sequence[TargetState]) -> Figures:
+        """The figures of the targets read in this pass (each state's ``reading``)."""
+
+    def forget(self, target_id: str) -> None:
+        """The target is gone: let go of what is kept about it."""
+
+    def status(self) -> Status: ...
+
+    def close(self) -> None: ...
+
+
+class TcpAccounting:
+    """Process targets' TCP bytes (sock_diag; network.py)."""
+
+    name = "reading TCP socket counters"
+
+    def __init__(self, network: NetworkAccounting) -> None:
+        self.network = network
+
+    def begin(self) -> None:
+        pass  # the sockets are dumped once every target's members are known
+
+    def contribute(self, states: Sequence[TargetState]) -> Figures:
+        processes = {
+            s.target.id: s.reading
+            for s in states
+            if s.target.cgroup_name is None and s.reading is not None
+        }
+        counted = self.network.sample(
+            {target_id: r.pids for target_id, r in processes.items()},
+            idle=frozenset().union(*(r.idle_pids for r in processes.values())),
+        )
+        return {
+            target_id: {"network_transmit_bytes": sent, "network_receive_bytes": received}
+            for target_id, pair in counted.items()
+            if pair is not None
+            for sent, received in (pair,)
+        }
+
+    def forget(self, target_id: str) -> None:
+        self.network.forget(target_id)
+
+    def status(self) -> Status:
+        destroyed = self.network.destroyed is not None
+        overflows = {"tcp_destroy": self.network.overflows} if destroyed else {}
+        return Status(overflows=overflows, exact=self.network.exact)
+
+    def close(self) -> None:
+        self.network.close()
+
+
+class CgroupTrafficCounts:
+    """Cgroup targets' traffic (nftables counters; cgroup_traffic.py), or, without
+    them (``traffic`` None), why their network figures are absent."""
+
+    name = "reading cgroup traffic counters"
+
+    def __init__(self, traffic: CgroupTraffic | None, problem: str | None = None) -> None:
+        self.traffic = traffic
+        self.problem = problem or NOT_COUNTED  # why not, where traffic is None
+        # Packets and what they count, as last counted: kept while the bytes are absent.
+        self._last: dict[str, dict[str, Any]] = {}
+
+    def begin(self) -> None:
+        pass
+
+    def contribute(self, states: Sequence[TargetState]) -> Figures:
+        watched = [(s, s.cgroup) for s in states if s.reading is not None]
+        watched = [(s, c) for s, c in watched if c is not None]
+        traffic = self.traffic
+        if traffic is None:
+            return {s.target.id: {"network_unknown": self.problem} for s, _ in watched}
+        if not watched:
+            return {}
+        for s, cgroup in watched:
+            pids = s.reading.pids if s.reading is not None else ()
+            traffic.watch(s.target.id, cgroup.path, cgroup.level, pids, s.target.uid)
+        counted = traffic.sample()
+        figures = {}
+        for s, _ in watched:
+            target_id = s.target.id
+            counts = counted.get(target_id)
+            if counts is None:
+                unknown = traffic.problem(target_id) or "not counted yet"
+                figures[target_id] = {**self._last.get(target_id, {}), "network_unknown": unknown}
+                continue
+            self._last[target_id] = {
+                "cgroup_packets": (counts.sent_packets, counts.received_packets),
+                "network_counts": traffic.kind(target_id),
+            }
+            figures[target_id] = {
+                "network_transmit_bytes": counts.sent_bytes,
+                "network_receive_bytes": counts.received_bytes,
+                "network_unknown": None,
+                **self._last[target_id],
+            }
+        return figures
+
+    def forget(self, target_id: str) -> None:
+        self._last.pop(target_id, None)
+        if self.traffic is not None:
+            self.traffic.forget(target_id)
+
+    def status(self) -> Status:
+        return Status()
+
+    def close(self) -> None:
+        if self.traffic is not None:
+            self.traffic.close()

@@ -1,0 +1,118 @@
+"""A target's end, merged: its last reading with the kernel's exit records, and the
+mode its summary states ("exact", "exit-records" or "last-sample").
+
+The sampler finds an end in a pass (a process gone, a cgroup gone or emptied); the
+target's exit sample is this module's :func:`exit_reading`, recorded like any sample
+in that pass; :meth:`Ending.mode` settles the mode once the pass's network accounting
+says whether its sockets' final counts all came.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edgewatt.core.platforms import Tree
+from edgewatt.core.sampling.process import TreeReading
+
+if TYPE_CHECKING:
+    from edgewatt.core.targets import TargetTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Ending:
+    """What is known of a target's end in the pass that found it."""
+
+    when: float  # unix seconds the pass found it
+    reason: str | None = None  # why a cgroup target ended, for its summary
+    figures: bool = False  # its exit sample has final figures (the kernel's, a cgroup's)
+    rss_peak_bytes: int | None = None  # the kernel's peak RSS, for a target of one process
+    teardowns: bool = True  # every member's teardown is in the kernel's figures
+
+    def mode(self, network_exact: bool) -> str:
+        """The exit mode its summary states, given whether every closed connection's
+        final counts came in this pass (the TCP destroy notifications)."""
+        if not self.figures or not network_exact:
+            return "last-sample"
+        return "exact" if self.teardowns else "exit-records"
+
+
+def exit_reading(
+    tree: Tree, ending: Ending, *, records: bool, cgroup: bool, name: str
+) -> TreeReading | None:
+    """The target's last reading, at its exit: from the kernel's exit records where
+    they are complete ("exact"), else as the last pass saw it ("last-sample").
+    Recorded like any sample, so the summary ends at the exit, and the pass's network
+    accounting and attribution count it (its sockets' final bytes, its share of the
+    energy up to the exit). ``records``: the kernel's exit records are being read;
+    ``cgroup``: a cgroup target (its counters are final once it is empty); ``name``
+    names the target in the log. Fills in ``ending``'s figures."""
+    last = tree.last
+    if last is None:
+        log.info("target %s exited before its first sample", name)
+        return None
+    figures = tree.exit_figures() if records else None
+    if records and figures is None and not cgroup:
+        log.info(
+            "target %s: the kernel's exit records are incomplete (it started before the "
+            "listener, or records were lost): its figures end at the last pass",
+            name,
+        )
+    # A cgroup's counters are final once it is empty: its last reading then is exact.
+    ending.figures = figures is not None or (cgroup and not last.pids)
+    if figures is None:
+        return dataclasses.replace(last, cpu_utilization=None, pids=(), idle_pids=frozenset())
+    ending.rss_peak_bytes = figures.rss_peak_bytes
+    ending.teardowns = figures.teardowns_counted
+    read, write = last.read_bytes, last.write_bytes
+    user, system = final_cpu(
+        (last.cpu_user_s, last.cpu_system_s), (figures.cpu_user_s, figures.cpu_system_s)
+    )
+    return dataclasses.replace(
+        last,
+        time=max(last.time, figures.time),
+        cpu_user_s=user,
+        cpu_system_s=system,
+        cpu_utilization=None,
+        read_bytes=None if read is None else max(read, figures.read_bytes),
+        write_bytes=None if write is None else max(write, figures.write_bytes),
+        pids=(),
+        idle_pids=frozenset(),
+    )
+
+
+def mark_exited(
+    table: TargetTable, ended: Sequence[tuple[str, Ending]], network_exact: bool
+) -> None:
+    """Mark the targets ended in a pass exited in the table, each with its exit mode;
+    ``network_exact``: every closed connection's final counts came in the pass."""
+    for target_id, ending in ended:
+        if ending.figures and not network_exact:
+            log.info(
+                "target %s: a closed connection's final counts did not come (lost "
+                "notifications): its TCP bytes end at the last pass that saw it",
+                target_id,
+            )
+        table.mark_exited(
+            target_id,
+            ending.when,
+            exit_mode=ending.mode(network_exact),
+            rss_peak_bytes=ending.rss_peak_bytes,
+            end_reason=ending.reason,
+        )
+
+
+def final_cpu(last: tuple[float, float], final: tuple[float, float]) -> tuple[float, float]:
+    """(user, system) at a target's exit: the larger CPU time of the last reading and
+    the exit figures, whole, split as the exit figures split it where neither mode then
+    goes below the last reading (both are counters). /proc and the exit records split
+    the same runtime between user and system differently, so a maximum per mode
+    over-counts: by 33 ms once, in a CI run."""
+    total = max(sum(last), sum(final))
+    user = max(last[0], min(final[0], total - last[1]))
+    return user, total - user

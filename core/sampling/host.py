@@ -1,0 +1,43 @@
+"""The host's figures for a pass: its CPU use since the last pass, memory, interfaces."""
+
+from __future__ import annotations
+
+import logging
+
+from edgewatt.core.platforms import Platform
+from edgewatt.core.sampling import system
+from edgewatt.core.snapshot import HostSample
+
+log = logging.getLogger(__name__)
+
+
+class HostReader:
+    """Reads the host once per pass; keeps the last CPU reading for the next pass's use."""
+
+    def __init__(self, platform: Platform) -> None:
+        self._platform = platform
+        self._last_cpu: system.HostCpu | None = None
+        # CPU seconds the host was busy since the last pass (attribution's denominator);
+        # None: not known (a first reading, a failed one, a counter that went back).
+        self.busy_delta: float | None = None
+
+    def read(self) -> HostSample | None:
+        try:
+            cpu, memory, network = self._platform.read_host()
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("reading host figures failed: %s", exc)
+            return None
+        utilization = None
+        self.busy_delta = None
+        last, self._last_cpu = self._last_cpu, cpu
+        if last is not None and cpu.total_seconds > last.total_seconds:
+            busy = max(0.0, cpu.busy_seconds - last.busy_seconds)
+            self.busy_delta = busy
+            utilization = min(1.0, busy / (cpu.total_seconds - last.total_seconds))
+        cores: tuple[float, ...] = ()
+        if last is not None and len(last.per_cpu) == len(cpu.per_cpu):  # none hot-plugged
+            cores = tuple(
+                min(1.0, max(0.0, b1 - b0) / (t1 - t0)) if t1 > t0 else 0.0
+                for (b0, t0), (b1, t1) in zip(last.per_cpu, cpu.per_cpu)
+            )
+        return HostSample(cpu, utilization, memory, network, core_utilization=cores)

@@ -1,0 +1,95 @@
+"""When the sampler's passes run: at a fixed cadence in the sampling thread, and on
+demand (an edge: a registration, a phase, a monitor's read) in callers' threads; one
+at a time, asks that come together sharing one."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Protocol
+
+from edgewatt.core.sampling.clock import Clock
+
+if TYPE_CHECKING:
+    from edgewatt.core.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+class Passing(Protocol):
+    interval: float  # seconds between scheduled passes (a reload changes it)
+    snapshot: Snapshot  # the last pass's
+    closed: bool
+
+    def sample_once(self, record: set[str] | None = None) -> Snapshot: ...
+
+    def close(self) -> None: ...
+
+
+class Passes:
+    def __init__(self, sampler: Passing, clock: Clock) -> None:
+        self._sampler = sampler
+        self._clock = clock
+        self.overruns = 0  # scheduled passes that ended after the next was due
+        # Passes on demand (sample_now): counted as started and done under _edge.
+        self._pass_lock = threading.Lock()
+        self._edge = threading.Lock()
+        self._wake = threading.Event()
+        self._started = self._done = 0
+        self._asked: set[str] | None = set()  # targets that asked for the next pass
+
+    def run(self, stop: threading.Event) -> None:
+        """Pass at a fixed cadence until ``stop`` is set (then :meth:`wake`), then
+        close the sampler."""
+        monotonic = self._clock.monotonic
+        deadline = monotonic()
+        try:
+            while not stop.is_set():
+                with self._pass_lock:  # one pass at a time, whoever runs it
+                    self._pass(scheduled=True)
+                deadline += self._sampler.interval
+                if deadline < monotonic():
+                    self.overruns += 1
+                    deadline = monotonic()  # skip missed ticks rather than burst
+                self._wake.wait(max(0.0, deadline - monotonic()))
+        finally:
+            with self._pass_lock:  # a pass on demand in another thread ends first
+                self._sampler.close()
+
+    def wake(self) -> None:
+        """End the wait between passes now: to stop."""
+        self._wake.set()
+
+    def on_demand(self, target_id: str | None, timeout_s: float) -> Snapshot:
+        """A pass that starts after this call, and its snapshot (Sampler.sample_now)."""
+        with self._edge:
+            if self._asked is not None:
+                if target_id is None:
+                    self._asked = None
+                else:
+                    self._asked.add(target_id)
+            wanted = self._started + 1
+        if not self._pass_lock.acquire(timeout=timeout_s):
+            return self._sampler.snapshot  # a pass is stuck: the log says why; never block
+        try:
+            with self._edge:
+                if self._done >= wanted or self._sampler.closed:  # one after the ask is done
+                    return self._sampler.snapshot
+            return self._pass(scheduled=False)
+        finally:
+            self._pass_lock.release()
+
+    def _pass(self, scheduled: bool) -> Snapshot:
+        """One pass, with the pass lock held; a scheduled one records every target."""
+        with self._edge:
+            self._started += 1
+            asked, self._asked = self._asked, set()
+        try:
+            return self._sampler.sample_once(None if scheduled else asked)
+        except Exception:
+            # A bug in one pass must not end sampling for good; the log says what.
+            log.exception("sampling pass failed")
+            return self._sampler.snapshot
+        finally:
+            with self._edge:
+                self._done += 1

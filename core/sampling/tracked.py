@@ -1,0 +1,108 @@
+"""What the sampler keeps about one tracked target between passes, in one object."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from edgewatt.core.platforms import Tree
+from edgewatt.core.sampling.cgroups import Cgroup, CgroupTree
+from edgewatt.core.sampling.contributors import NOT_COUNTED
+from edgewatt.core.sampling.exits import Ending
+from edgewatt.core.sampling.process import TreeReading
+from edgewatt.core.snapshot import ProcessSample
+
+if TYPE_CHECKING:
+    from edgewatt.core.targets import Target
+
+
+@dataclass
+class TargetState:
+    """One target's reader and what the sampler remembers of it; :meth:`close` lets
+    go of it all. A contributor keeps its own per-target figures, let go by its
+    ``forget``."""
+
+    target: Target  # as the table gave it this pass
+    tree: Tree | None = None  # its reader, opened at its first pass
+    attributes: Mapping[str, str | int] | None = None  # its series' identity, built once
+    failed: bool = False  # its last read failed (said once in the log)
+    cpu_s: float | None = None  # its CPU seconds at the last pass that read it
+    reading: TreeReading | None = None  # this pass's (None: not read in it)
+    ending: Ending | None = None  # found ended in this pass
+
+    @property
+    def cgroup(self) -> Cgroup | None:
+        """A cgroup target's cgroup now (None for a process target, or unopened)."""
+        return self.tree.cgroup if isinstance(self.tree, CgroupTree) else None
+
+    def identity(self, host_name: str) -> Mapping[str, str | int]:
+        """Its series' attributes: pid and executable, or its container's, unit's or
+        cgroup's name; its id, the host and its labels."""
+        if self.attributes is None:
+            self.attributes = _attributes(self.target, host_name)
+        return self.attributes
+
+    def sample(
+        self,
+        host_name: str,
+        *,
+        power_w: float | None,
+        energy_j: float | None,
+        device_energy_j: float | None,
+        gpu: tuple[float | None, int | None],
+        figures: Mapping[str, Any],
+    ) -> ProcessSample:
+        """Its sample for this pass: its reading, its energy (attribution's), its GPU
+        use, and ``figures``, what the contributors counted for it."""
+        target, reading = self.target, self.reading
+        assert reading is not None
+        sample = ProcessSample(
+            target_id=target.id,
+            pid=target.pid,
+            executable=target.executable,
+            attributes=self.identity(host_name),
+            time=reading.time,
+            cpu_user_s=reading.cpu_user_s,
+            cpu_system_s=reading.cpu_system_s,
+            cpu_utilization=reading.cpu_utilization,
+            memory_rss_bytes=reading.rss_bytes,
+            memory_virtual_bytes=reading.vms_bytes,
+            disk_read_bytes=reading.read_bytes,
+            disk_write_bytes=reading.write_bytes,
+            threads=reading.threads,
+            open_fds=reading.open_fds,
+            processes=reading.processes,
+            power_w=power_w,
+            energy_j=energy_j,
+            device_energy_j=device_energy_j,
+            gpu_utilization=gpu[0],
+            gpu_memory_bytes=gpu[1],
+            members=reading.pids,
+            # A cgroup target's network figures come from a contributor, or are absent.
+            network_unknown=NOT_COUNTED if self.cgroup is not None else None,
+        )
+        for name, value in figures.items():
+            setattr(sample, name, value)
+        return sample
+
+    def close(self) -> None:
+        if self.tree is not None:
+            self.tree.close()
+            self.tree = None
+
+
+def _attributes(target: Target, host_name: str) -> dict[str, str | int]:
+    name = target.cgroup_name
+    if name is None:
+        identity: dict[str, str | int] = {
+            "process.pid": target.pid,
+            "process.executable.name": target.executable,
+        }
+    elif name.kind == "container":  # OpenTelemetry's container attributes
+        identity = {"container.name": name.name, "container.runtime": name.runtime}
+    elif name.kind == "unit":
+        identity = {"edgewatt.target.unit": name.name}
+    else:
+        identity = {"edgewatt.target.cgroup": name.name}
+    return {**identity, "edgewatt.target.id": target.id, "host.name": host_name, **target.labels}
