@@ -86,7 +86,7 @@ def test_a_pass_keeps_time_by_the_clock_it_is_given(spawn: Any) -> None:
     assert table.get(target.id).state == "exited"
     now[0] += 0.5
     sampler.sample_once()
-    assert target.id not in {t.id for t in table.all()}
+    assert target.id not in {t["id"] for t in table.describe_all()}
     sampler.close()
 
 
