@@ -35,10 +35,10 @@ from edgewatt.core.sampling.network import NetworkAccounting
 from edgewatt.core.sampling.proc_events import ProcEvents
 from edgewatt.core.sampling.sockets import DestroyListener
 from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
-from edgewatt.core.snapshot import host_document
 from edgewatt.core.targets import SAMPLE_UNITS, TargetError, TargetTable
 from edgewatt.core.text import printable
-from edgewatt.exporter.api import ApiServer
+from edgewatt.exporter import documents
+from edgewatt.exporter.api import ApiContext, ApiServer
 from edgewatt.exporter.config import KEYS, Config, ConfigError
 from edgewatt.exporter.exposition import Exposition
 from edgewatt.exporter.influx import InfluxOptions, InfluxPusher
@@ -494,17 +494,17 @@ class Daemon:
                 "another edgewatt or exporter has it? choose another with --listen HOST:PORT"
             ) from exc
         try:
-            self.api = ApiServer(
-                self.config.socket,
+            context = ApiContext(
                 self.table,
                 logical_cpus=self.sampler.logical_cpus,
                 health=self.health,
-                host=lambda: host_document(self.sampler.snapshot, self.recent_power.average_w()),
+                host=lambda: documents.host(self.sampler.snapshot, self.recent_power.average_w()),
                 sample_units=SAMPLE_UNITS,
-                proc=self.config.proc_path,
                 sample_now=self.sampler.sample_now,
+                proc=self.config.proc_path,
                 min_interval=self.config.min_interval,
             )
+            self.api = ApiServer(self.config.socket, context)
         except OSError as exc:
             self.exposition.shutdown()
             raise StartError(f"cannot serve the API at {self.config.socket}: {exc}") from exc
