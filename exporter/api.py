@@ -201,7 +201,7 @@ class Router:
     methods that would have worked."""
 
     def __init__(self, table: Mapping[str, Mapping[str, Handler]]) -> None:
-        self._table = tuple((re.compile(_regex(p)), dict(methods)) for p, methods in table.items())
+        self._table = tuple((p, re.compile(_regex(p)), dict(ms)) for p, ms in table.items())
 
     def find(self, request: Request) -> Handler:
         match, methods = self._match(request.path)
@@ -214,8 +214,12 @@ class Router:
         request.params = match.groupdict()
         return methods[request.method]
 
+    def endpoints(self) -> list[tuple[str, str]]:
+        """(method, path pattern) of every endpoint, in the table's order."""
+        return [(method, pattern) for pattern, _, methods in self._table for method in methods]
+
     def _match(self, path: str) -> tuple[re.Match[str], dict[str, Handler]]:
-        for regex, methods in self._table:
+        for _, regex, methods in self._table:
             match = regex.fullmatch(path)
             if match is not None:
                 return match, methods
