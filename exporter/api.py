@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +48,7 @@ class ApiContext:
         self.pid_max = procfs.pid_max(self.proc)
 
 
-Handler = Callable[[ApiContext, Request], Response]
+Handler = typing.Callable[[ApiContext, Request], Response]  # 3.8: abc.Callable takes no [...]
 
 
 def ok(body: Any) -> Response:

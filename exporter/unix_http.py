@@ -24,6 +24,7 @@ import socketserver
 import stat
 import threading
 import time
+import typing
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,7 +98,7 @@ class Request:
         return data
 
 
-Application = Callable[[Request], Response]
+Application = typing.Callable[[Request], Response]  # 3.8: abc.Callable takes no [...]
 
 
 def credentials(sock: socket.socket) -> tuple[int, int, int]:
