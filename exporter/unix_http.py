@@ -42,6 +42,9 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_CONNECTIONS = 128
 MAX_CONNECTIONS_PER_UID = 32  # root is not held to it: its clients are the administrator's
 REQUEST_TIMEOUT_S = 5.0
+# What a socket's timeout raises: socket.timeout, a TimeoutError only from Python 3.10
+# (before, a stalled body was answered 500, not 408).
+TIMEOUTS = (TimeoutError, socket.timeout)
 
 
 class HttpError(Exception):
@@ -178,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.settimeout(REQUEST_TIMEOUT_S)  # the answer's own time
             self._dispatch()
             self.wfile.flush()
-        except (TimeoutError, ConnectionError):
+        except (*TIMEOUTS, ConnectionError):
             self.close_connection = True
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
@@ -235,7 +238,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise HttpError(413, "body too large", f"{length} bytes; at most {MAX_BODY_BYTES}")
         try:
             body = self.rfile.read(length)
-        except TimeoutError:
+        except TIMEOUTS:
             raise HttpError(
                 408, "request timed out", f"request not received within {REQUEST_TIMEOUT_S:g} s"
             ) from None
