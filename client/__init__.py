@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from edgewatt.client._track import Measurement, track
 from edgewatt.core import transport
@@ -38,9 +38,118 @@ __all__ = [
     "track",
 ]
 
+if TYPE_CHECKING:
+    from edgewatt.client._samples import Reading
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FALLBACKS = ("auto", "never", "always")
+
+
+class Options:
+    """The process a registration is for, and how in-process sampling measures it.
+    (A plain class: a NamedTuple would cost the import 0.3 ms, a dataclass ~6 ms.)"""
+
+    __slots__ = ("children", "interval", "labels", "network", "pid", "power", "sample_on_read")
+
+    def __init__(
+        self,
+        pid: int,
+        labels: dict[str, str],
+        children: bool = True,
+        interval: float = 1.0,
+        power: bool = True,
+        sample_on_read: bool = False,
+        network: bool = False,
+    ) -> None:
+        self.pid = pid
+        self.labels = labels
+        self.children = children
+        self.interval = interval  # seconds between in-process passes
+        self.power = power
+        # One pass per reading() (a monitor, whose own loop keeps the cadence) instead
+        # of a sampling thread at ``interval``.
+        self.sample_on_read = sample_on_read
+        self.network = network  # count the process's own TCP bytes too
+
+
+class Backend(Protocol):
+    """What samples a registered process: the daemon (:class:`DaemonBackend`) or this
+    process (``client._local.LocalSampler``). Its calls may raise; :class:`Registration`
+    keeps that from the caller and applies the one rule for losing the daemon."""
+
+    mode: str  # "daemon" or "local"
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def info(self) -> dict[str, Any]: ...  # the daemon's registration answer; {} in-process
+
+    def stats(self) -> dict[str, Any]: ...  # the latest sample; {} before the first
+
+    def summary(self) -> dict[str, Any]: ...  # to now: a sample is taken at the call
+
+    def reading(self) -> Reading | None: ...  # a monitor's input, sampled now
+
+    def start_phase(self, name: str) -> None: ...
+
+    def end_phase(self) -> dict[str, Any] | None: ...  # its figures; None if none ran
+
+    def helper_pids(self) -> set[int]: ...  # processes the sampling itself runs
+
+    def close(self) -> None: ...  # unregister, or stop sampling
+
+
+class DaemonBackend:
+    """A target the daemon samples, over one connection kept open (transport.py)."""
+
+    mode = "daemon"
+
+    def __init__(self, socket_path: str, info: dict[str, Any]) -> None:
+        self.socket = socket_path
+        self.info = info  # the daemon's answer to POST /v1/targets (or the target's own)
+        self._connection = transport.Connection(socket_path)
+
+    @property
+    def id(self) -> str:
+        return self.info["id"]
+
+    def stats(self) -> dict[str, Any]:
+        return self._target("GET", "").get("latest") or {}
+
+    def summary(self) -> dict[str, Any]:
+        return self._target("GET", "/summary?fresh=1")
+
+    def reading(self) -> Reading | None:
+        from edgewatt.client._readings import reading_from_api
+
+        target = self._target("GET", "?fresh=1")  # sampled now, at the caller's cadence
+        return reading_from_api(target, self._connection.call_ok("GET", "/v1/host"))
+
+    def start_phase(self, name: str) -> None:
+        self._target("POST", "/phase", {"name": name})
+
+    def end_phase(self) -> dict[str, Any] | None:
+        ended = self._target("DELETE", "/phase").get("phase")
+        return ended if isinstance(ended, dict) else None
+
+    def helper_pids(self) -> set[int]:
+        return set()  # the daemon runs them, outside this process
+
+    def close(self) -> None:
+        """Unregister; OSError or DaemonError when the daemon does not confirm it."""
+        try:
+            self._target("DELETE", "")
+        finally:
+            self.disconnect()
+
+    def disconnect(self) -> None:
+        self._connection.close()
+
+    def _target(self, method: str, sub: str, body: Any = None) -> Any:
+        return self._connection.call_ok(method, f"/v1/targets/{self.id}{sub}", body)
 
 
 class _Phase:
@@ -54,7 +163,7 @@ class _Phase:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.registration._end_phase()
+        self.registration.end_phase()
 
 
 class Registration:
@@ -71,51 +180,42 @@ class Registration:
     """
 
     def __init__(
-        self,
-        socket_path: str,
-        pid: int,
-        labels: dict[str, str],
-        children: bool,
-        fallback: str,
-        info: dict[str, Any] | None,
-        *,
-        interval: float = 1.0,
-        power: bool = True,
-        sample_on_read: bool = False,
-        network: bool = False,
+        self, socket_path: str, options: Options, fallback: str, backend: Backend | None = None
     ) -> None:
         self.socket = socket_path
-        self.pid = pid
-        self.labels = labels
-        self.children = children
+        self.options = options
         self.fallback = fallback
-        self.info = info or {}
-        self.interval = interval
-        self.power = power
-        # In-process: a sampling thread at ``interval`` (register()), or one pass per
-        # reading() (a monitor, whose own loop keeps the cadence).
-        self.sample_on_read = sample_on_read
-        self.network = network  # in-process: count the process's own TCP bytes too
-        self._local: Any = None
+        self._backend = backend  # None: inactive
         self._lock = threading.Lock()
-        # One connection kept open for this registration's requests (transport.py).
-        self._connection = transport.Connection(socket_path)
         self._failing: set[str] = set()  # calls whose failure was already logged
         # When the daemon was lost (unix s), why, and what samples since ("in-process"
         # or "nothing"); None while it answers.
         self.lost: tuple[float, str, str] | None = None
 
     @property
+    def pid(self) -> int:
+        return self.options.pid
+
+    @property
+    def backend(self) -> Backend | None:
+        """What samples the process now (None: nothing does)."""
+        return self._backend
+
+    @property
     def mode(self) -> str:
-        if self._local is not None:
-            return "local"
-        return "daemon" if self.info.get("id") else "inactive"
+        backend = self._backend
+        return backend.mode if backend is not None else "inactive"
 
     @property
     def id(self) -> str | None:
-        if self._local is not None:
-            return self._local.id
-        return self.info.get("id")
+        backend = self._backend
+        return backend.id if backend is not None else None
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The daemon's answer to the registration ({} when it does not sample)."""
+        backend = self._backend
+        return backend.info if backend is not None else {}
 
     @property
     def active(self) -> bool:
@@ -124,79 +224,43 @@ class Registration:
     def helper_pids(self) -> set[int]:
         """The processes in-process sampling runs for its power readings (none with a
         daemon): children of this process that are not the monitored work's."""
-        local = self._local
-        return local.helper_pids() if local is not None else set()
+        return self._call("helper_pids", lambda backend: backend.helper_pids()) or set()
 
     def stats(self) -> dict[str, Any]:
         """The latest sample of this process (units: README, "Registration API")."""
-        described = self._call(
-            "stats", lambda: self._daemon("GET", ""), lambda local: {"latest": local.stats()}
-        )
-        return (described or {}).get("latest") or {}
+        return self._call("stats", lambda backend: backend.stats()) or {}
 
     def summary(self) -> dict[str, Any]:
         """What the process consumed while registered, and per phase, to now (a
         sample is taken at the call)."""
-        return (
-            self._call("summary", lambda: self._daemon("GET", "/summary?fresh=1"), _summary) or {}
-        )
+        return self._call("summary", lambda backend: backend.summary()) or {}
 
-    def reading(self) -> Any:
+    def reading(self) -> Reading | None:
         """The latest raw reading (a monitor's input), or None when there is none yet."""
-        from edgewatt.client._readings import (
-            reading_after_exit,
-            reading_from_api,
-            reading_from_snapshot,
-        )
-
-        def daemon() -> Any:
-            target = self._daemon("GET", "?fresh=1")  # sampled now, at the caller's cadence
-            host = self._connection.call_ok("GET", "/v1/host")
-            return reading_from_api(target, host)
-
-        def local(sampler: Any) -> Any:
-            snapshot = sampler.sample() if self.sample_on_read else sampler.snapshot()
-            reading = reading_from_snapshot(snapshot)
-            if reading is None and sampler.exited():
-                reading = reading_after_exit(snapshot, sampler.stats())
-            return reading
-
-        return self._call("reading", daemon, local)
+        return self._call("reading", lambda backend: backend.reading())
 
     def phase(self, name: str) -> _Phase:
-        """Start a named phase (an epoch, a round); it ends when the next one starts, or
-        at the end of a ``with`` block."""
+        """Start a named phase (an epoch, a round); it ends when the next one starts, at
+        the end of a ``with`` block, or at :meth:`end_phase`."""
         if not isinstance(name, str) or not name or len(name) > 128:
             raise ValueError("phase name must be a string of 1 to 128 characters")
-        self._call(
-            "phase",
-            lambda: self._daemon("POST", "/phase", {"name": name}),
-            lambda local: local.phase(name),
-        )
+        self._call("phase", lambda backend: backend.start_phase(name))
         return _Phase(self, name)
 
-    def _end_phase(self) -> dict[str, Any] | None:
+    def end_phase(self) -> dict[str, Any] | None:
         """End the running phase; its figures (the summary's phase item), or None."""
-        ended = self._call(
-            "phase",
-            lambda: self._daemon("DELETE", "/phase").get("phase"),
-            lambda local: local.end_phase(),
-        )
-        return ended if isinstance(ended, dict) else None
+        return self._call("phase", lambda backend: backend.end_phase())
 
     def close(self) -> None:
         """Unregister (with a daemon) or stop the local sampler."""
         with self._lock:
-            local, self._local = self._local, None
-        if local is not None:
-            local.stop()
-        elif self.info.get("id"):
-            try:
-                self._daemon("DELETE", "")
-            except (OSError, DaemonError) as exc:
-                log.warning("edgewatt: unregistering %s failed: %s", self.info["id"], exc)
-        self._connection.close()
-        self.info = {}
+            backend, self._backend = self._backend, None
+        if backend is None:
+            return
+        try:
+            backend.close()
+        except (OSError, DaemonError) as exc:
+            log.warning("edgewatt: unregistering %s failed: %s", backend.id, exc)
 
     def __enter__(self) -> Registration:
         return self
@@ -204,26 +268,27 @@ class Registration:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- plumbing -------------------------------------------------------------------
+    # -- the one rule ---------------------------------------------------------------
 
-    def _call(self, what: str, daemon: Callable[[], Any], local: Callable[[Any], Any]) -> Any:
-        """``daemon()`` while the daemon samples, ``local(sampler)`` once this process
-        does; the switch between them is the one rule in the class docstring."""
+    def _call(self, what: str, action: Callable[[Backend], T]) -> T | None:
+        """``action`` on the backend that samples now; the switch from the daemon to
+        in-process is the one rule in the class docstring."""
         try:
-            if self._local is None and self.info.get("id"):
+            backend = self._backend
+            if isinstance(backend, DaemonBackend):
                 try:
-                    result = daemon()
+                    result = action(backend)
                 except OSError as exc:
-                    self._lost_daemon(f"stopped answering ({exc})")
+                    self._lost_daemon(backend, f"stopped answering ({exc})")
                 except DaemonError as exc:
                     if exc.status != 404:
                         raise
-                    self._lost_daemon("no longer knows the target")
+                    self._lost_daemon(backend, "no longer knows the target")
                 else:
                     self._failing.discard(what)
                     return result
-            sampler = self._local
-            result = local(sampler) if sampler is not None else None
+                backend = self._backend  # in-process now, or none
+            result = action(backend) if backend is not None else None
             self._failing.discard(what)
             return result
         except Exception as exc:  # monitoring must never break the caller
@@ -232,37 +297,37 @@ class Registration:
                 log.warning("edgewatt: %s failed: %s", what, exc)
             return None
 
-    def _daemon(self, method: str, sub: str, body: Any = None) -> Any:
-        path = f"/v1/targets/{self.info['id']}{sub}"
-        return self._connection.call_ok(method, path, body)
-
-    def _lost_daemon(self, why: str) -> None:
-        self.info = {}
+    def _lost_daemon(self, daemon: DaemonBackend, why: str) -> None:
+        with self._lock:
+            if self._backend is daemon:
+                self._backend = None
+        daemon.disconnect()
         at = time.time()
         if self.fallback == "auto":
             self._start_local(f"the daemon at {self.socket} {why}")
         else:
             log.warning("edgewatt: the daemon at %s %s; pid %d is no longer monitored",
                         self.socket, why, self.pid)  # fmt: skip
-        self.lost = (at, why, "in-process" if self._local is not None else "nothing")
+        self.lost = (at, why, "in-process" if self._backend is not None else "nothing")
 
     def _start_local(self, why: str | None = None) -> None:
         """Sample in-process; ``why`` (no daemon, or which) goes into the one warning."""
         with self._lock:
-            if self._local is not None:
+            if self._backend is not None:
                 return
             from edgewatt.client._local import LocalSampler
 
+            o = self.options
             try:
                 local = LocalSampler(
-                    self.pid,
-                    labels=self.labels,
-                    children=self.children,
-                    interval=self.interval,
-                    power=self.power,
-                    network=self.network,
+                    o.pid,
+                    labels=o.labels,
+                    children=o.children,
+                    interval=o.interval,
+                    power=o.power,
+                    network=o.network,
                 )
-                self._local = local.start(thread=not self.sample_on_read)
+                self._backend = local.start(thread=not o.sample_on_read)
             except Exception as exc:  # e.g. the pid has exited: stay inactive
                 log.warning(
                     "edgewatt: %sin-process monitoring unavailable: %s",
@@ -272,10 +337,6 @@ class Registration:
                 return
         if why is not None:  # None: fallback="always" asked for this, nothing to warn about
             log.warning("edgewatt: %s; monitoring pid %d in-process", why, self.pid)
-
-
-def _summary(local: Any) -> dict[str, Any]:
-    return local.summary()
 
 
 def register(
@@ -290,21 +351,25 @@ def register(
     fallback: "auto" samples in-process when no daemon answers, "never" stays
     inactive instead, "always" never asks a daemon.
     """
-    return _register(labels, pid, children, socket, fallback)
+    return open_registration(labels, pid, children, socket, fallback)
 
 
-def _register(
+def open_registration(
     labels: dict[str, str] | None,
     pid: int | None,
     children: bool,
     socket: str | None,
     fallback: str,
-    **local_options: Any,
+    *,
+    cgroup: str | None = None,
+    interval: float = 1.0,
+    power: bool = True,
+    sample_on_read: bool = False,
+    network: bool = False,
 ) -> Registration:
-    """register(), with the in-process options a monitor sets (interval, power,
-    sample_on_read, network) and ``cgroup``: the daemon measures that cgroup (`edgewatt run
+    """register(), with what a monitor (client._monitor) sets: the in-process
+    :class:`Options`, and ``cgroup``: the daemon measures that cgroup (`edgewatt run
     --cgroup` put the command in it); in-process, the pid's tree is sampled as ever."""
-    cgroup = local_options.pop("cgroup", None)
     if labels is not None and (
         not isinstance(labels, dict)
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
@@ -316,7 +381,9 @@ def _register(
         raise TypeError("children must be a bool")
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
-    target_pid = pid or os.getpid()
+    options = Options(
+        pid or os.getpid(), labels or {}, children, interval, power, sample_on_read, network
+    )
     info = None
     why = None  # why no daemon samples it; None where fallback="always" asked for that
     found = None if fallback == "always" else transport.find_daemon(socket)
@@ -324,27 +391,31 @@ def _register(
     if found is not None and found.path is None:
         why = f"no daemon answering at {found.looked}"
     elif found is not None:
-        body: dict[str, Any] = {"labels": labels or {}}
-        if cgroup is not None:  # a cgroup is counted whole: no children flag
-            body["cgroup"] = cgroup
-        else:
-            body["children"] = children
-            if target_pid != os.getpid():
-                body["pid"] = target_pid
         try:
-            info = transport.call_ok(path, "POST", "/v1/targets", body)
+            info = transport.call_ok(path, "POST", "/v1/targets", _request(options, cgroup))
         except DaemonError as exc:
             if exc.status == 400 and exc.body.get("error") == "invalid labels":
                 raise ValueError(exc.body.get("detail")) from None
             why = f"the daemon at {path} refused the registration: {exc}"
         except OSError as exc:
             why = f"the daemon at {path} stopped answering ({exc})"
-    registration = Registration(
-        path, target_pid, labels or {}, children, fallback, info, **local_options
-    )
-    if info is None:
+    daemon = DaemonBackend(path, info) if info is not None else None
+    registration = Registration(path, options, fallback, daemon)
+    if daemon is None:
         if fallback == "never":
-            log.warning("edgewatt: %s; pid %d is not monitored", why, target_pid)
+            log.warning("edgewatt: %s; pid %d is not monitored", why, options.pid)
         else:
             registration._start_local(why)
     return registration
+
+
+def _request(options: Options, cgroup: str | None) -> dict[str, Any]:
+    """The body of POST /v1/targets."""
+    body: dict[str, Any] = {"labels": options.labels}
+    if cgroup is not None:  # a cgroup is counted whole: no children flag
+        body["cgroup"] = cgroup
+    else:
+        body["children"] = options.children
+        if options.pid != os.getpid():
+            body["pid"] = options.pid
+    return body

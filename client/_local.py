@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from edgewatt.core.transport import current_uid
 
 if TYPE_CHECKING:
+    from edgewatt.client._samples import Reading
     from edgewatt.core.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,10 @@ def _network_accounting() -> Any:
 
 
 class LocalSampler:
+    """The in-process backend of a registration (client.Backend)."""
+
+    mode = "local"
+
     def __init__(
         self,
         pid: int,
@@ -111,6 +116,10 @@ class LocalSampler:
     def id(self) -> str:
         return self.target.id
 
+    @property
+    def info(self) -> dict[str, Any]:
+        return {}  # no daemon answered for it
+
     def helper_pids(self) -> set[int]:
         """The processes this sampling runs (a power source's tegrastats, powermetrics)."""
         power = self.sampler.power
@@ -135,7 +144,7 @@ class LocalSampler:
         """The latest pass."""
         return self.sampler.snapshot
 
-    def stop(self) -> None:
+    def close(self) -> None:
         """A last pass (the summary then ends at the call), then stop."""
         self.sampler.sample_now()
         self._stop.set()
@@ -147,6 +156,17 @@ class LocalSampler:
 
     def exited(self) -> bool:
         return self.table.get(self.target.id).state == "exited"
+
+    def reading(self) -> Reading | None:
+        """A monitor's reading: of a pass now where no thread samples (the monitor's
+        loop keeps the cadence), else of the thread's latest."""
+        from edgewatt.client._readings import reading_after_exit, reading_from_snapshot
+
+        snapshot = self.sample() if self._thread is None else self.snapshot()
+        reading = reading_from_snapshot(snapshot)
+        if reading is None and self.exited():
+            reading = reading_after_exit(snapshot, self.stats())
+        return reading
 
     def stats(self) -> dict[str, Any]:
         return self.table.describe(self.target.id).get("latest") or {}
@@ -160,7 +180,7 @@ class LocalSampler:
     def samples(self) -> list[dict[str, Any]]:
         return self.table.samples(self.target.id)
 
-    def phase(self, name: str) -> None:
+    def start_phase(self, name: str) -> None:
         """Start a phase; its edge is a pass taken now, as the daemon does."""
         self.table.start_phase(self.target.id, name, current_uid())
         self.sampler.sample_now()

@@ -70,10 +70,10 @@ def sampling_loop(
     ``stop`` is set. The sink is left in ``shared["sink"]`` for phase marks from other
     threads. ``adjust`` takes each reading before anything sees it (the process
     variant's helper takes itself out of the figures)."""
-    from edgewatt.client import _register
+    from edgewatt.client import open_registration
 
     try:
-        source = _register(
+        source = open_registration(
             spec["labels"],
             spec["pid"],
             True,

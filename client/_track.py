@@ -27,7 +27,10 @@ import threading
 import time
 import typing
 from collections import deque
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+if TYPE_CHECKING:
+    from edgewatt.client import Registration
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +38,11 @@ F = TypeVar("F", bound=typing.Callable[..., Any])  # 3.8: abc.Callable takes no 
 
 # One registration for every track() of the process that is given none, created on
 # first use: a process is one target, and its phases follow each other.
-_shared: dict[str, Any] = {}
+_shared: dict[str, Registration] = {}
 _shared_lock = threading.Lock()
 
 
-def _shared_registration() -> Any:
+def _shared_registration() -> Registration:
     with _shared_lock:
         if "registration" not in _shared:
             from edgewatt.client import register
@@ -63,7 +66,7 @@ class Measurement(NamedTuple):  # a NamedTuple: dataclasses would cost the impor
 class track:  # lower case: it reads as a decorator, like functools.wraps
     """Measure each call of a function (decorator) or each run of a block (``with``)."""
 
-    def __init__(self, name: str, registration: Any = None) -> None:
+    def __init__(self, name: str, registration: Registration | None = None) -> None:
         if not isinstance(name, str) or not name or len(name) > 128:
             raise ValueError("track name must be a string of 1 to 128 characters")
         self.name = name
@@ -84,7 +87,7 @@ class track:  # lower case: it reads as a decorator, like functools.wraps
 
     def __exit__(self, *exc: object) -> None:
         duration = time.monotonic() - self._started
-        phase = self.registration._end_phase() or {}  # its figures, from the closing sample
+        phase = self.registration.end_phase() or {}  # its figures, from the closing sample
         user, system = phase.get("cpu_user_s"), phase.get("cpu_system_s")
         measurement = Measurement(
             name=self.name,

@@ -39,7 +39,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from edgewatt.client import Registration, register
+from edgewatt.client import DaemonBackend, Options, Registration, register
 from edgewatt.client.fl_record import KIND, client_figures
 from edgewatt.core import transport
 from edgewatt.core.text import shown
@@ -105,13 +105,13 @@ class _Window:
             held = [t for t in listed["targets"] if t["pid"] != pid] or listed["targets"]
             if held:
                 target = held[0]
-                info = {"id": target["id"]}
-                return Registration(found.path, target["pid"], {}, True, "never", info), True
+                daemon = DaemonBackend(found.path, {"id": target["id"]})
+                return Registration(found.path, Options(target["pid"], {}), "never", daemon), True
         return register(labels={"flower_message": "clientapp"}), False
 
     def close(self, reply: Message) -> dict[str, Any]:
         duration = time.monotonic() - self.started
-        phase = self.registration._end_phase() or {}
+        phase = self.registration.end_phase() or {}
         source = self.registration.mode  # before closing: a closed one is "inactive"
         if not self.attached:
             self.registration.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.compat import SLOTS
@@ -101,62 +100,3 @@ class Snapshot:
     carbon: CarbonIntensity | None = None  # None: no carbon figure anywhere
     stats: SamplerStats = field(default_factory=lambda: SamplerStats(0.0, 0, 0))
     host_name: str = ""  # the device's host.name, on every series ("": tests without one)
-
-
-def host_document(
-    snapshot: Snapshot, recent: tuple[Mapping[str, float], float] = ({}, 0.0)
-) -> dict[str, Any]:
-    """The host part of a snapshot as JSON for GET /v1/host and /v1/top (units in the
-    key names); ``recent``: the power averaged over the last minute by rail ("" the
-    total) and the seconds that average spans (power/recent.py)."""
-    averages, span = recent
-    host = snapshot.host
-    power = snapshot.power
-    document: dict[str, Any] = {
-        "time": snapshot.time,
-        "logical_cpus": host.cpu.logical_cpus if host else None,
-        "cpu_utilization": host.cpu_utilization if host else None,
-        "cpu_core_utilization": [round(u, 4) for u in host.core_utilization] if host else [],
-        "memory_total_bytes": host.memory.total_bytes if host else None,
-        "memory_used_bytes": host.memory.bytes_by_state["used"] if host else None,
-        "network": {
-            name: {"receive_bytes": io.receive, "transmit_bytes": io.transmit}
-            for name, io in (host.network.items() if host else ())
-        },
-        "power": None
-        if power is None
-        else {
-            "host_power_w": power.host_power_w,
-            "host_energy_j": power.host_energy_j,
-            "host_power_avg_w": averages.get(""),
-            "avg_window_s": round(span, 3),
-            "idle_power_w": snapshot.idle_power_w,
-            "sources": list(power.sources),
-            "rails": {
-                r.name: {
-                    "id": r.id,
-                    "type": r.type,
-                    "power_w": r.power_w,
-                    "power_avg_w": averages.get(r.name),
-                    "energy_j": r.energy_j,
-                }
-                for r in power.rails
-            },
-            "temperatures_c": {
-                f"{source}/{name}": value for (source, name), value in power.temperatures_c.items()
-            },
-            "gpus": [
-                {"id": g.id, "name": g.name, "utilization": g.utilization, "power_w": g.power_w}
-                for g in power.gpus
-            ],
-        },
-    }
-    carbon = snapshot.carbon
-    if carbon is not None:  # absent, not null, when no intensity is configured
-        energy = power.host_energy_j if power else None
-        document["carbon"] = {
-            "intensity_g_per_kwh": carbon.g_per_kwh,
-            "source": carbon.source,
-            "host_g": None if energy is None else carbon.grams(energy),
-        }
-    return document

@@ -29,10 +29,11 @@ from edgewatt.core.power.recent import RecentPower
 from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.sampler import Sampler
 from edgewatt.core.sampling import procfs
-from edgewatt.core.snapshot import Snapshot, host_document
+from edgewatt.core.snapshot import Snapshot
 from edgewatt.core.targets import SAMPLE_UNITS, Limits, Resolver, TargetError, TargetTable
 from edgewatt.core.text import printable
-from edgewatt.exporter.api import ApiServer
+from edgewatt.exporter import documents
+from edgewatt.exporter.api import ApiContext, ApiServer
 from edgewatt.exporter.collectors import start_collectors
 from edgewatt.exporter.config import KEYS, Config, ConfigError
 from edgewatt.exporter.exposition import Exposition
@@ -390,17 +391,17 @@ class Daemon:
                 "another edgewatt or exporter has it? choose another with --listen HOST:PORT"
             ) from exc
         try:
-            self.api = ApiServer(
-                self.config.socket,
+            context = ApiContext(
                 self.table,
                 logical_cpus=self.platform.logical_cpus(),
                 health=self.health,
-                host=lambda: host_document(self.sampler.snapshot, self.recent_power.average_w()),
+                host=lambda: documents.host(self.sampler.snapshot, self.recent_power.average_w()),
                 sample_units=SAMPLE_UNITS,
                 proc=self.config.proc_path,
                 sample_now=self._sample_now,
                 min_interval=self.config.min_interval,
             )
+            self.api = ApiServer(self.config.socket, context)
         except OSError as exc:
             self.exposition.shutdown()
             raise StartError(f"cannot serve the API at {self.config.socket}: {exc}") from exc

@@ -50,7 +50,7 @@ def test_import_client_and_sampling_with_proc_unavailable(tmp_path: Path) -> Non
         "import json, time\nfrom edgewatt import client\n"
         "r = client.register(fallback='always')\n"
         "time.sleep(0.3)\n"
-        "print(json.dumps({'backend': r._local.backend, 'summary': r.summary()}))\n"
+        "print(json.dumps({'backend': r.backend.backend, 'summary': r.summary()}))\n"
         "r.close()\n"
     )
     result = _client_script(code, {"EDGEWATT_PROC_PATH": str(tmp_path / "none")})

@@ -1,0 +1,350 @@
+"""HTTP/1.1 with JSON bodies over a Unix socket: the mechanics under the registration
+API (api.py holds its endpoints).
+
+Every connection gets its own thread, and every request one deadline: all of it (the
+wait for its first byte included) must arrive within ``REQUEST_TIMEOUT_S``, however it
+is spread out, or the connection ends (408 once the headers are in). A client that
+trickles a byte at a time holds its thread no longer than one that stalls. At most
+``MAX_CONNECTIONS`` connections are served at once, and at most
+``MAX_CONNECTIONS_PER_UID`` of one user other than root (SO_PEERCRED), so one user
+cannot take the others' share; more are answered 429 at once. Every failure is a JSON
+``{"error", "detail"}`` with a 4xx status; an unexpected exception is logged with its
+traceback here and answered with a 500 that carries no traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import socket
+import socketserver
+import stat
+import threading
+import time
+import typing
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from edgewatt.core.transport import directory_problem, peer_credentials
+from edgewatt.exporter import documents
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+MAX_CONNECTIONS = 128
+MAX_CONNECTIONS_PER_UID = 32  # root is not held to it: its clients are the administrator's
+REQUEST_TIMEOUT_S = 5.0
+# What a socket's timeout raises: socket.timeout, a TimeoutError only from Python 3.10
+# (before, a stalled body was answered 500, not 408).
+TIMEOUTS = (TimeoutError, socket.timeout)
+
+
+class HttpError(Exception):
+    """A request refused before any endpoint acted on it; answered with the connection
+    closed (what follows on it may be out of step)."""
+
+    def __init__(self, status: int, error: str, detail: str = "") -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: Any  # encoded as JSON
+    close: bool = False  # end the connection after it
+
+
+@dataclass
+class Request:
+    """One request as an endpoint sees it: who sent it (SO_PEERCRED), what it asks, and
+    its body, read on demand within the request's deadline."""
+
+    method: str
+    path: str  # without the query
+    query: str
+    peer_pid: int
+    peer_uid: int
+    read_body: Callable[[], bytes] = field(repr=False)
+    params: dict[str, str] = field(default_factory=dict)  # the path's {names}, by the router
+
+    def argument(self, name: str) -> list[str] | None:
+        """The query's values for ``name``; None when it has none."""
+        return parse_qs(self.query).get(name)
+
+    def body(self) -> bytes:
+        return self.read_body()
+
+    def json(self) -> dict[str, Any]:
+        """The body as a JSON object; {} when there is none."""
+        body = self.read_body()
+        if not body:
+            return {}
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise HttpError(400, "invalid JSON", str(exc)[:200]) from None
+        except RecursionError:  # thousands of nested brackets
+            raise HttpError(400, "invalid JSON", "nested too deeply") from None
+        if not isinstance(data, dict):
+            raise HttpError(400, "invalid body", "the body must be a JSON object")
+        return data
+
+
+Application = typing.Callable[[Request], Response]  # 3.8: abc.Callable takes no [...]
+
+
+def credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the connected peer."""
+    found = peer_credentials(sock)
+    assert found is not None, "the daemon runs on Linux, which has SO_PEERCRED"
+    return found
+
+
+class DeadlineReader(io.RawIOBase):
+    """A socket's reads, each given only the time left until ``deadline``: the
+    socket's own timeout would start again with every byte received."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.deadline = time.monotonic() + REQUEST_TIMEOUT_S
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request deadline passed")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
+def _valid_path(raw: str, path: str) -> bool:
+    return (
+        path.startswith("/")
+        and "%" not in raw
+        and "//" not in path
+        and "/./" not in path + "/"
+        and "/../" not in path + "/"
+    )
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = REQUEST_TIMEOUT_S  # for writing an answer
+    # An answer's headers and body go out in one write at its flush: one wake of the
+    # client, not one for the headers and one for the body.
+    wbufsize = io.DEFAULT_BUFFER_SIZE
+    server: UnixHttpServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.peer_pid, self.peer_uid, _ = credentials(self.request)
+        self._reader = DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def version_string(self) -> str:
+        return "edgewatt"
+
+    def address_string(self) -> str:
+        return f"pid {self.peer_pid}"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("api: %s %s", self.address_string(), format % args)
+
+    def handle_one_request(self) -> None:
+        # The standard loop, with every method routed to one dispatcher (the stdlib
+        # answers unknown methods with an HTML 501) and timeouts ending the connection.
+        self._reader.deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+            if len(self.raw_requestline) > 65536:
+                self.requestline = self.request_version = self.command = ""
+                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+                return
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():
+                return
+            self.connection.settimeout(REQUEST_TIMEOUT_S)  # the answer's own time
+            self._dispatch()
+            self.wfile.flush()
+        except (*TIMEOUTS, ConnectionError):
+            self.close_connection = True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        status = HTTPStatus(code)
+        body = documents.error(message or status.phrase.lower(), explain or "")
+        self._reply(Response(status.value, body, close=True))
+
+    def _reply(self, response: Response) -> None:
+        data = json.dumps(response.body).encode()
+        if self.request_version == "HTTP/0.9":  # a garbled request line: answer in 1.1
+            self.request_version = "HTTP/1.1"
+        self.send_response(response.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if response.close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _dispatch(self) -> None:
+        try:
+            parts = urlsplit(self.path)
+            if not _valid_path(self.path, parts.path):
+                raise HttpError(400, "invalid path", f"{self.path[:200]!r} is not a valid API path")
+            request = Request(
+                self.command,
+                parts.path,
+                parts.query,
+                self.peer_pid,
+                self.peer_uid,
+                self._read_body,
+            )
+            response = self.server.application(request)
+        except HttpError as exc:
+            self._reply(Response(exc.status, documents.error(exc.error, exc.detail), close=True))
+        except Exception:
+            log.exception("api: unexpected error on %s %s", self.command, self.path)
+            self._reply(Response(500, documents.error("internal error", "see the daemon's log")))
+        else:
+            self._reply(response)
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            raise HttpError(400, "chunked bodies are not supported", "send Content-Length")
+        raw_length = self.headers.get("Content-Length")
+        if raw_length is None:
+            return b""
+        if not raw_length.strip().isdigit():
+            raise HttpError(400, "invalid Content-Length", repr(raw_length[:40]))
+        length = int(raw_length)
+        if length > MAX_BODY_BYTES:
+            raise HttpError(413, "body too large", f"{length} bytes; at most {MAX_BODY_BYTES}")
+        try:
+            body = self.rfile.read(length)
+        except TIMEOUTS:
+            raise HttpError(
+                408, "request timed out", f"request not received within {REQUEST_TIMEOUT_S:g} s"
+            ) from None
+        finally:
+            self.connection.settimeout(REQUEST_TIMEOUT_S)  # the answer's own time
+        if len(body) != length:
+            raise HttpError(400, "truncated body", f"got {len(body)} of {length} bytes")
+        return body
+
+
+class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """Serves ``application`` at ``path``, a socket any local user may connect to (the
+    application decides what each may do, by the peer's uid)."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128  # a burst of connects must not hit a full backlog (EAGAIN)
+
+    def __init__(self, path: str, application: Application) -> None:
+        self.application = application
+        self._open: Counter[int] = Counter()  # connections being served, by uid
+        self._open_lock = threading.Lock()
+        own_directory(os.path.dirname(path) or ".")
+        clear_stale_socket(path)
+        super().__init__(path, _Handler)
+        # Any local user may register their own processes; SO_PEERCRED enforces the rest.
+        os.chmod(path, 0o666)
+        self.path = path
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        uid = credentials(request)[1]
+        with self._open_lock:
+            if sum(self._open.values()) >= MAX_CONNECTIONS:  # Counter.total() is 3.10+
+                refused = f"at most {MAX_CONNECTIONS} at once"
+            elif uid != 0 and self._open[uid] >= MAX_CONNECTIONS_PER_UID:
+                refused = f"at most {MAX_CONNECTIONS_PER_UID} at once per user"
+            else:
+                refused = ""
+                self._open[uid] += 1
+        if refused:
+            refuse(request, refused)
+            self.shutdown_request(request)
+            return
+        super().process_request(request, (uid, client_address))
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        uid, address = client_address
+        try:
+            super().process_request_thread(request, address)
+        finally:
+            with self._open_lock:
+                self._open[uid] -= 1
+                if self._open[uid] <= 0:
+                    del self._open[uid]
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def refuse(request: socket.socket, detail: str) -> None:
+    """A 429 written straight to a connection that gets no thread."""
+    body = json.dumps(documents.error("too many connections", detail)).encode()
+    try:
+        request.settimeout(0.5)
+        request.sendall(
+            b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+    except OSError:
+        pass
+
+
+def own_directory(directory: str) -> None:
+    """Create the socket's directory, or refuse one that another user owns or may write
+    to: there, that user could take the socket's name first (a fake daemon that reads
+    every label and pid sent to it), or replace the socket later."""
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    euid = os.geteuid()
+    problem = directory_problem(os.stat(directory), (0, euid), f"root or the daemon's uid {euid}")
+    if problem is None:
+        return
+    raise OSError(
+        f"refusing socket directory {directory}: {problem}; another user could take the "
+        "socket's name; use a directory of your own (--socket)"
+    )
+
+
+def clear_stale_socket(path: str) -> None:
+    """Remove a socket file left by a crashed daemon; refuse if a live one answers."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(f"{path} exists and is not a socket; refusing to remove it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+    else:
+        raise OSError(f"socket {path} is in use by a running daemon")
+    finally:
+        probe.close()
