@@ -42,6 +42,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from edgewatt.core import options as opt
+from edgewatt.core.options import Variable, option
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.core.text import shown
 from edgewatt.exporter.http_exchange import Exchanges
@@ -62,16 +64,81 @@ RETRIED = {404, 429}  # and every 5xx
 
 @dataclass(frozen=True)
 class InfluxOptions:
-    url: str  # http(s)://host:8086
-    database: str = ""  # 1.x: /write?db=; else the v2 API with org and bucket
-    org: str = ""
-    bucket: str = ""
-    token: str = ""
-    username: str = ""
-    password: str = ""
-    interval_s: float = 10.0
-    timeout_s: float = 5.0
-    buffer_bytes: int = 64 << 20
+    """The InfluxDB push's keys (InfluxDB's usual INFLUX_* variables read for them too)."""
+
+    url: str = option(
+        "influx_url",
+        "",  # no InfluxDB push; else http(s)://host:8086
+        opt.endpoint,
+        "InfluxDB to write the figures to over the line protocol, e.g. http://influx:8086 "
+        "(INFLUX_HOST); unset: no push",
+        variables=(Variable("INFLUX_HOST"),),
+    )
+    database: str = option(  # 1.x: /write?db=; else the v2 API with org and bucket
+        "influx_database",
+        "",
+        opt.text,
+        "1.x database (or 3.x's, through its v1 API): writes go to /write?db= (INFLUX_DATABASE); "
+        "unset: the v2 API with influx_org and influx_bucket",
+        variables=(Variable("INFLUX_DATABASE"),),
+    )
+    org: str = option(
+        "influx_org",
+        "",
+        opt.text,
+        "2.x/3.x organization for /api/v2/write (INFLUX_ORG)",
+        variables=(Variable("INFLUX_ORG"),),
+    )
+    bucket: str = option(
+        "influx_bucket",
+        "",
+        opt.text,
+        "2.x/3.x bucket for /api/v2/write (INFLUX_BUCKET)",
+        variables=(Variable("INFLUX_BUCKET"),),
+    )
+    token: str = option(
+        "influx_token",
+        "",
+        opt.text,
+        "2.x/3.x API token, sent as Authorization: Token (INFLUX_TOKEN)",
+        variables=(Variable("INFLUX_TOKEN"),),
+    )
+    username: str = option(
+        "influx_username",
+        "",
+        opt.text,
+        "1.x user, by Basic auth (INFLUX_USERNAME)",
+        variables=(Variable("INFLUX_USERNAME"),),
+    )
+    password: str = option(
+        "influx_password",
+        "",
+        opt.text,
+        "1.x password (INFLUX_PASSWORD)",
+        variables=(Variable("INFLUX_PASSWORD"),),
+    )
+    interval_s: float = option(
+        "influx_interval",
+        10.0,
+        opt.seconds(0.1, 86400),
+        "seconds between two writes: each carries the latest pass's points and the final "
+        "sample of every target that exited since",
+    )
+    timeout_s: float = option(
+        "influx_timeout",
+        5.0,
+        opt.seconds(0.1, 60),
+        "seconds a write may take before it is retried",
+    )
+    buffer_bytes: int = option(
+        "influx_buffer_bytes",
+        64 << 20,
+        opt.count(1 << 20, 1 << 32),
+        "bytes of line protocol kept while InfluxDB is unreachable (default 64 MiB; a target's "
+        "labels are in each of its lines), each line counted with 48 bytes more for its "
+        "keeping; the oldest lines dropped beyond. The old influx_buffer_lines is refused, "
+        "naming this key",
+    )
 
     def write_url(self) -> str:
         base = self.url.rstrip("/")

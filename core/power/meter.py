@@ -38,6 +38,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from edgewatt.core import options
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.power import native
 from edgewatt.core.power.source import (
@@ -47,6 +48,7 @@ from edgewatt.core.power.source import (
     MAX_SAMPLE_HZ,
     WINDOW_HZ,
     Gpu,
+    PowerOptions,
     PowerReading,
     PowerSource,
 )
@@ -59,32 +61,28 @@ def sample_hz_from_environment() -> float | None:
     """In-process sampling's rate: EDGEWATT_POWER_SAMPLE_HZ as the daemon reads it, else
     None, the rate chosen on the device (a bad value is logged and ignored: monitoring
     never raises)."""
-    return _rate_from_environment("EDGEWATT_POWER_SAMPLE_HZ", 1.0, None, "auto or a rate")
+    return _rate_from_environment("sample_hz", 1.0, "auto or a rate")
 
 
 def window_hz_from_environment() -> float:
     """In-process sampling's window rate: EDGEWATT_POWER_WINDOW_HZ as the daemon reads
     it (0: none), else WINDOW_HZ."""
-    return (
-        _rate_from_environment("EDGEWATT_POWER_WINDOW_HZ", 0.0, WINDOW_HZ, "a rate (0: none)")
-        or 0.0
-    )
+    return _rate_from_environment("window_hz", 0.0, "a rate (0: none)") or 0.0
 
 
-def _rate_from_environment(
-    name: str, lowest: float, default: float | None, accepted: str
-) -> float | None:
-    text = os.environ.get(name, "").strip()
+def _rate_from_environment(name: str, lowest: float, accepted: str) -> float | None:
+    """PowerOptions' field ``name`` from its variable, checked by its declared parser."""
+    spec = options.lookup(PowerOptions, name)
+    default = getattr(PowerOptions(), name)
+    text = os.environ.get(spec.variable, "").strip()
     if text.lower() in ("", "auto"):
         return default
     try:
-        hz = float(text)
+        return spec.parse(text)
     except ValueError:
-        hz = -1.0
-    if not lowest <= hz <= MAX_SAMPLE_HZ:
         log.warning(
             "%s=%r is not %s from %g to %g Hz: %s used",
-            name,
+            spec.variable,
             text[:40],
             accepted,
             lowest,
@@ -92,7 +90,6 @@ def _rate_from_environment(
             "auto" if default is None else f"{default:g} Hz",
         )
         return default
-    return hz
 
 
 def auto_rate(cost_s: float, budget: float = AUTO_BUDGET) -> float:
