@@ -103,8 +103,8 @@ class CarbonOptions:
         "carbon_intensity_g_per_kwh",
         None,  # no carbon figures
         parse_intensity,
-        "grid carbon intensity in gCO2e/kWh (flag --carbon-intensity-g-per-kwh); unset: no carbon "
-        "figure anywhere, unless carbon_country is set",
+        "grid carbon intensity in gCO2e/kWh; unset: no carbon figure anywhere, unless "
+        "carbon_country is set",
         flag=Flag("G", "grid carbon intensity in gCO2e/kWh (default: none, no carbon figures)"),
     )
     country: str = option(

@@ -24,6 +24,15 @@ class Variable:
 
     name: str
     convert: Callable[[str], Any] = str  # to what the key's parser takes
+    unit: str = ""  # where it differs from the key's, as the docs say it
+
+    def __str__(self) -> str:
+        return f"{self.name} (in {self.unit})" if self.unit else self.name
+
+
+def in_milliseconds(name: str) -> Variable:
+    """An OpenTelemetry variable: a duration in ms for a key in seconds."""
+    return Variable(name, lambda ms: float(ms) / 1000, "ms")
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,14 @@ class Option:
     @property
     def variable(self) -> str:
         return variable(self.key)
+
+    @property
+    def flag_name(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    def also_set_by(self) -> list[str]:
+        """Its flag and standard variables (EDGEWATT_<KEY> goes without saying)."""
+        return [self.flag_name] * (self.flag is not None) + [str(v) for v in self.variables]
 
 
 def variable(key: str) -> str:
@@ -188,8 +205,3 @@ def headers(value: Any) -> tuple[tuple[str, str], ...]:
     else:
         raise ValueError("must be a mapping or KEY=VALUE,KEY=VALUE")
     return tuple(pairs)
-
-
-def milliseconds(value: str) -> float:
-    """The OTel variables' unit, as seconds."""
-    return float(value) / 1000

@@ -369,7 +369,7 @@ def build(yaml_path: str | None, environ: Mapping[str, str], flags: Mapping[str,
     for key, value in from_environment(environ).items():
         config = _apply(config, {key: value}, f"from {opt.variable(key)}")
     for key, value in flags.items():
-        config = _apply(config, {key: value}, f"from {flag_name(key)}")
+        config = _apply(config, {key: value}, f"from {KEYS[key].flag_name}")
     if config.influx_url and not config.influx_database:
         missing = [k for k in ("influx_org", "influx_bucket") if not getattr(config, k)]
         if missing:
@@ -380,16 +380,12 @@ def build(yaml_path: str | None, environ: Mapping[str, str], flags: Mapping[str,
     return config.resolved()
 
 
-def flag_name(key: str) -> str:
-    return f"--{key.replace('_', '-')}"
-
-
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """The ``serve`` flags: one per key that declares one."""
     for key, declared in KEYS.items():
         if declared.flag is not None:
             parser.add_argument(
-                flag_name(key), dest=key, metavar=declared.flag.metavar, help=declared.flag.help
+                declared.flag_name, dest=key, metavar=declared.flag.metavar, help=declared.flag.help
             )
 
 
@@ -417,9 +413,9 @@ def shown_default(key: str) -> str:
 
 
 def markdown_table() -> str:
-    rows = ["| key | default | on SIGHUP | meaning |", "|---|---|---|---|"]
-    rows += [
-        f"| `{k}` | `{shown_default(k)}` | {'applied' if key.live else 'restart'} | {key.meaning} |"
-        for k, key in KEYS.items()
-    ]
+    rows = ["| key | default | on SIGHUP | also set by | meaning |", "|---|---|---|---|---|"]
+    for k, key in KEYS.items():
+        also = ", ".join(f"`{name}`" for name in key.also_set_by())
+        live = "applied" if key.live else "restart"
+        rows.append(f"| `{k}` | `{shown_default(k)}` | {live} | {also} | {key.meaning} |")
     return "\n".join(rows) + "\n"

@@ -70,15 +70,15 @@ class InfluxOptions:
         "influx_url",
         "",  # no InfluxDB push; else http(s)://host:8086
         opt.endpoint,
-        "InfluxDB to write the figures to over the line protocol, e.g. http://influx:8086 "
-        "(INFLUX_HOST); unset: no push",
+        "InfluxDB to write the figures to over the line protocol, e.g. http://influx:8086; "
+        "unset: no push",
         variables=(Variable("INFLUX_HOST"),),
     )
     database: str = option(  # 1.x: /write?db=; else the v2 API with org and bucket
         "influx_database",
         "",
         opt.text,
-        "1.x database (or 3.x's, through its v1 API): writes go to /write?db= (INFLUX_DATABASE); "
+        "1.x database (or 3.x's, through its v1 API): writes go to /write?db=; "
         "unset: the v2 API with influx_org and influx_bucket",
         variables=(Variable("INFLUX_DATABASE"),),
     )
@@ -86,35 +86,35 @@ class InfluxOptions:
         "influx_org",
         "",
         opt.text,
-        "2.x/3.x organization for /api/v2/write (INFLUX_ORG)",
+        "2.x/3.x organization for /api/v2/write",
         variables=(Variable("INFLUX_ORG"),),
     )
     bucket: str = option(
         "influx_bucket",
         "",
         opt.text,
-        "2.x/3.x bucket for /api/v2/write (INFLUX_BUCKET)",
+        "2.x/3.x bucket for /api/v2/write",
         variables=(Variable("INFLUX_BUCKET"),),
     )
     token: str = option(
         "influx_token",
         "",
         opt.text,
-        "2.x/3.x API token, sent as Authorization: Token (INFLUX_TOKEN)",
+        "2.x/3.x API token, sent as Authorization: Token",
         variables=(Variable("INFLUX_TOKEN"),),
     )
     username: str = option(
         "influx_username",
         "",
         opt.text,
-        "1.x user, by Basic auth (INFLUX_USERNAME)",
+        "1.x user, by Basic auth",
         variables=(Variable("INFLUX_USERNAME"),),
     )
     password: str = option(
         "influx_password",
         "",
         opt.text,
-        "1.x password (INFLUX_PASSWORD)",
+        "1.x password",
         variables=(Variable("INFLUX_PASSWORD"),),
     )
     interval_s: float = option(

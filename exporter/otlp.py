@@ -39,8 +39,7 @@ class OtlpOptions:
         "otlp_endpoint",
         "",  # no OTLP push
         opt.endpoint,
-        "collector URL to push OTLP to (flag --otlp-endpoint, OTEL_EXPORTER_OTLP_ENDPOINT); "
-        "unset: no push",
+        "collector URL to push OTLP to; unset: no push",
         variables=(Variable("OTEL_EXPORTER_OTLP_ENDPOINT"),),
         flag=Flag("URL", "push metrics over OTLP to URL"),
     )
@@ -48,7 +47,7 @@ class OtlpOptions:
         "otlp_protocol",
         "http/protobuf",
         opt.choice(*PROTOCOLS),
-        "http/protobuf or grpc (flag --otlp-protocol, OTEL_EXPORTER_OTLP_PROTOCOL)",
+        "http/protobuf or grpc",
         live=True,
         variables=(Variable("OTEL_EXPORTER_OTLP_PROTOCOL"),),
         flag=Flag("P", "http/protobuf (default) or grpc"),
@@ -58,8 +57,7 @@ class OtlpOptions:
         "otlp_headers",
         (),
         opt.headers,
-        "headers for each export, e.g. auth tokens: a mapping, or k=v,k2=v2 "
-        "(OTEL_EXPORTER_OTLP_HEADERS)",
+        "headers for each export, e.g. auth tokens: a mapping, or k=v,k2=v2",
         live=True,
         variables=(Variable("OTEL_EXPORTER_OTLP_HEADERS"),),
     )
@@ -67,7 +65,7 @@ class OtlpOptions:
         "otlp_ca_file",
         "",
         opt.text,
-        "CA file for TLS to the collector (OTEL_EXPORTER_OTLP_CERTIFICATE)",
+        "CA file for TLS to the collector",
         live=True,
         variables=(Variable("OTEL_EXPORTER_OTLP_CERTIFICATE"),),
     )
@@ -75,7 +73,7 @@ class OtlpOptions:
         "otlp_insecure",
         False,
         opt.boolean,
-        "gRPC without TLS (OTEL_EXPORTER_OTLP_INSECURE); for HTTP use an http:// URL",
+        "gRPC without TLS; for HTTP use an http:// URL",
         live=True,
         variables=(Variable("OTEL_EXPORTER_OTLP_INSECURE"),),
     )
@@ -83,19 +81,18 @@ class OtlpOptions:
         "otlp_interval",
         60.0,
         opt.seconds(0.1, 86400),
-        "seconds between exports (OTEL_METRIC_EXPORT_INTERVAL, in ms there)",
+        "seconds between exports",
         live=True,
-        variables=(Variable("OTEL_METRIC_EXPORT_INTERVAL", opt.milliseconds),),
+        variables=(opt.in_milliseconds("OTEL_METRIC_EXPORT_INTERVAL"),),
     )
     timeout_s: float = option(
         "otlp_timeout",
         5.0,
         opt.seconds(0.1, 60),
-        "seconds an export may take before it is dropped (OTEL_EXPORTER_OTLP_TIMEOUT, in ms "
-        "there); a collector's 3xx is never followed: that export fails, and its headers go "
-        "to the configured endpoint alone",
+        "seconds an export may take before it is dropped; a collector's 3xx is never "
+        "followed: that export fails, and its headers go to the configured endpoint alone",
         live=True,
-        variables=(Variable("OTEL_EXPORTER_OTLP_TIMEOUT", opt.milliseconds),),
+        variables=(opt.in_milliseconds("OTEL_EXPORTER_OTLP_TIMEOUT"),),
     )
     series_rotation: int = option(  # telemetry.py's, not the exporter's
         "series_rotation",

@@ -198,3 +198,12 @@ def test_the_clients_variables_are_the_daemons() -> None:
 
     # Written out in transport.py, which the client imports at once (no declarations).
     assert transport.SOCKET_VARIABLE == cfg.KEYS["socket"].variable == "EDGEWATT_SOCKET"
+
+
+def test_a_keys_flag_and_variables_are_named_by_the_table_not_its_meaning() -> None:
+    # Declared once (the option's flag and variables), shown in the table's column.
+    for key, declared in cfg.KEYS.items():
+        for name in [declared.flag_name, *(v.name for v in declared.variables)]:
+            assert name not in declared.meaning, (key, name)
+    row = next(r for r in cfg.markdown_table().splitlines() if r.startswith("| `otlp_interval`"))
+    assert "| `OTEL_METRIC_EXPORT_INTERVAL (in ms)` |" in row

@@ -90,7 +90,7 @@ class PowerOptions:
         "tegrastats",
         "/usr/bin/tegrastats",
         opt.path,
-        "the tegrastats executable (flag --tegrastats), run once for the daemon's lifetime",
+        "the tegrastats executable, run once for the daemon's lifetime",
         flag=Flag("PATH", "tegrastats executable (default /usr/bin/tegrastats)"),
     )
     sysfs_path: str = option(
