@@ -207,3 +207,25 @@ def test_a_keys_flag_and_variables_are_named_by_the_table_not_its_meaning() -> N
             assert name not in declared.meaning, (key, name)
     row = next(r for r in cfg.markdown_table().splitlines() if r.startswith("| `otlp_interval`"))
     assert "| `OTEL_METRIC_EXPORT_INTERVAL (in ms)` |" in row
+
+
+def test_each_component_gets_its_own_options_as_declared() -> None:
+    from edgewatt.core.power.source import PowerOptions
+    from edgewatt.exporter.influx import InfluxOptions
+    from edgewatt.exporter.otlp import OtlpOptions
+
+    env = {
+        "INFLUX_HOST": "http://influx:8086",
+        "INFLUX_DATABASE": "edge",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
+        "EDGEWATT_POWER_SAMPLE_HZ": "20",
+    }
+    c = cfg.build(None, env, {"tegrastats": "/opt/t"})
+    assert c.influx == InfluxOptions("http://influx:8086", database="edge")
+    assert c.otlp == OtlpOptions("http://collector:4318", timeout_s=2.5)
+    assert c.power == PowerOptions(sample_hz=20.0, tegrastats_path="/opt/t")
+    # Flat reads stay: config.<key> is the key's value wherever it is declared.
+    assert (c.influx_database, c.otlp_timeout, c.power_sample_hz) == ("edge", 2.5, 20.0)
+    with pytest.raises(AttributeError, match="no key 'influx_databse'"):
+        c.influx_databse  # noqa: B018 - the read is the test
