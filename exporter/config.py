@@ -2,12 +2,13 @@
 
 Each key is declared once, as a field of its component's options dataclass (its key,
 default, parser, meaning, standard variables, flag, and whether SIGHUP applies it:
-core/options.py): the daemon's own components below, the others beside the code that
-uses them (``PowerOptions`` in core/power/source.py, ``CarbonOptions`` in
-core/carbon.py, ``OtlpOptions`` in otlp.py, ``InfluxOptions`` in influx.py).
-``Config`` holds one of each; ``KEYS``, the docs' table, ``edgewatt config example``,
-the ``serve`` flags and reload are derived from them. A bad value raises
-:class:`ConfigError` naming the key, where it came from, and the problem.
+core/options.py): the daemon's components here, and those the client reads too in
+core, beside the code that uses them (``PowerOptions`` in core/power/source.py,
+``CarbonOptions`` in core/carbon.py). ``Config`` holds one of each; ``KEYS``, the
+docs' table, ``edgewatt config example``, the ``serve`` flags and reload are derived
+from them. A bad value raises :class:`ConfigError` naming the key, where it came
+from, and the problem. Light to import (no OpenTelemetry): ``doctor`` and ``config
+example`` load it under the system's Python.
 """
 
 from __future__ import annotations
@@ -24,12 +25,10 @@ import yaml
 
 from edgewatt.core import options as opt
 from edgewatt.core.carbon import CarbonOptions
-from edgewatt.core.options import Flag, Option, option
+from edgewatt.core.options import Flag, Option, Variable, option
 from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.text import shown
 from edgewatt.core.transport import default_socket
-from edgewatt.exporter.influx import InfluxOptions
-from edgewatt.exporter.otlp import OtlpOptions
 
 
 class ConfigError(ValueError):
@@ -63,7 +62,9 @@ def _log_level(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class ApiOptions:
+class EndpointOptions:
+    """Where the daemon answers: the registration API and /metrics."""
+
     socket: str = option(
         "socket",
         "",  # default_socket()
@@ -71,6 +72,13 @@ class ApiOptions:
         "Unix socket of the registration API; unset: /run/edgewatt/edgewatt.sock as root, else "
         "$XDG_RUNTIME_DIR/edgewatt.sock, else edgewatt-$UID/edgewatt.sock in the temp directory",
         flag=Flag("PATH", "Unix socket of the registration API"),
+    )
+    listen: tuple[str, int] = option(
+        "listen",
+        ("0.0.0.0", 9464),
+        parse_listen,
+        "HOST:PORT of the Prometheus /metrics endpoint ([::1]:9464 for IPv6, port 0 picks one)",
+        flag=Flag("HOST:PORT", "Prometheus endpoint (default 0.0.0.0:9464)"),
     )
     min_interval: float = option(
         "min_interval",
@@ -83,18 +91,9 @@ class ApiOptions:
 
 
 @dataclass(frozen=True)
-class PrometheusOptions:
-    listen: tuple[str, int] = option(
-        "listen",
-        ("0.0.0.0", 9464),
-        parse_listen,
-        "HOST:PORT of the Prometheus /metrics endpoint ([::1]:9464 for IPv6, port 0 picks one)",
-        flag=Flag("HOST:PORT", "Prometheus endpoint (default 0.0.0.0:9464)"),
-    )
-
-
-@dataclass(frozen=True)
 class SamplerOptions:
+    """The sampling passes, and how the device's power is attributed in them."""
+
     interval: float = option(
         "interval",
         1.0,
@@ -118,17 +117,20 @@ class SamplerOptions:
         "until it exits, wherever it is re-parented (CAP_NET_ADMIN on kernels before "
         "6.6; false: descendants are found by the parent links each pass sees)",
     )
-    host_name: str = option(
-        "host_name",
-        "",  # the kernel's hostname
-        opt.text,
-        "host.name on every series; unset: the kernel's hostname",
+    idle_power_w: float | None = option(
+        "idle_power_w",
+        None,  # estimated from the measurements
+        opt.optional(opt.ranged(float, 0, 100_000, "a number of watts")),
+        "the device's idle power in W for attribution; unset: the lowest pass-average seen in "
+        "baseline_window",
+        live=True,
     )
-    proc_path: str = option(
-        "proc_path",
-        "/proc",
-        opt.path,
-        "procfs mount point (a host's /proc mounted in a container)",
+    baseline_window: float = option(
+        "baseline_window",
+        3600.0,
+        opt.seconds(1, 30 * 86400),
+        "seconds over which idle power is estimated",
+        live=True,
     )
 
 
@@ -174,7 +176,21 @@ class TargetOptions:
 
 
 @dataclass(frozen=True)
-class LogOptions:
+class DaemonOptions:
+    """The daemon as a whole: what it calls this host, where it reads procfs, its log."""
+
+    host_name: str = option(
+        "host_name",
+        "",  # the kernel's hostname
+        opt.text,
+        "host.name on every series; unset: the kernel's hostname",
+    )
+    proc_path: str = option(
+        "proc_path",
+        "/proc",
+        opt.path,
+        "procfs mount point (a host's /proc mounted in a container)",
+    )
     log_level: str = option(
         "log_level",
         "info",
@@ -186,21 +202,153 @@ class LogOptions:
 
 
 @dataclass(frozen=True)
-class AttributionOptions:
-    idle_power_w: float | None = option(
-        "idle_power_w",
-        None,  # estimated from the measurements
-        opt.optional(opt.ranged(float, 0, 100_000, "a number of watts")),
-        "the device's idle power in W for attribution; unset: the lowest pass-average seen in "
-        "baseline_window",
+class OtlpOptions:
+    """The OTLP push's keys (the standard OTEL_* variables read for them too)."""
+
+    endpoint: str = option(
+        "otlp_endpoint",
+        "",  # no OTLP push
+        opt.endpoint,
+        "collector URL to push OTLP to; unset: no push",
+        variables=(Variable("OTEL_EXPORTER_OTLP_ENDPOINT"),),
+        flag=Flag("URL", "push metrics over OTLP to URL"),
+    )
+    protocol: str = option(
+        "otlp_protocol",
+        "http/protobuf",
+        opt.choice("http/protobuf", "grpc"),
+        "http/protobuf or grpc",
+        live=True,
+        variables=(Variable("OTEL_EXPORTER_OTLP_PROTOCOL"),),
+        flag=Flag("P", "http/protobuf (default) or grpc"),
+    )
+    # Pairs as the config holds them (a mapping is taken too)
+    headers: tuple[tuple[str, str], ...] | Mapping[str, str] = option(
+        "otlp_headers",
+        (),
+        opt.headers,
+        "headers for each export, e.g. auth tokens: a mapping, or k=v,k2=v2",
+        live=True,
+        variables=(Variable("OTEL_EXPORTER_OTLP_HEADERS"),),
+    )
+    ca_file: str = option(
+        "otlp_ca_file",
+        "",
+        opt.text,
+        "CA file for TLS to the collector",
+        live=True,
+        variables=(Variable("OTEL_EXPORTER_OTLP_CERTIFICATE"),),
+    )
+    insecure: bool = option(  # gRPC: plaintext. HTTP: use an http:// endpoint instead
+        "otlp_insecure",
+        False,
+        opt.boolean,
+        "gRPC without TLS; for HTTP use an http:// URL",
+        live=True,
+        variables=(Variable("OTEL_EXPORTER_OTLP_INSECURE"),),
+    )
+    interval_s: float = option(
+        "otlp_interval",
+        60.0,
+        opt.seconds(0.1, 86400),
+        "seconds between exports",
+        live=True,
+        variables=(opt.in_milliseconds("OTEL_METRIC_EXPORT_INTERVAL"),),
+    )
+    timeout_s: float = option(
+        "otlp_timeout",
+        5.0,
+        opt.seconds(0.1, 60),
+        "seconds an export may take before it is dropped; a collector's 3xx is never "
+        "followed: that export fails, and its headers go to the configured endpoint alone",
+        live=True,
+        variables=(opt.in_milliseconds("OTEL_EXPORTER_OTLP_TIMEOUT"),),
+    )
+    series_rotation: int = option(  # telemetry.py's, not the exporter's
+        "series_rotation",
+        200,
+        opt.count(1, 1_000_000),
+        "with OTLP push: exited targets after which the OTel pipeline is rebuilt (bounded memory)",
         live=True,
     )
-    baseline_window: float = option(
-        "baseline_window",
-        3600.0,
-        opt.seconds(1, 30 * 86400),
-        "seconds over which idle power is estimated",
-        live=True,
+
+
+@dataclass(frozen=True)
+class InfluxOptions:
+    """The InfluxDB push's keys (InfluxDB's usual INFLUX_* variables read for them too)."""
+
+    url: str = option(
+        "influx_url",
+        "",  # no InfluxDB push; else http(s)://host:8086
+        opt.endpoint,
+        "InfluxDB to write the figures to over the line protocol, e.g. http://influx:8086; "
+        "unset: no push",
+        variables=(Variable("INFLUX_HOST"),),
+    )
+    database: str = option(  # 1.x: /write?db=; else the v2 API with org and bucket
+        "influx_database",
+        "",
+        opt.text,
+        "1.x database (or 3.x's, through its v1 API): writes go to /write?db=; "
+        "unset: the v2 API with influx_org and influx_bucket",
+        variables=(Variable("INFLUX_DATABASE"),),
+    )
+    org: str = option(
+        "influx_org",
+        "",
+        opt.text,
+        "2.x/3.x organization for /api/v2/write",
+        variables=(Variable("INFLUX_ORG"),),
+    )
+    bucket: str = option(
+        "influx_bucket",
+        "",
+        opt.text,
+        "2.x/3.x bucket for /api/v2/write",
+        variables=(Variable("INFLUX_BUCKET"),),
+    )
+    token: str = option(
+        "influx_token",
+        "",
+        opt.text,
+        "2.x/3.x API token, sent as Authorization: Token",
+        variables=(Variable("INFLUX_TOKEN"),),
+    )
+    username: str = option(
+        "influx_username",
+        "",
+        opt.text,
+        "1.x user, by Basic auth",
+        variables=(Variable("INFLUX_USERNAME"),),
+    )
+    password: str = option(
+        "influx_password",
+        "",
+        opt.text,
+        "1.x password",
+        variables=(Variable("INFLUX_PASSWORD"),),
+    )
+    interval_s: float = option(
+        "influx_interval",
+        10.0,
+        opt.seconds(0.1, 86400),
+        "seconds between two writes: each carries the latest pass's points and the final "
+        "sample of every target that exited since",
+    )
+    timeout_s: float = option(
+        "influx_timeout",
+        5.0,
+        opt.seconds(0.1, 60),
+        "seconds a write may take before it is retried",
+    )
+    buffer_bytes: int = option(
+        "influx_buffer_bytes",
+        64 << 20,
+        opt.count(1 << 20, 1 << 32),
+        "bytes of line protocol kept while InfluxDB is unreachable (default 64 MiB; a target's "
+        "labels are in each of its lines), each line counted with 48 bytes more for its "
+        "keeping; the oldest lines dropped beyond. The old influx_buffer_lines is refused, "
+        "naming this key",
     )
 
 
@@ -208,13 +356,11 @@ class AttributionOptions:
 class Config:
     """One options dataclass per component; ``config.<key>`` reads a key where it lives."""
 
-    api: ApiOptions = field(default_factory=ApiOptions)
-    prometheus: PrometheusOptions = field(default_factory=PrometheusOptions)
+    endpoints: EndpointOptions = field(default_factory=EndpointOptions)
     sampler: SamplerOptions = field(default_factory=SamplerOptions)
     targets: TargetOptions = field(default_factory=TargetOptions)
-    log: LogOptions = field(default_factory=LogOptions)
+    daemon: DaemonOptions = field(default_factory=DaemonOptions)
     power: PowerOptions = field(default_factory=PowerOptions)
-    attribution: AttributionOptions = field(default_factory=AttributionOptions)
     carbon: CarbonOptions = field(default_factory=CarbonOptions)
     otlp: OtlpOptions = field(default_factory=OtlpOptions)
     influx: InfluxOptions = field(default_factory=InfluxOptions)

@@ -209,19 +209,18 @@ class Daemon:
         """For each component with a live key, what brings its options (read from
         self.config) into the running daemon."""
 
-        def log_level() -> None:
-            logging.getLogger().setLevel(self.config.log.log_level.upper())
+        def daemon() -> None:
+            logging.getLogger().setLevel(self.config.daemon.log_level.upper())
+
+        def endpoints() -> None:
+            if self.api is not None:
+                self.api.min_interval = self.config.endpoints.min_interval
 
         def sampler() -> None:
-            self.sampler.interval = self.config.sampler.interval
-
-        def api() -> None:
-            if self.api is not None:
-                self.api.min_interval = self.config.api.min_interval
-
-        def attribution() -> None:
-            self.sampler.attribution.set_idle(self.config.attribution.idle_power_w)
-            self.sampler.attribution.set_window(self.config.attribution.baseline_window)
+            c = self.config.sampler
+            self.sampler.interval = c.interval
+            self.sampler.attribution.set_idle(c.idle_power_w)
+            self.sampler.attribution.set_window(c.baseline_window)
 
         def targets() -> None:
             c = self.config.targets
@@ -240,10 +239,9 @@ class Daemon:
                 )
 
         return {
-            "log": log_level,
+            "daemon": daemon,
+            "endpoints": endpoints,
             "sampler": sampler,
-            "api": api,
-            "attribution": attribution,
             "targets": targets,
             "otlp": otlp,
         }

@@ -39,13 +39,11 @@ import time
 import urllib.parse
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from edgewatt.core import options as opt
-from edgewatt.core.options import Variable, option
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.core.text import shown
+from edgewatt.exporter.config import InfluxOptions
 from edgewatt.exporter.http_exchange import Exchanges
 from edgewatt.exporter.telemetry import MetricSpec, metric_specs
 
@@ -62,101 +60,24 @@ PER_LINE_BYTES = 48
 RETRIED = {404, 429}  # and every 5xx
 
 
-@dataclass(frozen=True)
-class InfluxOptions:
-    """The InfluxDB push's keys (InfluxDB's usual INFLUX_* variables read for them too)."""
+def write_url(options: InfluxOptions) -> str:
+    base = options.url.rstrip("/")
+    if options.database:
+        return f"{base}/write?" + urllib.parse.urlencode(
+            {"db": options.database, "precision": "ns"}
+        )
+    query = {"org": options.org, "bucket": options.bucket, "precision": "ns"}
+    return f"{base}/api/v2/write?" + urllib.parse.urlencode(query)
 
-    url: str = option(
-        "influx_url",
-        "",  # no InfluxDB push; else http(s)://host:8086
-        opt.endpoint,
-        "InfluxDB to write the figures to over the line protocol, e.g. http://influx:8086; "
-        "unset: no push",
-        variables=(Variable("INFLUX_HOST"),),
-    )
-    database: str = option(  # 1.x: /write?db=; else the v2 API with org and bucket
-        "influx_database",
-        "",
-        opt.text,
-        "1.x database (or 3.x's, through its v1 API): writes go to /write?db=; "
-        "unset: the v2 API with influx_org and influx_bucket",
-        variables=(Variable("INFLUX_DATABASE"),),
-    )
-    org: str = option(
-        "influx_org",
-        "",
-        opt.text,
-        "2.x/3.x organization for /api/v2/write",
-        variables=(Variable("INFLUX_ORG"),),
-    )
-    bucket: str = option(
-        "influx_bucket",
-        "",
-        opt.text,
-        "2.x/3.x bucket for /api/v2/write",
-        variables=(Variable("INFLUX_BUCKET"),),
-    )
-    token: str = option(
-        "influx_token",
-        "",
-        opt.text,
-        "2.x/3.x API token, sent as Authorization: Token",
-        variables=(Variable("INFLUX_TOKEN"),),
-    )
-    username: str = option(
-        "influx_username",
-        "",
-        opt.text,
-        "1.x user, by Basic auth",
-        variables=(Variable("INFLUX_USERNAME"),),
-    )
-    password: str = option(
-        "influx_password",
-        "",
-        opt.text,
-        "1.x password",
-        variables=(Variable("INFLUX_PASSWORD"),),
-    )
-    interval_s: float = option(
-        "influx_interval",
-        10.0,
-        opt.seconds(0.1, 86400),
-        "seconds between two writes: each carries the latest pass's points and the final "
-        "sample of every target that exited since",
-    )
-    timeout_s: float = option(
-        "influx_timeout",
-        5.0,
-        opt.seconds(0.1, 60),
-        "seconds a write may take before it is retried",
-    )
-    buffer_bytes: int = option(
-        "influx_buffer_bytes",
-        64 << 20,
-        opt.count(1 << 20, 1 << 32),
-        "bytes of line protocol kept while InfluxDB is unreachable (default 64 MiB; a target's "
-        "labels are in each of its lines), each line counted with 48 bytes more for its "
-        "keeping; the oldest lines dropped beyond. The old influx_buffer_lines is refused, "
-        "naming this key",
-    )
 
-    def write_url(self) -> str:
-        base = self.url.rstrip("/")
-        if self.database:
-            return f"{base}/write?" + urllib.parse.urlencode(
-                {"db": self.database, "precision": "ns"}
-            )
-        query = {"org": self.org, "bucket": self.bucket, "precision": "ns"}
-        return f"{base}/api/v2/write?" + urllib.parse.urlencode(query)
-
-    def headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "text/plain; charset=utf-8", "Content-Encoding": "gzip"}
-        if self.token:
-            headers["Authorization"] = f"Token {self.token}"
-        elif self.username:
-            pair = f"{self.username}:{self.password}".encode()
-            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-        return headers
+def request_headers(options: InfluxOptions) -> dict[str, str]:
+    headers = {"Content-Type": "text/plain; charset=utf-8", "Content-Encoding": "gzip"}
+    if options.token:
+        headers["Authorization"] = f"Token {options.token}"
+    elif options.username:
+        pair = f"{options.username}:{options.password}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+    return headers
 
 
 def escape_tag(text: str) -> str:
@@ -311,9 +232,9 @@ class InfluxPusher:
             count, size = count + 1, size + len(data) + 1
         body = gzip.compress(b"".join(self.queue[i] + b"\n" for i in range(count)))
         deadline = min(time.monotonic() + self.options.timeout_s, self._deadline)
-        url = self.options.write_url()
+        url = write_url(self.options)
         try:
-            answer = self._exchanges.post(url, body, self.options.headers(), deadline)
+            answer = self._exchanges.post(url, body, request_headers(self.options), deadline)
         except (OSError, ValueError, http.client.HTTPException) as exc:  # unreachable, slow
             return self._failed(str(exc) or type(exc).__name__)
         reason = shown(answer.body.decode("utf-8", "replace").strip())

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -23,84 +21,9 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 
-from edgewatt.core import options as opt
-from edgewatt.core.options import Flag, Variable, option
+from edgewatt.exporter.config import OtlpOptions
 
 log = logging.getLogger(__name__)
-
-PROTOCOLS = ("http/protobuf", "grpc")
-
-
-@dataclass(frozen=True)
-class OtlpOptions:
-    """The OTLP push's keys (the standard OTEL_* variables read for them too)."""
-
-    endpoint: str = option(
-        "otlp_endpoint",
-        "",  # no OTLP push
-        opt.endpoint,
-        "collector URL to push OTLP to; unset: no push",
-        variables=(Variable("OTEL_EXPORTER_OTLP_ENDPOINT"),),
-        flag=Flag("URL", "push metrics over OTLP to URL"),
-    )
-    protocol: str = option(
-        "otlp_protocol",
-        "http/protobuf",
-        opt.choice(*PROTOCOLS),
-        "http/protobuf or grpc",
-        live=True,
-        variables=(Variable("OTEL_EXPORTER_OTLP_PROTOCOL"),),
-        flag=Flag("P", "http/protobuf (default) or grpc"),
-    )
-    # Pairs as the config holds them (a mapping is taken too)
-    headers: tuple[tuple[str, str], ...] | Mapping[str, str] = option(
-        "otlp_headers",
-        (),
-        opt.headers,
-        "headers for each export, e.g. auth tokens: a mapping, or k=v,k2=v2",
-        live=True,
-        variables=(Variable("OTEL_EXPORTER_OTLP_HEADERS"),),
-    )
-    ca_file: str = option(
-        "otlp_ca_file",
-        "",
-        opt.text,
-        "CA file for TLS to the collector",
-        live=True,
-        variables=(Variable("OTEL_EXPORTER_OTLP_CERTIFICATE"),),
-    )
-    insecure: bool = option(  # gRPC: plaintext. HTTP: use an http:// endpoint instead
-        "otlp_insecure",
-        False,
-        opt.boolean,
-        "gRPC without TLS; for HTTP use an http:// URL",
-        live=True,
-        variables=(Variable("OTEL_EXPORTER_OTLP_INSECURE"),),
-    )
-    interval_s: float = option(
-        "otlp_interval",
-        60.0,
-        opt.seconds(0.1, 86400),
-        "seconds between exports",
-        live=True,
-        variables=(opt.in_milliseconds("OTEL_METRIC_EXPORT_INTERVAL"),),
-    )
-    timeout_s: float = option(
-        "otlp_timeout",
-        5.0,
-        opt.seconds(0.1, 60),
-        "seconds an export may take before it is dropped; a collector's 3xx is never "
-        "followed: that export fails, and its headers go to the configured endpoint alone",
-        live=True,
-        variables=(opt.in_milliseconds("OTEL_EXPORTER_OTLP_TIMEOUT"),),
-    )
-    series_rotation: int = option(  # telemetry.py's, not the exporter's
-        "series_rotation",
-        200,
-        opt.count(1, 1_000_000),
-        "with OTLP push: exited targets after which the OTel pipeline is rebuilt (bounded memory)",
-        live=True,
-    )
 
 
 def metrics_url(endpoint: str) -> str:

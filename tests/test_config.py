@@ -211,8 +211,7 @@ def test_a_keys_flag_and_variables_are_named_by_the_table_not_its_meaning() -> N
 
 def test_each_component_gets_its_own_options_as_declared() -> None:
     from edgewatt.core.power.source import PowerOptions
-    from edgewatt.exporter.influx import InfluxOptions
-    from edgewatt.exporter.otlp import OtlpOptions
+    from edgewatt.exporter.config import InfluxOptions, OtlpOptions
 
     env = {
         "INFLUX_HOST": "http://influx:8086",
@@ -229,3 +228,14 @@ def test_each_component_gets_its_own_options_as_declared() -> None:
     assert (c.influx_database, c.otlp_timeout, c.power_sample_hz) == ("edge", 2.5, 20.0)
     with pytest.raises(AttributeError, match="no key 'influx_databse'"):
         c.influx_databse  # noqa: B018 - the read is the test
+
+
+def test_the_config_loads_without_the_exporters() -> None:
+    # `edgewatt doctor` and `config example` load it, under the system's Python too.
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import sys\nimport edgewatt.exporter.config\n"
+         "print(sorted({m.split('.')[0] for m in sys.modules} & {'opentelemetry', 'grpc'}))"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert out.stdout == "[]\n", out.stderr
