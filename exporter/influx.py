@@ -43,8 +43,8 @@ from typing import Any
 
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.core.text import shown
-from edgewatt.exporter.config import InfluxOptions
 from edgewatt.exporter.http_exchange import Exchanges
+from edgewatt.exporter.keys import InfluxOptions
 from edgewatt.exporter.telemetry import MetricSpec, metric_specs
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 
-from edgewatt.exporter.config import OtlpOptions
+from edgewatt.exporter.keys import OtlpOptions
 
 log = logging.getLogger(__name__)
 

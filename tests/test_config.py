@@ -211,7 +211,7 @@ def test_a_keys_flag_and_variables_are_named_by_the_table_not_its_meaning() -> N
 
 def test_each_component_gets_its_own_options_as_declared() -> None:
     from edgewatt.core.power.source import PowerOptions
-    from edgewatt.exporter.config import InfluxOptions, OtlpOptions
+    from edgewatt.exporter.keys import InfluxOptions, OtlpOptions
 
     env = {
         "INFLUX_HOST": "http://influx:8086",
