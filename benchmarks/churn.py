@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--interval", type=float, default=0.1)
     parser.add_argument(
-        "--rotation", type=int, default=Config.series_rotation, help="the rotating daemon's"
+        "--rotation", type=int, default=Config().series_rotation, help="the rotating daemon's"
     )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
@@ -99,7 +99,7 @@ def main() -> None:
     otlp = f"http://127.0.0.1:{receiver.server_address[1]}"
     daemons = {
         "/metrics only (default)": Daemon(
-            workdir, "default", args.interval, None, Config.series_rotation
+            workdir, "default", args.interval, None, Config().series_rotation
         ),
         f"+ OTLP, rotation {args.rotation}": Daemon(
             workdir, "rotating", args.interval, otlp, args.rotation

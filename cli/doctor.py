@@ -93,7 +93,6 @@ def other_users_visible(ctx: Context) -> tuple[str, str]:
 
 def power_sources(ctx: Context) -> tuple[str, str]:
     from edgewatt.core import power
-    from edgewatt.core.power.source import PowerOptions
 
     if ctx.health is not None:  # what the daemon reads, not what this user could
         daemon = ctx.health.get("power_sources") or []
@@ -105,14 +104,7 @@ def power_sources(ctx: Context) -> tuple[str, str]:
             "pip install 'edgewatt[nvidia]' in the daemon's environment"
         )
     config = ctx.config
-    found = power.discover(
-        PowerOptions(
-            sample_hz=config.power_sample_hz,
-            sysfs_path=config.sysfs_path,
-            tegrastats_path=config.tegrastats,
-            sources=config.power_sources,
-        )
-    )
+    found = power.discover(config.power)
     for source in found:
         source.close()
     if not found:

@@ -44,7 +44,9 @@ def unknown_flags(extra: list[str], sub: argparse.ArgumentParser) -> str:
     return "; ".join(parts)
 
 
-def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def _parser(
+    serve_flags: bool = True,
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="edgewatt", description="Measure what processes really cost on this device."
     )
@@ -58,23 +60,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "environment < these flags.",
     )
     serve.add_argument("--config", metavar="PATH", help="YAML file of config keys")
-    serve.add_argument("--socket", metavar="PATH", help="Unix socket of the registration API")
-    serve.add_argument(
-        "--listen", metavar="HOST:PORT", help="Prometheus endpoint (default 0.0.0.0:9464)"
-    )
-    serve.add_argument("--interval", metavar="SECONDS", help="seconds between samples (default 1)")
-    serve.add_argument("--state-dir", metavar="DIR", help="where registrations are persisted")
-    serve.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error")
-    serve.add_argument("--otlp-endpoint", metavar="URL", help="push metrics over OTLP to URL")
-    serve.add_argument("--otlp-protocol", metavar="P", help="http/protobuf (default) or grpc")
-    serve.add_argument(
-        "--tegrastats", metavar="PATH", help="tegrastats executable (default /usr/bin/tegrastats)"
-    )
-    serve.add_argument(
-        "--carbon-intensity-g-per-kwh",
-        metavar="G",
-        help="grid carbon intensity in gCO2e/kWh (default: none, no carbon figures)",
-    )
+    if serve_flags:  # declared with the config keys; imported only for `serve`
+        from edgewatt.exporter.config import add_flags
+
+        add_flags(serve)
 
     run = sub.add_parser(
         "run",
@@ -148,21 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
     from edgewatt.exporter import config as config_mod
     from edgewatt.exporter.daemon import serve
 
-    flags = {
-        key: getattr(args, key)
-        for key in (
-            "socket",
-            "listen",
-            "interval",
-            "state_dir",
-            "log_level",
-            "tegrastats",
-            "otlp_endpoint",
-            "otlp_protocol",
-            "carbon_intensity_g_per_kwh",
-        )
-        if getattr(args, key) is not None
-    }
+    flags = config_mod.given_flags(args)
     try:
         config = config_mod.build(args.config, os.environ, flags)
     except config_mod.ConfigError as exc:
@@ -333,8 +308,12 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, subcommands = _parser()
-    args, extra = parser.parse_known_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    # The subcommand is the first word (the top level's flags take no value): the
+    # daemon's config, and with it `serve`'s flags, is loaded only for `serve`.
+    command = next((a for a in given if not a.startswith("-")), None)
+    parser, subcommands = _parser(serve_flags=command == "serve")
+    args, extra = parser.parse_known_args(given)
     if extra:  # the subcommand's usage, not the top level's
         subcommands[args.command].error(unknown_flags(extra, subcommands[args.command]))
     handlers = {

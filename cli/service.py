@@ -108,13 +108,15 @@ def config_example() -> str:
     """Every key, commented out at its default, with its meaning above it."""
     lines = [
         "# edgewatt daemon configuration (YAML). Every key is optional: the values shown,",
-        "# commented out, are the defaults. Precedence: this file < OTEL_* < EDGEWATT_<KEY>",
-        "# environment variables < command-line flags. SIGHUP reloads log_level, interval",
-        "# and idle_power_w; other keys need a restart.",
+        "# commented out, are the defaults. Precedence: this file < OTEL_* and INFLUX_* <",
+        "# EDGEWATT_<KEY> environment variables < command-line flags. SIGHUP applies the",
+        "# keys marked so; the others need a restart.",
     ]
-    for key, meaning in ((k, spec.meaning) for k, spec in KEYS.items()):
+    for key, spec in KEYS.items():
         shown = shown_default(key)
         shown = {"unset": "null", "none": "{}"}.get(shown, shown)
+        notes = [*spec.also_set_by(), *(["applied on SIGHUP"] if spec.live else [])]
+        meaning = f"{spec.meaning} ({'; '.join(notes)})" if notes else spec.meaning
         lines += ["", f"# {meaning}", f"# {key}: {shown}"]
     return "\n".join(lines) + "\n"
 

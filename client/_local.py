@@ -55,7 +55,8 @@ class LocalSampler:
     ) -> None:
         from edgewatt.core import platforms
         from edgewatt.core import power as power_sources
-        from edgewatt.core.carbon import from_environment
+        from edgewatt.core.carbon import from_environment as carbon_from_environment
+        from edgewatt.core.options import from_environment
         from edgewatt.core.power.attribution import Attribution
         from edgewatt.core.power.meter import (
             PowerMeter,
@@ -68,7 +69,7 @@ class LocalSampler:
         from edgewatt.core.sampling.trees import ProcessTrees
         from edgewatt.core.targets import Limits, Resolver, TargetTable
 
-        carbon = from_environment()
+        carbon = carbon_from_environment()
         self.backend = platforms.choose()
         # One target inside a busy process: the kernel's children files (see LinuxPlatform).
         platform = platforms.create(self.backend, children_files=True)
@@ -82,17 +83,23 @@ class LocalSampler:
         self.target, _ = self.table.register(pid, labels or {}, children, current_uid())
         meter = None
         if power:
-            hz = sample_hz_from_environment()
-            # The daemon's variable: a host's sysfs mounted elsewhere (a container).
-            sysfs = os.environ.get("EDGEWATT_SYSFS_PATH") or "/sys"
-            options = PowerOptions(sample_hz=hz, sysfs_path=sysfs)
+            options = PowerOptions(
+                sample_hz=sample_hz_from_environment(),
+                window_hz=window_hz_from_environment(),
+                # The daemon's variable: a host's sysfs mounted elsewhere (a container).
+                sysfs_path=from_environment(PowerOptions, "sysfs_path", os.environ),
+            )
             if os.environ.get("EDGEWATT_POWERMETRICS"):  # macOS: another powermetrics
                 options = replace(options, powermetrics_path=os.environ["EDGEWATT_POWERMETRICS"])
             found = power_sources.discover(options)
             if found:
                 gap = max(5 * interval, 5.0)
-                window = window_hz_from_environment()
-                meter = PowerMeter(found, max_gap_s=gap, sample_hz=hz, window_hz=window)
+                meter = PowerMeter(
+                    found,
+                    max_gap_s=gap,
+                    sample_hz=options.sample_hz,
+                    window_hz=options.window_hz,
+                )
                 meter.start()
         tcp_counted = sys.platform.startswith("linux")  # sock_diag, /proc/PID/fd
 

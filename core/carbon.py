@@ -17,6 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from edgewatt.core import options
+from edgewatt.core.options import Flag, option
 from edgewatt.core.text import shown
 
 log = logging.getLogger(__name__)
@@ -93,15 +95,39 @@ def parse_country(value: Any) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class CarbonOptions:
+    """The daemon's carbon keys; the client reads them from the same variables."""
+
+    g_per_kwh: float | None = option(
+        "carbon_intensity_g_per_kwh",
+        None,  # no carbon figures
+        parse_intensity,
+        "grid carbon intensity in gCO2e/kWh; unset: no carbon figure anywhere, unless "
+        "carbon_country is set",
+        flag=Flag("G", "grid carbon intensity in gCO2e/kWh (default: none, no carbon figures)"),
+    )
+    country: str = option(
+        "carbon_country",
+        "",  # none; an ISO 3166-1 code of the shipped table
+        parse_country,
+        "ISO 3166-1 code (DE, USA, ...) whose yearly average from the shipped table "
+        "(core/data/carbon_intensity.json) is used when no intensity is set",
+    )
+
+    def resolve(self) -> CarbonIntensity | None:
+        return resolve_carbon(self.g_per_kwh, self.country)
+
+
 def from_environment(environ: Mapping[str, str] = os.environ) -> CarbonIntensity | None:
     """The intensity the daemon's variables set (EDGEWATT_CARBON_INTENSITY_G_PER_KWH,
     EDGEWATT_CARBON_COUNTRY), checked by the daemon's own parsers, for the client's
     in-process sampling. A bad value is logged and ignored: monitoring never raises
     into the caller."""
     try:
-        g_per_kwh = parse_intensity(environ.get("EDGEWATT_CARBON_INTENSITY_G_PER_KWH", "").strip())
-        country_code = parse_country(environ.get("EDGEWATT_CARBON_COUNTRY", ""))
-        return resolve_carbon(g_per_kwh, country_code)
+        names = [name for name, _ in options.declared(CarbonOptions)]
+        read = {name: options.from_environment(CarbonOptions, name, environ) for name in names}
+        return CarbonOptions(**read).resolve()
     except ValueError as exc:
         log.warning("edgewatt: no carbon figures: %s", exc)
         return None

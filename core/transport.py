@@ -17,6 +17,10 @@ REQUEST_TIMEOUT_S = 0.5
 
 # Where the system service (the systemd unit, as root) listens.
 SYSTEM_SOCKET = "/run/edgewatt/edgewatt.sock"
+# The daemon's `socket` key as a variable (core/options.variable("socket"), written out
+# here: importing the declarations would cost the client's import ~10 ms; a test
+# keeps the two equal).
+SOCKET_VARIABLE = "EDGEWATT_SOCKET"
 
 
 def user_socket() -> str:
@@ -34,7 +38,7 @@ def user_socket() -> str:
 
 def default_socket() -> str:
     """Where `edgewatt serve` listens: EDGEWATT_SOCKET, else the user's own socket."""
-    return os.environ.get("EDGEWATT_SOCKET") or user_socket()
+    return os.environ.get(SOCKET_VARIABLE) or user_socket()
 
 
 class Found(NamedTuple):
@@ -50,8 +54,8 @@ def candidates(explicit: str | None = None) -> list[tuple[str, str]]:
     another. Otherwise the user's own daemon, then the system service."""
     if explicit:
         return [(explicit, "given")]
-    if os.environ.get("EDGEWATT_SOCKET"):
-        return [(os.environ["EDGEWATT_SOCKET"], "EDGEWATT_SOCKET")]
+    if os.environ.get(SOCKET_VARIABLE):
+        return [(os.environ[SOCKET_VARIABLE], SOCKET_VARIABLE)]
     own = user_socket()
     if own == SYSTEM_SOCKET:
         return [(own, "the system service")]

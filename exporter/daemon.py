@@ -12,7 +12,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from resource import RLIM_INFINITY, RLIMIT_NOFILE, getrlimit, setrlimit
 from typing import Any
@@ -26,7 +25,6 @@ from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.power.recent import RecentPower
-from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.sampler import Sampler
 from edgewatt.core.sampling import procfs
 from edgewatt.core.snapshot import Snapshot
@@ -35,11 +33,11 @@ from edgewatt.core.text import printable
 from edgewatt.exporter import documents
 from edgewatt.exporter.api import ApiContext, ApiServer
 from edgewatt.exporter.collectors import start_collectors
-from edgewatt.exporter.config import KEYS, Config, ConfigError
+from edgewatt.exporter.config import KEYS, WHERE, Config, ConfigError
 from edgewatt.exporter.exposition import Exposition
-from edgewatt.exporter.influx import InfluxOptions, InfluxPusher
+from edgewatt.exporter.influx import InfluxPusher
 from edgewatt.exporter.notify import Notifier
-from edgewatt.exporter.otlp import OtlpOptions, build_reader
+from edgewatt.exporter.otlp import build_reader
 from edgewatt.exporter.registration import InvalidRegistration, parse_saved
 from edgewatt.exporter.statefile import StateFile
 from edgewatt.exporter.telemetry import OtelPipeline
@@ -142,7 +140,7 @@ class Daemon:
             if config.otlp_endpoint
             else None
         )
-        self.influx = InfluxPusher(_influx_options(config)) if config.influx_url else None
+        self.influx = InfluxPusher(config.influx) if config.influx_url else None
         self.platform = LinuxPlatform(proc)
         # Built in start(), with its collaborators, once both endpoints are bound.
         self.sampler: Sampler
@@ -182,10 +180,13 @@ class Daemon:
         changed = [k for k in KEYS if getattr(config, k) != getattr(self.config, k)]
         live = [k for k in changed if KEYS[k].live]
         later = [k for k in changed if not KEYS[k].live]
-        self.config = replace(self.config, **{k: getattr(config, k) for k in live})
+        self.config = self.config.with_values({k: getattr(config, k) for k in live})
+        components = dict.fromkeys(WHERE[k][0] for k in live)
+        if "max_targets" in live:  # the OTel pipeline's cardinality limit follows it
+            components["otlp"] = None
         appliers = self._appliers()
-        for apply in dict.fromkeys(a for k in live for a in appliers[k]):  # each once
-            apply()
+        for component in components:  # each once
+            appliers[component]()
         if later:
             log.warning(
                 "reload: %s changed but take%s effect only after a restart",
@@ -195,28 +196,25 @@ class Daemon:
         self.notifier.ready(self._status(self.sampler.snapshot))
         log.info("configuration reloaded%s", f": applied {', '.join(live)}" if live else "")
 
-    def _appliers(self) -> dict[str, tuple[Callable[[], None], ...]]:
-        """The actions that bring each live key (read from self.config) into the running
-        daemon; an action shared by several changed keys runs once."""
-        c = self.config
+    def _appliers(self) -> dict[str, Callable[[], None]]:
+        """For each component with a live key, what brings its options (read from
+        self.config) into the running daemon."""
 
-        def log_level() -> None:
-            logging.getLogger().setLevel(c.log_level.upper())
+        def daemon() -> None:
+            logging.getLogger().setLevel(self.config.daemon.log_level.upper())
 
-        def interval() -> None:
-            self.sampler.interval = c.interval
-
-        def min_interval() -> None:
+        def endpoints() -> None:
             if self.api is not None:
-                self.api.min_interval = c.min_interval
+                self.api.min_interval = self.config.endpoints.min_interval
 
-        def idle() -> None:
+        def sampler() -> None:
+            c = self.config.sampler
+            self.sampler.interval = c.interval
             self.sampler.attribution.set_idle(c.idle_power_w)
-
-        def window() -> None:
             self.sampler.attribution.set_window(c.baseline_window)
 
-        def limits() -> None:
+        def targets() -> None:
+            c = self.config.targets
             self.table.set_limits(
                 max_targets=c.max_targets,
                 max_targets_per_uid=c.max_targets_per_uid,
@@ -227,36 +225,20 @@ class Daemon:
         def otlp() -> None:
             if self.pipeline is not None:  # push off: kept for when a restart turns it on
                 self.pipeline.reconfigure(
-                    series_rotation=c.series_rotation, max_targets=c.max_targets
+                    series_rotation=self.config.otlp.series_rotation,
+                    max_targets=self.config.targets.max_targets,
                 )
 
-        table: dict[str, tuple[Callable[[], None], ...]] = {
-            "log_level": (log_level,),
-            "interval": (interval,),
-            "min_interval": (min_interval,),
-            "idle_power_w": (idle,),
-            "baseline_window": (window,),
-            "max_targets": (limits, otlp),  # the pipeline's cardinality limit follows it
-            "max_targets_per_uid": (limits,),
-            "history_samples": (limits,),
-            "exited_retention": (limits,),
+        return {
+            "daemon": daemon,
+            "endpoints": endpoints,
+            "sampler": sampler,
+            "targets": targets,
+            "otlp": otlp,
         }
-        otlp_keys = [k for k in KEYS if k.startswith("otlp_") or k == "series_rotation"]
-        return table | {k: (otlp,) for k in otlp_keys if KEYS[k].live}
 
     def _otlp_reader(self) -> MetricReader:
-        c = self.config
-        return build_reader(
-            OtlpOptions(
-                endpoint=c.otlp_endpoint,
-                protocol=c.otlp_protocol,
-                headers=dict(c.otlp_headers),
-                ca_file=c.otlp_ca_file,
-                insecure=c.otlp_insecure,
-                interval_s=c.otlp_interval,
-                timeout_s=c.otlp_timeout,
-            )
-        )
+        return build_reader(self.config.otlp)
 
     def _persist(self, state: list[dict[str, Any]]) -> None:
         """Save the registrations; a failure keeps the old file (statefile.py), is
@@ -361,12 +343,7 @@ class Daemon:
         }
 
     def _start_power(self) -> PowerMeter | None:
-        options = PowerOptions(
-            sample_hz=self.config.power_sample_hz,
-            sysfs_path=self.config.sysfs_path,
-            tegrastats_path=self.config.tegrastats,
-            sources=self.config.power_sources,
-        )
+        options = self.config.power
         sources = power.discover(options)
         if sources:
             # A sensor silent for five intervals (at least 5 s) is no longer trusted.
@@ -374,8 +351,8 @@ class Daemon:
             return PowerMeter(
                 sources,
                 max_gap_s=gap,
-                sample_hz=self.config.power_sample_hz,
-                window_hz=self.config.power_window_hz,
+                sample_hz=options.sample_hz,
+                window_hz=options.window_hz,
             ).start()
         return None
 
@@ -498,21 +475,6 @@ def raise_open_files_limit() -> int:
         except (ValueError, OSError) as exc:
             log.warning("cannot raise the open files limit from %d: %s", soft, exc)
     return soft
-
-
-def _influx_options(c: Config) -> InfluxOptions:
-    return InfluxOptions(
-        url=c.influx_url,
-        database=c.influx_database,
-        org=c.influx_org,
-        bucket=c.influx_bucket,
-        token=c.influx_token,
-        username=c.influx_username,
-        password=c.influx_password,
-        interval_s=c.influx_interval,
-        timeout_s=c.influx_timeout,
-        buffer_bytes=c.influx_buffer_bytes,
-    )
 
 
 def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:

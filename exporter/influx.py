@@ -39,12 +39,12 @@ import time
 import urllib.parse
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from edgewatt.core.http_exchange import Exchanges
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.core.text import shown
+from edgewatt.exporter.keys import InfluxOptions
 from edgewatt.exporter.telemetry import MetricSpec, metric_specs
 
 log = logging.getLogger(__name__)
@@ -60,36 +60,24 @@ PER_LINE_BYTES = 48
 RETRIED = {404, 429}  # and every 5xx
 
 
-@dataclass(frozen=True)
-class InfluxOptions:
-    url: str  # http(s)://host:8086
-    database: str = ""  # 1.x: /write?db=; else the v2 API with org and bucket
-    org: str = ""
-    bucket: str = ""
-    token: str = ""
-    username: str = ""
-    password: str = ""
-    interval_s: float = 10.0
-    timeout_s: float = 5.0
-    buffer_bytes: int = 64 << 20
+def write_url(options: InfluxOptions) -> str:
+    base = options.url.rstrip("/")
+    if options.database:
+        return f"{base}/write?" + urllib.parse.urlencode(
+            {"db": options.database, "precision": "ns"}
+        )
+    query = {"org": options.org, "bucket": options.bucket, "precision": "ns"}
+    return f"{base}/api/v2/write?" + urllib.parse.urlencode(query)
 
-    def write_url(self) -> str:
-        base = self.url.rstrip("/")
-        if self.database:
-            return f"{base}/write?" + urllib.parse.urlencode(
-                {"db": self.database, "precision": "ns"}
-            )
-        query = {"org": self.org, "bucket": self.bucket, "precision": "ns"}
-        return f"{base}/api/v2/write?" + urllib.parse.urlencode(query)
 
-    def headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "text/plain; charset=utf-8", "Content-Encoding": "gzip"}
-        if self.token:
-            headers["Authorization"] = f"Token {self.token}"
-        elif self.username:
-            pair = f"{self.username}:{self.password}".encode()
-            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-        return headers
+def request_headers(options: InfluxOptions) -> dict[str, str]:
+    headers = {"Content-Type": "text/plain; charset=utf-8", "Content-Encoding": "gzip"}
+    if options.token:
+        headers["Authorization"] = f"Token {options.token}"
+    elif options.username:
+        pair = f"{options.username}:{options.password}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+    return headers
 
 
 def escape_tag(text: str) -> str:
@@ -244,9 +232,9 @@ class InfluxPusher:
             count, size = count + 1, size + len(data) + 1
         body = gzip.compress(b"".join(self.queue[i] + b"\n" for i in range(count)))
         deadline = min(time.monotonic() + self.options.timeout_s, self._deadline)
-        url = self.options.write_url()
+        url = write_url(self.options)
         try:
-            answer = self._exchanges.post(url, body, self.options.headers(), deadline)
+            answer = self._exchanges.post(url, body, request_headers(self.options), deadline)
         except (OSError, ValueError, http.client.HTTPException) as exc:  # unreachable, slow
             return self._failed(str(exc) or type(exc).__name__)
         reason = shown(answer.body.decode("utf-8", "replace").strip())

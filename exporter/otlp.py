@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
@@ -23,20 +21,9 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 
+from edgewatt.exporter.keys import OtlpOptions
+
 log = logging.getLogger(__name__)
-
-PROTOCOLS = ("http/protobuf", "grpc")
-
-
-@dataclass(frozen=True)
-class OtlpOptions:
-    endpoint: str
-    protocol: str = "http/protobuf"
-    headers: Mapping[str, str] | None = None
-    ca_file: str = ""
-    insecure: bool = False  # gRPC: plaintext. HTTP: use an http:// endpoint instead
-    interval_s: float = 60.0
-    timeout_s: float = 5.0
 
 
 def metrics_url(endpoint: str) -> str:

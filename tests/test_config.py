@@ -112,7 +112,12 @@ def test_second_daemon_on_a_live_socket_refuses(daemon_factory, tmp_path: Path) 
 
 
 def test_every_key_is_documented_and_the_readme_table_is_rendered_from_them() -> None:
-    assert set(cfg.KEYS) == {f.name for f in fields(cfg.Config)}
+    # Config holds one options dataclass per component: each of their fields is a key
+    # (but PowerOptions.powermetrics_path, the client's macOS variable alone).
+    config = cfg.Config()
+    settings = {(c.name, f.name) for c in fields(config) for f in fields(getattr(config, c.name))}
+    assert set(cfg.WHERE.values()) == settings - {("power", "powermetrics_path")}
+    assert set(cfg.KEYS) == set(cfg.WHERE)
     assert all(key.meaning for key in cfg.KEYS.values())
     readme = (ROOT / "docs" / "reference.md").read_text()
     start = readme.index("<!-- config-table")
@@ -160,3 +165,77 @@ def test_otlp_keys_from_standard_variables_and_precedence() -> None:
         cfg.build(None, {}, {"otlp_endpoint": "collector:4318"})
     with pytest.raises(cfg.ConfigError, match="from OTEL_METRIC_EXPORT_INTERVAL"):
         cfg.build(None, {"OTEL_METRIC_EXPORT_INTERVAL": "soon"}, {})
+
+
+def test_the_serve_flags_are_the_keys_that_declare_one() -> None:
+    from edgewatt.cli.main import _parser
+
+    declared = {k for k, key in cfg.KEYS.items() if key.flag is not None}
+    assert declared == {
+        "socket", "listen", "interval", "state_dir", "log_level", "tegrastats",
+        "otlp_endpoint", "otlp_protocol", "carbon_intensity_g_per_kwh",
+    }  # fmt: skip
+    parser, _ = _parser()
+    args = parser.parse_args(["serve", "--state-dir", "/s", "--carbon-intensity-g-per-kwh", "9"])
+    assert cfg.given_flags(args) == {"state_dir": "/s", "carbon_intensity_g_per_kwh": "9"}
+
+
+def test_other_commands_do_not_load_the_daemons_config() -> None:
+    # The serve flags come from the config's declarations, which import the daemon's
+    # exporters: `edgewatt status` and the others must not pay for that.
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import sys\nfrom edgewatt.cli.main import main\n"
+         "code = main(['status', '--socket', '/nonexistent/edgewatt.sock'])\n"
+         "print(code, 'edgewatt.exporter.config' in sys.modules)"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert out.stdout == "1 False\n", out.stderr
+
+
+def test_the_clients_variables_are_the_daemons() -> None:
+    from edgewatt.core import transport
+
+    # Written out in transport.py, which the client imports at once (no declarations).
+    assert transport.SOCKET_VARIABLE == cfg.KEYS["socket"].variable == "EDGEWATT_SOCKET"
+
+
+def test_a_keys_flag_and_variables_are_named_by_the_table_not_its_meaning() -> None:
+    # Declared once (the option's flag and variables), shown in the table's column.
+    for key, declared in cfg.KEYS.items():
+        for name in [declared.flag_name, *(v.name for v in declared.variables)]:
+            assert name not in declared.meaning, (key, name)
+    row = next(r for r in cfg.markdown_table().splitlines() if r.startswith("| `otlp_interval`"))
+    assert "| `OTEL_METRIC_EXPORT_INTERVAL (in ms)` |" in row
+
+
+def test_each_component_gets_its_own_options_as_declared() -> None:
+    from edgewatt.core.power.source import PowerOptions
+    from edgewatt.exporter.keys import InfluxOptions, OtlpOptions
+
+    env = {
+        "INFLUX_HOST": "http://influx:8086",
+        "INFLUX_DATABASE": "edge",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
+        "EDGEWATT_POWER_SAMPLE_HZ": "20",
+    }
+    c = cfg.build(None, env, {"tegrastats": "/opt/t"})
+    assert c.influx == InfluxOptions("http://influx:8086", database="edge")
+    assert c.otlp == OtlpOptions("http://collector:4318", timeout_s=2.5)
+    assert c.power == PowerOptions(sample_hz=20.0, tegrastats_path="/opt/t")
+    # Flat reads stay: config.<key> is the key's value wherever it is declared.
+    assert (c.influx_database, c.otlp_timeout, c.power_sample_hz) == ("edge", 2.5, 20.0)
+    with pytest.raises(AttributeError, match="no key 'influx_databse'"):
+        c.influx_databse  # noqa: B018 - the read is the test
+
+
+def test_the_config_loads_without_the_exporters() -> None:
+    # `edgewatt doctor` and `config example` load it, under the system's Python too.
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import sys\nimport edgewatt.exporter.config\n"
+         "print(sorted({m.split('.')[0] for m in sys.modules} & {'opentelemetry', 'grpc'}))"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert out.stdout == "[]\n", out.stderr

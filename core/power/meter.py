@@ -29,12 +29,13 @@ import os
 import time
 from collections.abc import Sequence
 
+from edgewatt.core import options
 from edgewatt.core.power import native
 from edgewatt.core.power.allowance import WindowAllowance
 from edgewatt.core.power.python_reader import PythonReader
 from edgewatt.core.power.rate import CALIBRATION_S, RateController
 from edgewatt.core.power.reader import Pacing, StreamReader
-from edgewatt.core.power.source import MAX_SAMPLE_HZ, WINDOW_HZ, PowerSource
+from edgewatt.core.power.source import MAX_SAMPLE_HZ, WINDOW_HZ, PowerOptions, PowerSource
 from edgewatt.core.power.traces import Traces
 from edgewatt.core.power.values import PowerSnapshot, PowerStatus
 
@@ -45,32 +46,28 @@ def sample_hz_from_environment() -> float | None:
     """In-process sampling's rate: EDGEWATT_POWER_SAMPLE_HZ as the daemon reads it, else
     None, the rate chosen on the device (a bad value is logged and ignored: monitoring
     never raises)."""
-    return _rate_from_environment("EDGEWATT_POWER_SAMPLE_HZ", 1.0, None, "auto or a rate")
+    return _rate_from_environment("sample_hz", 1.0, "auto or a rate")
 
 
 def window_hz_from_environment() -> float:
     """In-process sampling's window rate: EDGEWATT_POWER_WINDOW_HZ as the daemon reads
     it (0: none), else WINDOW_HZ."""
-    return (
-        _rate_from_environment("EDGEWATT_POWER_WINDOW_HZ", 0.0, WINDOW_HZ, "a rate (0: none)")
-        or 0.0
-    )
+    return _rate_from_environment("window_hz", 0.0, "a rate (0: none)") or 0.0
 
 
-def _rate_from_environment(
-    name: str, lowest: float, default: float | None, accepted: str
-) -> float | None:
-    text = os.environ.get(name, "").strip()
+def _rate_from_environment(name: str, lowest: float, accepted: str) -> float | None:
+    """PowerOptions' field ``name`` from its variable, checked by its declared parser."""
+    spec = options.lookup(PowerOptions, name)
+    default = getattr(PowerOptions(), name)
+    text = os.environ.get(spec.variable, "").strip()
     if text.lower() in ("", "auto"):
         return default
     try:
-        hz = float(text)
+        return spec.parse(text)
     except ValueError:
-        hz = -1.0
-    if not lowest <= hz <= MAX_SAMPLE_HZ:
         log.warning(
             "%s=%r is not %s from %g to %g Hz: %s used",
-            name,
+            spec.variable,
             text[:40],
             accepted,
             lowest,
@@ -78,7 +75,6 @@ def _rate_from_environment(
             "auto" if default is None else f"{default:g} Hz",
         )
         return default
-    return hz
 
 
 # An edge waits for a push source's next line at most this many of its periods (and

@@ -12,9 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from edgewatt.core import options as opt
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.options import Flag, option
+from edgewatt.core.text import shown
 
 # The power reader's rate (config ``power_sample_hz``) is by default chosen on the
 # device itself (rate.py): the highest of AUTO_RATES_HZ whose cost, as the reader's
@@ -35,21 +38,74 @@ MAX_SAMPLE_HZ = 1000.0
 WINDOW_HZ = 200.0
 
 
+def _power_sources(value: Any) -> tuple[str, ...] | None:
+    from edgewatt.core.power import SOURCES  # the registry imports this module
+
+    if value == "auto":
+        return None
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not names:
+        raise ValueError("must be 'auto' or a list of source names")
+    clean = tuple(str(n).strip() for n in names)
+    for name in clean:
+        if name not in SOURCES:
+            raise ValueError(f"unknown power source {shown(name)}; known: {', '.join(SOURCES)}")
+    return clean
+
+
 @dataclass(frozen=True)
 class PowerOptions:
-    """What discovery needs from the daemon's config."""
+    """The daemon's power keys: discovery's and the reader's (meter.py) settings."""
 
-    sample_hz: float | None = None  # the power reader's rate; None: chosen on the device
+    sources: tuple[str, ...] | None = option(
+        "power_sources",
+        None,  # discover automatically
+        _power_sources,
+        "auto, or the sources to use: a YAML list or comma-separated names of ina3221, "
+        "tegrastats, tegra_gpu, rapl, nvml, powermetrics (macOS)",
+    )
+    sample_hz: float | None = option(
+        "power_sample_hz",
+        None,  # chosen on the device (auto)
+        opt.optional(opt.ranged(float, 1, MAX_SAMPLE_HZ, "auto or a rate in Hz")),
+        "readings of the power monitors per second, apart from the sampling passes (1 to "
+        "1000): INA3221/INA238 sysfs read at it, tegrastats and powermetrics run with the "
+        "matching interval; energy counters (RAPL, NVML) are read at every edge instead. "
+        "Unset or auto: the highest of 5, 10, 20, 50, 100, 200 Hz whose cost, as the "
+        "reader measures it on this device, stays within 0.5 % of one core less what "
+        "windows spent at power_window_hz in the last 10 s (down to half of it), chosen "
+        f"again every 10 s; tegrastats and powermetrics then at {AUTO_PUSH_HZ:g} Hz",
+    )
+    window_hz: float = option(
+        "power_window_hz",
+        WINDOW_HZ,  # 0: windows read at sample_hz
+        opt.ranged(float, 0, MAX_SAMPLE_HZ, "0 or a rate in Hz"),
+        "readings of the INA3221/INA238 monitors per second while a window is young (a "
+        "phase, a track call or an FL round, for its first 2 s), where above "
+        "power_sample_hz; 0: none. Within the same budget as the automatic rate: the "
+        "windows spend what the steady rate leaves of it (at most 10 s of it at once); a "
+        "window opened with that spent is read at power_sample_hz",
+    )
+    tegrastats_path: str = option(
+        "tegrastats",
+        "/usr/bin/tegrastats",
+        opt.path,
+        "the tegrastats executable, run once for the daemon's lifetime",
+        flag=Flag("PATH", "tegrastats executable (default /usr/bin/tegrastats)"),
+    )
+    sysfs_path: str = option(
+        "sysfs_path",
+        "/sys",
+        opt.path,
+        "sysfs mount point (INA3221/INA238 monitors, RAPL)",
+    )
+    # Not a daemon key: EDGEWATT_POWERMETRICS is read by in-process sampling on macOS.
+    powermetrics_path: str = "/usr/bin/powermetrics"
 
     @property
     def push_hz(self) -> float:
         """The rate a source that prints on its own is run at."""
         return self.sample_hz if self.sample_hz is not None else AUTO_PUSH_HZ
-
-    sysfs_path: str = "/sys"
-    tegrastats_path: str = "/usr/bin/tegrastats"
-    powermetrics_path: str = "/usr/bin/powermetrics"  # macOS
-    sources: tuple[str, ...] | None = None  # None: discover automatically
 
 
 class NoData(Exception):
