@@ -25,7 +25,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from edgewatt.client._samples import Reading
-from edgewatt.core.metrics import BY_NAME
+from edgewatt.core.metrics import BY_NAME, HOST_HW_ID
 
 _START_NS = time.time_ns()
 _CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -88,10 +88,11 @@ def encode(reading: Reading, labels: dict[str, str]) -> bytes:
                 ],
             )
         )
+    device = {**host, "hw.id": HOST_HW_ID}
     if reading.power_w is not None:
-        metrics.append(_metric("hw.host.power", [_point(reading.power_w, t, host)]))
+        metrics.append(_metric("hw.host.power", [_point(reading.power_w, t, device)]))
     if reading.energy_j is not None:
-        metrics.append(_metric("hw.host.energy", [_point(reading.energy_j, t, host)]))
+        metrics.append(_metric("hw.host.energy", [_point(reading.energy_j, t, device)]))
     if reading.process_energy_j is not None:
         metrics.append(
             _metric("edgewatt.process.energy", [_point(reading.process_energy_j, t, labels)])

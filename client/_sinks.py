@@ -20,7 +20,7 @@ from edgewatt.client import _heflwr
 from edgewatt.client._samples import Reading, units
 from edgewatt.core import compat
 from edgewatt.core.http_exchange import Exchanges
-from edgewatt.core.metrics import BY_NAME
+from edgewatt.core.metrics import BY_NAME, HOST_HW_ID
 
 log = logging.getLogger(__name__)
 
@@ -345,13 +345,14 @@ class PrometheusSink:
             net.add_metric([*host, "transmit"], r.net_sent_total)
             net.add_metric([*host, "receive"], r.net_recv_total or 0)
             families.append(net)
+        device = [*host, HOST_HW_ID]
         if r.power_w is not None:
-            power = _family("hw.host.power", ["host_name"])
-            power.add_metric(host, r.power_w)
+            power = _family("hw.host.power", ["host_name", "hw_id"])
+            power.add_metric(device, r.power_w)
             families.append(power)
         if r.energy_j is not None:
-            energy = _family("hw.host.energy", ["host_name"])
-            energy.add_metric(host, r.energy_j)
+            energy = _family("hw.host.energy", ["host_name", "hw_id"])
+            energy.add_metric(device, r.energy_j)
             families.append(energy)
         if r.process_energy_j is not None:
             mine = _family("edgewatt.process.energy", names)

@@ -26,6 +26,10 @@ RESERVED = frozenset(
         "process_executable_name",
         "edgewatt_target_id",
         "edgewatt_phase",
+        # A container target's identity (semantic conventions v1.44): a user label of
+        # that name would replace the runtime's own on its series.
+        "container_name",
+        "container_runtime_name",
         "cpu_mode",
         "disk_io_direction",
         "network_io_direction",

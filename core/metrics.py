@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 # What every per-process point carries besides its own attributes (the user's labels too).
 PROCESS_ATTRIBUTES = ("process.pid", "process.executable.name", "edgewatt.target.id", "host.name")
+# The whole device's hw.id on hw.host.power and hw.host.energy, where the semantic
+# conventions (v1.44, hardware.attributes.common) require one: the device is one
+# component, whichever sensors add up to its figure, so the series never changes name.
+HOST_HW_ID = "host"
 INSTRUMENTS = ("counter", "updowncounter", "gauge")  # all observable
 # The suffix the OTel Prometheus exporter appends per unit; annotations ({thread}) and
 # "1" get none in Python (field notes: the Collector adds _ratio to unit 1).
@@ -69,7 +73,9 @@ TABLE: tuple[Metric, ...] = (
         "process.cpu.utilization",
         "gauge",
         "1",
-        "CPU time over the last interval as a share of all logical CPUs (0..1)",
+        "CPU time over the last interval as a share of all logical CPUs (0..1), by mode: "
+        "the modes add up to the target's share",
+        ("cpu.mode",),
     ),
     Metric(
         "process.memory.usage",
@@ -191,7 +197,7 @@ TABLE: tuple[Metric, ...] = (
         "gauge",
         "W",
         "Whole-device power: the board input rail on Jetson, RAPL plus GPUs elsewhere",
-        (),
+        ("hw.id",),
         _H,
     ),
     Metric(
@@ -199,7 +205,7 @@ TABLE: tuple[Metric, ...] = (
         "counter",
         "J",
         "Whole-device energy since the daemon started",
-        (),
+        ("hw.id",),
         _H,
     ),
     Metric(

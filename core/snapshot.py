@@ -57,6 +57,8 @@ class ProcessSample:
     network_counts: str | None = None
     # A cgroup target's network figures the daemon cannot get: why (they are absent).
     network_unknown: str | None = None
+    # cpu_utilization by mode (user, system), adding up to it; None where it is None.
+    cpu_mode_utilization: tuple[float, float] | None = None
 
     @property
     def cpu_s(self) -> float:

@@ -31,7 +31,7 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
-from edgewatt.core.metrics import TABLE, Metric
+from edgewatt.core.metrics import HOST_HW_ID, TABLE, Metric
 from edgewatt.core.power.source import Gpu
 from edgewatt.core.power.values import PowerSnapshot, RailState
 from edgewatt.core.snapshot import ProcessSample, Snapshot
@@ -91,6 +91,17 @@ def _per_process_split(
         memo = seen
 
     return observe
+
+
+def _cpu_mode_share(mode: int) -> Callable[[ProcessSample], float | None]:
+    """One mode's share of a target's utilization (0 user, 1 system); none where the
+    utilization is none (a target's last sample keeps its split, not its rate)."""
+
+    def value(p: ProcessSample) -> float | None:
+        by_mode = p.cpu_mode_utilization
+        return None if p.cpu_utilization is None or by_mode is None else by_mode[mode]
+
+    return value
 
 
 def _phases(
@@ -169,6 +180,17 @@ def _one(value: Callable[[Any], float | None]) -> Callable[[Any], Points]:
     return observe
 
 
+def _device(value: Callable[[PowerSnapshot], float | None]) -> Callable[[PowerSnapshot], Points]:
+    """The whole device's point, as the one hardware component ``HOST_HW_ID``."""
+
+    def observe(power: PowerSnapshot) -> Points:
+        v = value(power)
+        if v is not None:
+            yield v, {"hw.id": HOST_HW_ID}
+
+    return observe
+
+
 def _power(observe: Callable[[PowerSnapshot], Points]) -> Callable[[Snapshot], Points]:
     def guarded(snapshot: Snapshot) -> Points:
         if snapshot.power is not None:
@@ -234,7 +256,9 @@ def observers() -> Mapping[str, Callable[[Snapshot], Points]]:
         "process.cpu.time": _per_process_split(
             "cpu.mode", {"user": lambda p: p.cpu_user_s, "system": lambda p: p.cpu_system_s}
         ),
-        "process.cpu.utilization": _per_process(lambda p: p.cpu_utilization),
+        "process.cpu.utilization": _per_process_split(
+            "cpu.mode", {"user": _cpu_mode_share(0), "system": _cpu_mode_share(1)}
+        ),
         "process.memory.usage": _per_process(lambda p: p.memory_rss_bytes),
         "process.memory.virtual": _per_process(lambda p: p.memory_virtual_bytes),
         "process.disk.io": _per_process_split(
@@ -261,8 +285,8 @@ def observers() -> Mapping[str, Callable[[Snapshot], Points]]:
         "edgewatt.process.phase": _phases(lambda running, _j, _s: 1 if running else None),
         "edgewatt.process.phase.energy": _phases(lambda _running, joules, _s: joules),
         "edgewatt.process.phase.duration": _phases(lambda _running, _j, seconds: seconds),
-        "hw.host.power": _power(_one(lambda p: p.host_power_w)),
-        "hw.host.energy": _power(_one(lambda p: p.host_energy_j)),
+        "hw.host.power": _power(_device(lambda p: p.host_power_w)),
+        "hw.host.energy": _power(_device(lambda p: p.host_energy_j)),
         "edgewatt.host.carbon": _host_carbon,
         "hw.power": _power(_rails(lambda r: r.power_w)),
         "hw.energy": _power(_rails(lambda r: r.energy_j)),

@@ -23,6 +23,7 @@ def process(i: int, cpu: float = 1.5) -> ProcessSample:
         cpu_user_s=cpu,
         cpu_system_s=0.25,
         cpu_utilization=0.5,
+        cpu_mode_utilization=(0.375, 0.125),
         memory_rss_bytes=100,
         memory_virtual_bytes=200,
         disk_read_bytes=1,

@@ -226,9 +226,12 @@ def test_a_container_registered_by_name_is_measured_whole(
     assert cpu > 0
     assert figures["cgroup"]["memory_current_bytes"] > 0
     assert figures["memory_rss_peak_bytes"] > 0
-    labels = {"container_name": container, "container_runtime": "podman", "app": "fl-client"}
+    # OpenTelemetry's container attributes (semantic conventions v1.44:
+    # container.runtime.name; container.runtime is the deprecated name).
+    labels = {"container_name": container, "container_runtime_name": "podman", "app": "fl-client"}
     exported = daemon.series("process_cpu_time_seconds_total", **labels)
     assert {series["cpu_mode"] for series, _ in exported} == {"user", "system"}
+    assert not any("container_runtime" in series for series, _ in exported)
     # The series are the cgroup's counters themselves (cumulative since it was made).
     assert sum(value for _, value in exported) == pytest.approx(cgroup_cpu(container), abs=0.01)
 

@@ -46,11 +46,35 @@ def test_cpu_time_never_exceeds_kernel_and_lags_at_most_one_interval(
         time.sleep(0.13)
     labels = daemon.series("process_cpu_time_seconds_total", edgewatt_target_id=tid)
     assert {lbl["cpu_mode"] for lbl, _ in labels} == {"user", "system"}
-    utilization = daemon.value("process_cpu_utilization", edgewatt_target_id=tid)
-    # A share of all cores: a single-threaded burner holds at most one of os.cpu_count()
+    # By mode, as the conventions require (cpu.mode): the modes add up to the target's
+    # share of all cores. A single-threaded burner holds at most one of os.cpu_count()
     # (a tick of rounding over the pass), and more than nothing; how much of the core the
     # scheduler gave it is not the daemon's figure to promise.
-    assert 0 < utilization <= (1 + 0.02 / daemon.interval) / os.cpu_count()
+    shares = {
+        lbl["cpu_mode"]: v
+        for lbl, v in daemon.series("process_cpu_utilization", edgewatt_target_id=tid)
+    }
+    assert set(shares) == {"user", "system"}
+    assert 0 < sum(shares.values()) <= (1 + 0.02 / daemon.interval) / os.cpu_count()
+
+
+def test_cpu_utilization_by_mode_follows_where_the_kernel_counted_the_time(
+    daemon: DaemonProcess, spawn: Any
+) -> None:
+    # One child spins in user space, one in read(2) of /dev/zero (the kernel's copy):
+    # each one's larger share is in the mode the kernel counted its time in.
+    user = daemon.register(spawn(BURN).pid)["id"]
+    kernel = spawn(
+        "import os\nf = os.open('/dev/zero', os.O_RDONLY)\nwhile True: os.read(f, 1 << 22)"
+    )
+    system = daemon.register(kernel.pid)["id"]
+
+    def shares(tid: str) -> dict[str, float]:
+        found = daemon.series("process_cpu_utilization", edgewatt_target_id=tid)
+        return {lbl["cpu_mode"]: v for lbl, v in found}
+
+    wait_for(lambda: shares(user).get("user", 0) > shares(user).get("system", 1), timeout=20)
+    wait_for(lambda: shares(system).get("system", 0) > shares(system).get("user", 1), timeout=20)
 
 
 def test_rss_of_a_200_mb_child_within_5_percent(daemon: DaemonProcess, spawn: Any) -> None:

@@ -21,12 +21,15 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from edgewatt.core import compat
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.metrics import BY_NAME
 from edgewatt.core.sampling import system
 from edgewatt.core.snapshot import HostSample, SamplerStats, Snapshot
 from edgewatt.exporter.exposition import CONTENT_TYPE, Exposition
 from edgewatt.exporter.scrape_server import accepts_gzip
 from edgewatt.exporter.telemetry import METRICS, OtelPipeline
+from tests.semconv import REQUIRED_1_44
 from tests.snapshots import POWER, process
 
 RESOURCE = Resource.create(
@@ -379,3 +382,23 @@ def test_every_series_carries_the_devices_host_name() -> None:
     }
     assert hosts == {"jetson-7"}
     assert_same_lines(fast_text(snapshot), otel_text(snapshot))
+
+
+def test_semantic_convention_metrics_carry_their_required_attributes_on_every_point() -> None:
+    # As a Prometheus user reads them, from both renderings (ours and the OTel SDK's).
+    snapshot = every_figure()
+    for text in (fast_text(snapshot), otel_text(snapshot)):
+        found = families(text)
+        for name, (_, _, required) in REQUIRED_1_44.items():
+            metric = BY_NAME[name]
+            family = found[compat.removesuffix(metric.prometheus_name, "_total")]
+            labels = {metric.prometheus_label(a) for a in required}
+            assert family.samples, name
+            for sample in family.samples:
+                assert labels <= set(sample.labels), (name, sample.labels)
+        cpu = found["process_cpu_utilization"].samples
+        assert {s.labels["cpu_mode"]: s.value for s in cpu} == {"user": 0.375, "system": 0.125}
+        for family, value in (("hw_host_power_watts", 12.0), ("hw_host_energy_joules", 100.0)):
+            (sample,) = found[family].samples
+            assert {k: v for k, v in sample.labels.items() if v} == {"hw_id": "host"}
+            assert sample.value == value

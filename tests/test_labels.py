@@ -21,6 +21,12 @@ def test_valid_labels_pass_through() -> None:
             "'host.name' is reserved: edgewatt or Prometheus sets 'host_name'",
         ),
         ({"otel_scope": "x"}, "reserved"),
+        (
+            {"container.runtime.name": "docker"},
+            "'container.runtime.name' is reserved: edgewatt or Prometheus sets "
+            "'container_runtime_name'",
+        ),
+        ({"container_name": "x"}, "reserved"),
         ({"run.id": "a", "run_id": "b"}, "'run.id' and 'run_id' both export as 'run_id'"),
         ({"x" * 129: "v"}, "longer than 128 bytes"),
         ({"run": "é" * 513}, "label 'run' has a value longer than 1024 bytes"),

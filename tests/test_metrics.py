@@ -17,6 +17,7 @@ from edgewatt.core import compat
 from edgewatt.core.metrics import BY_NAME, INSTRUMENTS, TABLE, markdown_table
 from edgewatt.exporter.telemetry import METRICS, observers
 from tests.conftest import ROOT
+from tests.semconv import REQUIRED_1_44
 
 
 def test_the_table_imports_no_opentelemetry() -> None:
@@ -121,3 +122,38 @@ def test_the_client_otlp_request_takes_names_units_and_kinds_from_the_table() ->
             assert kind == "sum" and m.sum.is_monotonic == (spec.instrument == "counter")
     energy = metrics[-1].sum.data_points[0]
     assert energy.as_double == 4.0
+
+
+def test_metrics_named_by_the_semantic_conventions_declare_what_they_require() -> None:
+    # Every metric of the table under a convention's name is that metric: same
+    # instrument and unit, and its required attributes declared (hw.id on the host's
+    # power and energy, cpu.mode on the CPU utilization).
+    named = {m.name for m in TABLE if m.name.startswith(("process.", "hw.", "system."))}
+    assert set(REQUIRED_1_44) <= set(BY_NAME)
+    for name, (instrument, unit, required) in REQUIRED_1_44.items():
+        m = BY_NAME[name]
+        assert (m.instrument, m.unit) == (instrument, unit), name
+        assert set(required) <= set(m.attributes), (name, m.attributes)
+    # Outside the conventions, on purpose (the module's docstring says why).
+    assert named - set(REQUIRED_1_44) == {"process.threads", "process.open_file_descriptors"}
+
+
+def test_the_client_sinks_name_the_whole_device_hw_id_host() -> None:
+    sink = PrometheusSink(port=0)
+    sink._labels = {"process_pid": "42", "host_name": "jetson-a"}
+    sink._latest = READING
+    families = {f.name: f for f in sink.collect()}
+    for family, value in (("hw_host_power_watts", 7.5), ("hw_host_energy_joules", 30.0)):
+        (sample,) = families[family].samples
+        assert sample.labels == {"host_name": "jetson-a", "hw_id": "host"}
+        assert sample.value == value
+    request = ExportMetricsServiceRequest.FromString(
+        encode(READING, {"host.name": "jetson-a", "process.pid": "42"})
+    )
+    (metrics,) = [s.metrics for r in request.resource_metrics for s in r.scope_metrics]
+    points = {m.name: getattr(m, m.WhichOneof("data")).data_points for m in metrics}
+    for name, value in (("hw.host.power", 7.5), ("hw.host.energy", 30.0)):
+        (point,) = points[name]
+        attributes = {a.key: a.value.string_value for a in point.attributes}
+        assert attributes == {"host.name": "jetson-a", "hw.id": "host"}
+        assert point.as_double == value

@@ -20,7 +20,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from benchmarks.measure import rss_bytes
-from tests.conftest import wait_for
+from tests.conftest import ROOT, wait_for
+from tests.semconv import REQUIRED_1_44
+
+TEGRASTATS = str(ROOT / "tests" / "bin" / "tegrastats")
 
 
 class Received:
@@ -42,6 +45,25 @@ class Received:
                             if tid is not None and tid.string_value == target:
                                 found[metric.name] = (metric, attrs, rm.resource)
         return found
+
+    def points(self, name: str) -> list[tuple[dict[str, Any], float]]:
+        """Every data point of metric ``name`` received: (attributes, value)."""
+        found = []
+        for request in self.requests:
+            for rm in request.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        if metric.name == name:
+                            data = getattr(metric, metric.WhichOneof("data"))
+                            found.extend(
+                                ({a.key: _value(a.value) for a in p.attributes}, p.as_double)
+                                for p in data.data_points
+                            )
+        return found
+
+
+def _value(value: Any) -> Any:
+    return getattr(value, value.WhichOneof("value"))
 
 
 @pytest.fixture
@@ -124,6 +146,34 @@ def test_push_names_units_attributes_resource(
     assert headers["authorization"] == "Bearer s3cret"
     if protocol == "http/protobuf":  # gzip unless OTEL_EXPORTER_OTLP_COMPRESSION says
         assert headers["content-encoding"] == "gzip"
+
+
+def test_pushed_points_carry_what_the_semantic_conventions_require(
+    http_receiver: tuple[str, Received], daemon_factory: Any, spawn: Any
+) -> None:
+    # Semantic conventions v1.44 (tests/semconv.py): every point of a metric under a
+    # convention's name carries its required attributes: hw.id on the device's power
+    # and energy, cpu.mode on a target's CPU utilization.
+    endpoint, received = http_receiver
+    daemon = daemon_factory(
+        interval=0.2,
+        extra_args=["--otlp-endpoint", endpoint, "--tegrastats", TEGRASTATS],
+        env={"OTEL_METRIC_EXPORT_INTERVAL": "500", "EDGEWATT_POWER_SOURCES": "tegrastats"},
+    )
+    tid = daemon.register(spawn("while True: pass").pid)["id"]
+    wanted = ("hw.host.power", "hw.host.energy", "process.cpu.utilization")
+    wait_for(lambda: all(received.points(n) for n in wanted), timeout=20, step=0.2)
+    for name, (_, _, required) in REQUIRED_1_44.items():
+        for attributes, _ in received.points(name):
+            assert set(required) <= set(attributes), (name, attributes)
+    for name in ("hw.host.power", "hw.host.energy"):
+        assert {a["hw.id"] for a, _ in received.points(name)} == {"host"}
+    modes = {
+        a["cpu.mode"]
+        for a, _ in received.points("process.cpu.utilization")
+        if a["edgewatt.target.id"] == tid
+    }
+    assert modes == {"user", "system"}
 
 
 def test_otlp_compression_variable_wins_over_the_gzip_default(

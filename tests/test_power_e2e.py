@@ -34,7 +34,7 @@ def test_device_rails_and_target_energy_exported(thor: DaemonProcess, spawn: Any
     burner = spawn("while True: pass")
     tid = thor.register(burner.pid, labels={"run": "power"})["id"]
     wait_for(lambda: thor.value("edgewatt_process_energy_joules_total", edgewatt_target_id=tid))
-    assert thor.value("hw_host_power_watts") == THOR_VIN_W
+    assert thor.value("hw_host_power_watts", hw_id="host") == THOR_VIN_W
     rails = {lbl["hw_name"]: v for lbl, v in thor.series("hw_power_watts")}
     assert rails == {"VDD_GPU": 0.0, "VDD_CPU_SOC_MSS": 5.535, "VIN_SYS_5V0": 5.04, "VIN": 16.802}
     assert thor.value("edgewatt_host_idle_power_watts") == IDLE_W
@@ -134,6 +134,10 @@ def test_prometheus_queries_device_and_process_energy(
     tid = thor.register(burner.pid, labels={"run": "prom-power"})["id"]
     host = wait_for(lambda: query(url, "hw_host_power_watts"), timeout=30, step=0.5)
     assert float(host[0]["value"][1]) == THOR_VIN_W
+    # The whole device as the conventions name it: hw.id required (v1.44), one series.
+    assert [r["metric"]["hw_id"] for r in host] == ["host"]
+    device = wait_for(lambda: query(url, "hw_host_energy_joules_total"), timeout=30, step=0.5)
+    assert [r["metric"]["hw_id"] for r in device] == ["host"]
     energy = wait_for(
         lambda: query(url, 'edgewatt_process_energy_joules_total{run="prom-power"}'),
         timeout=30,

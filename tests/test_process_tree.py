@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from edgewatt.core.sampling import procfs
 from edgewatt.core.sampling.network import NetworkAccounting
-from edgewatt.core.sampling.process import RECHECK_EVERY, ProcessTree, TreeReading
+from edgewatt.core.sampling.process import RECHECK_EVERY, ProcessTree, TreeReading, cpu_shares
 from tests.conftest import wait_for
 
 # A single-threaded process that waits on stdin; each line it reads makes it open
@@ -221,3 +222,43 @@ def test_activity_changes_only_when_the_thread_ran(waiter: subprocess.Popen) -> 
     command(waiter, "file")
     assert handle.activity() != first
     handle.close()
+
+
+def test_cpu_shares_split_the_whole_by_mode_and_add_up_to_it() -> None:
+    # 0.3 s user and 0.1 s system over 0.5 s on 4 CPUs: 0.2 of all cores, 3 to 1.
+    assert cpu_shares((0.3, 0.1), 0.5, 4) == pytest.approx((0.15, 0.05))
+    # A split moved between the reads (/proc and the exit records split a reaped
+    # member's time differently): one mode goes back, the whole still went up 0.2 s.
+    # Nothing negative; the whole goes to the mode that grew.
+    assert cpu_shares((-0.1, 0.3), 1.0, 2) == (0.0, pytest.approx(0.1))
+    assert cpu_shares((0.0, 0.0), 1.0, 2) == (0.0, 0.0)
+    assert cpu_shares((-0.2, 0.1), 1.0, 2) == (0.0, 0.0)  # never below nothing
+
+
+def test_the_tree_reads_its_utilization_by_mode_from_the_kernels_counters() -> None:
+    # A child spending most of its time in the kernel (reads of /dev/zero): the shares
+    # are in proportion to what /proc/PID/stat's utime and stime grew by between two
+    # reads, and add up to the tree's utilization.
+    burner = "import os\nf = os.open('/dev/zero', os.O_RDONLY)\nwhile True: os.read(f, 1 << 22)"
+    child = subprocess.Popen([sys.executable, "-c", burner])
+    try:
+        tree = ProcessTree(procfs.ProcHandle(child.pid), children=True, logical_cpus=2)
+        assert tree.sample(lambda pid: []).cpu_mode_utilization is None  # no interval yet
+        first, second = wait_for(lambda: _two_reads_apart(tree), timeout=20)
+        assert second.cpu_mode_utilization is not None
+        user, system = second.cpu_mode_utilization
+        assert user + system == pytest.approx(second.cpu_utilization)
+        d_user = second.cpu_user_s - first.cpu_user_s
+        d_system = second.cpu_system_s - first.cpu_system_s
+        assert system / (user + system) == pytest.approx(d_system / (d_user + d_system))
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _two_reads_apart(tree: ProcessTree) -> tuple[TreeReading, TreeReading] | None:
+    """Two consecutive readings between which the kernel counted system time."""
+    first = tree.sample(lambda pid: [])
+    time.sleep(0.2)
+    second = tree.sample(lambda pid: [])
+    return (first, second) if second.cpu_system_s > first.cpu_system_s else None

@@ -33,6 +33,16 @@ def test_prometheus_scrapes_target_series_with_labels(
     assert metric["team_name"] == "edge"
     assert metric["host_name"] and metric["process_executable_name"]
     assert metric["job"] == "edgewatt" and metric["instance"] == f"127.0.0.1:{daemon.port}"
+    # Its share of all cores by mode (cpu.mode, required by the conventions); the
+    # modes add up to a share (how much the scheduler gave it is not ours to promise).
+    shares = wait_for(
+        lambda: query(prometheus, f'process_cpu_utilization{{edgewatt_target_id="{tid}"}}'),
+        timeout=30,
+        step=0.5,
+    )
+    assert {r["metric"]["cpu_mode"] for r in shares} == {"user", "system"}
+    whole = query(prometheus, f'sum(process_cpu_utilization{{edgewatt_target_id="{tid}"}})')
+    assert 0 <= float(whole[0]["value"][1]) <= 1
     # The counter grows the way the busy child does: about one core second per second.
     time.sleep(6)
     rate = wait_for(

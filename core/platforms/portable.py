@@ -145,11 +145,13 @@ class PsutilTree:
         figures = [m[1] for m in members.values()]
         io_known = root[1]["io"] is not None
         fds = [f["fds"] for f in figures]
+        by_mode = self._rate.update(read_at_monotonic, user, system)
         self.last = TreeReading(
             time=read_at,
             cpu_user_s=user,
             cpu_system_s=system,
-            cpu_utilization=self._rate.update(read_at_monotonic, user + system),
+            cpu_utilization=None if by_mode is None else by_mode[0] + by_mode[1],
+            cpu_mode_utilization=by_mode,
             rss_bytes=sum(f["rss"] for f in figures),
             vms_bytes=sum(f["vms"] for f in figures),
             read_bytes=int(read) if io_known else None,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.sampling.process import TreeReading
+from edgewatt.core.sampling.process import TreeReading, cpu_shares
 from edgewatt.core.sampling.procfs import NoSuchProcess, parse_stat
 
 log = logging.getLogger(__name__)
@@ -300,7 +300,9 @@ class CgroupTree:
             usage = self._next_incarnation()
             if usage is None:  # restarting: nothing runs, nothing more is counted
                 assert self.last is not None
-                return dataclasses.replace(self.last, cpu_utilization=None, pids=())
+                return dataclasses.replace(
+                    self.last, cpu_utilization=None, cpu_mode_utilization=None, pids=()
+                )
         user_base, system_base, read_base, write_base = self._base
         user, system = user_base + usage.cpu_user_s, system_base + usage.cpu_system_s
         rss = vms = threads = 0
@@ -313,15 +315,16 @@ class CgroupTree:
             rss += stat.rss_pages * _PAGE_SIZE
             vms += stat.vsize
             threads += stat.num_threads
-        utilization = None
+        by_mode = None
         if self.last is not None and usage.time > self.last.time:
-            used = user + system - self.last.cpu_user_s - self.last.cpu_system_s
-            utilization = max(0.0, used / (usage.time - self.last.time) / self._cpus)
+            used = (user - self.last.cpu_user_s, system - self.last.cpu_system_s)
+            by_mode = cpu_shares(used, usage.time - self.last.time, self._cpus)
         reading = TreeReading(
             time=usage.time,
             cpu_user_s=user,
             cpu_system_s=system,
-            cpu_utilization=utilization,
+            cpu_utilization=None if by_mode is None else by_mode[0] + by_mode[1],
+            cpu_mode_utilization=by_mode,
             rss_bytes=rss,
             vms_bytes=vms,
             read_bytes=None if usage.read_bytes is None else read_base + usage.read_bytes,

@@ -66,7 +66,9 @@ def exit_reading(
     # A cgroup's counters are final once it is empty: its last reading then is exact.
     ending.figures = figures is not None or (cgroup and not last.pids)
     if figures is None:
-        return dataclasses.replace(last, cpu_utilization=None, pids=(), idle_pids=frozenset())
+        return dataclasses.replace(
+            last, cpu_utilization=None, cpu_mode_utilization=None, pids=(), idle_pids=frozenset()
+        )
     ending.rss_peak_bytes = figures.rss_peak_bytes
     ending.teardowns = figures.teardowns_counted
     read, write = last.read_bytes, last.write_bytes
@@ -79,6 +81,7 @@ def exit_reading(
         cpu_user_s=user,
         cpu_system_s=system,
         cpu_utilization=None,
+        cpu_mode_utilization=None,
         read_bytes=None if read is None else max(read, figures.read_bytes),
         write_bytes=None if write is None else max(write, figures.write_bytes),
         pids=(),

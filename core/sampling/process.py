@@ -66,6 +66,8 @@ class TreeReading:
     # Members that did not run since the previous reading: their descriptors are as
     # they were then, so socket discovery may skip them.
     idle_pids: frozenset[int] = frozenset()
+    # cpu_utilization by mode (user, system), adding up to it (cpu_shares).
+    cpu_mode_utilization: tuple[float, float] | None = None
 
     @property
     def processes(self) -> int:
@@ -109,18 +111,34 @@ def _sub_floor(a: _Vec, b: _Vec) -> _Vec:
     return (max(0, a[0] - b[0]), max(0, a[1] - b[1]), max(0, a[2] - b[2]), max(0, a[3] - b[3]))
 
 
+def cpu_shares(
+    used: tuple[float, float], elapsed_s: float, logical_cpus: int
+) -> tuple[float, float]:
+    """CPU seconds ``used`` (user, system) over ``elapsed_s`` wall seconds as shares of
+    all logical CPUs, by mode. The modes add up to the share of both together: a tree
+    whose user/system split moved (/proc and the exit records split differently) may
+    show one mode going back, so the whole is split in proportion to the modes that
+    grew, and nothing is negative."""
+    total = max(0.0, used[0] + used[1]) / (elapsed_s * max(logical_cpus, 1))
+    user, system = max(0.0, used[0]), max(0.0, used[1])
+    if user + system == 0:
+        return (0.0, 0.0)
+    return (total * user / (user + system), total * system / (user + system))
+
+
 class CpuRate:
-    """CPU seconds over wall seconds between two reads, as a share of all logical CPUs."""
+    """CPU seconds over wall seconds between two reads, as a share of all logical CPUs,
+    by mode (user, system)."""
 
     def __init__(self, logical_cpus: int) -> None:
-        self._cpus = max(logical_cpus, 1)
-        self._last: tuple[float, float] | None = None  # (monotonic, cpu seconds)
+        self._cpus = logical_cpus
+        self._last: tuple[float, float, float] | None = None  # (monotonic, user s, system s)
 
-    def update(self, now: float, cpu_seconds: float) -> float | None:
-        last, self._last = self._last, (now, cpu_seconds)
+    def update(self, now: float, user_s: float, system_s: float) -> tuple[float, float] | None:
+        last, self._last = self._last, (now, user_s, system_s)
         if last is None or now <= last[0]:
             return None
-        return max(0.0, (cpu_seconds - last[1]) / ((now - last[0]) * self._cpus))
+        return cpu_shares((user_s - last[1], system_s - last[2]), now - last[0], self._cpus)
 
 
 class ProcessTree:
@@ -438,11 +456,13 @@ class ProcessTree:
         )
         cpu_user = value[0] / CLOCK_TICKS
         cpu_system = value[1] / CLOCK_TICKS
+        by_mode = self._rate.update(read_at_monotonic, cpu_user, cpu_system)
         self.last = TreeReading(
             time=read_at,
             cpu_user_s=cpu_user,
             cpu_system_s=cpu_system,
-            cpu_utilization=self._rate.update(read_at_monotonic, cpu_user + cpu_system),
+            cpu_utilization=None if by_mode is None else by_mode[0] + by_mode[1],
+            cpu_mode_utilization=by_mode,
             rss_bytes=rss * PAGE_SIZE,
             vms_bytes=vms,
             read_bytes=value[2] if self.io_visible else None,

@@ -66,6 +66,7 @@ class TargetState:
             cpu_user_s=reading.cpu_user_s,
             cpu_system_s=reading.cpu_system_s,
             cpu_utilization=reading.cpu_utilization,
+            cpu_mode_utilization=reading.cpu_mode_utilization,
             memory_rss_bytes=reading.rss_bytes,
             memory_virtual_bytes=reading.vms_bytes,
             disk_read_bytes=reading.read_bytes,
@@ -100,7 +101,7 @@ def _attributes(target: Target, host_name: str) -> dict[str, str | int]:
             "process.executable.name": target.executable,
         }
     elif name.kind == "container":  # OpenTelemetry's container attributes
-        identity = {"container.name": name.name, "container.runtime": name.runtime}
+        identity = {"container.name": name.name, "container.runtime.name": name.runtime}
     elif name.kind == "unit":
         identity = {"edgewatt.target.unit": name.name}
     else:

@@ -279,7 +279,12 @@ def device() -> dict[str, Any]:
             "Registered processes",
             "none",
             [
-                target(f"{ratio('process_cpu_utilization')}, {d}}}", ref="A", instant=True),
+                # Both modes summed: one row per target (the table merges on labels).
+                target(
+                    f"sum without (cpu_mode) ({ratio('process_cpu_utilization')}, {d}}})",
+                    ref="A",
+                    instant=True,
+                ),
                 target(f"process_memory_usage_bytes{{{d}}}", ref="B", instant=True),
                 target(f"edgewatt_process_power_watts{{{d}}}", ref="C", instant=True),
             ],
