@@ -344,31 +344,40 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def summary_from_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """A summary for a file whose run never wrote one (it was killed)."""
+def summary_from_samples(
+    samples: list[dict[str, Any]], started_at: float | None = None
+) -> dict[str, Any]:
+    """A summary for a file whose run never wrote one (it was killed): over the
+    intervals the samples cover, from ``started_at`` (the header's: the first sample's
+    interval counts too) or else from the first sample (its interval left out)."""
     summary: dict[str, Any] = {"samples": len(samples)}
-    if len(samples) < 2:
-        return summary
     times = [s["timestamp"] for s in samples]
+    counted = samples
+    if started_at is not None and times and started_at < times[0]:
+        times = [started_at, *times]
+    else:
+        counted = samples[1:]
+    if not counted:
+        return summary
     span = times[-1] - times[0]
     summary["duration_s"] = round(span, 3)
-    if any("cpu_usage" in s for s in samples):
+    intervals = list(zip(counted, times, times[1:]))
+    if any("cpu_usage" in s for s in counted):
         summary["cpu_time_s"] = sum(
-            s["cpu_usage"] / 100 * (t1 - t0)
-            for s, t0, t1 in zip(samples[1:], times, times[1:])
-            if "cpu_usage" in s
+            s["cpu_usage"] / 100 * (t1 - t0) for s, t0, t1 in intervals if "cpu_usage" in s
         )
         summary["avg_cpu_usage"] = summary["cpu_time_s"] / span * 100 if span > 0 else 0.0
     rss = [s["memory_rss_bytes"] for s in samples if "memory_rss_bytes" in s]
     if rss:
         summary["memory_rss_peak_bytes"] = max(rss)
-    if any("network_bytes_sent" in s for s in samples):
-        summary["total_network_bytes_sent"] = sum(s.get("network_bytes_sent", 0) for s in samples)
-        summary["total_network_bytes_recv"] = sum(s.get("network_bytes_recv", 0) for s in samples)
-    if any("energy_j" in s for s in samples):
-        summary["energy_j"] = sum(s.get("energy_j", 0.0) for s in samples)
-        if summary["duration_s"] > 0:
-            summary["avg_power_w"] = summary["energy_j"] / summary["duration_s"]
+    if any("network_bytes_sent" in s for s in counted):
+        summary["total_network_bytes_sent"] = sum(s.get("network_bytes_sent", 0) for s in counted)
+        summary["total_network_bytes_recv"] = sum(s.get("network_bytes_recv", 0) for s in counted)
+    if any("energy_j" in s for s in counted):
+        summary["energy_j"] = sum(s.get("energy_j", 0.0) for s in counted)
+        measured = sum(t1 - t0 for s, t0, t1 in intervals if "energy_j" in s)
+        if measured > 0:
+            summary["avg_power_w"] = summary["energy_j"] / measured
     return summary
 
 
@@ -389,7 +398,7 @@ def report(path: str, plot_to: str | None) -> str:
         what = "only a header" if header else "no records"
         raise ValueError(f"{path}: {what}, no samples: nothing to report")
     if summary is None:
-        summary = summary_from_samples(samples)
+        summary = summary_from_samples(samples, header.get("started_at"))
     title = (
         f"edgewatt report: {path} (pid {header.get('pid', '?')}, host {header.get('host', '?')})"
     )
