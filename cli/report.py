@@ -135,6 +135,13 @@ def load(
             check_numbers(lines, number, record, ("started_at", "pid", "interval_s"))
             if not isinstance(record.get("labels") or {}, dict):
                 raise lines.error(number, "labels must be an object")
+            if header and _run_of(record) != _run_of(header):
+                # Another run appended to the same --output file: its figures alone.
+                (warn or (lambda _: None))(
+                    f"{path}:{number}: another run appended (pid {record.get('pid', '?')} "
+                    f"after pid {header.get('pid', '?')}); reporting the last, from this line"
+                )
+                samples, phases, summary, starts = [], [], None, []
             header = record
             starts.append(record.get("started_at"))
         elif kind == "sample":
@@ -155,6 +162,11 @@ def load(
     if header:
         header["segment_starts"] = starts
     return header, samples, phases, summary
+
+
+def _run_of(header: dict[str, Any]) -> tuple[Any, Any]:
+    """What one run's headers share (a monitor writes one at each start())."""
+    return header.get("pid"), header.get("edgewatt_pid")
 
 
 Line = typing.Tuple[
@@ -219,8 +231,10 @@ def draw(drawn: Layout) -> Any:
     for ax, (label, lines) in zip(axes[:, 0], drawn.panels):
         top = 0.0
         for name, xs, ys in lines:
-            # One point is drawn as a point: a line needs two.
-            ax.plot(xs, ys, linewidth=1.2, label=name, marker="o" if len(xs) == 1 else None)
+            # One point is drawn as a point (a line needs two), whole at the axes' edge.
+            point = len(xs) == 1
+            ax.plot(xs, ys, linewidth=1.2, label=name, marker="o" if point else None,
+                    clip_on=not point)  # fmt: skip
             top = max([top, *ys])
         for panel, value, text in drawn.levels:
             if panel == label:

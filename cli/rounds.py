@@ -178,7 +178,12 @@ def plot_rounds(drawn: RoundsLayout, out: str) -> None:
     """The rounds as grouped bars, one colour per client (needs edgewatt[plot])."""
     plt = pyplot()
     rows = max(1, len(drawn.panels))
-    fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(9, 1.4 + 1.8 * rows), squeeze=False)
+    many = len(drawn.rounds) > 8  # labels turned upright, the straggler by its edge alone
+    width = max(9.0, 0.4 * len(drawn.rounds))
+    fig, axes = plt.subplots(
+        rows, 1, sharex=True, figsize=(width, 1.4 + 1.8 * rows + (0.5 if many else 0)),
+        squeeze=False,
+    )  # fmt: skip
     width = 0.8 / max(1, len(drawn.clients))
     positions = range(len(drawn.rounds))
     for ax, (label, values) in zip(axes[:, 0], drawn.panels):
@@ -189,7 +194,7 @@ def plot_rounds(drawn: RoundsLayout, out: str) -> None:
             ax.bar(xs, ys, width=width * 0.95, color=f"C{i % 10}",
                    edgecolor=["black" if s else "none" for s in slowest],
                    linewidth=1.2)  # fmt: skip
-            if label == ROUND_PANELS[0][0]:  # the straggler named on its duration bar
+            if label == ROUND_PANELS[0][0] and not many:  # named on its duration bar
                 for x, y, s in zip(xs, ys, slowest):
                     if s:
                         ax.annotate("slowest", (x, y), ha="center", va="bottom", fontsize=7)
@@ -212,7 +217,7 @@ def plot_rounds(drawn: RoundsLayout, out: str) -> None:
     else:
         axes[0, 0].text(0.5, 0.5, "no rounds in this file", ha="center", va="center")
     axes[-1, 0].set_xticks(list(positions))
-    axes[-1, 0].set_xticklabels(drawn.rounds, fontsize=8)
+    axes[-1, 0].set_xticklabels(drawn.rounds, fontsize=8, rotation=90 if many else 0)
     axes[-1, 0].set_xlabel("round/kind")
     fig.suptitle(drawn.title, fontsize=10, x=0.01, ha="left")
     fig.tight_layout()

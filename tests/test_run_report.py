@@ -537,3 +537,24 @@ def test_a_single_sample_is_drawn_as_a_point_and_the_axes_hold_the_peaks(
     drawn = _drawn(path, tmp_path)
     assert drawn.levels == [("RSS (MiB)", 20.0, "peak 20.0 MiB")]
     assert draw(drawn).axes[0].get_ylim() == (0.0, pytest.approx(20.0 * 1.12))
+
+
+def test_a_second_run_appended_to_a_file_is_reported_alone(tmp_path: Path) -> None:
+    out = tmp_path / "twice.jsonl"
+    for seconds in ("0.3", "0.6"):
+        done = run(["run", "--socket", str(tmp_path / "none.sock"), "--interval", "0.1",
+                    "--output", str(out), "--", "sleep", seconds])  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    second = next(i for i, line in enumerate(out.read_text().splitlines(), 1)
+                  if i > 1 and '"type": "header"' in line)  # fmt: skip
+    result = run(["report", str(out), "--plot", str(tmp_path / "twice.png")])
+    assert result.returncode == 0, result.stderr
+    header, samples, _, summary = load(str(out))
+    assert result.stderr == (
+        f"edgewatt report: warning: {out}:{second}: another run appended (pid {header['pid']} "
+        f"after pid {json.loads(out.read_text().splitlines()[0])['pid']}); reporting the last, "
+        "from this line\n"
+    )
+    assert header["command"] == "sleep 0.6" and summary is not None
+    assert f"duration    {summary['duration_s']:.1f} s" in result.stdout
+    assert all(s["timestamp"] >= header["started_at"] for s in samples)
