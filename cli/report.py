@@ -197,10 +197,12 @@ def layout(
     phases: list[dict[str, Any]],
     summary: dict[str, Any],
 ) -> Layout:
-    # Time 0 is the start of the run: the header's, else the first mark or sample.
+    # Time 0 is the start of the run: its first reading (the summary's start, which a
+    # daemon may have taken before the header was written) or the header's, else the
+    # first mark or sample.
     marks = [s["timestamp"] for s in samples] + [p["timestamp"] for p in phases]
-    t0 = header.get("started_at") or summary.get("start_time") or min(marks, default=0.0)
-    t0 = min([t0, *marks])
+    first = summary.get("start_time") or header.get("started_at")
+    t0 = min([first, *marks]) if first is not None else min(marks, default=0.0)
     times = [s["timestamp"] - t0 for s in samples]
     end = max(times, default=0.0)
     # Each phase ends where the next begins; the last at the last sample.
@@ -208,11 +210,12 @@ def layout(
     ends = [*starts[1:], end] if phases else []
     spans = [(p["name"], a, b) for p, a, b in zip(phases, starts, ends)]
     # Where each sample's interval began: the previous sample, or the start of its
-    # monitoring (each start() of a monitor writes a header).
-    segments = sorted(t - t0 for t in header.get("segment_starts", []) if t is not None)
+    # monitoring (each start() of a monitor writes a header; the first is the run's).
+    starts = [first, *header.get("segment_starts", [])[1:]]
+    segments = sorted(t - t0 for t in starts if t is not None)
     begins = []
     for i, t in enumerate(times):
-        begin = times[i - 1] if i else 0.0
+        begin = times[i - 1] if i else (segments[0] if segments else t)
         begins.append(max([begin, *(b for b in segments if b < t)]))
     panels = _panels(samples, times, begins)
     levels = []

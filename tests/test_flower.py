@@ -305,10 +305,7 @@ def test_plot_of_the_rounds_draws_each_client_per_round(tmp_path: Path) -> None:
     received = dict(drawn.panels)["received from the server (MiB)"]
     assert all(v == 4000128 / 2**20 for values in received.values() for v in values)
     png = tmp_path / "rounds.png"
-    report = subprocess.run(
-        [sys.executable, "-m", "edgewatt.cli", "report", str(fixture), "--plot", str(png)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+    report = _report(fixture, "--plot", str(png))
     assert report.returncode == 0, report.stderr
     assert report.stdout.splitlines()[-1] == f"  plot written to {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -357,6 +354,14 @@ def test_a_hostile_client_changes_only_its_own_figures_in_the_round_file(tmp_pat
     assert "5.00 s" in rows[0] and "2.50 s" in rows[1]  # round 2: node 2's CPU was a list
 
 
+def _report(*args: Any) -> subprocess.CompletedProcess[str]:
+    """`edgewatt report ARGS...`, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "report", *map(str, args)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+
+
 def _twelve_rounds(tmp_path: Path) -> Path:
     """The recorded fixture's two clients over 12 rounds of train and evaluate, as the
     collector appends them (each round's train, then its evaluate)."""
@@ -381,10 +386,7 @@ def test_twelve_rounds_are_in_numeric_order_train_before_evaluate(tmp_path: Path
     path = _twelve_rounds(tmp_path)
     order = [(n, kind) for n in range(1, 13) for kind in ("train", "evaluate")]
     png = tmp_path / "fl12.png"
-    report = subprocess.run(
-        [sys.executable, "-m", "edgewatt.cli", "report", str(path), "--plot", str(png)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+    report = _report(path, "--plot", str(png))
     assert report.returncode == 0, report.stderr
     rows = report.stdout.splitlines()[2:26]
     assert [tuple(row.split()[:2]) for row in rows] == [(str(n), k) for n, k in order]
@@ -403,10 +405,7 @@ def test_twelve_rounds_are_in_numeric_order_train_before_evaluate(tmp_path: Path
 
 
 def test_report_help_names_the_federation_files() -> None:
-    shown = subprocess.run(
-        [sys.executable, "-m", "edgewatt.cli", "report", "--help"],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+    shown = _report("--help")
     assert shown.returncode == 0
     text = " ".join(shown.stdout.split())
     assert "federated-learning rounds file" in text

@@ -314,6 +314,7 @@ def test_plot_of_a_file_with_device_power(daemon_factory: Any, tmp_path: Path) -
     assert summary is not None
     assert area == pytest.approx(summary["energy_j"], rel=1e-9)
     mean = area / sum(x1 - x0 for x0, x1 in zip(xs[::2], xs[1::2]))
+    assert mean == pytest.approx(summary["avg_power_w"], rel=1e-3)  # wall and monotonic
     assert mean == pytest.approx(16.802, abs=0.03)
     assert f"device energy {summary['energy_j']:.1f} J (avg {summary['avg_power_w']:.2f} W)" in (
         drawn.title
