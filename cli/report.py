@@ -69,7 +69,8 @@ def summary_table(summary: dict[str, Any], title: str, power: str | None = None)
         if summary.get("avg_power_w") is not None:
             line += f", avg {summary['avg_power_w']:.2f} W"
         rows.append(("device energy", line))
-    if summary.get("process_energy_j") is not None:
+    if energy is not None and summary.get("process_energy_j") is not None:
+        # A share of the device's energy: none where that was not measured.
         mine = summary["process_energy_j"]
         rows.append(("attributed energy", f"{mine:.1f} J ({mine / 3600:.4f} Wh) above idle"))
     if summary.get("total_carbon_g") is not None:
@@ -349,7 +350,7 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
         figures.append(
             f"device energy {energy:.1f} J" + ("" if average is None else f" (avg {average:.2f} W)")
         )
-    if summary.get("process_energy_j") is not None:
+    if energy is not None and summary.get("process_energy_j") is not None:
         figures.append(f"attributed {summary['process_energy_j']:.1f} J")
     lines = [what, f"on {header.get('host', '?')}, {when}:"]
     for figure in figures:  # wrapped between figures, never inside one

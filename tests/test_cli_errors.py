@@ -198,7 +198,9 @@ def test_a_command_that_cannot_be_executed_exits_126_without_a_table(tmp_path: P
 
 
 def _energy_line(stderr: str) -> str:
-    return next(line for line in stderr.splitlines() if "energy" in line).split(None, 1)[1]
+    """The table's "energy" row (present where the energy is not known)."""
+    rows = [line.split(None, 1) for line in stderr.splitlines() if line.startswith("  ")]
+    return next(value for label, value in rows if label == "energy")
 
 
 def test_no_power_source_is_said_only_where_there_is_none(tmp_path: Path) -> None:
@@ -266,3 +268,26 @@ def test_a_power_off_monitor_file_says_energy_was_not_recorded(tmp_path: Path) -
     result = edgewatt("report", str(path))
     assert result.returncode == 0, result.stderr
     assert _energy_line(result.stdout) == "not recorded (the monitor's power metric was off)"
+
+
+def test_a_power_source_without_a_reading_yet_is_not_no_power_source(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    # A tegrastats that prints its first line 30 s after it starts (a board still
+    # booting its sensors): the daemon has a power source, not yet a reading.
+    slow = tmp_path / "slow-tegrastats"
+    slow.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *--stop*) exit 0;; esac\n'
+        f'sleep 30; exec {ROOT / "tests" / "bin" / "tegrastats"} "$@"\n'
+    )
+    slow.chmod(0o755)
+    daemon = daemon_factory(interval=0.2, extra_args=["--tegrastats", str(slow)])
+    result = edgewatt("run", "--socket", daemon.socket, "--", "sleep", "0.3")
+    assert result.returncode == 0, result.stderr
+    said = _energy_line(result.stderr)
+    assert re.fullmatch(
+        r"unknown: the power source gave no reading during the run \((\d\.\d\d) s\)", said
+    ), said
+    # No energy attributed out of no energy measured.
+    assert "attributed energy" not in result.stderr
