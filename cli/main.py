@@ -82,8 +82,19 @@ def _parser(
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command")
 
-    report = sub.add_parser("report", help="summarise a monitor file")
-    report.add_argument("file", metavar="FILE.jsonl")
+    report = sub.add_parser(
+        "report",
+        help="summarise a monitor file or a federation's rounds file",
+        description="Summarise FILE.jsonl: a monitor file (edgewatt run --output, a "
+        "FileMonitor with records='edgewatt') as a table of its figures, or a federated-"
+        "learning rounds file (written by edgewatt.client.flower.collect on the "
+        "ServerApp) as a table per round and kind (train, evaluate) of its clients. "
+        "A cut-off last line is skipped with a warning; any other bad line is an error "
+        "naming file and line (exit 1).",
+    )
+    report.add_argument(
+        "file", metavar="FILE.jsonl", help="a monitor file or a Flower rounds file (fl.jsonl)"
+    )
     report.add_argument("--plot", metavar="OUT.png", help="also plot it (needs edgewatt[plot])")
 
     install = sub.add_parser("install-service", help="install and start the systemd service")

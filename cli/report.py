@@ -3,13 +3,13 @@ prints: one line per figure, each with its unit."""
 
 from __future__ import annotations
 
-import json
+import sys
 import time
 import typing  # runtime aliases: Python 3.8's builtins take no [...]
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
+from edgewatt.cli.jsonl import Lines, check_numbers
 from edgewatt.cli.plotting import pyplot
 from edgewatt.cli.rounds import (
     is_rounds_file,
@@ -22,7 +22,10 @@ from edgewatt.cli.status import human_bytes
 from edgewatt.core.text import printable
 
 
-def summary_table(summary: dict[str, Any], title: str) -> str:
+def summary_table(summary: dict[str, Any], title: str, power: str | None = None) -> str:
+    """The figures of a run, one line each with its unit. ``power``: what is known of
+    the power source where the summary has no energy ("present", "none", "off": the
+    monitor's power metric was off; None: not known)."""
     rows: list[tuple[str, str]] = []
     if "duration_s" in summary:
         rows.append(("duration", f"{summary['duration_s']:.1f} s"))
@@ -66,7 +69,8 @@ def summary_table(summary: dict[str, Any], title: str) -> str:
         if summary.get("avg_power_w") is not None:
             line += f", avg {summary['avg_power_w']:.2f} W"
         rows.append(("device energy", line))
-    if summary.get("process_energy_j") is not None:
+    if energy is not None and summary.get("process_energy_j") is not None:
+        # A share of the device's energy: none where that was not measured.
         mine = summary["process_energy_j"]
         rows.append(("attributed energy", f"{mine:.1f} J ({mine / 3600:.4f} Wh) above idle"))
     if summary.get("total_carbon_g") is not None:
@@ -78,37 +82,92 @@ def summary_table(summary: dict[str, Any], title: str) -> str:
             )
         )
     if energy is None:
-        rows.append(("energy", "unknown: no power source on this device"))
+        rows.append(("energy", _energy_unknown(summary, power)))
     rows.append(("samples", str(summary.get("samples", 0))))
     width = max(len(k) for k, _ in rows)
     lines = [title, *(f"  {k.ljust(width)}  {v}" for k, v in rows)]
     return "\n".join(printable(line) for line in lines)  # the title quotes a command line
 
 
+def _energy_unknown(summary: dict[str, Any], power: str | None) -> str:
+    """Why a summary has no energy, saying only what is known."""
+    if power == "none":
+        return "unknown: no power source on this device"
+    if power == "off":
+        return "not recorded (the monitor's power metric was off)"
+    duration = summary.get("duration_s")
+    lasted = "" if duration is None else f" ({duration:.2f} s)"
+    if not summary.get("samples"):
+        return f"unknown: the run{lasted} ended before a second reading"
+    if power == "present":
+        return f"unknown: the power source gave no reading during the run{lasted}"
+    return "unknown: no power reading recorded"
+
+
+# The figures each kind of record must hold as numbers where present.
+SAMPLE_NUMBERS = (
+    "timestamp", "cpu_usage", "memory_usage", "memory_rss_bytes", "network_bytes_sent",
+    "network_bytes_recv", "power_w", "power_vdd_in", "power_vdd_cpu_gpu_cv",
+    "power_vdd_soc", "energy_j",
+)  # fmt: skip
+SUMMARY_NUMBERS = (
+    "samples", "start_time", "end_time", "duration_s", "cpu_time_s", "avg_cpu_usage",
+    "memory_rss_peak_bytes", "total_network_bytes_sent", "total_network_bytes_recv",
+    "energy_j", "energy_vdd_in_j", "avg_power_w", "process_energy_j", "total_carbon_g",
+    "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
+)  # fmt: skip
+
+
 def load(
-    path: str,
+    path: str, warn: typing.Callable[[str], None] | None = None
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
-    """(header, samples, phases, summary) of a monitor file; a bad line names its number."""
+    """(header, samples, phases, summary) of a monitor file; a bad line or field names
+    file and line, a cut-off last line is skipped and passed to ``warn``."""
+    lines = Lines(path)
+    for warning in lines.warnings:
+        (warn or (lambda _: None))(warning)
     header: dict[str, Any] = {}
     samples, phases = [], []
     summary = None
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            kind = record.pop("type")
-        except (ValueError, KeyError, AttributeError, TypeError):
-            raise ValueError(f"{path}:{number}: not an edgewatt monitor record") from None
+    starts = []  # each start() of the monitor: a header
+    for number, record in lines.records:
+        kind = record.pop("type", None)
         if kind == "header":
+            check_numbers(lines, number, record, ("started_at", "pid", "interval_s"))
+            if not isinstance(record.get("labels") or {}, dict):
+                raise lines.error(number, "labels must be an object")
+            if header and _run_of(record) != _run_of(header):
+                # Another run appended to the same --output file: its figures alone.
+                (warn or (lambda _: None))(
+                    f"{path}:{number}: another run appended (pid {record.get('pid', '?')} "
+                    f"after pid {header.get('pid', '?')}); reporting the last, from this line"
+                )
+                samples, phases, summary, starts = [], [], None, []
             header = record
+            starts.append(record.get("started_at"))
         elif kind == "sample":
+            if "timestamp" not in record:
+                raise lines.error(number, "a sample without its timestamp")
+            check_numbers(lines, number, record, SAMPLE_NUMBERS)
             samples.append(record)
         elif kind == "phase":
+            check_numbers(lines, number, record, ("timestamp",))
+            if not isinstance(record.get("name"), str) or "timestamp" not in record:
+                raise lines.error(number, "a phase needs a name and a timestamp")
             phases.append(record)
         elif kind == "summary":
+            check_numbers(lines, number, record, SUMMARY_NUMBERS)
             summary = record
+        elif not isinstance(kind, str):
+            raise lines.error(number, "not an edgewatt monitor record (no type)")
+    if header:
+        header["segment_starts"] = starts
     return header, samples, phases, summary
+
+
+def _run_of(header: dict[str, Any]) -> tuple[Any, Any]:
+    """What one run's headers share (a monitor writes one at each start())."""
+    return header.get("pid"), header.get("edgewatt_pid")
 
 
 Line = typing.Tuple[
@@ -124,6 +183,13 @@ class Layout:
     panels: list[tuple[str, list[Line]]]  # (axis label with its unit, lines)
     phases: list[tuple[str, float, float]]  # (name, start, end) in seconds since start
     end_s: float
+    # (axis label, value, text): a level the title states (a peak), drawn dashed; the
+    # axis holds it.
+    levels: list[tuple[str, float, str]] = field(default_factory=list)
+
+
+POWER = "device power (W)"
+RSS = "RSS (MiB)"
 
 
 def layout(
@@ -132,30 +198,56 @@ def layout(
     phases: list[dict[str, Any]],
     summary: dict[str, Any],
 ) -> Layout:
-    # Time 0 is the start of the run: the header's, else the first mark or sample.
+    # Time 0 is the start of the run: its first reading (the summary's start, which a
+    # daemon may have taken before the header was written) or the header's, else the
+    # first mark or sample.
     marks = [s["timestamp"] for s in samples] + [p["timestamp"] for p in phases]
-    t0 = header.get("started_at") or summary.get("start_time") or min(marks, default=0.0)
-    t0 = min([t0, *marks])
+    first = summary.get("start_time") or header.get("started_at")
+    t0 = min([first, *marks]) if first is not None else min(marks, default=0.0)
     times = [s["timestamp"] - t0 for s in samples]
     end = max(times, default=0.0)
     # Each phase ends where the next begins; the last at the last sample.
     starts = [p["timestamp"] - t0 for p in phases]
     ends = [*starts[1:], end] if phases else []
     spans = [(p["name"], a, b) for p, a, b in zip(phases, starts, ends)]
-    return Layout(_title(header, summary), _panels(samples, times), spans, end)
+    # Where each sample's interval began: the previous sample, or the start of its
+    # monitoring (each start() of a monitor writes a header; the first is the run's).
+    starts = [first, *header.get("segment_starts", [])[1:]]
+    segments = sorted(t - t0 for t in starts if t is not None)
+    begins = []
+    for i, t in enumerate(times):
+        begin = times[i - 1] if i else (segments[0] if segments else t)
+        begins.append(max([begin, *(b for b in segments if b < t)]))
+    panels = _panels(samples, times, begins)
+    levels = []
+    peak = summary.get("memory_rss_peak_bytes")
+    if peak is not None and any(label == RSS for label, _ in panels):
+        levels.append((RSS, peak / 2**20, f"peak {human_bytes(peak)}"))
+    return Layout(_title(header, summary), panels, spans, end, levels)
 
 
-def plot(drawn: Layout, out: str) -> None:
-    """CPU, memory, network and power over time, phases shaded, titled with what ran
-    where and when (needs edgewatt[plot])."""
+def draw(drawn: Layout) -> Any:
+    """The figure: CPU, memory, network and power over time, phases shaded, titled with
+    what ran where and when (needs edgewatt[plot])."""
     plt = pyplot()
     rows = max(1, len(drawn.panels))
     fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(9, 1.2 + 2.0 * rows), squeeze=False)
     for ax, (label, lines) in zip(axes[:, 0], drawn.panels):
+        top = 0.0
         for name, xs, ys in lines:
-            ax.plot(xs, ys, linewidth=1.2, label=name)
+            # One point is drawn as a point (a line needs two), whole at the axes' edge.
+            point = len(xs) == 1
+            ax.plot(xs, ys, linewidth=1.2, label=name, marker="o" if point else None,
+                    clip_on=not point)  # fmt: skip
+            top = max([top, *ys])
+        for panel, value, text in drawn.levels:
+            if panel == label:
+                ax.axhline(value, color="0.3", linestyle="--", linewidth=0.8)
+                ax.annotate(text, (0, value), xycoords=("axes fraction", "data"),
+                            fontsize=7, va="bottom", color="0.3")  # fmt: skip
+                top = max(top, value)
         ax.set_ylabel(label, fontsize=8)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(bottom=0, top=top * 1.12 if top > 0 else 1.0)  # the peaks inside
         ax.grid(alpha=0.3)
         if len(lines) > 1:
             ax.legend(fontsize=7, loc="upper right")
@@ -163,17 +255,23 @@ def plot(drawn: Layout, out: str) -> None:
             ax.axvspan(start, stop, alpha=0.12, color=f"C{i % 10}")
             if ax is axes[0, 0]:
                 ax.text(start, ax.get_ylim()[1], f" {name}", fontsize=7, va="top")
-    if not drawn.panels:
-        axes[0, 0].text(0.5, 0.5, "no samples in this file", ha="center", va="center")
     axes[0, 0].set_xlim(left=0, right=max(drawn.end_s, 1e-3))
     axes[-1, 0].set_xlabel("time since start (s)")
     fig.suptitle(drawn.title, fontsize=10, x=0.01, ha="left")
     fig.tight_layout()
+    return fig
+
+
+def plot(drawn: Layout, out: str) -> None:
+    """:func:`draw`, written to ``out``."""
+    fig = draw(drawn)
     fig.savefig(out, dpi=100)
-    plt.close(fig)
+    pyplot().close(fig)
 
 
-def _panels(samples: list[dict[str, Any]], times: list[float]) -> list[tuple[str, list[Line]]]:
+def _panels(
+    samples: list[dict[str, Any]], times: list[float], begins: list[float]
+) -> list[tuple[str, list[Line]]]:
     """(axis label with its unit, [(line name, x, y)]) for each quantity the file has."""
 
     def series(key: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
@@ -183,18 +281,17 @@ def _panels(samples: list[dict[str, Any]], times: list[float]) -> list[tuple[str
     def rate(key: str) -> tuple[list[float], list[float]]:
         # Bytes per interval over that interval's length: KiB/s whatever the interval.
         xs, ys = [], []
-        for i in range(1, len(samples)):
-            dt = times[i] - times[i - 1]
-            if key in samples[i] and dt > 0:
-                xs.append(times[i])
-                ys.append(samples[i][key] / dt / 1024)
+        for sample, begin, t in zip(samples, begins, times):
+            if key in sample and t > begin:
+                xs.append(t)
+                ys.append(sample[key] / (t - begin) / 1024)
         return xs, ys
 
     panels: list[tuple[str, list[Line]]] = []
     if any("cpu_usage" in s for s in samples):
         panels.append(("CPU (% of one core)", [("CPU", *series("cpu_usage"))]))
     if any("memory_rss_bytes" in s for s in samples):
-        panels.append(("RSS (MiB)", [("RSS", *series("memory_rss_bytes", 1 / 2**20))]))
+        panels.append((RSS, [("RSS", *series("memory_rss_bytes", 1 / 2**20))]))
     if any(s.get("network_bytes_sent") or s.get("network_bytes_recv") for s in samples):
         panels.append(
             (
@@ -202,9 +299,28 @@ def _panels(samples: list[dict[str, Any]], times: list[float]) -> list[tuple[str
                 [("sent", *rate("network_bytes_sent")), ("received", *rate("network_bytes_recv"))],
             )
         )
-    if any("power_w" in s for s in samples):
-        panels.append(("device power (W)", [("power", *series("power_w"))]))
+    if any("energy_j" in s for s in samples):
+        steps = _mean_power(samples, times, begins)
+        panels.append((POWER, [("mean power of each interval", *steps)]))
+    elif any("power_w" in s for s in samples):
+        # No energy counter: the readings, joined as the trapezoid that gave the energy.
+        panels.append((POWER, [("power", *series("power_w"))]))
     return panels
+
+
+def _mean_power(
+    samples: list[dict[str, Any]], times: list[float], begins: list[float]
+) -> tuple[list[float], list[float]]:
+    """Each interval's energy over its length, held across the interval (a step): its
+    area is the energy, so its mean over time is the title's energy over time."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for sample, begin, t in zip(samples, begins, times):
+        if "energy_j" in sample and t > begin:
+            watts = sample["energy_j"] / (t - begin)
+            xs += [begin, t]
+            ys += [watts, watts]
+    return xs, ys
 
 
 def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -230,8 +346,11 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
         )
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
-        figures.append(f"device energy {energy:.1f} J")
-    if summary.get("process_energy_j") is not None:
+        average = summary.get("avg_power_w")
+        figures.append(
+            f"device energy {energy:.1f} J" + ("" if average is None else f" (avg {average:.2f} W)")
+        )
+    if energy is not None and summary.get("process_energy_j") is not None:
         figures.append(f"attributed {summary['process_energy_j']:.1f} J")
     lines = [what, f"on {header.get('host', '?')}, {when}:"]
     for figure in figures:  # wrapped between figures, never inside one
@@ -243,53 +362,76 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def summary_from_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """A summary for a file whose run never wrote one (it was killed)."""
+def summary_from_samples(
+    samples: list[dict[str, Any]], started_at: float | None = None
+) -> dict[str, Any]:
+    """A summary for a file whose run never wrote one (it was killed): over the
+    intervals the samples cover, from ``started_at`` (the header's: the first sample's
+    interval counts too) or else from the first sample (its interval left out)."""
     summary: dict[str, Any] = {"samples": len(samples)}
-    if len(samples) < 2:
-        return summary
     times = [s["timestamp"] for s in samples]
+    counted = samples
+    if started_at is not None and times and started_at < times[0]:
+        times = [started_at, *times]
+    else:
+        counted = samples[1:]
+    if not counted:
+        return summary
     span = times[-1] - times[0]
     summary["duration_s"] = round(span, 3)
-    if any("cpu_usage" in s for s in samples):
+    intervals = list(zip(counted, times, times[1:]))
+    if any("cpu_usage" in s for s in counted):
         summary["cpu_time_s"] = sum(
-            s["cpu_usage"] / 100 * (t1 - t0)
-            for s, t0, t1 in zip(samples[1:], times, times[1:])
-            if "cpu_usage" in s
+            s["cpu_usage"] / 100 * (t1 - t0) for s, t0, t1 in intervals if "cpu_usage" in s
         )
         summary["avg_cpu_usage"] = summary["cpu_time_s"] / span * 100 if span > 0 else 0.0
     rss = [s["memory_rss_bytes"] for s in samples if "memory_rss_bytes" in s]
     if rss:
         summary["memory_rss_peak_bytes"] = max(rss)
-    if any("network_bytes_sent" in s for s in samples):
-        summary["total_network_bytes_sent"] = sum(s.get("network_bytes_sent", 0) for s in samples)
-        summary["total_network_bytes_recv"] = sum(s.get("network_bytes_recv", 0) for s in samples)
-    if any("energy_j" in s for s in samples):
-        summary["energy_j"] = sum(s.get("energy_j", 0.0) for s in samples)
-        if summary["duration_s"] > 0:
-            summary["avg_power_w"] = summary["energy_j"] / summary["duration_s"]
+    if any("network_bytes_sent" in s for s in counted):
+        summary["total_network_bytes_sent"] = sum(s.get("network_bytes_sent", 0) for s in counted)
+        summary["total_network_bytes_recv"] = sum(s.get("network_bytes_recv", 0) for s in counted)
+    if any("energy_j" in s for s in counted):
+        summary["energy_j"] = sum(s.get("energy_j", 0.0) for s in counted)
+        measured = sum(t1 - t0 for s, t0, t1 in intervals if "energy_j" in s)
+        if measured > 0:
+            summary["avg_power_w"] = summary["energy_j"] / measured
     return summary
 
 
 def report(path: str, plot_to: str | None) -> str:
+    """The table of a monitor file or a federation's rounds file (and its plot);
+    ValueError naming file and line for a file that holds no run."""
+    warn = _warn
     if is_rounds_file(path):  # a federation's per-round records (client/flower.py)
-        records = load_rounds(path)
+        records = load_rounds(path, warn)
         text = rounds_table(records, f"edgewatt report: {path} (federated rounds)")
         if plot_to:
             drawn = rounds_layout(records, path)
             plot_rounds(drawn, plot_to)
             text += f"\n  plot written to {plot_to}"
         return text
-    header, samples, phases, summary = load(path)
+    header, samples, phases, summary = load(path, warn)
+    if not samples and summary is None:
+        what = "only a header" if header else "no records"
+        raise ValueError(f"{path}: {what}, no samples: nothing to report")
     if summary is None:
-        summary = summary_from_samples(samples)
+        summary = summary_from_samples(samples, header.get("started_at"))
     title = (
         f"edgewatt report: {path} (pid {header.get('pid', '?')}, host {header.get('host', '?')})"
     )
-    text = summary_table(summary, title)
+    metrics = header.get("metrics") or {}
+    power = summary.get("power_source") or ("off" if metrics.get("power") is False else None)
+    text = summary_table(summary, title, power)
     if phases:
-        text += "\n  phases: " + ", ".join(p["name"] for p in phases)
+        text += "\n  phases: " + ", ".join(printable(str(p["name"])) for p in phases)
     if plot_to:
+        if not samples:
+            raise ValueError(f"{path}: a summary but no samples: nothing to plot")
         plot(layout(header, samples, phases, summary), plot_to)
         text += f"\n  plot written to {plot_to}"
     return text
+
+
+def _warn(message: str) -> None:
+    print(f"edgewatt report: warning: {message}", file=sys.stderr)

@@ -5,10 +5,11 @@ client and by how much, energy and bytes, each with its unit."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from edgewatt.cli.jsonl import Lines, check_numbers, is_number
 from edgewatt.cli.plotting import pyplot
 from edgewatt.cli.status import human_bytes
 from edgewatt.client.fl_record import KIND
@@ -16,7 +17,8 @@ from edgewatt.core.text import printable
 
 
 def is_rounds_file(path: str) -> bool:
-    with open(path) as f:
+    """Whether the file's first line is a round record (the collector's)."""
+    with open(path, "rb") as f:
         for line in f:
             if line.strip():
                 try:
@@ -26,21 +28,38 @@ def is_rounds_file(path: str) -> bool:
     return False
 
 
-def load_rounds(path: str) -> list[dict[str, Any]]:
-    """The collector's records; a bad line names its number."""
+# The figures a round record holds as numbers where present.
+NUMBERS = ("duration_s", "cpu_s", "energy_j", "device_energy_j", "bytes_received", "bytes_sent")
+KINDS = ("train", "evaluate")  # in the order a round runs them
+
+
+def load_rounds(path: str, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The collector's records; a bad line or field names file and line, a cut-off
+    last line is skipped and passed to ``warn``."""
+    lines = Lines(path)
+    for warning in lines.warnings:
+        (warn or (lambda _: None))(warning)
     records = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            ok = record["type"] == KIND and "round" in record and "node_id" in record
-        except (ValueError, KeyError, TypeError):
-            ok = False
-        if not ok:
-            raise ValueError(f"{path}:{number}: not an edgewatt round record")
+    for number, record in lines.records:
+        if record.get("type") != KIND or "round" not in record or "node_id" not in record:
+            raise lines.error(number, "not an edgewatt round record")
+        if not isinstance(record.get("kind"), str):
+            raise lines.error(number, "kind must be a string")
+        check_numbers(lines, number, record, NUMBERS)
         records.append(record)
+    if not records:
+        raise ValueError(f"{path}: no rounds: nothing to report")
     return records
+
+
+def round_order(key: tuple[Any, str]) -> tuple[Any, ...]:
+    """Rounds by number (2 before 10), a round's train before its evaluate; a round
+    named by a Flower group id that is no number after the numbered ones."""
+    number, kind = key
+    numbered = is_number(number)
+    kind_rank = KINDS.index(kind) if kind in KINDS else len(KINDS)
+    return (not numbered, number if numbered else 0, "" if numbered else str(number),
+            kind_rank, kind)  # fmt: skip
 
 
 def _total(records: list[dict[str, Any]], key: str) -> float | None:
@@ -56,7 +75,7 @@ def rounds_table(records: list[dict[str, Any]], title: str) -> str:
         rounds.setdefault((record["round"], record["kind"]), []).append(record)
     header = ("round", "kind", "clients", "slowest client", "CPU", "energy", "down", "up")
     rows = [header]
-    for (number, kind), clients in sorted(rounds.items(), key=lambda item: str(item[0])):
+    for (number, kind), clients in sorted(rounds.items(), key=lambda item: round_order(item[0])):
         slowest = _slowest(clients)
         timed = [r["duration_s"] for r in clients if r.get("duration_s") is not None]
         cpu = _total(clients, "cpu_s")
@@ -123,7 +142,7 @@ def _slowest(clients: list[dict[str, Any]]) -> dict[str, Any] | None:
 def rounds_layout(records: list[dict[str, Any]], title: str) -> RoundsLayout:
     """Grouped bars: per round and kind, one bar per client; a panel per quantity any
     record has (energy only where a sensor measured it)."""
-    keys = sorted({(r["round"], r["kind"]) for r in records}, key=lambda k: (str(k[0]), k[1]))
+    keys = sorted({(r["round"], r["kind"]) for r in records}, key=round_order)
     rounds = [f"{number}/{kind}" for number, kind in keys]
     clients = sorted({_client(r) for r in records})
     by = {(_client(r), (r["round"], r["kind"])): r for r in records}
@@ -141,15 +160,30 @@ def rounds_layout(records: list[dict[str, Any]], title: str) -> RoundsLayout:
         panels.append((label, values))
     slowest = [_slowest([r for r in records if (r["round"], r["kind"]) == k]) for k in keys]
     stragglers = ["" if r is None else _client(r) for r in slowest]
-    title = f"{title}: {len(rounds)} rounds, {len(clients)} clients"
+    numbers = {number for number, _ in keys}
+    kinds = [k for k in (*KINDS, *sorted({kind for _, kind in keys} - set(KINDS)))
+             if any(kind == k for _, kind in keys)]  # fmt: skip
+    title = (
+        f"{title}: {_count(len(numbers), 'round')} ({' and '.join(kinds)}), "
+        f"{_count(len(clients), 'client')}"
+    )
     return RoundsLayout(title, rounds, clients, panels, stragglers)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def plot_rounds(drawn: RoundsLayout, out: str) -> None:
     """The rounds as grouped bars, one colour per client (needs edgewatt[plot])."""
     plt = pyplot()
     rows = max(1, len(drawn.panels))
-    fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(9, 1.4 + 1.8 * rows), squeeze=False)
+    many = len(drawn.rounds) > 8  # labels turned upright, the straggler by its edge alone
+    width = max(9.0, 0.4 * len(drawn.rounds))
+    fig, axes = plt.subplots(
+        rows, 1, sharex=True, figsize=(width, 1.4 + 1.8 * rows + (0.5 if many else 0)),
+        squeeze=False,
+    )  # fmt: skip
     width = 0.8 / max(1, len(drawn.clients))
     positions = range(len(drawn.rounds))
     for ax, (label, values) in zip(axes[:, 0], drawn.panels):
@@ -160,7 +194,7 @@ def plot_rounds(drawn: RoundsLayout, out: str) -> None:
             ax.bar(xs, ys, width=width * 0.95, color=f"C{i % 10}",
                    edgecolor=["black" if s else "none" for s in slowest],
                    linewidth=1.2)  # fmt: skip
-            if label == ROUND_PANELS[0][0]:  # the straggler named on its duration bar
+            if label == ROUND_PANELS[0][0] and not many:  # named on its duration bar
                 for x, y, s in zip(xs, ys, slowest):
                     if s:
                         ax.annotate("slowest", (x, y), ha="center", va="bottom", fontsize=7)
@@ -183,7 +217,7 @@ def plot_rounds(drawn: RoundsLayout, out: str) -> None:
     else:
         axes[0, 0].text(0.5, 0.5, "no rounds in this file", ha="center", va="center")
     axes[-1, 0].set_xticks(list(positions))
-    axes[-1, 0].set_xticklabels(drawn.rounds, fontsize=8)
+    axes[-1, 0].set_xticklabels(drawn.rounds, fontsize=8, rotation=90 if many else 0)
     axes[-1, 0].set_xlabel("round/kind")
     fig.suptitle(drawn.title, fontsize=10, x=0.01, ha="left")
     fig.tight_layout()

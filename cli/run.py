@@ -76,6 +76,20 @@ def run(
 ) -> int:
     if not command:
         raise ValueError("no command given: edgewatt run [options] -- CMD ARGS...")
+    try:
+        # Checked before anything starts: a run whose file cannot be written is not run.
+        kept = _OutputFile(output) if output else None
+    except OSError as exc:
+        print(f"edgewatt run: --output {output}: cannot write: {exc.strerror}; "
+              "the command was not run", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        path = _executable(command[0])
+    except OSError as exc:
+        print(f"edgewatt run: cannot start {command[0]}: {exc.strerror}", file=sys.stderr)
+        if kept is not None:
+            kept.restore()
+        return _exec_status(exc.errno)
     own = _own_cgroup() if cgroup else None
     monitor = FileMonitor(output or os.devnull, interval, labels=labels, socket=socket)
     if output is None:
@@ -85,13 +99,7 @@ def run(
     subreaper = become_subreaper()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    try:
-        child = _Held(command)
-    except OSError as exc:
-        print(f"edgewatt run: cannot start {command[0]}: {exc.strerror}", file=sys.stderr)
-        if own is not None:
-            own.remove()
-        return 127
+    child = _Held(path, command)
     if own is not None:
         try:
             own.add(child.pid)  # before its exec: every process it starts is a member
@@ -121,14 +129,12 @@ def run(
         # The command's own clients (a training script's register(), a Flower mod) find
         # the daemon that measures it.
         failure = child.release(monitor.daemon_socket)
-        if failure is not None:
-            print(f"edgewatt run: cannot start {command[0]}: {failure}", file=sys.stderr)
         code = _wait_all(child, subreaper, monitor.helper_pids, _last_pass(monitor))
-        if failure is not None:
-            code = 127
+        # Whether the device has a power source, asked before the target is closed.
+        power = _power_state(monitor.registration)
         wall_s = time.monotonic() - started
         usage = _difference(resource.getrusage(resource.RUSAGE_CHILDREN), before)
-        final = _final(usage if subreaper else None, wall_s)
+        final = _final(usage if subreaper else None, wall_s, power)
         if monitor.running:
             monitor.stop(final=final)
     finally:
@@ -137,6 +143,11 @@ def run(
         problem = own.remove() if own is not None else None
         if problem is not None:
             print(f"edgewatt run: {problem}", file=sys.stderr)
+    if failure is not None:  # it never ran: no table, no figures in the file
+        print(f"edgewatt run: cannot start {command[0]}: {os.strerror(failure)}", file=sys.stderr)
+        if kept is not None:
+            kept.restore()
+        return _exec_status(failure)
     status = 128 - code if code < 0 else code
     shown = " ".join(shlex.join(command).split())
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
@@ -144,8 +155,8 @@ def run(
     via = _monitored_via(monitor.source, getattr(monitor.registration, "lost", None))
     title = f"edgewatt run: {shown} (exit status {status}, monitored via {via}{where})"
     summary = monitor.summary() if monitor.source else final(monitor.summary(), None)
-    print(summary_table(summary, title), file=sys.stderr)
-    if output:
+    print(summary_table(summary, title, summary.get("power_source")), file=sys.stderr)
+    if output and monitor.source:
         print(f"  samples written to {output}", file=sys.stderr)
     return status
 
@@ -174,10 +185,7 @@ class _Held:
     registered before it runs its first instruction (a Popen cannot wait there: it
     waits for the exec itself)."""
 
-    def __init__(self, command: list[str]) -> None:
-        path = shutil.which(command[0]) if os.sep not in command[0] else command[0]
-        if path is None:
-            raise FileNotFoundError(errno.ENOENT, "command not found", command[0])
+    def __init__(self, path: str, command: list[str]) -> None:
         hold, self._release = os.pipe()
         self._errors, report = os.pipe2(os.O_CLOEXEC)
         self.pid = os.fork()
@@ -195,22 +203,75 @@ class _Held:
                     signal.signal(sig, signal.SIG_DFL)
                 os.execv(path, command)  # with os.environ as now
             except OSError as exc:
-                os.write(report, os.strerror(exc.errno or 0).encode())
+                os.write(report, str(exc.errno or errno.ENOEXEC).encode())
             finally:
                 os._exit(127)
         os.close(hold)
         os.close(report)
         self.returncode: int | None = None
 
-    def release(self, socket: str | None = None) -> str | None:
+    def release(self, socket: str | None = None) -> int | None:
         """Let the command run, with ``EDGEWATT_SOCKET`` set to ``socket`` where given;
-        why its exec failed, or None once it runs."""
+        the errno its exec failed with, or None once it runs."""
         if socket:
             os.write(self._release, os.fsencode(socket))
         os.close(self._release)
         with os.fdopen(self._errors, "rb") as errors:
             failure = errors.read()  # end of file at the exec (close-on-exec)
-        return failure.decode() or None
+        return int(failure) if failure else None
+
+
+def _executable(name: str) -> str:
+    """The file ``name`` runs, found as a shell finds it; OSError with the errno a shell
+    would meet (ENOENT: not found; EACCES, EISDIR: found, not executable)."""
+    if os.sep not in name:
+        path = shutil.which(name)
+        if path is None:
+            raise FileNotFoundError(errno.ENOENT, "command not found", name)
+        return path
+    if os.path.isdir(name):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), name)
+    if not os.path.exists(name):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+    if not os.access(name, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+    return name
+
+
+def _exec_status(error: int | None) -> int:
+    """A shell's exit status for a command it could not run: 127 not found, else 126."""
+    return 127 if error in (errno.ENOENT, errno.ENOTDIR) else 126
+
+
+class _OutputFile:
+    """The ``--output`` file, opened for appending before the command starts (an
+    unwritable path raises OSError here); :meth:`restore` takes back what a run that
+    never started left (the file removed where this created it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.existed = os.path.exists(path)
+        with open(path, "a", encoding="utf-8") as f:
+            self.size = f.tell()
+
+    def restore(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.existed:
+                os.truncate(self.path, self.size)
+            else:
+                os.unlink(self.path)
+
+
+def _power_state(registration: Any) -> str | None:
+    """ "present" where the monitoring has a power source (its target's samples then
+    carry an energy figure, 0 before the first reading), "none" where it has none, None
+    where no registration answers."""
+    if registration is None or not registration.active:
+        return None
+    latest = registration.stats()
+    if "energy_j" not in latest:
+        return None
+    return "none" if latest["energy_j"] is None else "present"
 
 
 def _orphans(helpers: set[int]) -> list[int]:
@@ -227,6 +288,8 @@ def _orphans(helpers: set[int]) -> list[int]:
 def _monitored_via(source: str | None, lost: tuple[float, str, str] | None) -> str:
     """What sampled the command: the daemon, in-process, or the daemon until it was lost
     (when, why, and what sampled after)."""
+    if source is None:
+        return "nothing (monitoring unavailable)"
     if lost is None:
         return str(source)
     at, why, then = lost
@@ -278,14 +341,17 @@ def _difference(after: resource.struct_rusage, before: resource.struct_rusage) -
     }
 
 
-def _final(usage: dict | None, wall_s: float) -> Any:
+def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
     """The summary the table and the file show: the larger of the daemon's CPU time of
     the target (where its exit figures came from the kernel) and the kernel's count of
     the reaped tree (``usage``: None where this process could not be the subreaper,
-    and the orphans' CPU went elsewhere), both kept, and which was shown."""
+    and the orphans' CPU went elsewhere), both kept, and which was shown; ``power``
+    (_power_state) kept as ``power_source`` for the report's word on missing energy."""
 
     def final(recorded: dict[str, Any], registration: Any) -> dict[str, Any]:
         summary = {**recorded, "duration_s": wall_s}
+        if power is not None:
+            summary["power_source"] = power
         api = _daemon_summary(registration)
         daemon = kernel = None
         if api is not None:

@@ -91,7 +91,6 @@ class _Window:
         self.name = f"round-{self.round}/{self.kind}"
         self.received = payload_bytes(msg.content) if msg.has_content() else 0
         self.registration, self.attached = self._target()
-        self.started = time.monotonic()
         self.registration.phase(self.name)
 
     @staticmethod
@@ -109,8 +108,9 @@ class _Window:
                 return Registration(found.path, Options(target["pid"], {}), "never", daemon), True
         return register(labels={"flower_message": "clientapp"}), False
 
-    def close(self, reply: Message) -> dict[str, Any]:
-        duration = time.monotonic() - self.started
+    def close(self, reply: Message, duration: float) -> dict[str, Any]:
+        """The reply's record; ``duration``: the ClientApp's own call, in seconds (the
+        phase's edges include this mod's requests to the daemon)."""
         phase = self.registration.end_phase() or {}
         source = self.registration.mode  # before closing: a closed one is "inactive"
         if not self.attached:
@@ -157,11 +157,13 @@ class EdgewattMod:
         except Exception as exc:  # monitoring never raises into Flower
             self._failed("opening the measurement window", exc)
             window = None
+        started = time.monotonic()
         reply = call_next(msg, context)
+        duration = time.monotonic() - started
         if window is None or reply.has_error():
             return reply
         try:
-            figures = window.close(reply)
+            figures = window.close(reply, duration)
             reply.content[RECORD] = ConfigRecord(figures)
         except Exception as exc:
             self._failed("closing the measurement window", exc)

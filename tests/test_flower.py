@@ -251,6 +251,11 @@ def test_the_mod_on_a_legacy_app_the_round_from_group_id_and_the_aggregation_unt
     assert aggregate["arrays_equal"] is True
     lines = [json.loads(line) for line in collected.read_text().splitlines()]
     assert [(r["round"], r["kind"]) for r in lines] == [(1, "train"), (1, "train")]
+    # A 0.5 s request to open the phase is not the ClientApp's time: the record's
+    # duration is its call (within Flower's dispatch to it), not the mod's requests.
+    slow = out["slow_open"]
+    assert slow["record"]["phase"] == "round-4/train"
+    assert slow["own_s"] <= slow["record"]["duration_s"] <= slow["own_s"] + 0.25, slow
 
 
 def test_report_prints_the_rounds_of_a_recorded_federation(tmp_path: Path) -> None:
@@ -285,7 +290,7 @@ def test_plot_of_the_rounds_draws_each_client_per_round(tmp_path: Path) -> None:
     fixture = ROOT / "tests" / "fixtures" / "fl-rounds.jsonl"
     records = load_rounds(str(fixture))
     drawn = rounds_layout(records, "fl")
-    assert drawn.title == "fl: 3 rounds, 2 clients"
+    assert drawn.title == "fl: 3 rounds (train), 2 clients"
     assert drawn.rounds == ["1/train", "2/train", "3/train"]
     assert [label for label, _ in drawn.panels] == [  # no energy: no sensor on this VM
         "duration (s)", "CPU (s)", "received from the server (MiB)", "sent to the server (MiB)"
@@ -300,10 +305,7 @@ def test_plot_of_the_rounds_draws_each_client_per_round(tmp_path: Path) -> None:
     received = dict(drawn.panels)["received from the server (MiB)"]
     assert all(v == 4000128 / 2**20 for values in received.values() for v in values)
     png = tmp_path / "rounds.png"
-    report = subprocess.run(
-        [sys.executable, "-m", "edgewatt.cli", "report", str(fixture), "--plot", str(png)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+    report = _report(fixture, "--plot", str(png))
     assert report.returncode == 0, report.stderr
     assert report.stdout.splitlines()[-1] == f"  plot written to {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -350,3 +352,61 @@ def test_a_hostile_client_changes_only_its_own_figures_in_the_round_file(tmp_pat
     assert [row.split()[:3] for row in rows] == [[str(n), "train", "2"] for n in (1, 2, 3)]
     assert "node 1 (jetson-1) 3.25 s, +0.00 s" in rows[1]  # node 2 sent no duration
     assert "5.00 s" in rows[0] and "2.50 s" in rows[1]  # round 2: node 2's CPU was a list
+
+
+def _report(*args: Any) -> subprocess.CompletedProcess[str]:
+    """`edgewatt report ARGS...`, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "report", *map(str, args)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+
+
+def _twelve_rounds(tmp_path: Path) -> Path:
+    """The recorded fixture's two clients over 12 rounds of train and evaluate, as the
+    collector appends them (each round's train, then its evaluate)."""
+    fixture = ROOT / "tests" / "fixtures" / "fl-rounds.jsonl"
+    clients = [json.loads(line) for line in fixture.read_text().splitlines()][:2]
+    path = tmp_path / "fl12.jsonl"
+    with path.open("w") as out:
+        for number in range(1, 13):
+            for kind in ("train", "evaluate"):
+                for i, client in enumerate(clients):
+                    # Round n's train: n + 0.05 + i/10 s; its evaluate: n + i/10 s.
+                    duration = number + i / 10 + (0.05 if kind == "train" else 0.0)
+                    record = {**client, "round": number, "kind": kind, "duration_s": duration,
+                              "phase": f"round-{number}/{kind}"}  # fmt: skip
+                    out.write(json.dumps(record) + "\n")
+    return path
+
+
+def test_twelve_rounds_are_in_numeric_order_train_before_evaluate(tmp_path: Path) -> None:
+    from edgewatt.cli.rounds import load_rounds, rounds_layout
+
+    path = _twelve_rounds(tmp_path)
+    order = [(n, kind) for n in range(1, 13) for kind in ("train", "evaluate")]
+    png = tmp_path / "fl12.png"
+    report = _report(path, "--plot", str(png))
+    assert report.returncode == 0, report.stderr
+    rows = report.stdout.splitlines()[2:26]
+    assert [tuple(row.split()[:2]) for row in rows] == [(str(n), k) for n, k in order]
+    # Round 10's train: its slower client at 10.15 s, 0.10 s after the other.
+    assert "10.15 s, +0.10 s" in rows[18]
+    drawn = rounds_layout(load_rounds(str(path)), "fl")
+    assert drawn.rounds == [f"{n}/{kind}" for n, kind in order]
+    assert drawn.title == "fl: 12 rounds (train and evaluate), 2 clients"
+    records = load_rounds(str(path))
+    second = f"node {records[1]['node_id']} ({records[1]['host_name']})"
+    # Its bars in the same order: 1/train, 1/evaluate, 2/train, ... 12/evaluate.
+    expected = [n + 0.1 + (0.05 if kind == "train" else 0.0) for n, kind in order]
+    assert dict(drawn.panels)["duration (s)"][second] == pytest.approx(expected)
+    assert set(drawn.stragglers) == {second}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_help_names_the_federation_files() -> None:
+    shown = _report("--help")
+    assert shown.returncode == 0
+    text = " ".join(shown.stdout.split())
+    assert "federated-learning rounds file" in text
+    assert "edgewatt.client.flower.collect" in text and "fl.jsonl" in text

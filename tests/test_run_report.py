@@ -164,7 +164,10 @@ def test_report_of_a_killed_run_and_of_a_bad_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(path.read_text().splitlines()[0] + "\nnot json\n")
     result = run(["report", str(bad)])
-    assert result.returncode == 1 and f"{bad}:2: not an edgewatt monitor record" in result.stderr
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"edgewatt report: {bad}:2: not a JSON record (Expecting value at column 1)\n"
+    )
 
 
 @pytest.mark.parametrize("variant", ["thread_monitor", "process_monitor"])
@@ -234,7 +237,8 @@ def _drawn(path: Path, tmp_path: Path) -> Layout:
     assert f"plot written to {png}" in result.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     header, samples, phases, summary = load(str(path))
-    return layout(header, samples, phases, summary or summary_from_samples(samples))
+    summary = summary or summary_from_samples(samples, header.get("started_at"))
+    return layout(header, samples, phases, summary)
 
 
 def _samples(path: Path) -> list[dict[str, Any]]:
@@ -301,9 +305,20 @@ def test_plot_of_a_file_with_device_power(daemon_factory: Any, tmp_path: Path) -
     assert result.returncode == 0, result.stderr
     drawn = _drawn(out, tmp_path)
     assert _labels(drawn)[-1] == "device power (W)"
-    watts = dict(drawn.panels)["device power (W)"][0][2]
-    assert watts and all(w == pytest.approx(16.802, abs=0.5) for w in watts)
-    assert "device energy" in drawn.title and " J" in drawn.title
+    name, xs, watts = dict(drawn.panels)["device power (W)"][0]
+    assert name == "mean power of each interval" and watts
+    # Its area is the file's energy, its mean over time the title's average: the stand-in's
+    # constant 16.802 W (one interval may differ by the sensor's period it holds).
+    area = sum((x1 - x0) * w for x0, x1, w in zip(xs[::2], xs[1::2], watts[::2]))
+    summary = load(str(out))[3]
+    assert summary is not None
+    assert area == pytest.approx(summary["energy_j"], rel=1e-9)
+    mean = area / sum(x1 - x0 for x0, x1 in zip(xs[::2], xs[1::2]))
+    assert mean == pytest.approx(summary["avg_power_w"], rel=1e-3)  # wall and monotonic
+    assert mean == pytest.approx(16.802, abs=0.03)
+    assert f"device energy {summary['energy_j']:.1f} J (avg {summary['avg_power_w']:.2f} W)" in (
+        drawn.title
+    )
 
 
 def test_plot_of_a_killed_run_without_a_summary(tmp_path: Path) -> None:
@@ -379,3 +394,168 @@ def test_a_daemon_lost_mid_run_is_said_with_where_the_figures_came_from(
     assert re.search(r"^  counted by\s+kernel \(wait4", stderr, re.M), stderr
     cpu = float(re.search(r"CPU time +([\d.]+) s", stderr)[1])  # type: ignore[index]
     assert 0.5 <= cpu <= 0.8, stderr
+
+
+def _write(path: Path, records: list[dict[str, Any]], tail: str = "") -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+    return path
+
+
+HEADER = {"type": "header", "host": "board", "pid": 7, "command": "python train.py",
+          "labels": {}, "started_at": 1000.0,
+          "metrics": {"cpu": True, "memory": True, "network": False, "power": True}}  # fmt: skip
+
+
+def _sample(t: float, **figures: float) -> dict[str, Any]:
+    return {"type": "sample", "timestamp": t, **figures}
+
+
+def test_a_cut_off_last_line_is_skipped_with_one_warning(tmp_path: Path) -> None:
+    whole = _monitor_file(tmp_path).read_text()
+    # The run ended mid-write (a board that lost power): its summary line cut short.
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(whole[: whole.rindex('"type": "summary"') + 30])
+    number = cut.read_text().count("\n") + 1
+    result = run(["report", str(cut), "--plot", str(tmp_path / "cut.png")])
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (
+        f"edgewatt report: warning: {cut}:{number}: the last line is cut off (31 bytes without "
+        "a newline); skipped\n"
+    )
+    # The figures from the samples before it, the phases as recorded.
+    header, samples, _, _ = load(str(cut))
+    cpu = summary_from_samples(samples, header["started_at"])["cpu_time_s"]
+    assert f"CPU time  {cpu:.2f} s" in result.stdout
+    assert "phases: load, train" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("record", "said"),
+    [
+        (_sample(1001.0, cpu_usage="high"), "cpu_usage must be a number, got 'high'"),
+        (_sample(1001.0, energy_j=float("nan")), "energy_j must be a number, got nan"),
+        ({"type": "sample", "cpu_usage": 3.0}, "a sample without its timestamp"),
+        ({"type": "phase", "name": 5, "timestamp": 1001.0}, "a phase needs a name and a timestamp"),
+        ({"type": "summary", "duration_s": "1.5"}, "duration_s must be a number, got '1.5'"),
+        ([1, 2], "not a record (not a JSON object)"),
+        ({"cpu_usage": 3.0}, "not an edgewatt monitor record (no type)"),
+    ],
+)
+def test_a_bad_field_is_an_error_naming_file_and_line(
+    record: Any, said: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        json.dumps(HEADER) + "\n" + json.dumps(_sample(1000.5, cpu_usage=1.0)) + "\n"
+        + json.dumps(record) + "\n" + json.dumps(_sample(1002.0, cpu_usage=1.0)) + "\n"
+    )  # fmt: skip
+    png = tmp_path / "bad.png"
+    result = run(["report", str(path), "--plot", str(png)])
+    assert result.returncode == 1
+    assert result.stderr == f"edgewatt report: {path}:3: {said}\n"  # never a traceback
+    assert result.stdout == "" and not png.exists()
+
+
+def test_a_line_that_is_not_utf8_is_an_error_naming_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(
+        json.dumps(HEADER).encode() + b"\n"
+        + b'{"type": "phase", "name": "\xe9poque", "timestamp": 1001.0}\n'
+        + json.dumps(_sample(1002.0, cpu_usage=1.0)).encode() + b"\n"
+    )  # fmt: skip
+    result = run(["report", str(path)])
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"edgewatt report: {path}:2: not UTF-8 text (byte 0xe9 at column 28)\n"
+    )
+
+
+def test_an_empty_or_header_only_file_is_an_error_and_no_plot(tmp_path: Path) -> None:
+    for name, text, what in (
+        ("empty.jsonl", "", "no records"),
+        ("blank.jsonl", "\n\n", "no records"),
+        ("header.jsonl", json.dumps(HEADER) + "\n", "only a header"),
+    ):
+        path = tmp_path / name
+        path.write_text(text)
+        png = tmp_path / (name + ".png")
+        result = run(["report", str(path), "--plot", str(png)])
+        assert result.returncode == 1, name
+        assert result.stderr == f"edgewatt report: {path}: {what}, no samples: nothing to report\n"
+        assert result.stdout == "" and not png.exists()
+
+
+def test_the_power_panel_is_each_intervals_energy_over_its_length(tmp_path: Path) -> None:
+    # Readings of 16 W at each sample's instant, but 10, 20 and 5 J over intervals of
+    # 1, 1 and 2 s: 35 J in 4 s, 8.75 W (the instants' mean, 16 W, is not the energy's).
+    path = _write(tmp_path / "p.jsonl", [
+        HEADER,
+        _sample(1001.0, cpu_usage=10.0, power_w=16.0, energy_j=10.0),
+        _sample(1002.0, cpu_usage=10.0, power_w=16.0, energy_j=20.0),
+        {"type": "phase", "name": "train", "timestamp": 1002.0},
+        _sample(1004.0, cpu_usage=10.0, power_w=16.0, energy_j=5.0),
+    ])  # fmt: skip
+    drawn = _drawn(path, tmp_path)
+    assert dict(drawn.panels)["device power (W)"] == [
+        ("mean power of each interval", [0.0, 1.0, 1.0, 2.0, 2.0, 4.0],
+         [10.0, 10.0, 20.0, 20.0, 2.5, 2.5])
+    ]  # fmt: skip
+    assert "4.0 s, CPU 0.40 s, device energy 35.0 J (avg 8.75 W)" in drawn.title
+    assert drawn.phases == [("train", 2.0, 4.0)]
+
+
+def test_a_single_sample_is_drawn_as_a_point_and_the_axes_hold_the_peaks(
+    tmp_path: Path,
+) -> None:
+    from edgewatt.cli.report import draw
+
+    # What `edgewatt run --output` writes for a command shorter than its interval.
+    out = tmp_path / "true.jsonl"
+    result = run(["run", "--socket", str(tmp_path / "none.sock"), "--output", str(out), "--",
+                  "true"])  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    _, samples, _, summary = load(str(out))
+    assert len(samples) == 1
+    drawn = _drawn(out, tmp_path)
+    figure = draw(drawn)
+    for axes, (label, _) in zip(figure.axes, drawn.panels):
+        for line in axes.lines:
+            if len(line.get_xdata()) == 1:
+                assert line.get_marker() == "o", label  # drawn, not an empty panel
+    # The title's peak RSS (the kernel's count of the largest process) is on the axis.
+    assert summary is not None
+    peak = summary["memory_rss_peak_bytes"] / 2**20
+    assert ("RSS (MiB)", peak, f"peak {peak:.1f} MiB") in drawn.levels
+    rss_axes = figure.axes[[label for label, _ in drawn.panels].index("RSS (MiB)")]
+    assert rss_axes.get_ylim()[1] >= peak
+    # A file whose summary peak is above every sample: the axis still holds it.
+    path = _write(tmp_path / "peak.jsonl", [
+        HEADER,
+        _sample(1001.0, memory_rss_bytes=10 * 2**20),
+        _sample(1002.0, memory_rss_bytes=12 * 2**20),
+        {"type": "summary", "samples": 2, "duration_s": 2.0, "memory_rss_peak_bytes": 20 * 2**20},
+    ])  # fmt: skip
+    drawn = _drawn(path, tmp_path)
+    assert drawn.levels == [("RSS (MiB)", 20.0, "peak 20.0 MiB")]
+    assert draw(drawn).axes[0].get_ylim() == (0.0, pytest.approx(20.0 * 1.12))
+
+
+def test_a_second_run_appended_to_a_file_is_reported_alone(tmp_path: Path) -> None:
+    out = tmp_path / "twice.jsonl"
+    for seconds in ("0.3", "0.6"):
+        done = run(["run", "--socket", str(tmp_path / "none.sock"), "--interval", "0.1",
+                    "--output", str(out), "--", "sleep", seconds])  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    second = next(i for i, line in enumerate(out.read_text().splitlines(), 1)
+                  if i > 1 and '"type": "header"' in line)  # fmt: skip
+    result = run(["report", str(out), "--plot", str(tmp_path / "twice.png")])
+    assert result.returncode == 0, result.stderr
+    header, samples, _, summary = load(str(out))
+    assert result.stderr == (
+        f"edgewatt report: warning: {out}:{second}: another run appended (pid {header['pid']} "
+        f"after pid {json.loads(out.read_text().splitlines()[0])['pid']}); reporting the last, "
+        "from this line\n"
+    )
+    assert header["command"] == "sleep 0.6" and summary is not None
+    assert f"duration    {summary['duration_s']:.1f} s" in result.stdout
+    assert all(s["timestamp"] >= header["started_at"] for s in samples)

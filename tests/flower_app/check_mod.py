@@ -19,9 +19,11 @@ from flwr.compat.common.recorddict_compat import fitins_to_recorddict, recorddic
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
+from edgewatt.client import Registration
 from edgewatt.client.flower import RECORD, collect, edgewatt_mod, round_of
 
 MODEL = [np.ones(131072, dtype=np.float64)]  # 1 MiB
+SPANS: list[float] = []  # each train() call's own span, seconds
 
 
 def burn(seconds: float) -> None:
@@ -46,10 +48,13 @@ native = ClientApp(mods=[edgewatt_mod])
 
 @native.train()
 def train(msg: Message, context: Context) -> Message:
+    started = time.monotonic()
     burn(0.2)
     arrays = [a + 1 for a in msg.content["arrays"].to_numpy_ndarrays()]
     metrics = MetricRecord({"num-examples": 10, "loss": 0.5})
-    return Message(RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics}), reply_to=msg)
+    reply = Message(RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics}), reply_to=msg)
+    SPANS.append(time.monotonic() - started)
+    return reply
 
 
 def message(server_round: int | None, group_id: str, node: int) -> Message:
@@ -112,6 +117,20 @@ def main() -> None:
             for a, b in zip(plain[0].to_numpy_ndarrays(), wrapped[0].to_numpy_ndarrays())
         ),
     }
+    # The mod's request to open the phase, made slow (a daemon that answers late): the
+    # record's duration is the ClientApp's own call all the same.
+    phase = Registration.phase
+
+    def slow_phase(self, name):
+        time.sleep(0.5)
+        return phase(self, name)
+
+    Registration.phase = slow_phase
+    try:
+        reply = native(message(4, "4", 1), context(1))
+    finally:
+        Registration.phase = phase
+    out["slow_open"] = {"record": figures(reply), "own_s": SPANS[-1]}
     print(json.dumps(out))
 
 
