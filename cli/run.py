@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from edgewatt.cli.report import summary_table
 from edgewatt.client._monitor import FileMonitor
+from edgewatt.client._sinks import measured_phases
 from edgewatt.core import compat, transport
 from edgewatt.core.labels import validate_labels
 from edgewatt.core.sampling import cgroups, procfs
@@ -155,7 +156,8 @@ def run(
     via = _monitored_via(monitor.source, getattr(monitor.registration, "lost", None))
     title = f"edgewatt run: {shown} (exit status {status}, monitored via {via}{where})"
     summary = monitor.summary() if monitor.source else final(monitor.summary(), None)
-    print(summary_table(summary, title, summary.get("power_source")), file=sys.stderr)
+    table = summary_table(summary, title, summary.get("power_source"), measured_phases(summary))
+    print(table, file=sys.stderr)
     if output and monitor.source:
         print(f"  samples written to {output}", file=sys.stderr)
     return status
@@ -362,6 +364,9 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
                     summary["network_counts"] = api.get("network_counts")
             if api.get("network_unknown"):  # absent, never 0: and why
                 summary["network_unknown"] = api["network_unknown"]
+        phases = _daemon_phases(registration, api)
+        if phases:  # whoever opened them: this process, or the command's own register()
+            summary["phases"] = phases
         if usage is not None:
             kernel = summary["cpu_wait4_s"] = usage["cpu_s"]
         if daemon is not None and (kernel is None or daemon >= kernel):
@@ -389,6 +394,16 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         return summary
 
     return final
+
+
+def _daemon_phases(registration: Any, api: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The target's phases with their figures as the daemon measured them (the final
+    summary's, else its last answer), or none where the daemon does not sample it."""
+    if api is not None:
+        return list(api.get("phases") or [])
+    if registration is None or registration.mode != "daemon":
+        return []
+    return list(registration.summary().get("phases") or [])
 
 
 def _daemon_summary(registration: Any) -> dict[str, Any] | None:
