@@ -255,7 +255,7 @@ def phase_figures(
     phases: list[dict[str, Any]], samples: list[dict[str, Any]], started_at: float | None
 ) -> list[dict[str, Any]]:
     """Each phase's figures: a measured phase's own, a mark's from the file's samples
-    whose intervals meet its span (edged by samples, as the daemon's phases are)."""
+    (edged by samples, as the daemon's phases are)."""
     times = [s["timestamp"] for s in samples]
     begins = [started_at if started_at is not None else (times[0] if times else 0.0), *times]
     items = []
@@ -263,7 +263,10 @@ def phase_figures(
         if "duration_s" in phase:
             items.append(phase)
             continue
-        inside = [i for i, t in enumerate(times) if t > start and begins[i] < stop]
+        # The intervals that begin after its start and not after its end, as the
+        # daemon's phases run from the first sample after the start to the first after
+        # the end: adjacent phases share a sample, never an interval.
+        inside = [i for i in range(len(times)) if start < begins[i] <= stop]
         figures = (
             summary_from_samples([samples[i] for i in inside], begins[inside[0]]) if inside else {}
         )

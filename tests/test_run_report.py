@@ -149,10 +149,30 @@ def _monitor_file(tmp_path: Path) -> Path:
 
 
 def test_report_table_and_phases(tmp_path: Path) -> None:
-    result = run(["report", str(_monitor_file(tmp_path))])
+    path = _monitor_file(tmp_path)
+    result = run(["report", str(path)])
     assert result.returncode == 0, result.stderr
-    assert "phases: load, train" in result.stdout
     assert "CPU time" in result.stdout and "peak RSS" in result.stdout
+    # A monitor's marks: each phase's figures from the samples of the intervals that
+    # begin after its mark (edged by samples, as the daemon's phases are).
+    rows = {
+        cells[0]: cells
+        for line in result.stdout.splitlines()
+        if line.startswith("    ")
+        and (cells := re.split(r" {2,}", line.strip()))[0] in ("load", "train")
+    }
+    samples = _samples(path)
+    phases = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "phase"]
+    times = [s["timestamp"] for s in samples]
+    intervals = list(zip(samples[1:], times, times[1:]))
+    # The train phase's CPU: its samples' own (CPU % of one core times each interval),
+    # the 0.6 s it burnt but what the interval holding its mark took (the load
+    # phase's); the load phase holds the 50 MiB it touched.
+    cpu = sum(s["cpu_usage"] / 100 * (t1 - t0) for s, t0, t1 in intervals
+              if t0 > phases[1]["timestamp"])  # fmt: skip
+    assert rows["train"][2] == f"{cpu:.2f} s" and cpu >= 0.45
+    assert rows["load"][7].endswith("MiB") and float(rows["load"][7].split()[0]) >= 50
+    assert rows["load"][3] == "-"  # no power metric: no energy, not 0 J
 
 
 def test_report_of_a_killed_run_and_of_a_bad_file(tmp_path: Path) -> None:
@@ -426,7 +446,8 @@ def test_a_cut_off_last_line_is_skipped_with_one_warning(tmp_path: Path) -> None
     header, samples, _, _ = load(str(cut))
     cpu = summary_from_samples(samples, header["started_at"])["cpu_time_s"]
     assert f"CPU time  {cpu:.2f} s" in result.stdout
-    assert "phases: load, train" in result.stdout
+    names = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("    ")]
+    assert names[:3] == ["phase", "load", "train"]  # the phase table's header and rows
 
 
 @pytest.mark.parametrize(
