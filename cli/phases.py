@@ -75,8 +75,13 @@ def phase_table(phases: list[dict[str, Any]], indent: str = "  ") -> list[str]:
         )
         for row in rows
     ]
+    # A monitor's marks take host-wide bytes from its samples; the daemon's phases the
+    # target's own, counted as its TCP or IP line says.
+    host = any(item.get("network_counts") == "host" for item in phases)
     notes = [
         "CPU: user + system time; attributed: its share of the device energy above idle;",
-        "avg power: device energy / duration; network as counted above; -: not measured",
+        "avg power: device energy / duration; network: "
+        + ("host-wide, loopback excluded" if host else "the target's own, as counted above")
+        + "; -: not measured",
     ]
     return [f"{indent}phases:", *(f"{indent}  {line}" for line in [*lines, *notes])]

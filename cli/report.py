@@ -279,6 +279,7 @@ def phase_figures(
                 "memory_rss_peak_bytes": figures.get("memory_rss_peak_bytes"),
                 "network_transmit_bytes": figures.get("total_network_bytes_sent"),
                 "network_receive_bytes": figures.get("total_network_bytes_recv"),
+                "network_counts": "host",  # a monitor's samples: host-wide
             }
         )
     return items
