@@ -13,6 +13,9 @@ from edgewatt.core.text import printable
 # shown as "-" until the daemon measures it, never derived from an average.
 PEAK_POWER = "power_max_w"
 
+# Rows a table shows, the newest (a function tracked at each training step is a phase).
+MAX_ROWS = 30
+
 HEADER = (
     "phase",
     "duration",
@@ -58,13 +61,15 @@ def _cells(item: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
-def phase_table(phases: list[dict[str, Any]], indent: str = "  ") -> list[str]:
-    """The lines of the table (none for no phase): CPU is user + system seconds of the
-    whole tree, "attributed" the share of the device's energy above idle, "avg power"
-    the device's energy over the phase's duration, "-" a figure not measured."""
+def phase_table(phases: list[dict[str, Any]], indent: str = "  ", dropped: int = 0) -> list[str]:
+    """The lines of the table (none for no phase), the newest MAX_ROWS phases: CPU is
+    user + system seconds of the whole tree, "attributed" the share of the device's
+    energy above idle, "avg power" the device's energy over the phase's duration, "-"
+    a figure not measured; ``dropped``: older phases the daemon no longer lists."""
     if not phases:
         return []
-    rows = [HEADER, *(_cells(item) for item in phases)]
+    shown = phases[-MAX_ROWS:]
+    rows = [HEADER, *(_cells(item) for item in shown)]
     # Names are whatever a script chose: escaped before they reach a terminal.
     rows = [tuple(printable(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
@@ -84,4 +89,11 @@ def phase_table(phases: list[dict[str, Any]], indent: str = "  ") -> list[str]:
         + ("host-wide, loopback excluded" if host else "the target's own, as counted above")
         + "; -: not measured",
     ]
+    older = len(phases) - len(shown) + dropped
+    if older:
+        # A tracked training step is a phase: thousands would bury the totals.
+        notes.append(
+            f"the newest {len(shown)} phases of {len(phases) + dropped}; the JSON lists "
+            "every one the daemon keeps (--output's phase records, summary --json)"
+        )
     return [f"{indent}phases:", *(f"{indent}  {line}" for line in [*lines, *notes])]

@@ -140,7 +140,9 @@ def render(s: dict[str, Any]) -> str:
             f"{value_of(cgroup, 'memory_current_bytes')}, kernel's peak "
             f"{value_of(cgroup, 'memory_peak_bytes')}",
         )
-    return "\n".join([*lines, *phase_table(s.get("phases") or [])])
+    return "\n".join(
+        [*lines, *phase_table(s.get("phases") or [], dropped=s.get("phases_dropped") or 0)]
+    )
 
 
 def _energy(s: dict[str, Any]) -> str:

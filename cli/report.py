@@ -94,7 +94,9 @@ def summary_table(
     width = max(len(k) for k, _ in rows)
     lines = [title, *(f"  {k.ljust(width)}  {v}" for k, v in rows)]
     lines = [printable(line) for line in lines]  # the title quotes a command line
-    return "\n".join([*lines, *phase_table(phases or [])])
+    return "\n".join(
+        [*lines, *phase_table(phases or [], dropped=summary.get("phases_dropped") or 0)]
+    )
 
 
 def _energy_unknown(summary: dict[str, Any], power: str | None) -> str:
@@ -123,6 +125,7 @@ SUMMARY_NUMBERS = (
     "memory_rss_peak_bytes", "total_network_bytes_sent", "total_network_bytes_recv",
     "energy_j", "energy_vdd_in_j", "avg_power_w", "process_energy_j", "total_carbon_g",
     "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
+    "phases_dropped",
 )  # fmt: skip
 
 
@@ -205,6 +208,7 @@ class Layout:
 
 
 POWER = "device power (W)"
+MAX_NAMED = 10  # phase names a plot writes (fontsize 7 across 9 inches)
 RSS = "RSS (MiB)"
 
 
@@ -263,10 +267,10 @@ def phase_figures(
         if "duration_s" in phase:
             items.append(phase)
             continue
-        # The intervals that begin after its start and not after its end, as the
-        # daemon's phases run from the first sample after the start to the first after
-        # the end: adjacent phases share a sample, never an interval.
-        inside = [i for i in range(len(times)) if start < begins[i] <= stop]
+        # The intervals that begin from its start until its end, as the daemon's
+        # phases run from the first sample after the start to the first after the end:
+        # adjacent phases share a sample, never an interval.
+        inside = [i for i in range(len(times)) if start <= begins[i] < stop]
         figures = (
             summary_from_samples([samples[i] for i in inside], begins[inside[0]]) if inside else {}
         )
@@ -310,9 +314,12 @@ def draw(drawn: Layout) -> Any:
         ax.grid(alpha=0.3)
         if len(lines) > 1:
             ax.legend(fontsize=7, loc="upper right")
+        # Every phase shaded; at most MAX_NAMED named, evenly (a tracked step is a
+        # phase: a thousand names would be one black smear).
+        every = -(-len(drawn.phases) // MAX_NAMED)
         for i, (name, start, stop) in enumerate(drawn.phases):
             ax.axvspan(start, stop, alpha=0.12, color=f"C{i % 10}")
-            if ax is axes[0, 0]:
+            if ax is axes[0, 0] and i % every == 0:
                 ax.text(start, ax.get_ylim()[1], f" {name}", fontsize=7, va="top")
     axes[0, 0].set_xlim(left=0, right=max(drawn.end_s, 1e-3))
     axes[-1, 0].set_xlabel("time since start (s)")

@@ -364,9 +364,10 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
                     summary["network_counts"] = api.get("network_counts")
             if api.get("network_unknown"):  # absent, never 0: and why
                 summary["network_unknown"] = api["network_unknown"]
-        phases = _daemon_phases(registration, api)
-        if phases:  # whoever opened them: this process, or the command's own register()
-            summary["phases"] = phases
+        last = _daemon_last(registration, api)
+        if last.get("phases"):  # whoever opened them: this process, the command's own
+            summary["phases"] = last["phases"]
+            summary["phases_dropped"] = last.get("phases_dropped") or 0
         if usage is not None:
             kernel = summary["cpu_wait4_s"] = usage["cpu_s"]
         if daemon is not None and (kernel is None or daemon >= kernel):
@@ -396,14 +397,14 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
     return final
 
 
-def _daemon_phases(registration: Any, api: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The target's phases with their figures as the daemon measured them (the final
-    summary's, else its last answer), or none where the daemon does not sample it."""
+def _daemon_last(registration: Any, api: dict[str, Any] | None) -> dict[str, Any]:
+    """The daemon's last summary of the target (the final one, else its answer now),
+    for its phases with their figures; {} where the daemon does not sample it."""
     if api is not None:
-        return list(api.get("phases") or [])
+        return api
     if registration is None or registration.mode != "daemon":
-        return []
-    return list(registration.summary().get("phases") or [])
+        return {}
+    return registration.summary()
 
 
 def _daemon_summary(registration: Any) -> dict[str, Any] | None:

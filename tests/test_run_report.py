@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -457,6 +458,14 @@ def test_a_cut_off_last_line_is_skipped_with_one_warning(tmp_path: Path) -> None
         (_sample(1001.0, energy_j=float("nan")), "energy_j must be a number, got nan"),
         ({"type": "sample", "cpu_usage": 3.0}, "a sample without its timestamp"),
         ({"type": "phase", "name": 5, "timestamp": 1001.0}, "a phase needs a name and a timestamp"),
+        (
+            {"type": "phase", "name": "epoch-1", "timestamp": 1001.0, "device_energy_j": "9 J"},
+            "device_energy_j must be a number, got '9 J'",
+        ),
+        (
+            {"type": "phase", "name": "epoch-1", "timestamp": 1001.0, "ended_at": [1002]},
+            "ended_at must be a number, got [1002]",
+        ),
         ({"type": "summary", "duration_s": "1.5"}, "duration_s must be a number, got '1.5'"),
         ([1, 2], "not a record (not a JSON object)"),
         ({"cpu_usage": 3.0}, "not an edgewatt monitor record (no type)"),
@@ -580,3 +589,33 @@ def test_a_second_run_appended_to_a_file_is_reported_alone(tmp_path: Path) -> No
     assert header["command"] == "sleep 0.6" and summary is not None
     assert f"duration    {summary['duration_s']:.1f} s" in result.stdout
     assert all(s["timestamp"] >= header["started_at"] for s in samples)
+
+
+def test_a_thousand_phases_keep_the_table_and_the_plot_readable(tmp_path: Path) -> None:
+    # A function tracked at each training step is a phase: 1,000 of them (the daemon's
+    # bound), one sample each, 1 s and 10 J apiece, the newest with 7 MiB.
+    records: list[dict[str, Any]] = [HEADER]
+    for i in range(1000):
+        records.append({"type": "phase", "name": f"step-{i}", "timestamp": 1000.0 + i})
+        records.append(_sample(1001.0 + i, cpu_usage=50.0, energy_j=10.0,
+                               memory_rss_bytes=(i + 1) * 7 * 2**10))  # fmt: skip
+    path = _write(tmp_path / "steps.jsonl", records)
+    png = tmp_path / "steps.png"
+    result = run(["report", str(path), "--plot", str(png)])
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("    step-")]
+    # The newest 30, each with its own interval's figures, then what was left out.
+    assert [r[0] for r in rows] == [f"step-{i}" for i in range(970, 1000)]
+    assert rows[-1][1:9] == ["1.00", "s", "0.50", "s", "10.0", "J", "-", "10.00"]
+    assert "the newest 30 phases of 1000; the JSON lists every one" in result.stdout
+    header, samples, phases, _ = load(str(path))
+    drawn = layout(header, samples, phases, summary_from_samples(samples, 1000.0))
+    assert len(drawn.phases) == 1000
+    from edgewatt.cli.report import draw
+
+    figure = draw(drawn)
+    names = [t.get_text().strip() for t in figure.axes[0].texts]
+    assert names == [f"step-{i}" for i in range(0, 1000, 100)]  # 10, evenly
+    assert len(figure.axes[0].patches) == 1000  # every phase shaded
+    if os.environ.get("EDGEWATT_TEST_PLOTS"):
+        figure.savefig(f"{os.environ['EDGEWATT_TEST_PLOTS']}/thousand-phases.png", dpi=100)
