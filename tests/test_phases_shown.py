@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from edgewatt.cli.phases import PEAK_POWER
 from edgewatt.cli.report import layout, load
 from edgewatt.cli.status import human_bytes
 from tests.conftest import ROOT, DaemonProcess, free_port
@@ -114,7 +115,8 @@ def _expected(item: dict[str, Any]) -> list[str]:
         f"{device:.1f} J",
         f"{item['energy_j']:.1f} J",
         f"{device / duration:.2f} W",
-        "-",  # peak power: not measured (issue 41 item 3)
+        # Peak power (issue 41 item 3): the daemon's figure once it measures one, else "-".
+        "-" if item.get(PEAK_POWER) is None else f"{item[PEAK_POWER]:.2f} W",
         human_bytes(item["memory_rss_peak_bytes"]),
         f"{human_bytes(item['disk_read_bytes'])} / {human_bytes(item['disk_write_bytes'])}",
         f"{human_bytes(item['network_transmit_bytes'])} / "
