@@ -18,6 +18,7 @@ import shutil
 import sys
 from typing import Any
 
+from edgewatt.cli.phases import phase_table
 from edgewatt.cli.status import human_bytes
 from edgewatt.core import transport
 
@@ -100,7 +101,8 @@ def summary(target_id: str, socket: str | None, as_json: bool) -> int:
 
 
 def render(s: dict[str, Any]) -> str:
-    """A summary as a person reads it: every figure with its unit."""
+    """A summary as a person reads it: every figure with its unit, its phases in a
+    table under the totals."""
 
     def value(key: str, unit: str) -> str:
         v = s.get(key)
@@ -138,7 +140,9 @@ def render(s: dict[str, Any]) -> str:
             f"{value_of(cgroup, 'memory_current_bytes')}, kernel's peak "
             f"{value_of(cgroup, 'memory_peak_bytes')}",
         )
-    return "\n".join(lines)
+    return "\n".join(
+        [*lines, *phase_table(s.get("phases") or [], dropped=s.get("phases_dropped") or 0)]
+    )
 
 
 def _energy(s: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgewatt.cli.jsonl import Lines, check_numbers
+from edgewatt.cli.phases import PEAK_POWER, phase_table
 from edgewatt.cli.plotting import pyplot
 from edgewatt.cli.rounds import (
     is_rounds_file,
@@ -22,10 +23,16 @@ from edgewatt.cli.status import human_bytes
 from edgewatt.core.text import printable
 
 
-def summary_table(summary: dict[str, Any], title: str, power: str | None = None) -> str:
-    """The figures of a run, one line each with its unit. ``power``: what is known of
-    the power source where the summary has no energy ("present", "none", "off": the
-    monitor's power metric was off; None: not known)."""
+def summary_table(
+    summary: dict[str, Any],
+    title: str,
+    power: str | None = None,
+    phases: list[dict[str, Any]] | None = None,
+) -> str:
+    """The figures of a run, one line each with its unit, then a table of ``phases``
+    (items with the daemon's keys). ``power``: what is known of the power source where
+    the summary has no energy ("present", "none", "off": the monitor's power metric was
+    off; None: not known)."""
     rows: list[tuple[str, str]] = []
     if "duration_s" in summary:
         rows.append(("duration", f"{summary['duration_s']:.1f} s"))
@@ -86,7 +93,10 @@ def summary_table(summary: dict[str, Any], title: str, power: str | None = None)
     rows.append(("samples", str(summary.get("samples", 0))))
     width = max(len(k) for k, _ in rows)
     lines = [title, *(f"  {k.ljust(width)}  {v}" for k, v in rows)]
-    return "\n".join(printable(line) for line in lines)  # the title quotes a command line
+    lines = [printable(line) for line in lines]  # the title quotes a command line
+    return "\n".join(
+        [*lines, *phase_table(phases or [], dropped=summary.get("phases_dropped") or 0)]
+    )
 
 
 def _energy_unknown(summary: dict[str, Any], power: str | None) -> str:
@@ -115,6 +125,15 @@ SUMMARY_NUMBERS = (
     "memory_rss_peak_bytes", "total_network_bytes_sent", "total_network_bytes_recv",
     "energy_j", "energy_vdd_in_j", "avg_power_w", "process_energy_j", "total_carbon_g",
     "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
+    "phases_dropped",
+)  # fmt: skip
+
+
+# A phase record's figures (edgewatt run writes the daemon's measured phases).
+PHASE_NUMBERS = (
+    "timestamp", "started_at", "ended_at", "duration_s", "cpu_user_s", "cpu_system_s",
+    "energy_j", "device_energy_j", "memory_rss_peak_bytes", "disk_read_bytes",
+    "disk_write_bytes", "network_transmit_bytes", "network_receive_bytes", PEAK_POWER,
 )  # fmt: skip
 
 
@@ -151,7 +170,7 @@ def load(
             check_numbers(lines, number, record, SAMPLE_NUMBERS)
             samples.append(record)
         elif kind == "phase":
-            check_numbers(lines, number, record, ("timestamp",))
+            check_numbers(lines, number, record, PHASE_NUMBERS)
             if not isinstance(record.get("name"), str) or "timestamp" not in record:
                 raise lines.error(number, "a phase needs a name and a timestamp")
             phases.append(record)
@@ -189,6 +208,7 @@ class Layout:
 
 
 POWER = "device power (W)"
+MAX_NAMED = 10  # phase names a plot writes (fontsize 7 across 9 inches)
 RSS = "RSS (MiB)"
 
 
@@ -206,10 +226,7 @@ def layout(
     t0 = min([first, *marks]) if first is not None else min(marks, default=0.0)
     times = [s["timestamp"] - t0 for s in samples]
     end = max(times, default=0.0)
-    # Each phase ends where the next begins; the last at the last sample.
-    starts = [p["timestamp"] - t0 for p in phases]
-    ends = [*starts[1:], end] if phases else []
-    spans = [(p["name"], a, b) for p, a, b in zip(phases, starts, ends)]
+    spans = [(p["name"], a - t0, b - t0) for p, a, b in _spans(phases, end + t0)]
     # Where each sample's interval began: the previous sample, or the start of its
     # monitoring (each start() of a monitor writes a header; the first is the run's).
     starts = [first, *header.get("segment_starts", [])[1:]]
@@ -224,6 +241,52 @@ def layout(
     if peak is not None and any(label == RSS for label, _ in panels):
         levels.append((RSS, peak / 2**20, f"peak {human_bytes(peak)}"))
     return Layout(_title(header, summary), panels, spans, end, levels)
+
+
+def _spans(phases: list[dict[str, Any]], end: float) -> list[tuple[dict[str, Any], float, float]]:
+    """(phase, start, end) in unix seconds: a measured phase (edgewatt run's) from its
+    start to its own end; a mark (Monitor.phase()) to where the next begins, the last
+    to ``end`` (the last sample)."""
+    starts = [p["timestamp"] for p in phases]
+    nexts = [*starts[1:], end]
+    return [
+        (p, a, p["ended_at"] if p.get("ended_at") is not None else b)
+        for p, a, b in zip(phases, starts, nexts)
+    ]
+
+
+def phase_figures(
+    phases: list[dict[str, Any]], samples: list[dict[str, Any]], started_at: float | None
+) -> list[dict[str, Any]]:
+    """Each phase's figures: a measured phase's own, a mark's from the file's samples
+    (edged by samples, as the daemon's phases are)."""
+    times = [s["timestamp"] for s in samples]
+    begins = [started_at if started_at is not None else (times[0] if times else 0.0), *times]
+    items = []
+    for phase, start, stop in _spans(phases, times[-1] if times else 0.0):
+        if "duration_s" in phase:
+            items.append(phase)
+            continue
+        # The intervals that begin from its start until its end, as the daemon's
+        # phases run from the first sample after the start to the first after the end:
+        # adjacent phases share a sample, never an interval.
+        inside = [i for i in range(len(times)) if start <= begins[i] < stop]
+        figures = (
+            summary_from_samples([samples[i] for i in inside], begins[inside[0]]) if inside else {}
+        )
+        items.append(
+            {
+                "name": phase["name"],
+                "duration_s": figures.get("duration_s"),
+                "cpu_time_s": figures.get("cpu_time_s"),
+                "device_energy_j": figures.get("energy_j"),
+                "memory_rss_peak_bytes": figures.get("memory_rss_peak_bytes"),
+                "network_transmit_bytes": figures.get("total_network_bytes_sent"),
+                "network_receive_bytes": figures.get("total_network_bytes_recv"),
+                "network_counts": "host",  # a monitor's samples: host-wide
+            }
+        )
+    return items
 
 
 def draw(drawn: Layout) -> Any:
@@ -251,9 +314,12 @@ def draw(drawn: Layout) -> Any:
         ax.grid(alpha=0.3)
         if len(lines) > 1:
             ax.legend(fontsize=7, loc="upper right")
+        # Every phase shaded; at most MAX_NAMED named, evenly (a tracked step is a
+        # phase: a thousand names would be one black smear).
+        every = -(-len(drawn.phases) // MAX_NAMED)
         for i, (name, start, stop) in enumerate(drawn.phases):
             ax.axvspan(start, stop, alpha=0.12, color=f"C{i % 10}")
-            if ax is axes[0, 0]:
+            if ax is axes[0, 0] and i % every == 0:
                 ax.text(start, ax.get_ylim()[1], f" {name}", fontsize=7, va="top")
     axes[0, 0].set_xlim(left=0, right=max(drawn.end_s, 1e-3))
     axes[-1, 0].set_xlabel("time since start (s)")
@@ -422,9 +488,8 @@ def report(path: str, plot_to: str | None) -> str:
     )
     metrics = header.get("metrics") or {}
     power = summary.get("power_source") or ("off" if metrics.get("power") is False else None)
-    text = summary_table(summary, title, power)
-    if phases:
-        text += "\n  phases: " + ", ".join(printable(str(p["name"])) for p in phases)
+    items = phase_figures(phases, samples, header.get("started_at"))
+    text = summary_table(summary, title, power, items)
     if plot_to:
         if not samples:
             raise ValueError(f"{path}: a summary but no samples: nothing to plot")

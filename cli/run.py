@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from edgewatt.cli.report import summary_table
 from edgewatt.client._monitor import FileMonitor
+from edgewatt.client._sinks import measured_phases
 from edgewatt.core import compat, transport
 from edgewatt.core.labels import validate_labels
 from edgewatt.core.sampling import cgroups, procfs
@@ -155,7 +156,8 @@ def run(
     via = _monitored_via(monitor.source, getattr(monitor.registration, "lost", None))
     title = f"edgewatt run: {shown} (exit status {status}, monitored via {via}{where})"
     summary = monitor.summary() if monitor.source else final(monitor.summary(), None)
-    print(summary_table(summary, title, summary.get("power_source")), file=sys.stderr)
+    table = summary_table(summary, title, summary.get("power_source"), measured_phases(summary))
+    print(table, file=sys.stderr)
     if output and monitor.source:
         print(f"  samples written to {output}", file=sys.stderr)
     return status
@@ -362,6 +364,10 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
                     summary["network_counts"] = api.get("network_counts")
             if api.get("network_unknown"):  # absent, never 0: and why
                 summary["network_unknown"] = api["network_unknown"]
+        last = _daemon_last(registration, api)
+        if last.get("phases"):  # whoever opened them: this process, the command's own
+            summary["phases"] = last["phases"]
+            summary["phases_dropped"] = last.get("phases_dropped") or 0
         if usage is not None:
             kernel = summary["cpu_wait4_s"] = usage["cpu_s"]
         if daemon is not None and (kernel is None or daemon >= kernel):
@@ -389,6 +395,16 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         return summary
 
     return final
+
+
+def _daemon_last(registration: Any, api: dict[str, Any] | None) -> dict[str, Any]:
+    """The daemon's last summary of the target (the final one, else its answer now),
+    for its phases with their figures; {} where the daemon does not sample it."""
+    if api is not None:
+        return api
+    if registration is None or registration.mode != "daemon":
+        return {}
+    return registration.summary()
 
 
 def _daemon_summary(registration: Any) -> dict[str, Any] | None:

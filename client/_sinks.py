@@ -25,6 +25,12 @@ from edgewatt.core.metrics import BY_NAME, HOST_HW_ID
 log = logging.getLogger(__name__)
 
 
+def measured_phases(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """A summary's phases that carry figures (the daemon's summary items), not the
+    bare marks of Monitor.phase()."""
+    return [p for p in summary.get("phases") or [] if "duration_s" in p]
+
+
 class FileSink:
     """JSON Lines: a header, one line per sample, a summary line; flushed per line.
 
@@ -56,6 +62,13 @@ class FileSink:
         self._write({"type": "phase", "name": name, "timestamp": at})
 
     def stop(self, summary: dict[str, Any]) -> None:
+        # The phases the daemon measured (edgewatt run's summary has them, whoever
+        # opened them) as records before the summary, as marks are: a reader finds each
+        # phase, with its figures, in one kind of record.
+        for item in measured_phases(summary):
+            figures = {k: v for k, v in item.items() if k != "name"}
+            self._write({"type": "phase", "name": item["name"], "timestamp": item["started_at"],
+                         **figures})  # fmt: skip
         self._write({"type": "summary", **summary})
         self._close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import resource
 import signal
@@ -155,10 +156,30 @@ def _monitor_file(tmp_path: Path) -> Path:
 
 
 def test_report_table_and_phases(tmp_path: Path) -> None:
-    result = run(["report", str(_monitor_file(tmp_path))])
+    path = _monitor_file(tmp_path)
+    result = run(["report", str(path)])
     assert result.returncode == 0, result.stderr
-    assert "phases: load, train" in result.stdout
     assert "CPU time" in result.stdout and "peak RSS" in result.stdout
+    # A monitor's marks: each phase's figures from the samples of the intervals that
+    # begin after its mark (edged by samples, as the daemon's phases are).
+    rows = {
+        cells[0]: cells
+        for line in result.stdout.splitlines()
+        if line.startswith("    ")
+        and (cells := re.split(r" {2,}", line.strip()))[0] in ("load", "train")
+    }
+    samples = _samples(path)
+    phases = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "phase"]
+    times = [s["timestamp"] for s in samples]
+    intervals = list(zip(samples[1:], times, times[1:]))
+    # The train phase's CPU: its samples' own (CPU % of one core times each interval),
+    # the 0.6 s it burnt but what the interval holding its mark took (the load
+    # phase's); the load phase holds the 50 MiB it touched.
+    cpu = sum(s["cpu_usage"] / 100 * (t1 - t0) for s, t0, t1 in intervals
+              if t0 > phases[1]["timestamp"])  # fmt: skip
+    assert rows["train"][2] == f"{cpu:.2f} s" and cpu >= 0.45
+    assert rows["load"][7].endswith("MiB") and float(rows["load"][7].split()[0]) >= 50
+    assert rows["load"][3] == "-"  # no power metric: no energy, not 0 J
 
 
 def test_report_of_a_killed_run_and_of_a_bad_file(tmp_path: Path) -> None:
@@ -432,7 +453,8 @@ def test_a_cut_off_last_line_is_skipped_with_one_warning(tmp_path: Path) -> None
     header, samples, _, _ = load(str(cut))
     cpu = summary_from_samples(samples, header["started_at"])["cpu_time_s"]
     assert f"CPU time  {cpu:.2f} s" in result.stdout
-    assert "phases: load, train" in result.stdout
+    names = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("    ")]
+    assert names[:3] == ["phase", "load", "train"]  # the phase table's header and rows
 
 
 @pytest.mark.parametrize(
@@ -442,6 +464,14 @@ def test_a_cut_off_last_line_is_skipped_with_one_warning(tmp_path: Path) -> None
         (_sample(1001.0, energy_j=float("nan")), "energy_j must be a number, got nan"),
         ({"type": "sample", "cpu_usage": 3.0}, "a sample without its timestamp"),
         ({"type": "phase", "name": 5, "timestamp": 1001.0}, "a phase needs a name and a timestamp"),
+        (
+            {"type": "phase", "name": "epoch-1", "timestamp": 1001.0, "device_energy_j": "9 J"},
+            "device_energy_j must be a number, got '9 J'",
+        ),
+        (
+            {"type": "phase", "name": "epoch-1", "timestamp": 1001.0, "ended_at": [1002]},
+            "ended_at must be a number, got [1002]",
+        ),
         ({"type": "summary", "duration_s": "1.5"}, "duration_s must be a number, got '1.5'"),
         ([1, 2], "not a record (not a JSON object)"),
         ({"cpu_usage": 3.0}, "not an edgewatt monitor record (no type)"),
@@ -565,3 +595,33 @@ def test_a_second_run_appended_to_a_file_is_reported_alone(tmp_path: Path) -> No
     assert header["command"] == "sleep 0.6" and summary is not None
     assert f"duration    {summary['duration_s']:.1f} s" in result.stdout
     assert all(s["timestamp"] >= header["started_at"] for s in samples)
+
+
+def test_a_thousand_phases_keep_the_table_and_the_plot_readable(tmp_path: Path) -> None:
+    # A function tracked at each training step is a phase: 1,000 of them (the daemon's
+    # bound), one sample each, 1 s and 10 J apiece, the newest with 7 MiB.
+    records: list[dict[str, Any]] = [HEADER]
+    for i in range(1000):
+        records.append({"type": "phase", "name": f"step-{i}", "timestamp": 1000.0 + i})
+        records.append(_sample(1001.0 + i, cpu_usage=50.0, energy_j=10.0,
+                               memory_rss_bytes=(i + 1) * 7 * 2**10))  # fmt: skip
+    path = _write(tmp_path / "steps.jsonl", records)
+    png = tmp_path / "steps.png"
+    result = run(["report", str(path), "--plot", str(png)])
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("    step-")]
+    # The newest 30, each with its own interval's figures, then what was left out.
+    assert [r[0] for r in rows] == [f"step-{i}" for i in range(970, 1000)]
+    assert rows[-1][1:9] == ["1.00", "s", "0.50", "s", "10.0", "J", "-", "10.00"]
+    assert "the newest 30 phases of 1000; the JSON lists every one" in result.stdout
+    header, samples, phases, _ = load(str(path))
+    drawn = layout(header, samples, phases, summary_from_samples(samples, 1000.0))
+    assert len(drawn.phases) == 1000
+    from edgewatt.cli.report import draw
+
+    figure = draw(drawn)
+    names = [t.get_text().strip() for t in figure.axes[0].texts]
+    assert names == [f"step-{i}" for i in range(0, 1000, 100)]  # 10, evenly
+    assert len(figure.axes[0].patches) == 1000  # every phase shaded
+    if os.environ.get("EDGEWATT_TEST_PLOTS"):
+        figure.savefig(f"{os.environ['EDGEWATT_TEST_PLOTS']}/thousand-phases.png", dpi=100)
