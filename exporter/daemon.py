@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import platform
-import re
 import select
 import signal
 import threading
@@ -18,10 +16,8 @@ from pathlib import Path
 from resource import RLIM_INFINITY, RLIMIT_NOFILE, getrlimit, setrlimit
 from typing import Any
 
-from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-
 from edgewatt.core import __version__, power
-from edgewatt.core.carbon import CarbonIntensity, resolve_carbon
+from edgewatt.core.carbon import resolve_carbon
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
@@ -34,11 +30,12 @@ from edgewatt.core.targets import SAMPLE_UNITS, Limits, Resolver, TargetTable
 from edgewatt.exporter import documents, health
 from edgewatt.exporter import reload as reloading
 from edgewatt.exporter.api import ApiContext, ApiServer
-from edgewatt.exporter.collectors import Collectors, start_collectors
+from edgewatt.exporter.collectors import start_collectors
 from edgewatt.exporter.config import Config, ConfigError
 from edgewatt.exporter.exposition import Exposition
 from edgewatt.exporter.influx import InfluxPusher
 from edgewatt.exporter.notify import Notifier
+from edgewatt.exporter.otel_resource import build_resource, machine_id
 from edgewatt.exporter.otlp import build_reader
 from edgewatt.exporter.saved_state import SavedState
 from edgewatt.exporter.statefile import StateFile
@@ -47,69 +44,11 @@ from edgewatt.exporter.telemetry import OtelPipeline
 log = logging.getLogger(__name__)
 
 
-def machine_id() -> str:
-    """The machine's id (stable across restarts and reinstalls), "" where it has none."""
-    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
-        try:
-            value = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if value:
-            return value
-    return ""
-
-
-# OTel semconv host.arch values for what the kernel calls the machine.
-_ARCH = {
-    "x86_64": "amd64",
-    "aarch64": "arm64",
-    "armv7l": "arm32",
-    "ppc64le": "ppc64",
-    "s390x": "s390x",
-}
-
-
-def device_facts(proc: str = "/proc", etc: str = "/etc") -> dict[str, str]:
-    """The board's model (device tree) and the Jetson Linux (L4T) release, where present."""
-    facts = {}
-    try:
-        model = Path(f"{proc}/device-tree/model").read_bytes().rstrip(b"\0").decode().strip()
-    except (OSError, UnicodeDecodeError):
-        model = ""
-    if model:
-        facts["device.model.name"] = model
-    try:
-        first = Path(f"{etc}/nv_tegra_release").read_text().splitlines()[0]
-    except (OSError, IndexError):
-        first = ""
-    # "# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, ..."
-    match = re.match(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", first)
-    if match:
-        facts["edgewatt.l4t.release"] = f"{match[1]}.{match[2]}"
-    return facts
-
-
-def build_resource(
-    config: Config, instance_id: str, carbon: CarbonIntensity | None = None
-) -> Resource:
-    machine = platform.machine()
-    defaults: dict[str, Any] = {
-        "service.name": "edgewatt",
-        "service.version": __version__,
-        "service.instance.id": instance_id,
-        "host.name": config.host_name,
-        "host.arch": _ARCH.get(machine, machine),
-        "os.type": "linux",
-        **device_facts(config.proc_path),
-    }
-    if carbon is not None:
-        defaults["edgewatt.carbon.intensity"] = carbon.g_per_kwh  # gCO2e/kWh
-        defaults["edgewatt.carbon.intensity.source"] = carbon.source
-    # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over the defaults.
-    return Resource.create(defaults).merge(OTELResourceDetector().detect())
-
-
 class Daemon:
+    """Built whole, nothing assigned later: both endpoints bound, the saved registrations
+    restored, the power reader and collectors started, the sampler given them; start()
+    then serves, stop() ends it all."""
+
     def __init__(self, config: Config) -> None:
         self.config = config
         self.stop_event = threading.Event()
@@ -144,16 +83,28 @@ class Daemon:
         )
         self.influx = InfluxPusher(config.influx) if config.influx_url else None
         self.platform = LinuxPlatform(proc)
-        # Built in start(), with their collaborators, once both endpoints are bound.
-        self.sampler: Sampler
-        self.collectors: Collectors
         self.notifier = Notifier()
         self.recent_power = RecentPower()
-        self.api: ApiServer | None = None
-        self.metrics_port = 0
         self._threads: list[threading.Thread] = []
         self._started = time.time()
         self._may_join_namespaces = procfs.may_join_namespaces()  # a container's own
+        # Both endpoints first: a port or socket in use fails here, before a power
+        # reader or a netlink listener was started (and would be left behind).
+        self.metrics_port = self._bind_metrics()
+        self.api = self._bind_api()
+        self._restored = self.saved.restore(self.table, procfs.pid_max(proc))
+        power_meter = self._start_power()
+        self.collectors = start_collectors(config, self.platform, self.table)
+        self.sampler = Sampler(
+            self.table,
+            interval=config.interval,
+            host_name=config.host_name,
+            on_pass=self._on_pass,
+            power=power_meter,
+            attribution=Attribution(config.idle_power_w, config.baseline_window),
+            carbon=self.carbon,
+            parts=self.collectors.parts,
+        )
 
     def _on_pass(self, snapshot: Any) -> None:
         self.exposition.update(snapshot)
@@ -213,17 +164,17 @@ class Daemon:
             ).start()
         return None
 
-    def start(self) -> None:
-        # Both endpoints first: a port or socket in use fails here, before a power
-        # reader or a netlink listener was started (and would be left behind).
+    def _bind_metrics(self) -> int:
         host, port = self.config.listen
         try:
-            self.metrics_port = self.exposition.bind(host, port)
+            return self.exposition.bind(host, port)
         except OSError as exc:
             raise StartError(
                 f"cannot listen for /metrics on {host}:{port}: {os.strerror(exc.errno or 0)}; "
                 "another edgewatt or exporter has it? choose another with --listen HOST:PORT"
             ) from exc
+
+    def _bind_api(self) -> ApiServer:
         try:
             context = ApiContext(
                 self.table,
@@ -235,23 +186,13 @@ class Daemon:
                 sample_now=self._sample_now,
                 min_interval=self.config.min_interval,
             )
-            self.api = ApiServer(self.config.socket, context)
+            return ApiServer(self.config.socket, context)
         except OSError as exc:
             self.exposition.shutdown()
             raise StartError(f"cannot serve the API at {self.config.socket}: {exc}") from exc
-        restored = self.saved.restore(self.table, procfs.pid_max(self.config.proc_path))
-        power_meter = self._start_power()
-        self.collectors = start_collectors(self.config, self.platform, self.table)
-        self.sampler = Sampler(
-            self.table,
-            interval=self.config.interval,
-            host_name=self.config.host_name,
-            on_pass=self._on_pass,
-            power=power_meter,
-            attribution=Attribution(self.config.idle_power_w, self.config.baseline_window),
-            carbon=self.carbon,
-            parts=self.collectors.parts,
-        )
+
+    def start(self) -> None:
+        """Serve: the endpoints were bound and the parts built by the constructor."""
         self.sampler.sample_once()  # the first scrape already has data
         self.exposition.serve()
         if self.influx is not None:
@@ -264,14 +205,14 @@ class Daemon:
             "%d registration(s) restored",
             __version__,
             self.config.socket,
-            host,
+            self.config.listen[0],
             self.metrics_port,
             self.config.interval,
-            restored,
+            self._restored,
         )
 
     def _sample_now(self, target_id: str | None = None) -> Snapshot:
-        """A pass on demand (the API's edges): the sampler is built once the API is."""
+        """A pass on demand (the API's edges): the sampler is built after the API."""
         return self.sampler.sample_now(target_id)
 
     def _spawn(self, name: str, target: Any, *args: Any) -> None:
@@ -284,8 +225,7 @@ class Daemon:
         self.notifier.stopping()
         self.stop_event.set()
         self.sampler.wake()
-        if self.api is not None:
-            self.api.close()
+        self.api.close()
         self.exposition.shutdown()
         if self.pipeline is not None:
             self.pipeline.shutdown()

@@ -21,7 +21,7 @@ class Running(Protocol):
     """The parts a reload reaches (the daemon's)."""
 
     @property
-    def api(self) -> ApiServer | None: ...
+    def api(self) -> ApiServer: ...
     @property
     def sampler(self) -> Sampler: ...
     @property
@@ -76,8 +76,7 @@ def appliers(running: Running) -> dict[str, Callable[[Config], None]]:
         logging.getLogger().setLevel(config.daemon.log_level.upper())
 
     def endpoints(config: Config) -> None:
-        if running.api is not None:
-            running.api.min_interval = config.endpoints.min_interval
+        running.api.min_interval = config.endpoints.min_interval
 
     def sampler(config: Config) -> None:
         c = config.sampler
