@@ -158,25 +158,12 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(config, reload=lambda: config_mod.build(args.config, os.environ, flags))
 
 
-def _find(command: str, explicit: str | None) -> str | None:
-    """The daemon's socket this user may trust, or None after saying how to start one."""
-    from edgewatt.core import transport
-
-    found = transport.find_daemon(explicit)
-    if found.path is None:
-        print(
-            f"edgewatt {command}: no daemon answering; looked at {found.looked}. Start one: "
-            "sudo systemctl start edgewatt, or edgewatt serve",
-            file=sys.stderr,
-        )
-    return found.path
-
-
 def _status(args: argparse.Namespace) -> int:
+    from edgewatt.cli import daemon_socket
     from edgewatt.cli.status import render
     from edgewatt.core import transport
 
-    path = _find("status", args.socket)
+    path = daemon_socket.find("status", args.socket)
     if path is None:
         return 1
     try:
@@ -195,13 +182,13 @@ def _status(args: argparse.Namespace) -> int:
 def _top(args: argparse.Namespace) -> int:
     import shutil
 
-    from edgewatt.cli import top
+    from edgewatt.cli import daemon_socket, top
     from edgewatt.core import transport
 
     if not args.interval > 0:  # NaN too
         print(f"edgewatt top: --interval must be above 0 s, not {args.interval}", file=sys.stderr)
         return 2
-    path = _find("top", args.socket)
+    path = daemon_socket.find("top", args.socket)
     if path is None:
         return 1
     try:

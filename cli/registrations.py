@@ -18,20 +18,10 @@ import shutil
 import sys
 from typing import Any
 
+from edgewatt.cli import daemon_socket
 from edgewatt.cli.phases import phase_table
 from edgewatt.cli.status import human_bytes
 from edgewatt.core import transport
-
-
-def _daemon(socket: str | None, command: str) -> str | None:
-    found = transport.find_daemon(socket)
-    if found.path is None:
-        print(
-            f"edgewatt {command}: no daemon answering; looked at {found.looked}. Start one: "
-            "sudo systemctl start edgewatt, or edgewatt serve",
-            file=sys.stderr,
-        )
-    return found.path
 
 
 def _call(path: str, command: str, method: str, url: str, body: Any = None) -> Any:
@@ -65,7 +55,7 @@ def container_id(name: str, runtime: str | None) -> tuple[str, str] | None:
 
 
 def register(body: dict[str, Any], socket: str | None) -> int:
-    path = _daemon(socket, "register")
+    path = daemon_socket.find("register", socket)
     if path is None:
         return 1
     answer = _call(path, "register", "POST", "/v1/targets", body)
@@ -83,14 +73,14 @@ def register(body: dict[str, Any], socket: str | None) -> int:
 
 
 def unregister(target_id: str, socket: str | None) -> int:
-    path = _daemon(socket, "unregister")
+    path = daemon_socket.find("unregister", socket)
     if path is None:
         return 1
     return 0 if _call(path, "unregister", "DELETE", f"/v1/targets/{target_id}") else 1
 
 
 def summary(target_id: str, socket: str | None, as_json: bool) -> int:
-    path = _daemon(socket, "summary")
+    path = daemon_socket.find("summary", socket)
     if path is None:
         return 1
     answer = _call(path, "summary", "GET", f"/v1/targets/{target_id}/summary?fresh=1")

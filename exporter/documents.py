@@ -1,7 +1,7 @@
 """The JSON documents the registration API answers with, each built here (units in the
 key names). A target's own description and summary are the target table's
 (``TargetTable.describe``, ``.summary``), the same ones the client's in-process mode
-returns; the daemon's health is ``Daemon.health``. Everything the API wraps around
+returns; the daemon's health is health.py's. Everything the API wraps around
 them, and the host's document, is built below."""
 
 from __future__ import annotations

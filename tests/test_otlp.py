@@ -221,7 +221,7 @@ def test_collector_down_scrapes_stay_fast_one_log_line_quick_stop(daemon_factory
 
 
 def test_resource_device_facts(tmp_path: Any) -> None:
-    from edgewatt.exporter.daemon import device_facts
+    from edgewatt.exporter.otel_resource import device_facts
 
     (tmp_path / "device-tree").mkdir()
     (tmp_path / "device-tree" / "model").write_bytes(b"NVIDIA Jetson Orin Nano Developer Kit\0")

@@ -9,16 +9,16 @@ import types
 from pathlib import Path
 from typing import Any
 
-from edgewatt.exporter.config import KEYS, WHERE, Config
-from edgewatt.exporter.daemon import Daemon
+from edgewatt.exporter.config import KEYS, WHERE
+from edgewatt.exporter.reload import appliers
 from tests.conftest import wait_for
 from tests.test_otlp import Received, http_receiver  # noqa: F401 - the receiver fixture
 
 
 def test_every_live_key_has_an_action_and_no_other_key_has_one() -> None:
-    appliers = Daemon._appliers(types.SimpleNamespace(config=Config()))  # type: ignore[arg-type]
-    assert set(appliers) == {WHERE[k][0] for k, key in KEYS.items() if key.live}
-    assert all(appliers.values())
+    actions = appliers(types.SimpleNamespace())  # type: ignore[arg-type]
+    assert set(actions) == {WHERE[k][0] for k, key in KEYS.items() if key.live}
+    assert all(actions.values())
 
 
 def _headers_seen(received: Received, since: int) -> list[str]:

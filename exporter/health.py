@@ -1,0 +1,74 @@
+"""The /healthz document, built from the parts' public status: the last snapshot, the
+power reader's ``PowerMeter.status()``, the InfluxDB pusher's ``status()``, what the
+collectors could start, the table's membership and the state file's last error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgewatt.core import __version__
+from edgewatt.core.power.values import PowerStatus
+from edgewatt.core.snapshot import Snapshot
+from edgewatt.exporter.collectors import Collectors
+
+
+def document(
+    snapshot: Snapshot,
+    power: PowerStatus,
+    *,
+    now: float,
+    started: float,
+    interval_s: float,
+    min_interval_s: float,
+    logical_cpus: int,
+    collectors: Collectors,
+    membership: str,
+    other_namespaces: bool,
+    state_error: str | None,
+    influx: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """GET /healthz at ``now`` (epoch seconds) for a daemon started at ``started``;
+    ``power`` is ``PowerStatus()`` where no power source runs, ``influx`` None where
+    no push is configured."""
+    speaking = list(snapshot.power.sources) if snapshot.power else []
+    # A source found at startup that no longer speaks (a tegrastats restarting,
+    # a sensor gone): its hw_* series are absent meanwhile, so health says so.
+    silent = [name for name in power.sources if name not in speaking]
+    return {
+        "status": "degraded" if silent or state_error else "ok",
+        "version": __version__,
+        "uptime_s": round(now - started, 3),
+        "targets": len(snapshot.processes),
+        "last_sample_age_s": round(now - snapshot.time, 3),
+        "interval_s": interval_s,
+        "min_interval_s": min_interval_s,
+        "logical_cpus": logical_cpus,
+        "power_sources": speaking,
+        "power_sources_silent": silent,
+        # The power reader's rate now (chosen on the device unless configured), and
+        # what a reading costs its thread in CPU, wake included (None: not yet known).
+        "power_sample_hz": power.sample_hz,
+        # What reads the stream: "native" (built at install), "python" or "none".
+        "power_reader": power.reader,
+        "power_reading_cpu_us": round(power.reading_cpu_s * 1e6, 1)
+        if power.reading_cpu_s
+        else None,
+        # Young windows' rate (0: none), the readings taken at it since start, and
+        # the windows opened when its allowance was spent (read at the steady rate).
+        "power_window_hz": power.window_hz,
+        "power_window_readings": power.window_readings,
+        "power_windows_refused": power.windows_refused,
+        # Whether a target's figures end at its exit (the kernel's exit records and
+        # TCP destroy notifications, CAP_NET_ADMIN) or at the last pass before it.
+        "exit_figures": "exact" if collectors.exact_exits else "last-sample",
+        # How a target's descendants are learnt (sampling/membership.py).
+        "membership": membership,
+        # Cgroup targets' network figures: None where counted, else why not.
+        "cgroup_traffic": collectors.cgroup_traffic_problem,
+        "cgroup_other_namespaces": other_namespaces,
+        # Why the registrations could not be saved (null: the last save worked).
+        "state_error": state_error,
+        # The InfluxDB push (null where none is configured): lines waiting in the
+        # buffer, written, dropped from a full buffer, refused by the server.
+        "influx": influx,
+    }

@@ -1,0 +1,78 @@
+"""The registrations kept across a daemon restart: saved to the state file
+(statefile.py) on each change of the table, registered again at start."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from edgewatt.core.targets import TargetError, TargetTable
+from edgewatt.core.text import printable
+from edgewatt.exporter.registration import InvalidRegistration, parse_saved
+from edgewatt.exporter.statefile import StateFile
+
+log = logging.getLogger(__name__)
+
+
+class SavedState:
+    def __init__(self, statefile: StateFile) -> None:
+        self.statefile = statefile
+        self.error: str | None = None  # why the last save failed; None: it worked
+
+    def save(self, state: list[dict[str, Any]]) -> None:
+        """Save the registrations (the table's on_change); a failure keeps the old file
+        (statefile.py), is logged once until a save works again, and shown by /healthz
+        meanwhile: the registration itself holds, only a restart would lose it."""
+        try:
+            self.statefile.save(state)
+        except OSError as exc:
+            if self.error is None:
+                log.error(
+                    "cannot persist registrations to %s (%s): the file keeps the last "
+                    "state saved; registrations since are lost at a restart",
+                    self.statefile.path,
+                    exc,
+                )
+            self.error = f"{self.statefile.path}: {exc}"
+            return
+        if self.error is not None:
+            log.info("registrations persisted to %s again", self.statefile.path)
+        self.error = None
+
+    def restore(self, table: TargetTable, pid_max: int) -> int:
+        """Register the saved entries in ``table`` again, each checked as a new
+        registration is (fields, labels, and who may watch the live process); one log
+        line per entry skipped. Returns how many were restored."""
+        restored = 0
+        for n, entry in enumerate(self.statefile.load()):
+            try:
+                saved = parse_saved(entry, pid_max)
+                request = saved.registration
+                kept = {
+                    "target_id": saved.target_id,
+                    "registered_at": saved.registered_at,
+                    "holders": saved.holders,
+                }
+                if request.cgroup is not None:  # resolved anew: it may have restarted
+                    table.register_cgroup(
+                        request.cgroup, request.labels, saved.uid, limited=False, **kept
+                    )
+                else:
+                    table.register(
+                        request.pid,
+                        request.labels,
+                        request.children,
+                        saved.uid,
+                        expect_start=saved.start_ticks,
+                        **kept,
+                    )
+                restored += 1
+            except (InvalidRegistration, TargetError) as exc:
+                name = entry.get("id") if isinstance(entry, dict) else None
+                name = printable(name[:64]) if isinstance(name, str) else f"#{n + 1}"
+                log.info("not restoring registration %s: %s", name, exc)
+        table.persist()
+        return restored
+
+    def close(self) -> None:
+        self.statefile.close()
