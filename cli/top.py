@@ -61,17 +61,15 @@ def _net(rate: dict[str, Any] | None) -> str:
 
 
 def _cores(utilization: dict[str, float | None]) -> list[str]:
-    """Each CPU as number:percent; a number /proc/stat skips is offline ("off"), one
-    just come online has no interval yet ("-")."""
-    by_number = {int(n): u for n, u in utilization.items()}
-    return [
-        f"{n}:off"
-        if n not in by_number
-        else f"{n}:-"
-        if by_number[n] is None
-        else f"{n}:{by_number[n] * 100:.0f}"
-        for n in range(max(by_number) + 1 if by_number else 0)
-    ]
+    """Each CPU as number:percent; numbers /proc/stat skips are offline ("1-3:off"),
+    one just come online has no interval yet ("2:-")."""
+    items, expected = [], 0
+    for n, u in sorted((int(k), u) for k, u in utilization.items()):
+        if n > expected:
+            items.append(f"{expected}:off" if n == expected + 1 else f"{expected}-{n - 1}:off")
+        items.append(f"{n}:-" if u is None else f"{n}:{u * 100:.0f}")
+        expected = n + 1
+    return items
 
 
 def _gpu(gpu: dict[str, Any]) -> str:

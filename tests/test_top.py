@@ -27,17 +27,24 @@ BURNER = "import os; os.execv('/bin/dd', ['dd', 'if=/dev/zero', 'of=/dev/null', 
 HOLDER = "import time\nblock = b'x' * (64 << 20)\nwhile True: time.sleep(1)"
 
 
-@pytest.fixture
-def board(daemon_factory: Any, spawn: Any) -> tuple[DaemonProcess, str, str]:
-    daemon = daemon_factory(
+def stand_in(daemon_factory: Any, model: str = "Jetson AGX Thor", **kw: Any) -> DaemonProcess:
+    """A daemon reading the stand-in tegrastats replaying ``model``'s lines (Thor's
+    is one line: its rails hold still)."""
+    return daemon_factory(
         interval=0.5,
         extra_args=["--tegrastats", STAND_IN],
         env={
-            "FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor",
+            "FAKE_TEGRASTATS_MODEL": model,
             "EDGEWATT_IDLE_POWER_W": "4.0",
             "EDGEWATT_POWER_SOURCES": "tegrastats",
         },
+        **kw,
     )
+
+
+@pytest.fixture
+def board(daemon_factory: Any, spawn: Any) -> tuple[DaemonProcess, str, str]:
+    daemon = stand_in(daemon_factory)
     burner = daemon.register(spawn(BURNER).pid, labels={"role": "train"})["id"]
     holder = daemon.register(spawn(HOLDER).pid, labels={"role": "hold"})["id"]
     assert daemon.call("POST", f"/v1/targets/{burner}/phase", {"name": "round-3"})[0] == 201
@@ -270,16 +277,7 @@ def test_a_normal_user_watches_roots_daemon_live(
     """The live view in tmux, tmux and all run as nobody, against root's daemon on
     the stand-in board: the frame nobody sees has the rails /metrics has and root's
     target with its phase."""
-    daemon = daemon_factory(
-        socket_dir=public_dir,
-        interval=0.5,
-        extra_args=["--tegrastats", STAND_IN],
-        env={
-            "FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor",
-            "EDGEWATT_IDLE_POWER_W": "4.0",
-            "EDGEWATT_POWER_SOURCES": "tegrastats",
-        },
-    )
+    daemon = stand_in(daemon_factory, socket_dir=public_dir)
     burner = daemon.register(spawn(BURNER).pid, labels={"role": "train"})["id"]
     assert daemon.call("POST", f"/v1/targets/{burner}/phase", {"name": "round-1"})[0] == 201
     pane = pane_factory(
@@ -351,6 +349,9 @@ def test_each_core_is_labelled_by_its_number_across_hotplug(tmp_path: Path) -> N
     document = {"device": host(Snapshot(time=0.0, sequence=2, host=second)), "targets": []}
     assert document["device"]["cpu_core_utilization"] == {"0": 0.5, "2": None, "3": 0.25}
     assert "cpu% per core: 0:50  1:off  2:-  3:25" in device_lines(document, 80)
+    # A run of offline CPUs is one item, however many: the line stays bounded.
+    document["device"]["cpu_core_utilization"] = {"0": 0.5, "4": 0.25, "4095": 1.0}
+    assert "cpu% per core: 0:50  1-3:off  4:25  5-4094:off  4095:100" in device_lines(document, 80)
 
 
 def test_a_device_without_a_power_source_says_so(daemon: DaemonProcess) -> None:
@@ -471,14 +472,7 @@ def test_the_gpu_line_shows_the_frequency_the_board_reports(daemon_factory: Any)
     gpus = [_reading(Timed(0.0, parse_line(line))).gpus[0] for line in lines]
     shown = [(round(g.utilization * 100), g.frequency_mhz) for g in gpus]
     assert shown == [(84, 713), (63, 621), (0, 305), (87, 305), (31, 305), (12, 1300), (0, 510)]
-    daemon = daemon_factory(
-        interval=0.5,
-        extra_args=["--tegrastats", STAND_IN],
-        env={
-            "FAKE_TEGRASTATS_MODEL": "AGX Orin Developer Kit 64GB",  # GR3D_FREQ 12%@[1300,1300]
-            "EDGEWATT_POWER_SOURCES": "tegrastats",
-        },
-    )
+    daemon = stand_in(daemon_factory, "AGX Orin Developer Kit 64GB")  # 12%@[1300,1300]
     wait_for(lambda: daemon.call("GET", "/v1/host")[1]["power"])
     raw = subprocess.run(
         [*EDGEWATT, "top", "--json", "--socket", daemon.socket],
