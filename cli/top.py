@@ -212,7 +212,7 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
         f"total {_j(summary.get('energy_j'))} J  CPU {_cpu_s(summary):.2f} s"
         f"  processes {latest.get('processes', '-')}"
         f"  RSS peak {human_bytes(summary.get('memory_rss_peak_bytes'))}",
-        f"network {_net_detail(target.get('network_rate'))}",
+        f"network {_net_detail(target.get('network_rate'), summary.get('network_counts'))}",
         f"members ({target.get('member_count', 0)}): "
         + (" ".join(str(pid) for pid in target.get("members") or []) or "-"),
         "",
@@ -231,13 +231,22 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
     return [printable(line)[:width] for line in lines]
 
 
-def _net_detail(rate: dict[str, Any] | None) -> str:
+# What a target's network figures count (its summary's network_counts).
+_COUNTED = {
+    "tcp-payload": "TCP payload",
+    "ip-bytes": "IP bytes with headers",
+    "interface-bytes": "its namespace's interface frames",
+    "ip-bytes+interface-bytes": "IP bytes and interface frames",
+}
+
+
+def _net_detail(rate: dict[str, Any] | None, counts: str | None) -> str:
     if not rate:
-        return "rate: - (TCP; known after two samples of a running target)"
+        return "rate: - (known after two samples of a running target whose bytes are counted)"
     return (
         f"rate: {human_bytes(rate['transmit_bytes_per_s'])}/s sent,"
         f" {human_bytes(rate['receive_bytes_per_s'])}/s received"
-        f" (TCP, over the last {rate['window_s']:.1f} s)"
+        f" ({_COUNTED.get(counts or '', 'TCP payload')}, over the last {rate['window_s']:.1f} s)"
     )
 
 

@@ -402,7 +402,9 @@ def test_the_network_rate_is_over_the_last_intervals_not_since_registration() ->
     assert (header.split().index("TX/RX"), cell) == (6, "7.8KiB/6B")
     lines = frame({**document, "targets": [{**document["targets"][0], "summary": {}}]},
                   View(detail=True), 120)  # fmt: skip
-    assert "network rate: 7.8 KiB/s sent, 6 B/s received (TCP, over the last 1.0 s)" in lines
+    assert (
+        "network rate: 7.8 KiB/s sent, 6 B/s received (TCP payload, over the last 1.0 s)" in lines
+    )
     # A counter unknown (no accounting) or gone back: no rate, not a negative one.
     history.add(history.rows[-1]._replace(network_transmit_bytes=5, monotonic=12.0))
     assert history.network_rate() is None
