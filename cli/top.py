@@ -49,6 +49,36 @@ def _cpu(util: float | None, cpus: int | None) -> str:
     return "-" if util is None or not cpus else f"{util * cpus * 100:.1f}"
 
 
+_RATES = ("transmit_bytes_per_s", "receive_bytes_per_s")
+
+
+def _net(rate: dict[str, Any] | None) -> str:
+    if not rate:
+        return "-"
+    # Unit in each cell, without its space: 1.5KiB/340B.
+    sent, received = (human_bytes(rate[k]).replace(" ", "") for k in _RATES)
+    return f"{sent}/{received}"
+
+
+def _cores(utilization: dict[str, float | None]) -> list[str]:
+    """Each CPU as number:percent; numbers /proc/stat skips are offline ("1-3:off"),
+    one just come online has no interval yet ("2:-")."""
+    items, expected = [], 0
+    for n, u in sorted((int(k), u) for k, u in utilization.items()):
+        if n > expected:
+            items.append(f"{expected}:off" if n == expected + 1 else f"{expected}-{n - 1}:off")
+        items.append(f"{n}:-" if u is None else f"{n}:{u * 100:.0f}")
+        expected = n + 1
+    return items
+
+
+def _gpu(gpu: dict[str, Any]) -> str:
+    mhz = gpu.get("frequency_mhz")
+    return f"{gpu['name']} {gpu['utilization'] * 100:.0f}% load" + (
+        "" if mhz is None else f" at {mhz} MHz"
+    )
+
+
 def _cpu_s(span: dict[str, Any]) -> float:
     return (span.get("cpu_user_s") or 0.0) + (span.get("cpu_system_s") or 0.0)
 
@@ -84,14 +114,9 @@ def device_lines(document: dict[str, Any], width: int) -> list[str]:
     temps = [
         f"{k.split('/')[-1]} {v:.1f}C" for k, v in sorted(power.get("temperatures_c", {}).items())
     ]
-    gpus = [
-        f"{g['name']} {g['utilization'] * 100:.0f}% load"
-        for g in power.get("gpus") or []
-        if g.get("utilization") is not None
-    ]
+    gpus = [_gpu(g) for g in power.get("gpus") or [] if g.get("utilization") is not None]
     lines += _wrap("rails (W now/avg): ", rails, width)
-    cores = [f"{u * 100:.0f}" for u in device.get("cpu_core_utilization") or []]
-    lines += _wrap("cpu% per core: ", cores, width)
+    lines += _wrap("cpu% per core: ", _cores(device.get("cpu_core_utilization") or {}), width)
     lines += _wrap("temp: ", temps, width)
     lines += _wrap("gpu: ", gpus, width)
     return lines
@@ -117,14 +142,14 @@ COLUMNS = (
     "J",
     "CPU%",
     "MEM",
-    "NET KiB/s",
+    "TX/RX per s",
     "PROCS",
     "PHASE",
     "PHASE J",
     "LABELS",
 )
 # Dropped in this order while a row is wider than the screen (80 columns keep the rest).
-_DROP = ("LABELS", "NET KiB/s", "ID", "PROCS")
+_DROP = ("LABELS", "TX/RX per s", "ID", "PROCS")
 _CAP = {"NAME": 16, "PHASE": 12, "LABELS": 40}
 
 
@@ -136,13 +161,6 @@ def target_rows(document: dict[str, Any], sort: str) -> list[tuple[str, ...]]:
         summary = t.get("summary") or {}
         phases = summary.get("phases") or []
         phase = phases[-1] if phases and phases[-1].get("ended_at") is None else None
-        duration = summary.get("duration_s") or 0
-        net = [summary.get("network_transmit_bytes"), summary.get("network_receive_bytes")]
-        rate = (
-            "-"
-            if None in net or not duration
-            else f"{net[0] / duration / 1024:.0f}/{net[1] / duration / 1024:.0f}"
-        )
         running = t.get("state") == "running"
         rows.append(
             (
@@ -152,7 +170,7 @@ def target_rows(document: dict[str, Any], sort: str) -> list[tuple[str, ...]]:
                 _j(summary.get("energy_j")),
                 _cpu(latest.get("cpu_utilization"), cpus) if running else t.get("state", ""),
                 human_bytes(latest.get("memory_rss_bytes")),
-                rate,
+                _net(t.get("network_rate")),
                 str(latest.get("processes", "-")),
                 phase["name"] if phase else "-",
                 _j(phase.get("energy_j")) if phase else "-",
@@ -194,6 +212,7 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
         f"total {_j(summary.get('energy_j'))} J  CPU {_cpu_s(summary):.2f} s"
         f"  processes {latest.get('processes', '-')}"
         f"  RSS peak {human_bytes(summary.get('memory_rss_peak_bytes'))}",
+        f"network {_net_detail(target.get('network_rate'), summary.get('network_counts'))}",
         f"members ({target.get('member_count', 0)}): "
         + (" ".join(str(pid) for pid in target.get("members") or []) or "-"),
         "",
@@ -210,6 +229,25 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
     if not summary.get("phases"):
         lines.append("(no phases)")
     return [printable(line)[:width] for line in lines]
+
+
+# What a target's network figures count (its summary's network_counts).
+_COUNTED = {
+    "tcp-payload": "TCP payload",
+    "ip-bytes": "IP bytes with headers",
+    "interface-bytes": "its namespace's interface frames",
+    "ip-bytes+interface-bytes": "IP bytes and interface frames",
+}
+
+
+def _net_detail(rate: dict[str, Any] | None, counts: str | None) -> str:
+    if not rate:
+        return "rate: - (known after two samples of a running target whose bytes are counted)"
+    return (
+        f"rate: {human_bytes(rate['transmit_bytes_per_s'])}/s sent,"
+        f" {human_bytes(rate['receive_bytes_per_s'])}/s received"
+        f" ({_COUNTED.get(counts or '', 'TCP payload')}, over the last {rate['window_s']:.1f} s)"
+    )
 
 
 def frame(document: dict[str, Any], view: View, width: int = 80, height: int = 24) -> list[str]:

@@ -71,7 +71,9 @@ class HostSample:
     cpu_utilization: float | None  # share of all cores busy over the last interval
     memory: HostMemory
     network: Mapping[str, InterfaceBytes]
-    core_utilization: tuple[float, ...] = ()  # each logical CPU's, 0..1, same interval
+    # Each online logical CPU's by its number, 0..1, same interval; None: came online
+    # since the last pass.
+    core_utilization: Mapping[int, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, **SLOTS)

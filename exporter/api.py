@@ -91,9 +91,10 @@ def get_top(api: ApiContext, request: Request) -> Response:
         try:
             summary = table.summary(described["id"], api.logical_cpus)
             members = table.get(described["id"]).members  # replaced whole each pass
+            rate = table.network_rate(described["id"])
         except TargetError:
             continue  # unregistered between the reads
-        targets.append(documents.top_target(described, summary, members))
+        targets.append(documents.top_target(described, summary, members, rate))
     return ok(documents.top(api.host(), api.health(), targets))
 
 

@@ -50,13 +50,18 @@ def samples(target_id: str, units: dict[str, str], rows: list[dict[str, Any]]) -
 
 
 def top_target(
-    described: dict[str, Any], summary: dict[str, Any], members: tuple[int, ...] | list[int]
+    described: dict[str, Any],
+    summary: dict[str, Any],
+    members: tuple[int, ...] | list[int],
+    network_rate: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """One target of GET /v1/top: its description, summary and first pids (a cgroup of
-    thousands is one count, not a long list)."""
+    """One target of GET /v1/top: its description, summary, network rate over its last
+    intervals (TargetTable.network_rate) and first pids (a cgroup of thousands is one
+    count, not a long list)."""
     return {
         **described,
         "summary": summary,
+        "network_rate": network_rate,
         "members": list(members[:TOP_MEMBERS]),
         "member_count": len(members),
     }
@@ -82,7 +87,12 @@ def host(
         "time": snapshot.time,
         "logical_cpus": host.cpu.logical_cpus if host else None,
         "cpu_utilization": host.cpu_utilization if host else None,
-        "cpu_core_utilization": [round(u, 4) for u in host.core_utilization] if host else [],
+        # By CPU number ("0", "2"...): /proc/stat lists online CPUs only; null: one
+        # that came online since the last pass.
+        "cpu_core_utilization": {
+            str(n): None if u is None else round(u, 4)
+            for n, u in sorted(host.core_utilization.items() if host else ())
+        },
         "memory_total_bytes": host.memory.total_bytes if host else None,
         "memory_used_bytes": host.memory.bytes_by_state["used"] if host else None,
         "network": {
@@ -112,7 +122,13 @@ def host(
                 f"{source}/{name}": value for (source, name), value in power.temperatures_c.items()
             },
             "gpus": [
-                {"id": g.id, "name": g.name, "utilization": g.utilization, "power_w": g.power_w}
+                {
+                    "id": g.id,
+                    "name": g.name,
+                    "utilization": g.utilization,
+                    "frequency_mhz": g.frequency_mhz,
+                    "power_w": g.power_w,
+                }
                 for g in power.gpus
             ],
         },

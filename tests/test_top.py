@@ -27,17 +27,24 @@ BURNER = "import os; os.execv('/bin/dd', ['dd', 'if=/dev/zero', 'of=/dev/null', 
 HOLDER = "import time\nblock = b'x' * (64 << 20)\nwhile True: time.sleep(1)"
 
 
-@pytest.fixture
-def board(daemon_factory: Any, spawn: Any) -> tuple[DaemonProcess, str, str]:
-    daemon = daemon_factory(
+def stand_in(daemon_factory: Any, model: str = "Jetson AGX Thor", **kw: Any) -> DaemonProcess:
+    """A daemon reading the stand-in tegrastats replaying ``model``'s lines (Thor's
+    is one line: its rails hold still)."""
+    return daemon_factory(
         interval=0.5,
         extra_args=["--tegrastats", STAND_IN],
         env={
-            "FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor",
+            "FAKE_TEGRASTATS_MODEL": model,
             "EDGEWATT_IDLE_POWER_W": "4.0",
             "EDGEWATT_POWER_SOURCES": "tegrastats",
         },
+        **kw,
     )
+
+
+@pytest.fixture
+def board(daemon_factory: Any, spawn: Any) -> tuple[DaemonProcess, str, str]:
+    daemon = stand_in(daemon_factory)
     burner = daemon.register(spawn(BURNER).pid, labels={"role": "train"})["id"]
     holder = daemon.register(spawn(HOLDER).pid, labels={"role": "hold"})["id"]
     assert daemon.call("POST", f"/v1/targets/{burner}/phase", {"name": "round-3"})[0] == 201
@@ -48,27 +55,45 @@ def board(daemon_factory: Any, spawn: Any) -> tuple[DaemonProcess, str, str]:
 
 
 class Pane:
-    """`edgewatt top` in a detached tmux session of a given size."""
+    """`edgewatt top` in a detached tmux session of a given size, on a tmux server of
+    its own, run as ``user`` (None: this test's) with ``env`` (None: this test's)."""
 
-    def __init__(self, command: list[str], width: int, height: int) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        width: int,
+        height: int,
+        user: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = f"edgewatt-top-{os.getpid()}-{time.monotonic_ns()}"
+        self.tmux = ["tmux", "-L", self.name, "-f", "/dev/null"]
+        self.as_user: dict[str, Any] = {"env": env}
+        if user is not None:
+            self.as_user.update(user=user, group=user)
         subprocess.run(
-            ["tmux", "new-session", "-d", "-x", str(width), "-y", str(height), "-s", self.name,
-             " ".join(command)],
-            check=True, cwd=ROOT,
+            [*self.tmux, "new-session", "-d", "-x", str(width), "-y", str(height),
+             "-s", self.name, " ".join(command)],
+            check=True, cwd=ROOT if user is None else "/", **self.as_user,
         )  # fmt: skip
 
+    def _tmux(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.tmux, *args], capture_output=True, text=True, **self.as_user)
+
     def capture(self) -> list[str]:
-        out = subprocess.run(
-            ["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True
-        )
-        return out.stdout.rstrip("\n").split("\n")
+        return self._tmux("capture-pane", "-p", "-t", self.name).stdout.rstrip("\n").split("\n")
 
     def keys(self, *keys: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+        self._tmux("send-keys", "-t", self.name, *keys).check_returncode()
+
+    def pid(self) -> int:
+        return int(self._tmux("display-message", "-p", "-t", self.name, "#{pane_pid}").stdout)
+
+    def alive(self) -> bool:
+        return self._tmux("has-session", "-t", self.name).returncode == 0
 
     def close(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+        self._tmux("kill-server")
 
 
 @pytest.fixture
@@ -77,8 +102,8 @@ def pane_factory() -> Iterator[Any]:
         pytest.skip("tmux is not installed")
     panes: list[Pane] = []
 
-    def make(command: list[str], width: int = 80, height: int = 24) -> Pane:
-        panes.append(Pane(command, width, height))
+    def make(command: list[str], width: int = 80, height: int = 24, **as_user: Any) -> Pane:
+        panes.append(Pane(command, width, height, **as_user))
         return panes[-1]
 
     yield make
@@ -140,10 +165,15 @@ def test_the_live_view_shows_what_the_daemon_counts(board: Any, pane_factory: An
     assert row(pane.capture(), holder)[7] == "-"
     # Sorting: by CPU the burner leads, by memory the 64 MiB holder does.
     pane.keys("c")
-    wait_for(lambda: table(pane.capture()) == [burner, holder])
-    assert "sort: cpu" in "\n".join(pane.capture())
+
+    # (The power sort already has the burner first: wait for the key's redraw.)
+    def sorted_by(key: str) -> list[str] | None:
+        lines = pane.capture()
+        return table(lines) if f"sort: {key}" in "\n".join(lines) else None
+
+    assert wait_for(lambda: sorted_by("cpu")) == [burner, holder]
     pane.keys("m")
-    wait_for(lambda: table(pane.capture()) == [holder, burner])
+    wait_for(lambda: sorted_by("memory") == [holder, burner])
     # Enter: the selected (first) target's detail, its labels and no phase.
     pane.keys("Enter")
     detail = "\n".join(
@@ -170,12 +200,7 @@ def test_the_live_view_shows_what_the_daemon_counts(board: Any, pane_factory: An
     [phase] = [line for line in detail.split("\n") if line.startswith("round-3")]
     assert phase.endswith("(running)")
     pane.keys("q")
-    wait_for(
-        lambda: (
-            subprocess.run(["tmux", "has-session", "-t", pane.name], capture_output=True).returncode
-            != 0
-        )
-    )
+    wait_for(lambda: not pane.alive())
 
 
 def test_once_and_json_print_one_frame(board: Any) -> None:
@@ -209,8 +234,10 @@ def test_once_and_json_print_one_frame(board: Any) -> None:
     }
     assert document["health"]["power_sources"] == ["tegrastats"]
     device = document["device"]
-    assert len(device["cpu_core_utilization"]) == device["logical_cpus"]
-    assert all(0 <= u <= 1 for u in device["cpu_core_utilization"])
+    # By CPU number: this VM's CPUs are all online, numbered from 0.
+    cores = device["cpu_core_utilization"]
+    assert list(cores) == [str(n) for n in range(device["logical_cpus"])]
+    assert all(0 <= u <= 1 for u in cores.values())
     by_id = {t["id"]: t for t in document["targets"]}
     assert set(by_id) == {burner, holder}
     assert [p["name"] for p in by_id[burner]["summary"]["phases"]] == ["round-3"]
@@ -243,6 +270,38 @@ def test_a_normal_user_sees_roots_daemon(daemon_factory: Any, spawn: Any, public
         assert target in out.stdout
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing users needs root")
+def test_a_normal_user_watches_roots_daemon_live(
+    daemon_factory: Any, spawn: Any, public_dir: Path, pane_factory: Any
+) -> None:
+    """The live view in tmux, tmux and all run as nobody, against root's daemon on
+    the stand-in board: the frame nobody sees has the rails /metrics has and root's
+    target with its phase."""
+    daemon = stand_in(daemon_factory, socket_dir=public_dir)
+    burner = daemon.register(spawn(BURNER).pid, labels={"role": "train"})["id"]
+    assert daemon.call("POST", f"/v1/targets/{burner}/phase", {"name": "round-1"})[0] == 201
+    pane = pane_factory(
+        [SYSTEM_PYTHON, "-m", "edgewatt.cli", "top", "--socket", daemon.socket],
+        user=NOBODY,
+        # SHELL: tmux runs the command with it, else nobody's login shell, nologin.
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public_dir), "SHELL": "/bin/sh"},
+    )
+    assert os.stat(f"/proc/{pane.pid()}").st_uid == NOBODY
+    lines = wait_for(
+        lambda: (lambda s: s if any(x.startswith(burner) for x in s) else None)(pane.capture())
+    )
+    print("\n".join(lines))  # the frame, for the record (pytest -s)
+    assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
+    assert lines[0].startswith("edgewatt top ")
+    text = "\n".join(lines)
+    assert rails(daemon) and all(f"{n} {w:.2f}/" in text for n, w in rails(daemon).items())
+    hz = daemon.call("GET", "/healthz")[1]["power_sample_hz"]
+    assert lines[1].endswith(f" J since start; tegrastats at {hz:g} Hz")
+    assert row(lines, burner)[7] == "round-1"
+    pane.keys("q")
+    wait_for(lambda: not pane.alive())
+
+
 @pytest.mark.parametrize("interval", ["0", "-1", "nan"])
 def test_an_interval_that_never_refreshes_is_refused(interval: str) -> None:
     out = subprocess.run(
@@ -252,23 +311,47 @@ def test_an_interval_that_never_refreshes_is_refused(interval: str) -> None:
     assert "--interval must be above 0 s" in out.stderr
 
 
-def test_each_core_is_read_from_its_own_line() -> None:
-    from edgewatt.core.sampling.procfs import CLOCK_TICKS
-    from edgewatt.core.sampling.system import parse_cpu
+def stat(cores: dict[int, tuple[int, int]]) -> str:
+    """A /proc/stat of the online CPUs ``cores``: {number: (user ticks, idle ticks)}."""
+    user, idle = (sum(c[i] for c in cores.values()) for i in (0, 1))
+    lines = [f"cpu  {user} 0 0 {idle} 0 0 0 0 0 0"]
+    lines += [f"cpu{n} {u} 0 0 {i} 0 0 0 0 0 0" for n, (u, i) in sorted(cores.items())]
+    return "\n".join([*lines, "intr 1 2 3", "ctxt 10", ""])
 
-    stat = (
-        b"cpu  300 0 100 1000 100 0 0 0 0 0\n"
-        b"cpu0 200 0 50 400 50 0 0 0 0 0\n"
-        b"cpu1 100 0 50 600 50 0 0 0 0 0\n"
-        b"intr 1 2 3\n"
-    )
-    cpu = parse_cpu(stat)
-    assert cpu.logical_cpus == 2
-    # busy: all but idle and iowait; total: every column (guest is inside user).
-    assert cpu.per_cpu == (
-        (250 / CLOCK_TICKS, 700 / CLOCK_TICKS),
-        (150 / CLOCK_TICKS, 800 / CLOCK_TICKS),
-    )
+
+def test_each_core_is_labelled_by_its_number_across_hotplug(tmp_path: Path) -> None:
+    """/proc/stat lists online CPUs only: with cpu2 offline, then cpu1 taken offline and
+    cpu2 brought online, a core's figure is its own CPU's, under its number."""
+    from edgewatt.cli.top import device_lines
+    from edgewatt.core.platforms.linux import LinuxPlatform
+    from edgewatt.core.sampling.host import HostReader
+    from edgewatt.core.sampling.procfs import CLOCK_TICKS
+    from edgewatt.core.snapshot import Snapshot
+    from edgewatt.exporter.documents import host
+
+    (tmp_path / "net").mkdir()
+    (tmp_path / "meminfo").write_text("MemTotal: 1000 kB\nMemFree: 400 kB\n")
+    (tmp_path / "net" / "dev").write_text("Inter-|\n face |\n")
+    (tmp_path / "stat").write_text(stat({0: (100, 900), 1: (500, 500), 3: (0, 1000)}))
+    reader = HostReader(LinuxPlatform(str(tmp_path)))
+    first = reader.read()
+    assert first is not None and first.cpu.per_cpu == {
+        0: (100 / CLOCK_TICKS, 1000 / CLOCK_TICKS),
+        1: (500 / CLOCK_TICKS, 1000 / CLOCK_TICKS),
+        3: (0.0, 1000 / CLOCK_TICKS),
+    }
+    assert first.core_utilization == {0: None, 1: None, 3: None}  # no interval yet
+    # 100 ticks later: cpu0 busy 50 of them, cpu3 25, cpu1 offline, cpu2 online.
+    (tmp_path / "stat").write_text(stat({0: (150, 950), 2: (7, 3), 3: (25, 1075)}))
+    second = reader.read()
+    assert second is not None and second.cpu.logical_cpus == 3
+    assert second.core_utilization == {0: 0.5, 2: None, 3: 0.25}
+    document = {"device": host(Snapshot(time=0.0, sequence=2, host=second)), "targets": []}
+    assert document["device"]["cpu_core_utilization"] == {"0": 0.5, "2": None, "3": 0.25}
+    assert "cpu% per core: 0:50  1:off  2:-  3:25" in device_lines(document, 80)
+    # A run of offline CPUs is one item, however many: the line stays bounded.
+    document["device"]["cpu_core_utilization"] = {"0": 0.5, "4": 0.25, "4095": 1.0}
+    assert "cpu% per core: 0:50  1-3:off  4:25  5-4094:off  4095:100" in device_lines(document, 80)
 
 
 def test_a_device_without_a_power_source_says_so(daemon: DaemonProcess) -> None:
@@ -281,3 +364,136 @@ def test_a_device_without_a_power_source_says_so(daemon: DaemonProcess) -> None:
     lines = once.stdout.splitlines()
     assert lines[1] == "power: no power source on this device (edgewatt doctor says why)"
     assert " - W" not in once.stdout
+
+
+def test_the_network_rate_is_over_the_last_intervals_not_since_registration() -> None:
+    """A target that sent 1,000,000 bytes at first and 4,000 per half second since: its
+    rate is the last two intervals' 8,000 B/s, not the 672,000 B/s average."""
+    from edgewatt.cli.top import View, frame
+    from edgewatt.core.targets.history import History
+    from edgewatt.core.targets.row import SAMPLE_FIELDS, SampleRow
+
+    history = History(capacity=10)
+    assert history.network_rate() is None
+    for step, sent in enumerate((0, 1_000_000, 1_004_000, 1_008_000)):
+        row = dict.fromkeys(SAMPLE_FIELDS, 0)
+        row.update(time=1000.0 + step / 2, network_transmit_bytes=sent)
+        row.update(network_receive_bytes=3 * step)  # 3 bytes a row
+        history.add(SampleRow(**row, monotonic=10.0 + step / 2))
+    rate = history.network_rate()
+    assert rate == {
+        "transmit_bytes_per_s": 8000.0,
+        "receive_bytes_per_s": 6.0,
+        "window_s": 1.0,
+        "from_time": 1000.5,
+        "to_time": 1001.5,
+    }
+    # Shown with its unit in each cell, sent/received; where the row has room.
+    document = {
+        "device": {"time": 0.0, "logical_cpus": 2},
+        "targets": [
+            {"id": "a1", "state": "running", "executable": "sender", "labels": {},
+             "registered_at": 0.0, "latest": {"processes": 1}, "network_rate": rate},
+        ],
+    }  # fmt: skip
+    lines = frame(document, View(), 120)
+    header = next(line for line in lines if line.startswith("ID "))
+    [cell] = [c for c in lines[lines.index(header) + 1].split("  ") if "/" in c]
+    assert (header.split().index("TX/RX"), cell) == (6, "7.8KiB/6B")
+    lines = frame({**document, "targets": [{**document["targets"][0], "summary": {}}]},
+                  View(detail=True), 120)  # fmt: skip
+    assert (
+        "network rate: 7.8 KiB/s sent, 6 B/s received (TCP payload, over the last 1.0 s)" in lines
+    )
+    # A counter unknown (no accounting) or gone back: no rate, not a negative one.
+    history.add(history.rows[-1]._replace(network_transmit_bytes=5, monotonic=12.0))
+    assert history.network_rate() is None
+
+
+SENDER = """
+import socket, sys, time
+port = int(sys.stdin.readline())   # once registered
+c = socket.create_connection(("127.0.0.1", port))
+c.sendall(b"x" * 4_000_000)   # a burst, then a trickle
+while True:
+    c.sendall(b"y" * 2_000)
+    time.sleep(0.1)
+"""
+SINK = """
+import socket
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen()
+print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept()
+while conn.recv(1 << 16):
+    pass
+"""
+
+
+def test_the_daemon_serves_each_targets_rate_from_its_last_samples(
+    daemon_factory: Any, spawn: Any
+) -> None:
+    daemon = daemon_factory(interval=0.5)
+    sink = spawn(SINK, stdout=subprocess.PIPE, text=True)
+    port = int(sink.stdout.readline())
+    sender = spawn(SENDER, stdin=subprocess.PIPE, text=True)
+    target = daemon.register(sender.pid)["id"]
+    sender.stdin.write(f"{port}\n")
+    sender.stdin.flush()
+
+    def document() -> dict[str, Any]:
+        [top] = daemon.call("GET", "/v1/top")[1]["targets"]
+        return top
+
+    def after(when: float) -> dict[str, Any] | None:
+        """The document once its window starts at ``when`` or later."""
+        top = document()
+        rate = top["network_rate"]
+        return top if rate is not None and rate["from_time"] >= when else None
+
+    def burst() -> float | None:
+        latest = document()["latest"] or {}
+        return latest["time"] if latest.get("network_transmit_bytes", 0) > 4_000_000 else None
+
+    # The first sample past the burst, then a window that starts there: the trickle's.
+    first_past = wait_for(burst)
+    top = wait_for(lambda: after(first_past))
+    rate = top["network_rate"]
+    rows = {r["time"]: r for r in daemon.call("GET", f"/v1/targets/{target}/samples")[1]["samples"]}
+    first, last = rows[rate["from_time"]], rows[rate["to_time"]]
+    sent = last["network_transmit_bytes"] - first["network_transmit_bytes"]
+    assert rate["transmit_bytes_per_s"] == pytest.approx(sent / rate["window_s"], abs=0.1)
+    assert rate["receive_bytes_per_s"] == 0.0  # the sink answers nothing
+    # The trickle's rate, far below the average the burst makes since registration.
+    summary = top["summary"]
+    assert 0 < rate["window_s"] < summary["duration_s"]
+    assert (
+        rate["transmit_bytes_per_s"] < summary["network_transmit_bytes"] / summary["duration_s"] / 2
+    )
+
+
+def test_the_gpu_line_shows_the_frequency_the_board_reports(daemon_factory: Any) -> None:
+    """JetPack 6 and 7 print GR3D_FREQ as load@[MHz of each GPC]: the device lines
+    show the load and the clock, as the line has them."""
+    from edgewatt.core.power.child import Timed
+    from edgewatt.core.power.tegrastats import _reading, parse_line
+
+    fixtures = (ROOT / "tests" / "fixtures" / "tegrastats-samples.txt").read_text()
+    lines = [line for line in fixtures.splitlines() if "@[" in line and line[0] != "#"]
+    gpus = [_reading(Timed(0.0, parse_line(line))).gpus[0] for line in lines]
+    shown = [(round(g.utilization * 100), g.frequency_mhz) for g in gpus]
+    assert shown == [(84, 713), (63, 621), (0, 305), (87, 305), (31, 305), (12, 1300), (0, 510)]
+    daemon = stand_in(daemon_factory, "AGX Orin Developer Kit 64GB")  # 12%@[1300,1300]
+    wait_for(lambda: daemon.call("GET", "/v1/host")[1]["power"])
+    raw = subprocess.run(
+        [*EDGEWATT, "top", "--json", "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    [gpu] = json.loads(raw.stdout)["device"]["power"]["gpus"]
+    assert (gpu["utilization"], gpu["frequency_mhz"]) == (0.12, 1300)
+    once = subprocess.run(
+        [*EDGEWATT, "top", "--once", "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    assert "gpu: GR3D 12% load at 1300 MHz" in once.stdout.splitlines(), once.stdout

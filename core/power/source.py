@@ -137,6 +137,7 @@ class Gpu:
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     processes: Mapping[int, GpuProcess] = field(default_factory=dict)  # by host pid
+    frequency_mhz: int | None = None  # its clock, where the board reports it (tegrastats)
 
 
 @dataclass(frozen=True, **SLOTS)

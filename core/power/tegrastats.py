@@ -169,7 +169,14 @@ def _reading(latest: Timed[TegrastatsSample]) -> PowerReading:
     )
     gpus: tuple[Gpu, ...] = ()
     if s.gpu_percent is not None:
-        gpus = (Gpu(id="tegrastats:GR3D", name="GR3D", utilization=s.gpu_percent / 100),)
+        gpus = (
+            Gpu(
+                id="tegrastats:GR3D",
+                name="GR3D",
+                utilization=s.gpu_percent / 100,
+                frequency_mhz=s.gpu_freq_mhz,
+            ),
+        )
     return PowerReading(
         source="tegrastats",
         monotonic=latest.monotonic,

@@ -34,10 +34,14 @@ class HostReader:
             busy = max(0.0, cpu.busy_seconds - last.busy_seconds)
             self.busy_delta = busy
             utilization = min(1.0, busy / (cpu.total_seconds - last.total_seconds))
-        cores: tuple[float, ...] = ()
-        if last is not None and len(last.per_cpu) == len(cpu.per_cpu):  # none hot-plugged
-            cores = tuple(
-                min(1.0, max(0.0, b1 - b0) / (t1 - t0)) if t1 > t0 else 0.0
-                for (b0, t0), (b1, t1) in zip(last.per_cpu, cpu.per_cpu)
-            )
+        # By CPU number: one that came online since the last pass has no interval yet
+        # (None); one that went offline is absent, as from /proc/stat.
+        before = last.per_cpu if last is not None else {}
+        cores: dict[int, float | None] = {}
+        for number, (b1, t1) in cpu.per_cpu.items():
+            if number not in before:
+                cores[number] = None
+                continue
+            b0, t0 = before[number]
+            cores[number] = min(1.0, max(0.0, b1 - b0) / (t1 - t0)) if t1 > t0 else 0.0
         return HostSample(cpu, utilization, memory, network, core_utilization=cores)

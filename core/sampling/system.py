@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.procfs import CLOCK_TICKS
@@ -27,8 +27,9 @@ _CPU_COLUMNS = (
 class HostCpu:
     seconds_by_mode: dict[str, float]  # summed over all logical CPUs
     logical_cpus: int
-    # Each logical CPU's (busy, total) seconds, in /proc/stat's order (empty: unknown).
-    per_cpu: tuple[tuple[float, float], ...] = ()
+    # Each online logical CPU's (busy, total) seconds by its number (cpuN): /proc/stat
+    # lists online CPUs only, so a line's position is not its number (empty: unknown).
+    per_cpu: Mapping[int, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def busy_seconds(self) -> float:
@@ -52,7 +53,7 @@ class InterfaceBytes:
 
 
 def parse_cpu(text: bytes) -> HostCpu:
-    """/proc/stat's aggregate line and its count of per-CPU lines."""
+    """/proc/stat's aggregate line, and each cpuN line by N."""
     text = text.lstrip()
     head = text[: text.index(b"\n")] if b"\n" in text else text
     if not head.startswith(b"cpu "):
@@ -61,14 +62,17 @@ def parse_cpu(text: bytes) -> HostCpu:
     ticks += [0] * (8 - len(ticks))  # old kernels print fewer columns
     seconds = {mode: sum(ticks[i] for i in cols) / CLOCK_TICKS for mode, cols in _CPU_COLUMNS}
     cpus = text.count(b"\ncpu")  # the per-CPU lines follow the aggregate one
-    per_cpu = []
+    per_cpu: dict[int, tuple[float, float]] = {}
     for line in text.split(b"\n")[1 : cpus + 1]:
-        values = [int(x) for x in line.split()[1:9]]
+        name, _, columns = line.partition(b" ")
+        if not name[3:].isdigit():
+            continue
+        values = [int(x) for x in columns.split()[:8]]
         values += [0] * (8 - len(values))
         idle = values[3] + values[4]  # idle and iowait, as busy_seconds leaves them out
         total = sum(values)
-        per_cpu.append(((total - idle) / CLOCK_TICKS, total / CLOCK_TICKS))
-    return HostCpu(seconds_by_mode=seconds, logical_cpus=max(cpus, 1), per_cpu=tuple(per_cpu))
+        per_cpu[int(name[3:])] = ((total - idle) / CLOCK_TICKS, total / CLOCK_TICKS)
+    return HostCpu(seconds_by_mode=seconds, logical_cpus=max(cpus, 1), per_cpu=per_cpu)
 
 
 # The five /proc/meminfo keys used, found in one scan rather than a split of each line.

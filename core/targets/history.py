@@ -15,6 +15,9 @@ from edgewatt.core.targets.row import SampleRow
 # round keeps being measured past the bound; the older ones are counted as dropped.
 MAX_PHASES = 1000
 MAX_PHASE_NAME = 128  # bytes of UTF-8
+# The network rate spans the last this many intervals between rows: one is the
+# freshest, two smooth a pass on demand that came just after a scheduled one.
+RATE_INTERVALS = 2
 
 
 def phase_name(name: object) -> str:
@@ -129,6 +132,28 @@ class History:
             phase.ended_at = now
         return phase
 
+    def network_rate(self) -> dict[str, float] | None:
+        """TCP bytes per second sent and received between the last row and the one
+        ``RATE_INTERVALS`` before it (fewer while the history is shorter), on the
+        monotonic clock, with the window's length and its rows' times; None without two
+        rows or with a counter unknown or gone back."""
+        rows = self.rows
+        if len(rows) < 2:
+            return None
+        last, first = rows[-1], rows[-1 - min(RATE_INTERVALS, len(rows) - 1)]
+        span = last.monotonic - first.monotonic
+        sent = _growth(first.network_transmit_bytes, last.network_transmit_bytes)
+        received = _growth(first.network_receive_bytes, last.network_receive_bytes)
+        if span <= 0 or sent is None or received is None:
+            return None
+        return {
+            "transmit_bytes_per_s": round(sent / span, 1),
+            "receive_bytes_per_s": round(received / span, 1),
+            "window_s": round(span, 6),
+            "from_time": first.time,
+            "to_time": last.time,
+        }
+
     def end(self, when: float, rss_peak_bytes: int | None) -> None:
         """The target exited at ``when``: its running phase ends there, and the kernel's
         peak RSS (``rss_peak_bytes``, where known) counts, as no sample can miss it."""
@@ -137,3 +162,9 @@ class History:
         for phase in self.phases:
             if phase.ended_at is None:
                 phase.ended_at = when
+
+
+def _growth(before: int | None, after: int | None) -> int | None:
+    if before is None or after is None or after < before:
+        return None
+    return after - before

@@ -255,6 +255,13 @@ class TargetTable:
             self._get(target_id)
             return summarize_phase(phase, logical_cpus, self._carbon, self.energy_period_s)
 
+    def network_rate(self, target_id: str) -> dict[str, float] | None:
+        """A running target's TCP bytes per second over its last intervals (History);
+        None for one that ended: it sends nothing now."""
+        with self._lock:
+            target = self._get(target_id)
+            return None if target.exited_at is not None else target.history.network_rate()
+
     def samples(self, target_id: str, since: float | None = None) -> list[dict[str, Any]]:
         with self._lock:
             rows = list(self._get(target_id).history.rows)
