@@ -25,7 +25,8 @@ from typing import Any
 
 import psutil
 
-from edgewatt.core.sampling.process import CpuRate, TreeReading
+from edgewatt.core.sampling.cpu_rate import CpuRate
+from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.procfs import NoSuchProcess
 from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
 
