@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from edgewatt.core.sampling.departures import ExitFigures
     from edgewatt.core.sampling.membership import Lineage
-    from edgewatt.core.sampling.process import ExitFigures, TreeReading
+    from edgewatt.core.sampling.process import TreeReading
     from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
     from edgewatt.core.sampling.taskstats import TaskExits
 

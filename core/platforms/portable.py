@@ -25,7 +25,8 @@ from typing import Any
 
 import psutil
 
-from edgewatt.core.sampling.process import CpuRate, TreeReading
+from edgewatt.core.sampling.cpu_rate import CpuRate
+from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.procfs import NoSuchProcess
 from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
 
@@ -94,7 +95,7 @@ def _read(process: psutil.Process) -> tuple[tuple[float, float, int, int], dict[
 
 class PsutilTree:
     """One target and (by default) its descendants, read through psutil; the same
-    counting rules as exporter/sampling/process.py: counters never go backwards.
+    counting rules as core/sampling/process.py: counters never go backwards.
 
     Descendants are found once with ``children(recursive=True)`` and then followed by
     looking only at processes started since the last pass (``psutil.pids()``, one

@@ -1,7 +1,8 @@
-"""The nftables commands behind cgroup traffic counting (cgroup_traffic.py keeps the
-books): one table per daemon and namespace; per cgroup level in use, a verdict map
-keyed by cgroup on each hook; per counted cgroup, two chains, four named counters and
-two sets of the loopback flows its sockets send (IPv4, IPv6).
+"""The nftables commands behind cgroup traffic counting (traffic_tables.py runs them,
+cgroup_traffic.py keeps the books): one table per daemon and namespace; per cgroup
+level in use, a verdict map keyed by cgroup on each hook; per counted cgroup, two
+chains, four named counters and two sets of the loopback flows its sockets send (IPv4,
+IPv6).
 
     output:  socket cgroupv2 level L vmap @out_L   -> o_NAME
              o_NAME: not loopback: counter tx; loopback: add the flow to @f4/f6_NAME

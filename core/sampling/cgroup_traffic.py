@@ -11,10 +11,10 @@ one packet and arrives as many, and only counts taken on one side subtract exact
 
 The figures are IP bytes: payload plus IP and TCP/UDP headers, one set per packet as
 the hook sees it (sent out of the host with offload: one per batch), with the packet
-counts beside them. A context holds its namespace open, so a stopped container's last
-counts are still read; the namespace is let go once no member uses it. Rules go with
-their target, the table with the daemon; a table left by a daemon killed with -9 (its
-pid is gone) is removed at the next start, and a live daemon's is left alone.
+counts beside them. The tables and rules themselves, made and removed (a stopped
+container's last counts still read, a killed daemon's table cleaned up), are
+``traffic_tables.py``'s; this module keeps the accounting per target: which
+namespaces its members use, what each counted, what is carried when one is left.
 
 A namespace the daemon may not enter (setns needs CAP_SYS_ADMIN, which the systemd unit
 does not grant: a container with a network of its own), or may not trust a table in
@@ -34,88 +34,30 @@ counted, the target's figures are absent (problem() says why), never a part.
 from __future__ import annotations
 
 import errno
-import fcntl
-import glob
 import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from edgewatt.core.sampling import cgroup_rules
 from edgewatt.core.sampling.cgroup_rules import Spec
 from edgewatt.core.sampling.nftables import Nft, NftError
-from edgewatt.core.sampling.system import net_dev_rows
+from edgewatt.core.sampling.traffic_counts import Counts, interface_counts
+from edgewatt.core.sampling.traffic_tables import TrafficTables
 
 log = logging.getLogger(__name__)
 
-FAMILY = "inet"
-PREFIX = "edgewatt_"
 COUNTS = "IP bytes: payload plus IP and TCP/UDP headers, every protocol, every connection"
 # What a target's figures count, by how its namespaces are counted (the summary's
 # network_counts): by its sockets' rules, by the interfaces of namespaces it may not
 # enter, or both.
 IP_BYTES, INTERFACE_BYTES = "ip-bytes", "interface-bytes"
 
-
-@dataclass(frozen=True)
-class Counts:
-    """A target's traffic: IP bytes and packets each way, as the hooks saw them."""
-
-    sent_bytes: int = 0
-    received_bytes: int = 0
-    sent_packets: int = 0
-    received_packets: int = 0
-
-    def __add__(self, other: Counts) -> Counts:
-        return Counts(
-            self.sent_bytes + other.sent_bytes,
-            self.received_bytes + other.received_bytes,
-            self.sent_packets + other.sent_packets,
-            self.received_packets + other.received_packets,
-        )
-
-    def since(self, start: Counts) -> Counts:
-        """What was counted after ``start`` (never negative: a counter that went back
-        restarted, its interface recreated)."""
-        return Counts(
-            max(0, self.sent_bytes - start.sent_bytes),
-            max(0, self.received_bytes - start.received_bytes),
-            max(0, self.sent_packets - start.sent_packets),
-            max(0, self.received_packets - start.received_packets),
-        )
-
-
-def interface_counts(net_dev: str) -> Counts:
-    """A network namespace's traffic on every interface but loopback, from a member's
-    ``/proc/PID/net/dev`` (bytes and packets, transmit as sent)."""
-    sent = received = sent_packets = received_packets = 0
-    with open(net_dev, "rb") as f:
-        text = f.read()
-    for name, fields in net_dev_rows(text):
-        if name != "lo":
-            received += int(fields[0])
-            received_packets += int(fields[1])
-            sent += int(fields[8])
-            sent_packets += int(fields[9])
-    return Counts(sent, received, sent_packets, received_packets)
-
-
 # Bounds on what one target's or one user's members may make the daemon count: each
 # namespace costs a context (one netlink socket, libnftables' caches) or a file read a
 # pass. Beyond them the target's network figures are absent, saying why.
 MAX_NAMESPACES_PER_TARGET = 16
 MAX_NAMESPACES_PER_USER = 32
-NS_GET_USERNS = 0xB701  # ioctl on a namespace file: its owning user namespace
-
-
-@dataclass
-class _Namespace:
-    inode: int
-    nft: Nft
-    specs: dict[str, set[str]] = field(default_factory=dict)  # rules here -> target ids
-    levels: set[int] = field(default_factory=set)  # cgroup depths with maps here
-    problem: str | None = None  # its counters could not be read at the last pass
 
 
 @dataclass
@@ -127,7 +69,7 @@ class _Watch:
     # Counts of its cgroup's rules in a namespace when it joined them (another target
     # on the same cgroup had them first).
     base: dict[int, Counts] = field(default_factory=dict)
-    carried: Counts = Counts()  # from namespaces no member uses any more
+    carried: Counts = field(default_factory=Counts)  # from namespaces no member uses any more
     ns_of: dict[int, int] = field(default_factory=dict)  # member pid -> namespace inode
     # Namespaces counted by their interfaces (the daemon may not enter them, or their
     # owner may write the daemon's table there): inode -> the counts when first seen.
@@ -157,53 +99,19 @@ class CgroupTraffic:
             )
         self._prefix = "" if relative == "." else relative
         self._proc = proc
-        self._open = open_nft
-        self._own = os.stat(f"{proc}/self/ns/net").st_ino
-        self._own_users = os.stat(f"{proc}/self/ns/user").st_ino
-        _probe(open_nft)
-        self._namespaces: dict[int, _Namespace] = {}
+        self._tables = TrafficTables(proc, open_nft)
         self._watches: dict[str, _Watch] = {}
         self._names = (f"w{n}" for n in itertools.count(1))
-        self.table = f"{FAMILY} {PREFIX}{os.getpid()}"
-
-    # -- lifecycle ----------------------------------------------------------------
+        self.table = self._tables.table
 
     def clean_stale(self) -> int:
-        """Remove tables left by an earlier daemon (killed before it could), in every
-        namespace a process is in that the daemon's user namespace owns; returns how
-        many."""
-        removed = 0
-        seen = set()
-        for link in [f"{self._proc}/self/ns/net", *glob.glob(f"{self._proc}/[0-9]*/ns/net")]:
-            try:
-                inode = os.stat(link).st_ino
-            except OSError:
-                continue
-            if inode in seen:
-                continue
-            seen.add(inode)
-            if inode != self._own and not self._trusted(link):
-                continue  # never a table of ours there
-            try:
-                nft = self._open(None if inode == self._own else link)
-            except OSError:
-                continue  # gone meanwhile, or a namespace we may not join
-            try:
-                for name in _stale_tables(nft, self._proc):
-                    nft.run(f"delete table {FAMILY} {name}")
-                    removed += 1
-            except NftError as exc:
-                log.warning("removing a stale nftables table failed: %s", exc)
-            finally:
-                nft.close()
-        return removed
+        """Remove tables left by an earlier daemon (killed before it could); returns
+        how many (see TrafficTables.clean_stale)."""
+        return self._tables.clean_stale()
 
     def close(self) -> None:
-        for namespace in list(self._namespaces.values()):
-            self._drop_namespace(namespace)
+        self._tables.close()
         self._watches.clear()
-
-    # -- targets ------------------------------------------------------------------
 
     def watch(
         self, target_id: str, path: str, level: int, pids: Iterable[int], uid: int = 0
@@ -248,29 +156,10 @@ class CgroupTraffic:
 
     def sample(self) -> dict[str, Counts]:
         """Each watched target's traffic, cumulative."""
-        counts: dict[int, dict[str, Counts]] = {}
-        for inode, namespace in list(self._namespaces.items()):
-            try:
-                counts[inode] = self._read(namespace)
-            except NftError as exc:
-                if namespace.problem is None:  # once, not every pass
-                    log.warning(
-                        "reading nftables counters in network namespace %d failed: %s; "
-                        "network figures of targets with members there are absent until "
-                        "they can be read",
-                        inode,
-                        exc,
-                    )
-                namespace.problem = f"network namespace {inode}: counters unreadable: {exc}"
-                continue
-            namespace.problem = None
+        counts = self._tables.read_all()
         result = {}
         for target_id, watch in self._watches.items():
-            broken = [
-                self._namespaces[inode].problem
-                for inode in watch.namespaces
-                if inode in self._namespaces and self._namespaces[inode].problem
-            ]
+            broken = [why for why in map(self._tables.problem, watch.namespaces) if why]
             if watch.failed or broken:
                 continue  # absent, never a part: problem() says why
             for inode in watch.namespaces:
@@ -295,9 +184,9 @@ class CgroupTraffic:
             return None
         why = set(watch.failed.values())
         for inode in watch.namespaces:
-            namespace = self._namespaces.get(inode)
-            if namespace is not None and namespace.problem:
-                why.add(namespace.problem)
+            problem = self._tables.problem(inode)
+            if problem:
+                why.add(problem)
         return "; ".join(sorted(why)) or None
 
     def kind(self, target_id: str) -> str:
@@ -329,33 +218,6 @@ class CgroupTraffic:
         for inode in list(watch.namespaces):
             self._uninstall(target_id, watch, inode)
 
-    # -- one namespace ------------------------------------------------------------
-
-    def _read(self, namespace: _Namespace) -> dict[str, Counts]:
-        """Per cgroup's rules: its traffic in this namespace, members' own taken off."""
-        found = namespace.nft.counters(FAMILY, self.table.split()[1])
-        if any(f"tx_{name}" not in found for name in namespace.specs):
-            raise NftError(f"table {self.table} or its counters are gone (deleted by root?)")
-        return {name: Counts(*net) for name, net in cgroup_rules.counts(found).items()}
-
-    def _trusted(self, link: str) -> bool:
-        """Whether the daemon's own user namespace owns this network namespace: else
-        whoever made it is root there, over the daemon's table too."""
-        try:
-            fd = os.open(link, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return False
-        try:
-            owner = fcntl.ioctl(fd, NS_GET_USERNS)
-        except OSError:
-            return False  # a kernel before 4.9 cannot say: not trusted
-        finally:
-            os.close(fd)
-        try:
-            return os.fstat(owner).st_ino == self._own_users
-        finally:
-            os.close(owner)
-
     def _over_bounds(self, watch: _Watch) -> str | None:
         if len(watch.namespaces) >= MAX_NAMESPACES_PER_TARGET:
             return f"members in more than {MAX_NAMESPACES_PER_TARGET} network namespaces"
@@ -376,37 +238,21 @@ class CgroupTraffic:
         if over is not None:
             self._fail(target_id, watch, inode, over)
             return
-        if inode != self._own and not self._trusted(link):
+        if not self._tables.trusted(inode, link):
             why = "belongs to another user namespace (whose root may write the daemon's table)"
             self._count_interfaces(target_id, watch, inode, link, why)
             return
         try:
-            namespace = self._namespaces.get(inode)
-            if namespace is None:
-                nft = self._open(None if inode == self._own else link)
-                try:
-                    nft.run("\n".join(cgroup_rules.table(self.table)))
-                except NftError:
-                    nft.close()
-                    raise
-                namespace = self._namespaces[inode] = _Namespace(inode, nft)
-            holders = namespace.specs.get(spec.name)
-            if holders:  # another target on the same cgroup: its rules, from now on
-                watch.base[inode] = self._read(namespace).get(spec.name, Counts())
-            else:
-                commands = cgroup_rules.install(self.table, spec)
-                if spec.level not in namespace.levels:
-                    commands = cgroup_rules.level(self.table, spec.level) + commands
-                namespace.nft.run("\n".join(commands))
-                namespace.levels.add(spec.level)
+            base = self._tables.install(inode, link, spec, target_id)
         except OSError as exc:
-            if exc.errno in (errno.EPERM, errno.EACCES) and inode != self._own:
+            if exc.errno in (errno.EPERM, errno.EACCES) and inode != self._tables.own_netns:
                 why = "cannot be entered (no CAP_SYS_ADMIN)"
                 self._count_interfaces(target_id, watch, inode, link, why)
                 return
             self._fail(target_id, watch, inode, str(exc))
             return
-        namespace.specs.setdefault(spec.name, set()).add(target_id)
+        if base is not None:  # another target on the same cgroup: its rules, from now on
+            watch.base[inode] = base
         watch.namespaces.add(inode)
 
     def _fail(self, target_id: str, watch: _Watch, inode: int, why: str) -> None:
@@ -449,87 +295,16 @@ class CgroupTraffic:
                 watch.namespaces.discard(inode)
                 watch.carried += watch.last.pop(inode, Counts())
                 continue
-            namespace = self._namespaces.get(inode)
-            if namespace is not None:
-                try:
-                    final = self._read(namespace).get(watch.spec.name)
-                except NftError:
-                    final = None
-                if final is not None:
-                    watch.last[inode] = final.since(watch.base.get(inode, Counts()))
+            try:
+                final = self._tables.read(inode).get(watch.spec.name)
+            except NftError:
+                final = None
+            if final is not None:
+                watch.last[inode] = final.since(watch.base.get(inode, Counts()))
             watch.carried += watch.last.pop(inode, Counts())
             watch.base.pop(inode, None)
             self._uninstall(target_id, watch, inode)
 
     def _uninstall(self, target_id: str, watch: _Watch, inode: int) -> None:
         watch.namespaces.discard(inode)
-        namespace = self._namespaces.get(inode)
-        if namespace is None:
-            return
-        spec = watch.spec
-        holders = namespace.specs.get(spec.name, set())
-        holders.discard(target_id)
-        if holders:
-            return  # another target on the same cgroup still reads them
-        namespace.specs.pop(spec.name, None)
-        if not namespace.specs:
-            self._drop_namespace(namespace)
-            return
-        others = [
-            other.spec
-            for name in namespace.specs
-            for other in self._watches.values()
-            if other.spec.name == name
-        ]
-        others = list({o.name: o for o in others}.values())
-        staying = [
-            o for o in others if o.level == spec.level and os.path.isdir(f"/sys/fs/cgroup/{o.path}")
-        ]  # else it goes next
-        try:
-            namespace.nft.run("\n".join(cgroup_rules.uninstall(self.table, spec, others, staying)))
-        except NftError as exc:
-            log.warning("removing cgroup %s's nftables rules failed: %s", spec.path, exc)
-
-    def _drop_namespace(self, namespace: _Namespace) -> None:
-        self._namespaces.pop(namespace.inode, None)
-        try:
-            if self.table.split()[1] in _tables(namespace.nft):
-                namespace.nft.run(f"delete table {self.table}")
-        except NftError as exc:
-            log.warning("removing the nftables table failed: %s", exc)
-        finally:
-            namespace.nft.close()
-
-
-def _probe(open_nft: Callable[[str | None], Nft]) -> None:
-    """NftError saying why, where this process may not use nftables (netlink refuses
-    every nftables request without CAP_NET_ADMIN, a listing included)."""
-    nft = open_nft(None)
-    try:
-        nft.run("list tables")
-    except NftError as exc:
-        raise NftError(f"{exc} (counting needs CAP_NET_ADMIN)") from None
-    finally:
-        nft.close()
-
-
-def _tables(nft: Nft) -> list[str]:
-    answer = nft.run("list tables") or {}
-    return [
-        item["table"]["name"]
-        for item in answer.get("nftables", [])
-        if "table" in item and item["table"].get("family") == FAMILY
-    ]
-
-
-def _stale_tables(nft: Nft, proc: str) -> list[str]:
-    """edgewatt tables whose daemon is gone (named by its pid)."""
-    stale = []
-    for name in _tables(nft):
-        pid = name[len(PREFIX) :]
-        mine_or_dead = pid.isdigit() and (
-            int(pid) == os.getpid() or not os.path.exists(f"{proc}/{pid}")
-        )
-        if name.startswith(PREFIX) and mine_or_dead:
-            stale.append(name)
-    return stale
+        self._tables.uninstall(inode, watch.spec, target_id)

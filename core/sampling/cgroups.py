@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.sampling.process import TreeReading, cpu_shares
+from edgewatt.core.sampling.cpu_rate import cpu_shares
+from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.procfs import NoSuchProcess, parse_stat
 
 log = logging.getLogger(__name__)

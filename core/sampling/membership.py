@@ -8,16 +8,16 @@ learn it, and :attr:`Membership.mode` says which applies:
 - ``lineage``: the kernel's fork and exit events (``proc_events.py``, CAP_NET_ADMIN),
   applied in the order they happened, so a double fork between two passes is seen.
   Only its exit event takes a member out: one reaped before a pass could read it
-  stays in until that event comes (``process.py`` then counts its exit record).
+  stays in until that event comes (``departures.py`` then counts its exit record).
 - ``parent-links``: without the capability, the parent links a pass sees in /proc. A
   member stays a member when re-parented, but a process whose whole chain to the
   target ended between two passes (a double fork whose middle exited at once) is
   never found.
 
 After an overflow of the events socket, parent links are walked as well until the
-events are whole again (the next pass). The accounting of a member's figures (counted
-once, whatever the order of exits) is ``sampling/process.py``'s; this module only
-says who is in.
+events are whole again (the next pass). Reading the members each pass is
+``tree_walk.py``'s, the accounting of a departed member's figures (counted once,
+whatever the order of exits) ``departures.py``'s; this module only says who is in.
 """
 
 from __future__ import annotations

@@ -1,0 +1,211 @@
+"""What departed members leave in their target's counters: each one's figures counted
+once, whatever order exits and re-parentings come in (the two rules: ``process.py``).
+
+A departed member's last figures (its exit record's where one came) are carried at
+once (by owner: its CPU time; and whatever something outside the target reaps), or
+pending on the member that reaps it until that member's reaped-children counters show
+them (by reaper). Live members' counters plus these make the target's counters, which
+never go backwards (the ratchet in :meth:`Departures.total`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from edgewatt.core.compat import SLOTS
+from edgewatt.core.sampling.member_counters import ZERO, Member, Vec, add, sub_floor
+from edgewatt.core.sampling.procfs import CLOCK_TICKS, ProcHandle, Stat
+from edgewatt.core.sampling.taskstats import TaskExits
+from edgewatt.core.sampling.teardowns import Teardowns
+from edgewatt.core.sampling.tree_walk import Departed, Walked
+
+
+@dataclass(frozen=True, **SLOTS)
+class ExitFigures:
+    """A target's counters at its exit, as the kernel counted them."""
+
+    cpu_user_s: float
+    cpu_system_s: float
+    read_bytes: int
+    write_bytes: int
+    time: float  # unix seconds of the root's exit
+    rss_peak_bytes: int | None  # the kernel's peak RSS, for a target of one process
+    # Every member's teardown counted (teardowns.py): False where a member reaped
+    # outside the target had reaped children after its last reading.
+    teardowns_counted: bool = True
+
+
+class Departures:
+    """One target's departed members' figures, and the target's counters made of them
+    and its live members'. ``own_cpu``: CPU time by owner (see process.py)."""
+
+    def __init__(self, root_pid: int, exits: TaskExits | None, *, own_cpu: bool) -> None:
+        self._root_pid = root_pid
+        self._exits = exits
+        self._own_cpu = own_cpu
+        self._carried: Vec = ZERO  # figures of members reaped outside the target
+        # Figures of departed members on their way into a live member's reaped-children
+        # counters (a zombie waiting for its parent's wait(), or one already reaped):
+        # counted here until that member's counters show them.
+        self._pending: dict[int, Vec] = {}
+        self._value: Vec = ZERO  # the target's counters as last reported: never less
+        # By owner, the exit records miss each member's teardown: the reapers' counters
+        # of reaped children show it (teardowns.py).
+        self._teardowns = Teardowns()
+        self.exact = True  # every departed member's last figures came from the kernel
+        self._ended_at = 0.0  # unix seconds of the last exit the records timed
+
+    def settle(
+        self,
+        walked: Walked,
+        before: dict[int, Member],
+        unseen_before: set[int],
+        members: set[int],
+        *,
+        first: bool,
+    ) -> None:
+        """Count the pass's departed members (``walked``) against the members as they
+        were (``before``, ``unseen_before``); ``members``: every pid still in."""
+        if self._own_cpu:
+            for pid, (member, _) in walked.live.items():
+                self._teardowns.read(pid, member.reaped_cpu, existing=first)
+            for pid, known, _ in walked.departed:
+                if known is not None and known.zombie:
+                    self._teardowns.read(pid, known.reaped_cpu, existing=False)
+        self._settle(walked.never_seen + walked.departed, walked.live, before, unseen_before)
+        if self._own_cpu:
+            self._teardowns.after_pass(set(walked.live), members)
+
+    def _settle(
+        self,
+        departed: list[Departed],
+        live: dict[int, tuple[Member, Stat]],
+        before: dict[int, Member],
+        unseen_before: set[int],
+    ) -> None:
+        """Count every departed member's figures exactly once: on their way into a live
+        member that reaps it (pending until its counters show them), or carried when
+        something outside the target reaps it."""
+        pending = self._pending
+        leaving = {pid for pid, _, _ in departed}
+        for pid, known, reaper in departed:
+            figures = self._final_figures(pid, known)
+            if self._own_cpu:  # its own time is its own to the end: carried at once
+                self._carried = add(self._carried, (figures[0], figures[1], 0, 0))
+                inside = reaper in live or reaper in leaving
+                unseen = known is None and pid in unseen_before
+                final = known is not None and known.zombie
+                own = figures[0] + figures[1]
+                self._teardowns.depart(pid, own, reaper, inside, unseen, final)
+                figures = (0, 0, figures[2], figures[3])
+            figures = add(figures, pending.pop(pid, ZERO))
+            if reaper in live or reaper in leaving:
+                pending[reaper] = add(pending.get(reaper, ZERO), figures)
+            else:
+                self._carried = add(self._carried, figures)
+        for pid in list(pending):
+            entry = live.get(pid)
+            if entry is None:  # its reaper left too, outside the target
+                self._carried = add(self._carried, pending.pop(pid))
+                continue
+            was = before.get(pid)
+            if was is not None and was.handle is entry[0].handle:
+                # What the member reaped since its last reading cancels what was pending.
+                grown = sub_floor(entry[0].reaped, was.reaped)
+                left = sub_floor(pending[pid], grown)
+                # /proc truncates to ticks what the exit records give in us: less than
+                # a tick left of each is that rounding, not a member still to come.
+                rounding = grown != ZERO and left[0] < 1 and left[1] < 1 and left[2:] == (0, 0)
+                if left == ZERO or rounding:
+                    del pending[pid]
+                else:
+                    pending[pid] = left
+
+    def _final_figures(self, pid: int, known: Member | None) -> Vec:
+        """A departed member's figures at its exit: its own CPU from the kernel's exit
+        record where one came (what it ran since the last pass, included), else as
+        last read (then the target is no longer exact)."""
+        record = None
+        if self._exits is not None and known is None:
+            record = self._exits.exited_pid(pid)  # the events say it was just now
+        elif self._exits is not None and known is not None:
+            start = _unix_start(known.handle)
+            if self._exits.complete(start):
+                record = self._exits.exited(pid, start)
+        if record is None:
+            if known is None:
+                # By reaper, its parent in the target counts it when it reaps it. By owner
+                # (exit records present), its time was in its record alone: lost.
+                if self._own_cpu:
+                    self.exact = False
+                return ZERO
+            self.exact = False
+            return known.totals
+        # In ticks as /proc counts, unrounded: a short process ran for less than one.
+        own = (record.user_s * CLOCK_TICKS, record.system_s * CLOCK_TICKS)
+        if known is None:
+            return (own[0], own[1], record.read_bytes, record.write_bytes)
+        self._ended_at = max(self._ended_at, _unix_start(known.handle) + record.elapsed_s)
+        totals, reaped = known.totals, known.reaped
+        # The larger of the two CPU times, whole: the record and /proc split the same
+        # runtime between user and system differently, so a maximum per mode over-counts.
+        final = (own[0] + reaped[0], own[1] + reaped[1])
+        cpu = final if sum(final) >= totals[0] + totals[1] else totals[:2]
+        return (
+            cpu[0],
+            cpu[1],
+            max(totals[2], record.read_bytes),
+            max(totals[3], record.write_bytes),
+        )
+
+    def total(self, live: Vec) -> Vec:
+        """The target's counters: what its ``live`` members show, plus what departed
+        members left, carried or pending (counted until their reaper shows them).
+        Never backwards; CPU time as a whole (user and system are split differently
+        by /proc and the exit records: a maximum per mode would add the larger of
+        each)."""
+        carried, value = self._with_teardowns(self._carried), self._value
+        for figures in self._pending.values():
+            carried = add(carried, figures)
+        user, system = live[0] + carried[0], live[1] + carried[1]
+        if user + system < value[0] + value[1]:
+            user, system = value[0], value[1]
+        self._value = (
+            user,
+            system,
+            max(value[2], live[2] + carried[2]),
+            max(value[3], live[3] + carried[3]),
+        )
+        return self._value
+
+    def end(self, read_at: float, alone: bool) -> ExitFigures:
+        """The counters once no member is live: ``alone``, the target was one process
+        at its last reading (the kernel's peak RSS is then its own)."""
+        # Nothing is live or pending any more: what was carried is the whole figure.
+        v, c = self._value, self._with_teardowns(self._carried)
+        cpu = c[:2] if c[0] + c[1] >= v[0] + v[1] else v[:2]
+        value = (cpu[0], cpu[1], max(v[2], c[2]), max(v[3], c[3]))
+        record = self._exits.exited_pid(self._root_pid) if self._exits is not None else None
+        return ExitFigures(
+            cpu_user_s=value[0] / CLOCK_TICKS,
+            cpu_system_s=value[1] / CLOCK_TICKS,
+            read_bytes=value[2],
+            write_bytes=value[3],
+            time=self._ended_at or read_at,
+            rss_peak_bytes=record.hiwater_rss_bytes if record is not None and alone else None,
+            teardowns_counted=not self._own_cpu or self._teardowns.complete,
+        )
+
+    def _with_teardowns(self, carried: Vec) -> Vec:
+        """``carried`` with what the exit records missed (by owner): teardowns are the
+        kernel's work (exit_mm), counted as system time."""
+        missed = self._teardowns.missed() if self._own_cpu else 0.0
+        return (carried[0], carried[1] + missed, carried[2], carried[3])
+
+
+def _unix_start(handle: ProcHandle) -> float:
+    """Unix time of a process's start, to 10 ms, through the boot clock (not /proc/stat's
+    whole-second btime)."""
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return boot + handle.start_ticks / CLOCK_TICKS
