@@ -311,6 +311,8 @@ class Daemon:
             "last_sample_age_s": round(time.time() - snapshot.time, 3),
             "interval_s": self.config.interval,
             "min_interval_s": self.config.min_interval,
+            # How long a finished target stays readable (`edgewatt status` says so).
+            "exited_retention_s": self.config.exited_retention,
             "logical_cpus": self.sampler.logical_cpus,
             "power_sources": speaking,
             "power_sources_silent": silent,

@@ -33,7 +33,7 @@ import typing  # runtime aliases: Python 3.8's builtins take no [...]
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from edgewatt.core.compat import SLOTS
+from edgewatt.core.compat import SLOTS, exit_code
 from edgewatt.core.sampling.membership import Lineage
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
 from edgewatt.core.sampling.taskstats import TaskExits
@@ -87,6 +87,8 @@ class ExitFigures:
     # Every member's teardown counted (teardowns.py): False where a member reaped
     # outside the target had reaped children after its last reading.
     teardowns_counted: bool = True
+    # The root's exit code, or -N for signal N (its exit record's; None: none came).
+    exit_status: int | None = None
 
 
 @dataclass(**SLOTS)
@@ -420,6 +422,9 @@ class ProcessTree:
             time=self._ended_at or read_at,
             rss_peak_bytes=record.hiwater_rss_bytes if record is not None and alone else None,
             teardowns_counted=not self.own_cpu or self._teardowns.complete,
+            exit_status=None
+            if record is None or record.exit_status is None
+            else exit_code(record.exit_status),
         )
 
     def _reading(
