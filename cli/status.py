@@ -32,9 +32,13 @@ def render(
     running = [t for t in targets if t["state"] == "running"]
     lines = _running(running, logical_cpus)
     ended = [(t, finished[t["id"]]) for t in targets if t["id"] in (finished or {})]
+    ended.sort(key=lambda pair: pair[0].get("exited_at") or 0.0)
     if ended:
         kept = f", kept {retention_s:g} s after their end" if retention_s is not None else ""
         lines += ["", f"finished{kept}:", *_finished(ended)]
+        more = sum(t["state"] != "running" for t in targets) - len(ended)
+        if more > 0:
+            lines.append(f"({more} older finished targets: edgewatt status --json)")
         lines += [
             "CPU is CPU seconds while registered; ENERGY joules attributed (-: no power",
             "source); RSS PEAK the largest RSS sampled; EXIT from the kernel's exit record.",
@@ -42,13 +46,18 @@ def render(
     return "\n".join(lines)
 
 
+# Finished targets shown, the newest (a process registering and letting go in a loop
+# leaves up to max_targets of them); the others are counted.
+FINISHED_SHOWN = 20
+
+
 def finished_summaries(socket: str, targets: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The summaries of the finished targets among ``targets`` (one request each; one
-    purged meanwhile is left out)."""
+    """The summaries of the newest FINISHED_SHOWN finished targets among ``targets``
+    (one request each; one purged meanwhile is left out)."""
     summaries = {}
-    for target in targets:
-        if target["state"] == "running":
-            continue
+    finished = [t for t in targets if t["state"] != "running"]
+    finished.sort(key=lambda t: t.get("exited_at") or 0.0)
+    for target in finished[-FINISHED_SHOWN:]:
         try:
             summaries[target["id"]] = transport.call_ok(
                 socket, "GET", f"/v1/targets/{target['id']}/summary"

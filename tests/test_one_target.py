@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from edgewatt.cli.status import human_bytes
+from edgewatt.cli.status import human_bytes, render
 from tests.conftest import ROOT, DaemonProcess, call_as, wait_for
 
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
@@ -225,3 +225,23 @@ def test_a_finished_run_stays_in_status_and_summary(
     assert row[5:8] == shown
     # Past exited_retention they go.
     wait_for(lambda: daemon.call("GET", f"/v1/targets/{let_go}")[0] == 404, timeout=40, step=0.5)
+
+
+def test_status_shows_the_newest_twenty_finished_and_counts_the_rest() -> None:
+    targets = [
+        {"id": f"t{i:02d}", "pid": 100 + i, "state": "exited", "exited_at": 1_800_000_000.0 + i,
+         "labels": {}, "executable": "python3"}
+        for i in range(25)
+    ]  # fmt: skip
+    summaries = {
+        t["id"]: {"cpu_user_s": 1.0, "cpu_system_s": 0.25, "energy_j": 12.5,
+                  "memory_rss_peak_bytes": 3 * 2**20, "exit_status": -9 if t["pid"] % 2 else 0}
+        for t in targets[-20:]
+    }  # fmt: skip
+    lines = render(targets, 2, summaries, 600.0).splitlines()
+    rows = [line.split() for line in lines if line.startswith("t")]
+    assert [r[0] for r in rows] == [f"t{i:02d}" for i in range(5, 25)]  # oldest first
+    assert rows[0] == ["t05", "105", "python3", "08:00:05", "UTC", "exited", "signal", "9",
+                       "1.25", "s", "12.5", "J", "3.0", "MiB", "-"]  # fmt: skip
+    assert rows[1][5:7] == ["exited", "0"]
+    assert "(5 older finished targets: edgewatt status --json)" in lines
