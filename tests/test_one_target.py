@@ -37,7 +37,8 @@ def readme_script() -> str:
     return script[1]
 
 
-def test_a_second_registration_joins_the_target(daemon: DaemonProcess, spawn: Any) -> None:
+def test_a_second_registration_joins_the_target(daemon_factory: Any, spawn: Any) -> None:
+    daemon = daemon_factory()
     child = spawn("import time; time.sleep(60)")
     status, first = daemon.call("POST", "/v1/targets", {"pid": child.pid, "labels": {"run": "a"}})
     assert status == 201 and first["conflicts"] == []
@@ -66,6 +67,11 @@ def test_a_second_registration_joins_the_target(daemon: DaemonProcess, spawn: An
     # A reserved name is refused as in any registration, and nothing is added.
     status, body = daemon.call("POST", "/v1/targets", {"pid": child.pid, "labels": {"job": "x"}})
     assert status == 400 and body["error"] == "invalid labels"
+    # What a join added and the holders are saved: a daemon killed and started again
+    # has them all.
+    daemon.stop(signal.SIGKILL)
+    daemon = daemon_factory(state_dir=daemon.state_dir)
+    assert daemon.call("GET", f"/v1/targets/{tid}")[1]["labels"] == full["labels"]
     # One target, its series under the joined labels, its phases the holders' phases.
     assert [t["id"] for t in daemon.call("GET", "/v1/targets")[1]["targets"]] == [tid]
     assert daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "epoch-1"})[0] == 201
