@@ -126,7 +126,9 @@ def _parser(
     register.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     register.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
     summary = sub.add_parser("summary", help="a target's figures since it was registered")
-    summary.add_argument("id", metavar="ID")
+    summary.add_argument(
+        "id", metavar="ID|KEY=VALUE", help="a target's id, or a label: its newest target"
+    )
     summary.add_argument("--json", action="store_true", help="print the API's JSON")
     summary.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
     unregister = sub.add_parser("unregister", help="let go of a registered target")
@@ -160,7 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from edgewatt.cli import daemon_socket
-    from edgewatt.cli.status import render
+    from edgewatt.cli.status import finished_summaries, render
     from edgewatt.core import transport
 
     path = daemon_socket.find("status", args.socket)
@@ -175,7 +177,9 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(targets, indent=2))
     else:
-        print(render(targets, health.get("logical_cpus")))
+        finished = finished_summaries(path, targets)
+        retention = health.get("exited_retention_s")
+        print(render(targets, health.get("logical_cpus"), finished, retention))
     return 0
 
 

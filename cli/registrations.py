@@ -4,7 +4,7 @@
     edgewatt register --unit flower-supernode.service
     edgewatt register --cgroup /system.slice/x.service
     edgewatt register --pid 1234
-    edgewatt summary ID [--json]
+    edgewatt summary ID|KEY=VALUE [--json]
     edgewatt unregister ID
 
 Each talks to the daemon found as clients find it (or --socket), which checks the
@@ -22,6 +22,7 @@ from edgewatt.cli import daemon_socket
 from edgewatt.cli.phases import phase_table
 from edgewatt.cli.status import human_bytes
 from edgewatt.core import transport
+from edgewatt.core.text import printable
 
 
 def _call(path: str, command: str, method: str, url: str, body: Any = None) -> Any:
@@ -80,14 +81,41 @@ def unregister(target_id: str, socket: str | None) -> int:
 
 
 def summary(target_id: str, socket: str | None, as_json: bool) -> int:
+    """The summary of target ``target_id``, or of the newest target (running or
+    finished) labelled so where it is KEY=VALUE."""
     path = daemon_socket.find("summary", socket)
     if path is None:
         return 1
+    if "=" in target_id:
+        found = _labelled(path, target_id)
+        if found is None:
+            return 1
+        target_id = found
     answer = _call(path, "summary", "GET", f"/v1/targets/{target_id}/summary?fresh=1")
     if answer is None:
         return 1
     print(json.dumps(answer, indent=2) if as_json else render(answer))
     return 0
+
+
+def _labelled(path: str, label: str) -> str | None:
+    """The id of the newest target the daemon keeps with label KEY=VALUE (the others
+    named on stderr), or None after a line saying none has it."""
+    key, _, value = label.partition("=")
+    listing = _call(path, "summary", "GET", "/v1/targets")
+    if listing is None:
+        return None
+    matching = [t for t in listing["targets"] if t.get("labels", {}).get(key) == value]
+    if not matching:
+        print(f"edgewatt summary: no target labelled {printable(label)} "
+              "(running, or finished within exited_retention)", file=sys.stderr)  # fmt: skip
+        return None
+    matching.sort(key=lambda t: t["registered_at"])
+    if len(matching) > 1:
+        others = ", ".join(t["id"] for t in matching[:-1])
+        print(f"edgewatt summary: {len(matching)} targets labelled {printable(label)}; "
+              f"the newest, {matching[-1]['id']} (others: {others})", file=sys.stderr)  # fmt: skip
+    return matching[-1]["id"]
 
 
 def render(s: dict[str, Any]) -> str:

@@ -399,6 +399,12 @@ def open_registration(
             why = f"the daemon at {path} refused the registration: {exc}"
         except OSError as exc:
             why = f"the daemon at {path} stopped answering ({exc})"
+    if info is not None and info.get("conflicts"):
+        # Joined a target registered with other values (`edgewatt run --label`): said
+        # once, as the figures go to that target under its labels.
+        refused = "; ".join(f"{c.get('field')}: {c.get('why')}" for c in info["conflicts"])
+        log.warning("edgewatt: pid %d joined target %s, which keeps its own %s",
+                    options.pid, info.get("id"), refused)  # fmt: skip
     daemon = DaemonBackend(path, info) if info is not None else None
     registration = Registration(path, options, fallback, daemon)
     if daemon is None:

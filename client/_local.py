@@ -80,7 +80,7 @@ class LocalSampler:
             ),
             carbon=carbon,
         )
-        self.target, _ = self.table.register(pid, labels or {}, children, current_uid())
+        self.target = self.table.register(pid, labels or {}, children, current_uid()).target
         meter = None
         if power:
             options = PowerOptions(

@@ -26,6 +26,7 @@ from edgewatt.core.targets import (
     TooMany,
     TooManyLookups,
 )
+from edgewatt.core.targets.access import check_owner
 from edgewatt.exporter import documents
 from edgewatt.exporter.registration import (
     TARGET_ID,
@@ -112,7 +113,7 @@ def register_target(api: ApiContext, request: Request) -> Response:
     registration = parse_request(request.json(), request.peer_pid, api.pid_max)
     if registration.cgroup is not None:
         try:
-            target, created = api.table.register_cgroup(
+            held = api.table.register_cgroup(
                 registration.cgroup,
                 registration.labels,
                 request.peer_uid,
@@ -125,15 +126,15 @@ def register_target(api: ApiContext, request: Request) -> Response:
             time.sleep(min(LOOKUP_HOLD_S, refused.retry_s or LOOKUP_HOLD_S))
             raise
     else:
-        target, created = api.table.register(
+        held = api.table.register(
             registration.pid, registration.labels, registration.children, request.peer_uid
         )
-    if created:
+    if held.created:
         # Registration is a sample: the summary's baseline is read now, so what the
         # process did before is excluded and nothing after it is lost.
-        api.sample_now(target.id)
-    answer = documents.registered(target.describe(), api.min_interval)
-    return Response(201 if created else 200, answer)
+        api.sample_now(held.target.id)
+    answer = documents.registered(held.target.describe(), api.min_interval, held.refused)
+    return Response(201 if held.created else 200, answer)
 
 
 def get_target(api: ApiContext, request: Request) -> Response:
@@ -145,7 +146,13 @@ def get_target(api: ApiContext, request: Request) -> Response:
 
 def delete_target(api: ApiContext, request: Request) -> Response:
     request.body()
-    return ok(api.table.delete(request.params["id"], request.peer_uid).describe())
+    target_id = request.params["id"]
+    target = api.table.get(target_id)
+    if target.holders == 1 and target.state == "running":
+        # Its last registration goes: its figures run to now, then it ends (kept to read).
+        check_owner(target, request.peer_uid)
+        api.sample_now(target_id)
+    return ok(api.table.delete(target_id, request.peer_uid).describe())
 
 
 # A phase's edges are samples: the pass taken at each closes the phase that ends and

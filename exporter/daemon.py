@@ -142,6 +142,7 @@ class Daemon:
             started=self._started,
             interval_s=self.config.interval,
             min_interval_s=self.config.min_interval,
+            exited_retention_s=self.config.exited_retention,
             logical_cpus=sampler.logical_cpus,
             collectors=self.collectors,
             membership=self.table.membership,

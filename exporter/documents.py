@@ -19,11 +19,15 @@ def error(error: str, detail: str = "") -> dict[str, str]:
     return {"error": error, "detail": detail}
 
 
-def registered(described: dict[str, Any], min_interval_s: float) -> dict[str, Any]:
-    """POST /v1/targets: the target (a described one), and the shortest interval
-    between two fresh samples, for monitors' fresh reads."""
+def registered(
+    described: dict[str, Any], min_interval_s: float, refused: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """POST /v1/targets: the target (a described one: a joined target's labels are
+    all it has), the shortest interval between two fresh samples, for monitors' fresh
+    reads, and what a joining registration asked and did not get (``conflicts``)."""
     keys = ("id", "kind", "pid", "cgroup", "start_time", "labels", "children")
-    return {**{k: described[k] for k in keys}, "min_interval_s": min_interval_s}
+    document = {k: described[k] for k in keys}
+    return {**document, "min_interval_s": min_interval_s, "conflicts": refused}
 
 
 def targets(described: list[dict[str, Any]]) -> dict[str, Any]:

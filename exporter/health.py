@@ -20,6 +20,7 @@ def document(
     started: float,
     interval_s: float,
     min_interval_s: float,
+    exited_retention_s: float,
     logical_cpus: int,
     collectors: Collectors,
     membership: str,
@@ -42,6 +43,8 @@ def document(
         "last_sample_age_s": round(now - snapshot.time, 3),
         "interval_s": interval_s,
         "min_interval_s": min_interval_s,
+        # How long a finished target stays readable (`edgewatt status` says so).
+        "exited_retention_s": exited_retention_s,
         "logical_cpus": logical_cpus,
         "power_sources": speaking,
         "power_sources_silent": silent,

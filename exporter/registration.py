@@ -17,10 +17,10 @@ from edgewatt.core.labels import LabelError, validate_labels
 from edgewatt.core.sampling import cgroup_names
 from edgewatt.core.sampling.cgroup_names import CgroupName
 from edgewatt.core.sampling.cgroups import InvalidCgroup
+from edgewatt.core.targets.access import MAX_HOLDERS
 
 TARGET_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_UID = 2**32 - 2  # (uid_t)-1 means "no uid"
-MAX_HOLDERS = 1_000_000
 
 
 class InvalidRegistration(ValueError):

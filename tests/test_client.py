@@ -55,7 +55,8 @@ def test_with_daemon_the_daemon_samples_and_no_thread_starts(daemon: DaemonProce
     assert phase["name"] == "epoch-1" and phase["ended_at"] is not None
     # Phase edges are late by less than one interval (0.2 s): 1 s of CPU reads >= 0.75.
     assert 0.75 <= phase["cpu_user_s"] + phase["cpu_system_s"] <= 1.25
-    assert daemon.call("GET", f"/v1/targets/{data['id']}")[0] == 404  # close() unregistered
+    # close() unregistered it: it ended there, kept to read for exited_retention.
+    assert daemon.call("GET", f"/v1/targets/{data['id']}")[1]["state"] == "unregistered"
 
 
 SUMMARY_TO_NOW = """

@@ -16,6 +16,7 @@ def _document(snapshot: Snapshot, power: PowerStatus, **changes: Any) -> dict[st
         "started": 900.0,
         "interval_s": 1.0,
         "min_interval_s": 0.1,
+        "exited_retention_s": 600.0,
         "logical_cpus": 4,
         "collectors": Collectors(parts=None, exact_exits=True, cgroup_traffic_problem=None),  # type: ignore[arg-type]
         "membership": "lineage",

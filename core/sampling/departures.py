@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from edgewatt.core.compat import SLOTS
+from edgewatt.core.compat import SLOTS, exit_code
 from edgewatt.core.sampling.member_counters import ZERO, Member, Vec, add, sub_floor
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, ProcHandle, Stat
 from edgewatt.core.sampling.taskstats import TaskExits
@@ -34,6 +34,8 @@ class ExitFigures:
     # Every member's teardown counted (teardowns.py): False where a member reaped
     # outside the target had reaped children after its last reading.
     teardowns_counted: bool = True
+    # The root's exit code, or -N for signal N (its exit record's; None: none came).
+    exit_status: int | None = None
 
 
 class Departures:
@@ -195,6 +197,9 @@ class Departures:
             time=self._ended_at or read_at,
             rss_peak_bytes=record.hiwater_rss_bytes if record is not None and alone else None,
             teardowns_counted=not self._own_cpu or self._teardowns.complete,
+            exit_status=None
+            if record is None or record.exit_status is None
+            else exit_code(record.exit_status),
         )
 
     def _with_teardowns(self, carried: Vec) -> Vec:

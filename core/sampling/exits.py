@@ -33,6 +33,7 @@ class Ending:
     figures: bool = False  # its exit sample has final figures (the kernel's, a cgroup's)
     rss_peak_bytes: int | None = None  # the kernel's peak RSS, for a target of one process
     teardowns: bool = True  # every member's teardown is in the kernel's figures
+    exit_status: int | None = None  # its root's exit code, or -N for signal N
 
     def mode(self, network_exact: bool) -> str:
         """The exit mode its summary states, given whether every closed connection's
@@ -70,6 +71,7 @@ def exit_reading(
             last, cpu_utilization=None, cpu_mode_utilization=None, pids=(), idle_pids=frozenset()
         )
     ending.rss_peak_bytes = figures.rss_peak_bytes
+    ending.exit_status = figures.exit_status
     ending.teardowns = figures.teardowns_counted
     read, write = last.read_bytes, last.write_bytes
     user, system = final_cpu(
@@ -107,6 +109,7 @@ def mark_exited(
             exit_mode=ending.mode(network_exact),
             rss_peak_bytes=ending.rss_peak_bytes,
             end_reason=ending.reason,
+            exit_status=ending.exit_status,
         )
 
 

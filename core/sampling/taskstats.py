@@ -50,6 +50,7 @@ _GENLHDR = struct.Struct("=BBH")
 _U32 = struct.Struct("=I")
 # Offsets in struct taskstats (bytes): see the module docstring.
 _VERSION = struct.Struct("=H")
+_EXIT_CODE = struct.Struct("=I")  # ac_exitcode (a wait status) at 4
 _PID_PPID = struct.Struct("=II")  # ac_pid, ac_ppid at 128
 _ELAPSED = struct.Struct("=Q")  # ac_etime (us since the task started) at 144
 _RUNTIME = struct.Struct("=Q")  # cpu_run_virtual_total (ns) at 72
@@ -77,6 +78,7 @@ class TaskExit:
     read_bytes: int
     write_bytes: int
     hiwater_rss_bytes: int
+    exit_status: int = 0  # the thread's, as wait() gives it (exit code << 8, or signal)
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -140,9 +142,11 @@ def _record(data: bytes, at: int) -> TaskExit:
     (btime,) = _BTIME64.unpack_from(data, at + 344)
     (tgid,) = _TGID.unpack_from(data, at + 368)
     (elapsed,) = _ELAPSED.unpack_from(data, at + 144)
+    (status,) = _EXIT_CODE.unpack_from(data, at + 4)
     return TaskExit(
-        pid, tgid, ppid, float(btime), elapsed, user, system, read, write, hiwater_kib * 1024
-    )
+        pid, tgid, ppid, float(btime), elapsed, user, system, read, write, hiwater_kib * 1024,
+        status,
+    )  # fmt: skip
 
 
 class TaskstatsSocket:
@@ -221,6 +225,7 @@ class ExitedProcess:
     hiwater_rss_bytes: int = 0
     elapsed_s: float = 0.0  # the leader's life: start to exit
     leader_exited: bool = False
+    exit_status: int | None = None  # the leader's wait status, once it exited
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -263,6 +268,7 @@ class TaskExits:
                 p.leader_exited = True
                 p.ppid, p.start_time = r.ppid, r.start_time
                 p.elapsed_s = r.elapsed_us / 1e6
+                p.exit_status = r.exit_status
             p.arrived = now
         for tgid in [
             tgid

@@ -25,7 +25,8 @@ class TargetState:
 
     target: Target  # as the table gave it this pass
     tree: Tree | None = None  # its reader, opened at its first pass
-    attributes: Mapping[str, str | int] | None = None  # its series' identity, built once
+    attributes: Mapping[str, str | int] | None = None  # its series' identity
+    labels: Mapping[str, str] | None = None  # the target's labels it was built from
     failed: bool = False  # its last read failed (said once in the log)
     cpu_s: float | None = None  # its CPU seconds at the last pass that read it
     reading: TreeReading | None = None  # this pass's (None: not read in it)
@@ -38,8 +39,10 @@ class TargetState:
 
     def identity(self, host_name: str) -> Mapping[str, str | int]:
         """Its series' attributes: pid and executable, or its container's, unit's or
-        cgroup's name; its id, the host and its labels."""
-        if self.attributes is None:
+        cgroup's name; its id, the host and its labels (built again when a joining
+        registration added labels: Target.join replaces the mapping)."""
+        if self.attributes is None or self.labels is not self.target.labels:
+            self.labels = self.target.labels
             self.attributes = _attributes(self.target, host_name)
         return self.attributes
 

@@ -16,7 +16,8 @@ One module per concern, the public names re-exported here:
   lookup bounds), checked against the caller's rights.
 - persistence.py: a target's state-file entry, and the ordered hand-off of the state.
 - errors.py: the refusals by kind, without HTTP (exporter/api.py maps them).
-- table.py: TargetTable, the one locked table the API and the sampler share.
+- table.py: TargetTable, the one locked table the API and the sampler share; Held, a
+  registration's outcome (a new target, or a live one joined).
 """
 
 from edgewatt.core.targets.access import Limits
@@ -32,7 +33,7 @@ from edgewatt.core.targets.history import MAX_PHASE_NAME, MAX_PHASES, History, P
 from edgewatt.core.targets.resolve import Resolver
 from edgewatt.core.targets.row import SAMPLE_FIELDS, SAMPLE_UNITS, SampleRow
 from edgewatt.core.targets.summary import PhaseFigures
-from edgewatt.core.targets.table import MAX_SAMPLE_AGE_S, TargetTable
+from edgewatt.core.targets.table import MAX_SAMPLE_AGE_S, Held, TargetTable
 from edgewatt.core.targets.target import Identity, Observed, Target
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "SAMPLE_UNITS",
     "Conflict",
     "Forbidden",
+    "Held",
     "History",
     "Identity",
     "Limits",

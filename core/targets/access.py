@@ -18,6 +18,10 @@ if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads 
     from edgewatt.core.sampling.cgroups import Cgroup
 
 
+# Registrations one target may hold at once (the state file keeps the count).
+MAX_HOLDERS = 1_000_000
+
+
 def check_process(handle: ProcHandle, uid: int) -> None:
     """Forbidden (the handle closed) unless ``uid`` may watch the process: the kernel's
     rule for reading its /proc files (ProcHandle.refuses)."""

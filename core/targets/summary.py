@@ -150,6 +150,9 @@ def summarize(
         # ("exit-records"), or at the last pass before the exit ("last-sample");
         # None while running.
         "exit": target.exit_mode,
+        # The registered process's exit code (-N: killed by signal N), where the
+        # kernel's exit records gave it; None while running, or unknown.
+        "exit_status": target.exit_status,
         "membership": _membership(target, membership),
         "network_counts": _network_counts(target),
         "samples": h.count,

@@ -8,19 +8,19 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.snapshot import ProcessSample
-from edgewatt.core.targets.access import Limits, check_owner
-from edgewatt.core.targets.errors import Conflict, NotFound
+from edgewatt.core.targets.access import MAX_HOLDERS, Limits, check_owner
+from edgewatt.core.targets.errors import Conflict, NotFound, TooMany
 from edgewatt.core.targets.history import History, Phase, phase_name
 from edgewatt.core.targets.persistence import StateSaver, saved
 from edgewatt.core.targets.resolve import Resolver
 from edgewatt.core.targets.row import row_of, sample_dict
 from edgewatt.core.targets.summary import PhaseFigures, phase_figures, summarize, summarize_phase
-from edgewatt.core.targets.target import Identity, Observed, Target
+from edgewatt.core.targets.target import UNREGISTERED, Identity, Observed, Target
 
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
     from edgewatt.core.sampling.cgroup_names import CgroupName
@@ -29,6 +29,16 @@ if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads 
 # exit sample is dated at the exit, up to an interval before its pass): a wall-clock
 # step between the read and the record moves it by no more.
 MAX_SAMPLE_AGE_S = 60.0
+
+
+class Held(NamedTuple):
+    """A registration's outcome: the target, whether it is new, and what a registration
+    joining a live target asked and did not get (Target.join: labels whose name the
+    target has with another value, or beyond its bound; the children flag)."""
+
+    target: Target
+    created: bool
+    refused: list[dict[str, Any]]
 
 
 class TargetTable:
@@ -91,9 +101,9 @@ class TargetTable:
         expect_start: int | None = None,
         registered_at: float | None = None,
         holders: int = 1,
-    ) -> tuple[Target, bool]:
-        """Register a live process; returns (target, created). Registering a registered
-        process again (same labels) holds the same target once more."""
+    ) -> Held:
+        """Register a live process. Registering a registered process again (any labels)
+        joins its target: one process is one target, whoever registers it."""
         handle = self._resolver.process(pid, uid, expect_start)
         identity = Identity(
             id=target_id or secrets.token_hex(6),
@@ -109,7 +119,6 @@ class TargetTable:
         history = History(self._limits.history_samples)
         return self._hold_or_add(
             Target(identity, history, handle=handle, holders=max(1, holders)),
-            lambda t: f"pid {pid} is target {t.id} with other labels or children flag",
         )
 
     def register_cgroup(
@@ -123,8 +132,8 @@ class TargetTable:
         registered_at: float | None = None,
         holders: int = 1,
         limited: bool = True,
-    ) -> tuple[Target, bool]:
-        """Register the cgroup ``name`` names now; returns (target, created). Who may
+    ) -> Held:
+        """Register the cgroup ``name`` names now (joining its live target). Who may
         register which: access.check_cgroup. ``limited``: the user's lookup bounds
         hold (Resolver.cgroup)."""
         cgroup = self._resolver.cgroup(name, uid, gids, limited)
@@ -143,16 +152,13 @@ class TargetTable:
             gids=gids,
         )
         history, observed = History(self._limits.history_samples), Observed(cgroup=cgroup.path)
-        return self._hold_or_add(
-            Target(identity, history, observed, holders=max(1, holders)),
-            lambda t: f"cgroup {cgroup.path} is target {t.id} with other labels",
-        )
+        return self._hold_or_add(Target(identity, history, observed, holders=max(1, holders)))
 
-    def _hold_or_add(self, new: Target, conflict: Callable[[Target], str]) -> tuple[Target, bool]:
-        """The target of ``new``'s identity held once more (registered with the same
-        labels and children flag, else Conflict saying ``conflict(it)``), or ``new``,
-        within the limits; ``new``'s handle is closed where it is not kept. Both are
-        persisted."""
+    def _hold_or_add(self, new: Target) -> Held:
+        """The target of ``new``'s identity, joined (Target.join) and held once more,
+        or ``new``, within the limits; ``new``'s handle is closed where it is not kept.
+        Joining is acting on the target: its registrant's or root's (check_owner), as
+        who may watch the process was checked by resolving it. Both are persisted."""
         key = new.identity.key
         with self._lock:
             existing_id = self._by_identity.get(key)
@@ -164,24 +170,30 @@ class TargetTable:
                     raise refusal
                 self._targets[new.id] = new
                 self._by_identity[key] = new.id
-                target, created = new, True
+                held = Held(new, True, [])
             else:
                 _discard(new)
-                target, created = self._targets[existing_id], False
-                if (target.labels, target.children) != (new.labels, new.children):
-                    raise Conflict("already registered", conflict(target))
+                target = self._targets[existing_id]
+                check_owner(target, new.uid)
+                if target.holders >= MAX_HOLDERS:
+                    raise TooMany("too many holders", f"target {target.id} has {MAX_HOLDERS}")
+                held = Held(target, False, target.join(new.labels, new.children))
                 target.holders += 1
-        self.persist()  # a new target, or one more holder: both are persisted
-        return target, created
+        self.persist()  # a new target, or one more holder (and labels): both are persisted
+        return held
 
     def delete(self, target_id: str, uid: int) -> Target:
-        """Let go of one registration; the target goes with the last one."""
+        """Let go of one registration. With the last one a running target ends there
+        ("unregistered"); either way it stays readable as an exited one does, for
+        exited_retention (purge_exited), so a finished run can still be looked at."""
         with self._lock:
             target = self._get(target_id)
             check_owner(target, uid)
-            target.holders -= 1
             if target.holders <= 0:
-                del self._targets[target_id]
+                raise Conflict("not registered", f"target {target_id} has no registration left")
+            target.holders -= 1
+            if target.holders == 0 and target.exited_at is None:
+                target.end(self._wall(), "last-sample", end_reason=UNREGISTERED)
                 self._by_identity.pop(target.identity.key, None)
         # The sampler owns the handle; it closes it when the target leaves its list.
         self.persist()
@@ -281,8 +293,8 @@ class TargetTable:
         with self._lock:
             for sample in samples:
                 target = self._targets.get(sample.target_id)
-                if target is None:
-                    continue
+                if target is None or target.exited_at is not None:
+                    continue  # unregistered while the pass ran: its figures ended there
                 age = min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
                 row = row_of(sample, monotonic - age) if only is None or target.id in only else None
                 target.observe(sample, row, self.energy_period_s)
@@ -299,6 +311,7 @@ class TargetTable:
         exit_mode: str = "last-sample",
         rss_peak_bytes: int | None = None,
         end_reason: str | None = None,
+        exit_status: int | None = None,
     ) -> None:
         """The target is gone, at ``when``: Target.end; its identity may be registered
         anew."""
@@ -307,6 +320,7 @@ class TargetTable:
             if target is None or target.exited_at is not None:
                 return
             target.end(when, exit_mode, rss_peak_bytes, end_reason)
+            target.exit_status = exit_status
             self._by_identity.pop(target.identity.key, None)
         self.persist()
 

@@ -3,10 +3,12 @@ history, and its end."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.labels import MAX_LABELS
 from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets.history import History
@@ -14,6 +16,10 @@ from edgewatt.core.targets.row import SampleRow, sample_dict
 
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
     from edgewatt.core.sampling.cgroup_names import CgroupName
+
+
+# A target's end_reason when its last registration let it go while it still ran.
+UNREGISTERED = "unregistered"
 
 
 @dataclass(frozen=True, **SLOTS)
@@ -85,7 +91,10 @@ class Target:
     holders: int = 1
     exited_at: float | None = None
     exit_mode: str | None = None  # once exited: "exact", "exit-records" or "last-sample"
-    end_reason: str | None = None  # why a cgroup target ended, for its summary
+    # Why it ended: a cgroup target's cgroup gone (for its summary), or UNREGISTERED.
+    end_reason: str | None = None
+    # Its process's exit code, or -N for signal N, where the kernel's exit record said.
+    exit_status: int | None = None
 
     @property
     def id(self) -> str:
@@ -129,11 +138,42 @@ class Target:
 
     @property
     def state(self) -> str:
-        return "running" if self.exited_at is None else "exited"
+        """ "running", "exited", or "unregistered" (its last holder let it go first)."""
+        if self.exited_at is None:
+            return "running"
+        return "unregistered" if self.end_reason == UNREGISTERED else "exited"
 
     @property
     def kind(self) -> str:
         return "process" if self.identity.cgroup_name is None else "cgroup"
+
+    def join(self, labels: dict[str, str], children: bool) -> list[dict[str, Any]]:
+        """Another registration of this target: ``labels`` it lacks are added (up to
+        MAX_LABELS), its own values and children flag kept; returns what was asked and
+        not taken, each with why (never a silent overwrite)."""
+        mine = self.identity.labels
+        added: dict[str, str] = {}
+        refused = []
+        for name, value in labels.items():
+            kept = mine.get(name)
+            if kept == value:
+                continue
+            if kept is not None:
+                why = f"the target has {name}={kept!r}"
+            elif len(mine) + len(added) >= MAX_LABELS:
+                why = f"the target has {MAX_LABELS} labels, the most it may"
+            else:
+                added[name] = value
+                continue
+            refused.append({"field": f"labels.{name}", "asked": value, "kept": kept, "why": why})
+        if children != self.identity.children:
+            kept_flag = self.identity.children
+            what = "counts its children" if kept_flag else "counts the process alone"
+            refused.append({"field": "children", "asked": children, "kept": kept_flag,
+                            "why": f"the target {what}"})  # fmt: skip
+        if added:  # a new mapping: the sampler sees the change (TargetState.identity)
+            self.identity = dataclasses.replace(self.identity, labels={**mine, **added})
+        return refused
 
     def observe(self, sample: ProcessSample, row: SampleRow | None, period_s: float | None) -> None:
         """One pass's ``sample``: what it saw is kept, its ``row`` added to the history
