@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.procfs import ProcHandle
@@ -46,6 +46,18 @@ def check_owner(target: Target, uid: int) -> None:
     """Forbidden unless ``uid`` registered ``target`` (or is root)."""
     if uid != 0 and uid != target.uid:
         raise Forbidden("not your target", f"target {target.id} belongs to uid {target.uid}")
+
+
+def hold(target: Target, uid: int, labels: dict[str, str], children: bool) -> list[dict[str, Any]]:
+    """One more registration of ``target`` by ``uid``: joining is acting on the target,
+    so its registrant's or root's alone; ``labels`` joined (Target.join), what was not
+    taken returned."""
+    check_owner(target, uid)
+    if target.holders >= MAX_HOLDERS:
+        raise TooMany("too many holders", f"target {target.id} has {MAX_HOLDERS}")
+    conflicts = target.join(labels, children)
+    target.holders += 1
+    return conflicts
 
 
 @dataclass(frozen=True, **SLOTS)

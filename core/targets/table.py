@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.snapshot import ProcessSample
-from edgewatt.core.targets.access import MAX_HOLDERS, Limits, check_owner
-from edgewatt.core.targets.errors import Conflict, NotFound, TooMany
+from edgewatt.core.targets.access import Limits, check_owner, hold
+from edgewatt.core.targets.errors import Conflict, NotFound
 from edgewatt.core.targets.history import History, Phase, phase_name
 from edgewatt.core.targets.persistence import StateSaver, saved
 from edgewatt.core.targets.resolve import Resolver
@@ -155,10 +155,9 @@ class TargetTable:
         return self._hold_or_add(Target(identity, history, observed, holders=max(1, holders)))
 
     def _hold_or_add(self, new: Target) -> Held:
-        """The target of ``new``'s identity, joined (Target.join) and held once more,
-        or ``new``, within the limits; ``new``'s handle is closed where it is not kept.
-        Joining is acting on the target: its registrant's or root's (check_owner), as
-        who may watch the process was checked by resolving it. Both are persisted."""
+        """The target of ``new``'s identity, held once more (access.hold, who may watch
+        the process having been checked by resolving it), or ``new``, within the limits;
+        ``new``'s handle is closed where it is not kept. Both are persisted."""
         key = new.identity.key
         with self._lock:
             existing_id = self._by_identity.get(key)
@@ -174,11 +173,7 @@ class TargetTable:
             else:
                 _discard(new)
                 target = self._targets[existing_id]
-                check_owner(target, new.uid)
-                if target.holders >= MAX_HOLDERS:
-                    raise TooMany("too many holders", f"target {target.id} has {MAX_HOLDERS}")
-                held = Held(target, False, target.join(new.labels, new.children))
-                target.holders += 1
+                held = Held(target, False, hold(target, new.uid, new.labels, new.children))
         self.persist()  # a new target, or one more holder (and labels): both are persisted
         return held
 
@@ -268,8 +263,7 @@ class TargetTable:
             return summarize_phase(phase, logical_cpus, self._carbon, self.energy_period_s)
 
     def network_rate(self, target_id: str) -> dict[str, float] | None:
-        """A running target's TCP bytes per second over its last intervals (History);
-        None for one that ended: it sends nothing now."""
+        """A running target's TCP bytes per second over its last intervals (History)."""
         with self._lock:
             target = self._get(target_id)
             return None if target.exited_at is not None else target.history.network_rate()
@@ -313,14 +307,12 @@ class TargetTable:
         end_reason: str | None = None,
         exit_status: int | None = None,
     ) -> None:
-        """The target is gone, at ``when``: Target.end; its identity may be registered
-        anew."""
+        """The target is gone, at ``when`` (Target.end); its identity may be registered anew."""
         with self._lock:
             target = self._targets.get(target_id)
             if target is None or target.exited_at is not None:
                 return
-            target.end(when, exit_mode, rss_peak_bytes, end_reason)
-            target.exit_status = exit_status
+            target.end(when, exit_mode, rss_peak_bytes, end_reason, exit_status)
             self._by_identity.pop(target.identity.key, None)
         self.persist()
 
