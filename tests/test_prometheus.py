@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
-import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,17 +45,21 @@ def test_prometheus_scrapes_target_series_with_labels(
     assert {r["metric"]["cpu_mode"] for r in shares} == {"user", "system"}
     whole = query(prometheus, f'sum(process_cpu_utilization{{edgewatt_target_id="{tid}"}})')
     assert 0 <= float(whole[0]["value"][1]) <= 1
-    # The counter grows the way the busy child does: about one core second per second.
-    time.sleep(6)
-    rate = wait_for(
-        lambda: query(
-            prometheus,
-            f'sum(rate(process_cpu_time_seconds_total{{edgewatt_target_id="{tid}"}}[5s]))',
-        ),
+    # The counter is the kernel's count of the child's CPU: stopped, its utime + stime
+    # no longer move, and what Prometheus stored comes to them (to a 10 ms tick), on a
+    # busy machine as on an idle one.
+    os.kill(child.pid, signal.SIGSTOP)
+    wait_for(lambda: _stat(child.pid)[0] == "T")
+    fields = _stat(child.pid)
+    kernel = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = f'sum(process_cpu_time_seconds_total{{edgewatt_target_id="{tid}"}})'
+    stored = wait_for(
+        lambda: (v := float(query(prometheus, total)[0]["value"][1])) >= kernel - 0.011 and v,
         timeout=30,
         step=0.5,
     )
-    assert 0.5 < float(rate[0]["value"][1]) < 1.2
+    os.kill(child.pid, signal.SIGCONT)
+    assert kernel > 0 and stored == pytest.approx(kernel, abs=0.011)
     up = query(prometheus, 'up{job="edgewatt"}')
     assert up[0]["value"][1] == "1"
     info = query(prometheus, "target_info")
@@ -71,3 +77,8 @@ def test_promtool_accepts_the_metrics(daemon: DaemonProcess, spawn: Any) -> None
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "" and out.stderr.strip() == ""
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name: state first, utime at 11."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
