@@ -31,6 +31,11 @@ class Trace:
         self.joules = 0.0  # up to the last reading
         self._raw: float | None = None  # a counter's last raw value
         self._points: deque[tuple[float, float, float]] = deque(maxlen=KEEP_POINTS)
+        # The power's lowest and highest since the last edge took them (take_range),
+        # kept as readings arrive so that no edge scans the trace; a counter's are its
+        # intervals' mean powers. None: nothing read yet.
+        self._low: float | None = None
+        self._high: float | None = None
 
     @property
     def last_time(self) -> float | None:
@@ -46,14 +51,35 @@ class Trace:
             if raw_joules is None:
                 return False
             if self._raw is not None:
-                self.joules += raw_joules - self._raw if raw_joules >= self._raw else raw_joules
+                added = raw_joules - self._raw if raw_joules >= self._raw else raw_joules
+                self.joules += added
+                if points and t - points[-1][0] <= self.max_gap_s:
+                    self._extend(added / (t - points[-1][0]))
             self._raw = raw_joules
         elif watts is None:
             return False
-        elif points and t - points[-1][0] <= self.max_gap_s:
-            self.joules += (points[-1][1] + watts) / 2 * (t - points[-1][0])
+        else:
+            if points and t - points[-1][0] <= self.max_gap_s:
+                self.joules += (points[-1][1] + watts) / 2 * (t - points[-1][0])
+            self._extend(watts)
         points.append((t, watts if watts is not None else 0.0, self.joules))
         return True
+
+    def _extend(self, watts: float) -> None:
+        if self._low is None or watts < self._low:
+            self._low = watts
+        if self._high is None or watts > self._high:
+            self._high = watts
+
+    def take_range(self) -> tuple[float, float] | None:
+        """The lowest and highest power read since the last take (None: none read), and
+        a new range begun at the last reading: the power at the edge between two
+        intervals is in both. A power trace's is exact between its readings (linear
+        there); a counter's is of its intervals' means, and begins empty."""
+        taken = None if self._low is None or self._high is None else (self._low, self._high)
+        last = self._points[-1][1] if self._points and not self.counter else None
+        self._low = self._high = last
+        return taken
 
     def at(self, t: float) -> float:
         """Joules up to instant ``t``. After the last reading, the last power is held
