@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.power import ina3221
+from edgewatt.cli.phases import HEADER, phase_table
+from edgewatt.cli.top import detail_lines
+from edgewatt.core.power import ina3221, native
 from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.power.trace import Trace
@@ -68,15 +70,21 @@ def test_a_trace_keeps_its_lowest_and_highest_as_readings_arrive() -> None:
     assert counter.take_range() is None  # no interval since
 
 
+@pytest.mark.parametrize("reader", ["native", "python"])
 def test_each_edge_says_the_devices_lowest_and_highest_power_since_the_last(
-    spiky: Any,
+    spiky: Any, reader: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Steady 10 Hz (a Nano-class core's automatic rate), a young window at 200 Hz: the
-    # 50 ms spike between two edges 1 s apart is in the first interval's highest.
+    # 50 ms spike between two edges 1 s apart is in the first interval's highest, read
+    # by either reader.
+    if reader == "native" and not native.available():
+        pytest.skip("the native reader was not built (no C compiler?)")
+    monkeypatch.setenv("EDGEWATT_NATIVE_READER", "1" if reader == "native" else "0")
     root, writer = spiky
     wave = writer(at=1.0)
     source = ina3221.discover(PowerOptions(sysfs_path=str(root)))
     meter = PowerMeter([source], max_gap_s=5.0, sample_hz=10.0, window_hz=200.0).start()
+    assert meter.reader == reader
     start = wave.changes()[0][0]
     try:
         time.sleep(max(0.0, start + 0.5 - time.monotonic()))
@@ -189,6 +197,16 @@ def test_a_50_ms_spike_in_a_phase_is_its_peak_power_on_metrics_and_in_its_summar
         assert 0.0 <= item["cpu_utilization_min"] <= item["cpu_utilization_max"] < 0.05
         low, mean = item["memory_rss_min_bytes"], item["memory_rss_avg_bytes"]
         assert 0 < low <= mean <= item["memory_rss_peak_bytes"]
+    # In the phase table run, summary and report print, and in top's detail view.
+    [row] = [line for line in phase_table(summary["phases"]) if line.strip().startswith("spike")]
+    cells = [cell.strip() for cell in row.split("  ") if cell.strip()]
+    assert cells[HEADER.index("peak power")] == f"{spike['power_max_w']:.2f} W"
+    target = {**daemon.call("GET", f"/v1/targets/{tid}")[1], "summary": summary}
+    lines = detail_lines(target, cpus=None, width=80)
+    header = next(line for line in lines if line.startswith("PHASE"))
+    [row] = [line for line in lines if line.startswith("spike")]
+    column = header.index("PEAK W") + len("PEAK W")
+    assert row[:column].split()[-1] == f"{spike['power_max_w']:.2f}"
     # On /metrics, per phase, the next pass on.
     series = "edgewatt_process_phase_power_max_watts"
     wait_for(lambda: daemon.value(series, edgewatt_target_id=tid, edgewatt_phase="calm"))

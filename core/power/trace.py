@@ -22,6 +22,7 @@ from collections import deque
 # Readings kept for interpolation: edges ask about the last moments only (a pass
 # takes a reading at its own edge), so a few seconds at the highest rate is plenty.
 KEEP_POINTS = 4096
+_EMPTY = (float("inf"), float("-inf"))  # a power range no reading has widened yet
 
 
 class Trace:
@@ -33,9 +34,8 @@ class Trace:
         self._points: deque[tuple[float, float, float]] = deque(maxlen=KEEP_POINTS)
         # The power's lowest and highest since the last edge took them (take_range),
         # kept as readings arrive so that no edge scans the trace; a counter's are its
-        # intervals' mean powers. None: nothing read yet.
-        self._low: float | None = None
-        self._high: float | None = None
+        # intervals' mean powers. Empty (low above high) until a reading comes.
+        self._low, self._high = _EMPTY
 
     @property
     def last_time(self) -> float | None:
@@ -54,31 +54,32 @@ class Trace:
                 added = raw_joules - self._raw if raw_joules >= self._raw else raw_joules
                 self.joules += added
                 if points and t - points[-1][0] <= self.max_gap_s:
-                    self._extend(added / (t - points[-1][0]))
+                    mean = added / (t - points[-1][0])
+                    self._low, self._high = min(self._low, mean), max(self._high, mean)
             self._raw = raw_joules
         elif watts is None:
             return False
         else:
             if points and t - points[-1][0] <= self.max_gap_s:
                 self.joules += (points[-1][1] + watts) / 2 * (t - points[-1][0])
-            self._extend(watts)
+            # Inline, as this runs for every reading (up to 1 kHz).
+            if watts < self._low:
+                self._low = watts
+            if watts > self._high:
+                self._high = watts
         points.append((t, watts if watts is not None else 0.0, self.joules))
         return True
-
-    def _extend(self, watts: float) -> None:
-        if self._low is None or watts < self._low:
-            self._low = watts
-        if self._high is None or watts > self._high:
-            self._high = watts
 
     def take_range(self) -> tuple[float, float] | None:
         """The lowest and highest power read since the last take (None: none read), and
         a new range begun at the last reading: the power at the edge between two
         intervals is in both. A power trace's is exact between its readings (linear
         there); a counter's is of its intervals' means, and begins empty."""
-        taken = None if self._low is None or self._high is None else (self._low, self._high)
-        last = self._points[-1][1] if self._points and not self.counter else None
-        self._low = self._high = last
+        taken = (self._low, self._high) if self._low <= self._high else None
+        if self._points and not self.counter:
+            self._low = self._high = self._points[-1][1]
+        else:
+            self._low, self._high = _EMPTY
         return taken
 
     def at(self, t: float) -> float:
