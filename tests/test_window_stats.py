@@ -14,9 +14,6 @@ import pytest
 
 from edgewatt.cli.phases import HEADER, phase_table
 from edgewatt.cli.top import detail_lines
-from edgewatt.core.power import ina3221, native
-from edgewatt.core.power.meter import PowerMeter
-from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.power.trace import Trace
 from edgewatt.core.targets.history import History, Phase
 from edgewatt.core.targets.row import SampleRow
@@ -68,40 +65,6 @@ def test_a_trace_keeps_its_lowest_and_highest_as_readings_arrive() -> None:
         counter.add(t, None, joules)
     assert counter.take_range() == (2.0, 10.0)
     assert counter.take_range() is None  # no interval since
-
-
-@pytest.mark.parametrize("reader", ["native", "python"])
-def test_each_edge_says_the_devices_lowest_and_highest_power_since_the_last(
-    spiky: Any, reader: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Steady 10 Hz (a Nano-class core's automatic rate), a young window at 200 Hz: the
-    # 50 ms spike between two edges 1 s apart is in the first interval's highest, read
-    # by either reader.
-    if reader == "native" and not native.available():
-        pytest.skip("the native reader was not built (no C compiler?)")
-    monkeypatch.setenv("EDGEWATT_NATIVE_READER", "1" if reader == "native" else "0")
-    root, writer = spiky
-    wave = writer(at=1.0)
-    source = ina3221.discover(PowerOptions(sysfs_path=str(root)))
-    meter = PowerMeter([source], max_gap_s=5.0, sample_hz=10.0, window_hz=200.0).start()
-    assert meter.reader == reader
-    start = wave.changes()[0][0]
-    try:
-        time.sleep(max(0.0, start + 0.5 - time.monotonic()))
-        t0 = time.monotonic()
-        meter.read(t0, window_until=t0 + 2.0)
-        time.sleep(max(0.0, start + 1.5 - time.monotonic()))
-        spiked = meter.read(time.monotonic(), window_until=t0 + 2.0)
-        time.sleep(0.5)
-        calm = meter.read(time.monotonic())
-    finally:
-        meter.close()
-    assert spiked is not None and calm is not None
-    # The file's own values: 4000 mA x 5000 mV and 1000 mA x 5000 mV.
-    assert (spiked.power_min_w, spiked.power_max_w) == (5.0, 20.0)
-    assert (calm.power_min_w, calm.power_max_w) == (5.0, 5.0)
-    # The power at the edge is one reading: not what the interval held.
-    assert spiked.host_power_w == 5.0
 
 
 def _row(t: float, utilization: float | None, rss: int) -> SampleRow:
