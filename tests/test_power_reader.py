@@ -273,6 +273,8 @@ def assert_window(measured: dict[str, Any], wave: Waveform) -> None:
     assert inner > 0.15 * 20.0  # the burst is inside
     assert 0.95 * inner <= measured["device_energy_j"] <= 1.05 * outer, (measured, inner, outer)
     assert measured["shorter_than_sensor_period"] is False
+    # The call's peak: the burst's 24 W, as the file (or tegrastats' line) held it.
+    assert measured["power_max_w"] == 24.0, measured
 
 
 @pytest.mark.parametrize("steady_hz", [200, 10])
