@@ -141,10 +141,11 @@ class History:
 
     def add(self, row: SampleRow) -> None:
         period, self.pending_period_s = self.pending_period_s, None
-        pending, self.pending_power = self.pending_power, Spread()
+        pending = self.pending_power
         power = None
         if pending.low is not None and pending.high is not None:
             power = (pending.low, pending.high)
+        pending.low = pending.high = None
         if self.first is not None:
             if period is not None:
                 self.period_s = max(self.period_s or 0.0, period)
