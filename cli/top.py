@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from edgewatt.cli.phases import PEAK_POWER
 from edgewatt.cli.status import human_bytes
 from edgewatt.core.text import printable
 
@@ -215,15 +216,18 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
         f"network {_net_detail(target.get('network_rate'), summary.get('network_counts'))}",
         f"members ({target.get('member_count', 0)}): "
         + (" ".join(str(pid) for pid in target.get("members") or []) or "-"),
-        "",
-        "PHASE                 DURATION s  CPU s    J        AVG W   RSS PEAK",
+        # In place of a blank line: an 80x24 screen has no row to spare.
+        "phases: J, AVG W attributed; PEAK W the whole device's, at the sensor's rate",
+        f"{'PHASE':<14}  {'TIME s':>7}  {'CPU s':>7}  {'J':>7}  {'AVG W':>6}  {'PEAK W':>6}"
+        "  RSS PEAK",
     ]
     for p in summary.get("phases") or []:
         cpu = _cpu_s(p)
+        # 14 + 7 + 7 + 7 + 6 + 6 + 10 (RSS) columns and "(running)": 80 at most.
         lines.append(
-            f"{p['name'][:20]:<20}  {p.get('duration_s', 0):>10.1f}  {cpu:>7.2f}  "
+            f"{p['name'][:14]:<14}  {p.get('duration_s', 0):>7.1f}  {cpu:>7.2f}  "
             f"{_j(p.get('energy_j')):>7}  {_w(p.get('power_avg_w')):>6}  "
-            f"{human_bytes(p.get('memory_rss_peak_bytes'))}"
+            f"{_w(p.get(PEAK_POWER)):>6}  {human_bytes(p.get('memory_rss_peak_bytes'))}"
             + ("  (running)" if p.get("ended_at") is None else "")
         )
     if not summary.get("phases"):

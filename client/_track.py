@@ -61,6 +61,8 @@ class Measurement(NamedTuple):  # a NamedTuple: dataclasses would cost the impor
     # whether the call was shorter than their period (then it is interpolated).
     device_energy_j: float | None = None
     shorter_than_sensor_period: bool | None = None
+    # The device's highest power during the call (W), from every reading of its sensor.
+    power_max_w: float | None = None
 
 
 class track:  # lower case: it reads as a decorator, like functools.wraps
@@ -97,6 +99,7 @@ class track:  # lower case: it reads as a decorator, like functools.wraps
             cpu_s=None if user is None or system is None else round(user + system, 6),
             device_energy_j=phase.get("device_energy_j"),
             shorter_than_sensor_period=phase.get("shorter_than_sensor_period"),
+            power_max_w=phase.get("power_max_w"),
         )
         self.measurements.append(measurement)
         log.info(

@@ -193,6 +193,15 @@ TABLE: tuple[Metric, ...] = (
         ("edgewatt.phase",),
     ),
     Metric(
+        "edgewatt.process.phase.power.max",
+        "gauge",
+        "W",
+        "Peak of the whole device's power in each of the target's last 10 phases, from "
+        "every reading of the power sensor (its window rate while a phase is young; so "
+        "far, while it runs): what a power-mode budget is checked against",
+        ("edgewatt.phase",),
+    ),
+    Metric(
         "hw.host.power",
         "gauge",
         "W",

@@ -124,7 +124,10 @@ class Sampler:
         ended = [s for s in self._states.values() if s.ending is not None]
         ended_ids = {s.target.id for s in ended}
         phases = self.table.record(
-            samples, EXPORTED_PHASES, None if record is None else record | ended_ids
+            samples,
+            EXPORTED_PHASES,
+            None if record is None else record | ended_ids,
+            (None, None) if power is None else (power.power_min_w, power.power_max_w),
         )
         for state in ended:  # their exit sample is taken: let them go
             self._drop(state.target.id)

@@ -8,11 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.power.values import PowerSnapshot
 from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
+
+
+class PhaseFigures(NamedTuple):
+    """A phase as the sampler exports it each pass (ProcessSample.phases)."""
+
+    name: str
+    running: bool
+    energy_j: float | None  # attributed in it
+    duration_s: float  # edge to edge, so far while it runs
+    power_max_w: float | None  # the device's highest power in it, at the sensor's rate
 
 
 @dataclass(**SLOTS)
@@ -45,9 +56,7 @@ class ProcessSample:
     network_receive_bytes: int | None = None  # TCP bytes received
     gpu_utilization: float | None = None  # SM load summed over GPUs (NVML), 0..n_gpus
     gpu_memory_bytes: int | None = None  # GPU memory held by its processes (NVML)
-    # The last few phases: (name, running, energy J attributed in it or None, its
-    # duration s from edge to edge, so far while it runs).
-    phases: tuple[tuple[str, bool, float | None, float], ...] = ()
+    phases: tuple[PhaseFigures, ...] = ()  # the last few
     members: tuple[int, ...] = ()  # pids of its live members (membership.py)
     # A cgroup target's cgroup now, and its memory (current, kernel's peak) bytes.
     cgroup: str | None = None

@@ -34,7 +34,7 @@ from opentelemetry.sdk.resources import Resource
 from edgewatt.core.metrics import HOST_HW_ID, TABLE, Metric
 from edgewatt.core.power.source import Gpu
 from edgewatt.core.power.values import PowerSnapshot, RailState
-from edgewatt.core.snapshot import ProcessSample, Snapshot
+from edgewatt.core.snapshot import PhaseFigures, ProcessSample, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -104,21 +104,18 @@ def _cpu_mode_share(mode: int) -> Callable[[ProcessSample], float | None]:
     return value
 
 
-def _phases(
-    value: Callable[[bool, float | None, float], float | None],
-) -> Callable[[Snapshot], Points]:
-    """Per phase of each target: ``value(running, energy J, duration s)``, where not
-    None."""
+def _phases(value: Callable[[PhaseFigures], float | None]) -> Callable[[Snapshot], Points]:
+    """Per phase of each target: ``value(its figures)``, where not None."""
     memo: _Memo = {}
 
     def observe(snapshot: Snapshot) -> Points:
         nonlocal memo
         seen: _Memo = {}
         for p in snapshot.processes:
-            for name, running, energy, duration in p.phases:
-                v = value(running, energy, duration)
+            for phase in p.phases:
+                v = value(phase)
                 if v is not None:
-                    yield v, _extend(memo, seen, p.attributes, "edgewatt.phase", name)
+                    yield v, _extend(memo, seen, p.attributes, "edgewatt.phase", phase.name)
         memo = seen
 
     return observe
@@ -282,9 +279,10 @@ def observers() -> Mapping[str, Callable[[Snapshot], Points]]:
         "edgewatt.process.gpu.memory.usage": _per_process(lambda p: p.gpu_memory_bytes),
         "hw.gpu.memory.usage": _power(_gpu_value(lambda g: g.memory_used_bytes)),
         "hw.gpu.memory.limit": _power(_gpu_value(lambda g: g.memory_total_bytes)),
-        "edgewatt.process.phase": _phases(lambda running, _j, _s: 1 if running else None),
-        "edgewatt.process.phase.energy": _phases(lambda _running, joules, _s: joules),
-        "edgewatt.process.phase.duration": _phases(lambda _running, _j, seconds: seconds),
+        "edgewatt.process.phase": _phases(lambda phase: 1 if phase.running else None),
+        "edgewatt.process.phase.energy": _phases(lambda phase: phase.energy_j),
+        "edgewatt.process.phase.duration": _phases(lambda phase: phase.duration_s),
+        "edgewatt.process.phase.power.max": _phases(lambda phase: phase.power_max_w),
         "hw.host.power": _power(_device(lambda p: p.host_power_w)),
         "hw.host.energy": _power(_device(lambda p: p.host_energy_j)),
         "edgewatt.host.carbon": _host_carbon,

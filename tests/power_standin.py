@@ -102,11 +102,14 @@ def start_writer(
     log_path: Path,
     square_hz: float = 3.0,
     bursts: Sequence[tuple[float, float]] = (),
+    currents_ma: tuple[int, int, int] = (LOW_MA, HIGH_MA, BURST_MA),
 ) -> Waveform:
+    """The writer, its square wave and bursts at ``currents_ma`` (low, high, burst: mA at
+    5 V; 1000 mA is 5 W), once its first change is logged."""
     spec = ",".join(f"{b}:{n}" for b, n in bursts)
     process = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(current_file), str(log_path), str(square_hz), spec]
-        + [str(v) for v in (LOW_MA, HIGH_MA, BURST_MA)]
+        + [str(v) for v in currents_ma]
     )
     deadline = time.monotonic() + 10
     while (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from edgewatt.core.power.source import Gpu
 from edgewatt.core.power.values import PowerSnapshot, RailState
-from edgewatt.core.snapshot import ProcessSample
+from edgewatt.core.snapshot import PhaseFigures, ProcessSample
 
 
 def process(i: int, cpu: float = 1.5) -> ProcessSample:
@@ -37,7 +37,10 @@ def process(i: int, cpu: float = 1.5) -> ProcessSample:
         network_receive_bytes=2000,
         gpu_utilization=0.4,
         gpu_memory_bytes=2**30,
-        phases=(("warmup", False, 3.5, 12.0), ("train", True, 1.25, 4.5)),
+        phases=(
+            PhaseFigures("warmup", False, 3.5, 12.0, 19.5),
+            PhaseFigures("train", True, 1.25, 4.5, None),  # no reading in it yet
+        ),
     )
 
 

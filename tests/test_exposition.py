@@ -62,6 +62,7 @@ EXPECTED_FAMILIES = {
     "edgewatt_process_phase": "gauge",
     "edgewatt_process_phase_energy_joules": "gauge",
     "edgewatt_process_phase_duration_seconds": "gauge",
+    "edgewatt_process_phase_power_max_watts": "gauge",
     "edgewatt_process_power_watts": "gauge",
     "edgewatt_process_energy_joules": "counter",
     "hw_host_power_watts": "gauge",

@@ -181,6 +181,11 @@ def test_a_young_window_is_read_at_the_window_rate_beside_a_slow_steady_rate(
     assert fine >= 0.5 * 200 * 0.3
     assert last.period_s == pytest.approx(1 / 200)
     assert after is not None and after.period_s == pytest.approx(1 / 10)
+    # Each edge says the device's lowest and highest power since the one before, from
+    # every reading (the file's own values: 800 and 4800 mA at 5 V): the burst is the
+    # window's highest, though the edge's own reading is 4 W.
+    assert (last.power_min_w, last.power_max_w, last.host_power_w) == (4.0, 24.0, 4.0)
+    assert (after.power_min_w, after.power_max_w) == (4.0, 4.0)
 
 
 class Costly(PullSource):
@@ -268,6 +273,8 @@ def assert_window(measured: dict[str, Any], wave: Waveform) -> None:
     assert inner > 0.15 * 20.0  # the burst is inside
     assert 0.95 * inner <= measured["device_energy_j"] <= 1.05 * outer, (measured, inner, outer)
     assert measured["shorter_than_sensor_period"] is False
+    # The call's peak: the burst's 24 W, as the file (or tegrastats' line) held it.
+    assert measured["power_max_w"] == 24.0, measured
 
 
 @pytest.mark.parametrize("steady_hz", [200, 10])

@@ -140,7 +140,7 @@ def test_a_wall_clock_step_moves_no_duration() -> None:
     clocks.t = 19.0
     table.end_phase(target.id, uid)
     exported = _pass(table, clocks, 0.2, 19.0)[target.id]
-    assert [(name, energy, duration) for name, _, energy, duration in exported] == [
+    assert [(name, energy, duration) for name, _, energy, duration, _ in exported] == [
         ("back", 1.5, 3.0), ("forward", 2.5, 5.0)
     ]  # fmt: skip
     summary = table.summary(target.id, 2)
@@ -193,6 +193,7 @@ def test_a_span_is_what_was_consumed_between_two_named_rows() -> None:
         "energy_j": 8.0,
         "power_avg_w": 2.0,
         "device_energy_j": 40.0,
+        "device_power_avg_w": 10.0,  # the device's energy over the span's own time
         "shorter_than_sensor_period": True,  # 4 s read by a sensor every 5 s
     }
     carbon = span(first, last, 2, CarbonIntensity(450.0, "test"), period_s=1.0)

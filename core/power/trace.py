@@ -22,6 +22,7 @@ from collections import deque
 # Readings kept for interpolation: edges ask about the last moments only (a pass
 # takes a reading at its own edge), so a few seconds at the highest rate is plenty.
 KEEP_POINTS = 4096
+_EMPTY = (float("inf"), float("-inf"))  # a power range no reading has widened yet
 
 
 class Trace:
@@ -31,6 +32,10 @@ class Trace:
         self.joules = 0.0  # up to the last reading
         self._raw: float | None = None  # a counter's last raw value
         self._points: deque[tuple[float, float, float]] = deque(maxlen=KEEP_POINTS)
+        # The power's lowest and highest since the last edge took them (take_range),
+        # kept as readings arrive so that no edge scans the trace; a counter's are its
+        # intervals' mean powers. Empty (low above high) until a reading comes.
+        self._low, self._high = _EMPTY
 
     @property
     def last_time(self) -> float | None:
@@ -46,14 +51,36 @@ class Trace:
             if raw_joules is None:
                 return False
             if self._raw is not None:
-                self.joules += raw_joules - self._raw if raw_joules >= self._raw else raw_joules
+                added = raw_joules - self._raw if raw_joules >= self._raw else raw_joules
+                self.joules += added
+                if points and t - points[-1][0] <= self.max_gap_s:
+                    mean = added / (t - points[-1][0])
+                    self._low, self._high = min(self._low, mean), max(self._high, mean)
             self._raw = raw_joules
         elif watts is None:
             return False
-        elif points and t - points[-1][0] <= self.max_gap_s:
-            self.joules += (points[-1][1] + watts) / 2 * (t - points[-1][0])
+        else:
+            if points and t - points[-1][0] <= self.max_gap_s:
+                self.joules += (points[-1][1] + watts) / 2 * (t - points[-1][0])
+            # Inline, as this runs for every reading (up to 1 kHz).
+            if watts < self._low:
+                self._low = watts
+            if watts > self._high:
+                self._high = watts
         points.append((t, watts if watts is not None else 0.0, self.joules))
         return True
+
+    def take_range(self) -> tuple[float, float] | None:
+        """The lowest and highest power read since the last take (None: none read), and
+        a new range begun at the last reading: the power at the edge between two
+        intervals is in both. A power trace's is exact between its readings (linear
+        there); a counter's is of its intervals' means, and begins empty."""
+        taken = (self._low, self._high) if self._low <= self._high else None
+        if self._points and not self.counter:
+            self._low = self._high = self._points[-1][1]
+        else:
+            self._low, self._high = _EMPTY
+        return taken
 
     def at(self, t: float) -> float:
         """Joules up to instant ``t``. After the last reading, the last power is held

@@ -126,6 +126,7 @@ class Traces:
         # last reading (a push source's line not yet come) may come in lower once the
         # line comes, so the total is held where it was until it catches up.
         counted = self._energy_at(now)
+        low, high = self._power_range()
         host_energy = None
         if counted is not None:
             host_energy = self._host_energy = max(self._host_energy, counted)
@@ -138,7 +139,20 @@ class Traces:
             sources=tuple(s.name for s, _ in fresh),
             measured_at=now if host_energy is not None else None,
             period_s=period_s,
+            power_min_w=low if complete else None,
+            power_max_w=high if complete else None,
         )
+
+    def _power_range(self) -> tuple[float | None, float | None]:
+        """The device's lowest and highest power since the last snapshot, from every
+        reading in between (lock held; each trace's range begins anew). One board
+        source: its own; several (RAPL and NVML, read at the edges): their sums, the
+        sum of each one's highest an upper bound where they peak apart."""
+        taken = {name: trace.take_range() for name, trace in self.totals.items()}
+        ranges = [taken.get(name) for name in self.contributing]
+        if not ranges or None in ranges:
+            return None, None
+        return sum(r[0] for r in ranges if r), sum(r[1] for r in ranges if r)
 
     def energy_at(self, t: float) -> float | None:
         """The device's energy up to a past instant ``t`` within the readings kept, never

@@ -34,6 +34,11 @@ class PowerSnapshot:
     # The coarsest period at which the device's energy is resolved (None: unknown): a
     # window shorter than this is not resolved by the sensor, and says so.
     period_s: float | None = None
+    # The device's lowest and highest power (W) over the readings since the previous
+    # edge, at the sensor's rate (the window rate while a window is young): a spike
+    # between two passes is in them. None: not measured.
+    power_min_w: float | None = None
+    power_max_w: float | None = None
 
 
 @dataclass(frozen=True, **SLOTS)

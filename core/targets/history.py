@@ -30,6 +30,21 @@ def phase_name(name: object) -> str:
 
 
 @dataclass(**SLOTS)
+class Spread:
+    """The lowest and highest of a figure over a window (None: none seen), widened as
+    its intervals come: no window ever rescans its samples."""
+
+    low: float | None = None
+    high: float | None = None
+
+    def widen(self, low: float | None, high: float | None) -> None:
+        if low is not None and (self.low is None or low < self.low):
+            self.low = low
+        if high is not None and (self.high is None or high > self.high):
+            self.high = high
+
+
+@dataclass(**SLOTS)
 class Phase:
     """A named span bounded by samples: from the first sample taken after it began to
     the first taken after it ended. Adjacent phases share that boundary sample, so
@@ -44,22 +59,45 @@ class Phase:
     ended_at: float | None = field(default=None, init=False)
     closed: bool = field(default=False, init=False)  # the sample after the end was taken
     rss_peak: int = field(default=0, init=False)
+    rss_min: int | None = field(default=None, init=False)
+    rss_sum: float = field(default=0.0, init=False)
+    count: int = field(default=0, init=False)  # its samples, both edges included
     # The power sensors' coarsest period over the intervals between its samples (the
     # window is flagged against it; None: no sensor, or no interval yet).
     period_s: float | None = field(default=None, init=False)
+    # Over the intervals between its samples: the device's power (W) at the sensor's
+    # rate, the target's CPU utilization per interval.
+    power: Spread = field(default_factory=Spread, init=False)
+    cpu_utilization: Spread = field(default_factory=Spread, init=False)
 
     @property
     def running(self) -> bool:
         return self.ended_at is None
 
-    def add(self, row: SampleRow, period_s: float | None = None) -> None:
-        """A sample; ``period_s``: the sensors' period over the interval it ends."""
+    def add(
+        self,
+        row: SampleRow,
+        period_s: float | None = None,
+        power: tuple[float, float] | None = None,
+    ) -> None:
+        """A sample; ``period_s``, ``power``: the sensors' period and the device's
+        lowest and highest power over the interval it ends (the first sample's interval
+        is before the phase: not counted)."""
         if self.first is None:
             self.first = row
-        elif period_s is not None:
-            self.period_s = max(self.period_s or 0.0, period_s)
+        else:
+            if period_s is not None:
+                self.period_s = max(self.period_s or 0.0, period_s)
+            if power is not None:
+                self.power.widen(*power)
+            utilization = row.cpu_utilization
+            self.cpu_utilization.widen(utilization, utilization)
         self.last = row
-        self.rss_peak = max(self.rss_peak, row.memory_rss_bytes)
+        rss = row.memory_rss_bytes
+        self.rss_peak = max(self.rss_peak, rss)
+        self.rss_min = rss if self.rss_min is None else min(self.rss_min, rss)
+        self.rss_sum += rss
+        self.count += 1
         if self.ended_at is not None:
             self.closed = True
 
@@ -75,13 +113,19 @@ class History:
     last: SampleRow | None = field(default=None, init=False)
     count: int = field(default=0, init=False)
     rss_peak: int = field(default=0, init=False)
+    rss_min: int | None = field(default=None, init=False)
     rss_sum: float = field(default=0.0, init=False)
+    # As a phase's (Phase.power, Phase.cpu_utilization), over the whole history.
+    power: Spread = field(default_factory=Spread, init=False)
+    cpu_utilization: Spread = field(default_factory=Spread, init=False)
     phases: list[Phase] = field(default_factory=list, init=False)
     phases_dropped: int = field(default=0, init=False)  # the oldest, beyond MAX_PHASES
     # The sensors' coarsest period since the last row (passes that added none to this
     # target's history: on demand for others), and over the whole history.
     pending_period_s: float | None = field(default=None, init=False)
     period_s: float | None = field(default=None, init=False)
+    # The device's lowest and highest power over the passes since the last row.
+    pending_power: Spread = field(default_factory=Spread, init=False)
 
     def __post_init__(self) -> None:
         self.rows = deque(maxlen=self.capacity)
@@ -91,10 +135,23 @@ class History:
         if period_s is not None:
             self.pending_period_s = max(self.pending_period_s or 0.0, period_s)
 
+    def note_power(self, low: float | None, high: float | None) -> None:
+        """A pass's lowest and highest device power (W), whether or not it adds a row."""
+        self.pending_power.widen(low, high)
+
     def add(self, row: SampleRow) -> None:
         period, self.pending_period_s = self.pending_period_s, None
-        if self.first is not None and period is not None:
-            self.period_s = max(self.period_s or 0.0, period)
+        pending = self.pending_power
+        power = None
+        if pending.low is not None and pending.high is not None:
+            power = (pending.low, pending.high)
+        pending.low = pending.high = None
+        if self.first is not None:
+            if period is not None:
+                self.period_s = max(self.period_s or 0.0, period)
+            if power is not None:
+                self.power.widen(*power)
+            self.cpu_utilization.widen(row.cpu_utilization, row.cpu_utilization)
         self.rows.append(row)
         if self.first is None:
             self.first = row
@@ -102,12 +159,13 @@ class History:
         self.count += 1
         rss = row.memory_rss_bytes
         self.rss_peak = max(self.rss_peak, rss)
+        self.rss_min = rss if self.rss_min is None else min(self.rss_min, rss)
         self.rss_sum += rss
         # Only the last two phases can still be open: the running one, and the one
         # that ended since the previous sample and waits for its closing sample.
         for phase in self.phases[-2:]:
             if not phase.closed:
-                phase.add(row, period)
+                phase.add(row, period, power)
 
     @property
     def running_phase(self) -> Phase | None:

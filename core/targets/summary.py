@@ -3,23 +3,15 @@ functions of the rows, the phases and the target, called under the table's lock.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.carbon import CarbonIntensity
-from edgewatt.core.targets.history import Phase
+from edgewatt.core.snapshot import PhaseFigures
+from edgewatt.core.targets.history import Phase, Spread
 from edgewatt.core.targets.row import SampleRow
 
 if TYPE_CHECKING:
     from edgewatt.core.targets.target import Target
-
-
-class PhaseFigures(NamedTuple):
-    """A phase as the sampler exports it each pass (ProcessSample.phases)."""
-
-    name: str
-    running: bool
-    energy_j: float | None  # attributed in it
-    duration_s: float  # edge to edge, so far while it runs
 
 
 _new = tuple.__new__  # skips PhaseFigures' Python-level __new__ (see row.py)
@@ -35,8 +27,9 @@ def phase_figures(phase: Phase) -> PhaseFigures:
     the last phases of every target at every pass)."""
     first, last = phase.first, phase.last
     if first is None or last is None:
-        return _new(PhaseFigures, (phase.name, phase.ended_at is None, None, 0.0))
+        return _new(PhaseFigures, (phase.name, phase.ended_at is None, None, 0.0, None))
     energy = _change(first.energy_j, last.energy_j)
+    high = phase.power.high
     return _new(
         PhaseFigures,
         (
@@ -44,6 +37,7 @@ def phase_figures(phase: Phase) -> PhaseFigures:
             phase.ended_at is None,
             None if energy is None else round(energy, 3),
             round(last.monotonic - first.monotonic, 3),
+            None if high is None else round(high, 3),
         ),
     )
 
@@ -81,6 +75,9 @@ def span(
         "energy_j": None if energy is None else round(energy, 3),
         "power_avg_w": round(energy / duration, 3) if energy is not None and duration > 0 else None,
         "device_energy_j": None if device is None else round(device, 3),
+        "device_power_avg_w": round(device / duration, 3)
+        if device is not None and duration > 0
+        else None,
         # A window shorter than the sensors' period is not resolved by them: its energy
         # is interpolated between readings outside it (None: no sensor, or its period
         # is unknown).
@@ -93,6 +90,26 @@ def span(
     return figures
 
 
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def spreads(
+    power: Spread, cpu_utilization: Spread, rss_min: int | None, rss_sum: float, count: int
+) -> dict[str, Any]:
+    """A window's lowest and highest, beside the means span gives: the device's power
+    at the sensor's rate (W; its mean is device_power_avg_w), the target's CPU
+    utilization per interval (its mean cpu_avg_utilization), its RSS per sample."""
+    return {
+        "power_min_w": _round(power.low, 3),
+        "power_max_w": _round(power.high, 3),
+        "cpu_utilization_min": _round(cpu_utilization.low, 4),
+        "cpu_utilization_max": _round(cpu_utilization.high, 4),
+        "memory_rss_min_bytes": rss_min if count else None,
+        "memory_rss_avg_bytes": round(rss_sum / count) if count else None,
+    }
+
+
 def summarize_phase(
     phase: Phase, logical_cpus: int, carbon: CarbonIntensity | None, period_s: float | None
 ) -> dict[str, Any]:
@@ -101,6 +118,9 @@ def summarize_phase(
     item = {"name": phase.name, "started_at": phase.started_at, "ended_at": phase.ended_at}
     item.update(span(phase.first, phase.last, logical_cpus, carbon, phase.period_s or period_s))
     item["memory_rss_peak_bytes"] = phase.rss_peak if phase.first else None
+    item.update(
+        spreads(phase.power, phase.cpu_utilization, phase.rss_min, phase.rss_sum, phase.count)
+    )
     return item
 
 
@@ -162,7 +182,7 @@ def summarize(
         result["end_reason"] = target.end_reason
     result.update(span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s))
     result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
-    result["memory_rss_avg_bytes"] = round(h.rss_sum / h.count) if h.count else None
+    result.update(spreads(h.power, h.cpu_utilization, h.rss_min, h.rss_sum, h.count))
     result["phases"] = [summarize_phase(p, logical_cpus, carbon, period_s) for p in h.phases]
     result["phases_dropped"] = h.phases_dropped
     if target.cgroup_name is not None:

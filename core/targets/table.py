@@ -276,12 +276,17 @@ class TargetTable:
     # -- sampler side -------------------------------------------------------------
 
     def record(
-        self, samples: list[ProcessSample], phases: int, only: set[str] | None = None
+        self,
+        samples: list[ProcessSample],
+        phases: int,
+        only: set[str] | None = None,
+        power: tuple[float | None, float | None] = (None, None),
     ) -> dict[str, tuple[PhaseFigures, ...]]:
         """Add one pass's samples to the targets' histories (one lock for the pass),
         or, with ``only``, those of these targets (a pass on demand: the others' next
-        rows carry their cumulative counters all the same); returns the figures of the
-        last ``phases`` phases of each target that has any, for export."""
+        rows carry their cumulative counters all the same); ``power``: the device's
+        lowest and highest power (W) since the previous pass; returns the figures of
+        the last ``phases`` phases of each target that has any, for export."""
         recent = {}
         wall, monotonic = self._wall(), self._monotonic()
         with self._lock:
@@ -291,7 +296,7 @@ class TargetTable:
                     continue  # unregistered while the pass ran: its figures ended there
                 age = min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
                 row = row_of(sample, monotonic - age) if only is None or target.id in only else None
-                target.observe(sample, row, self.energy_period_s)
+                target.observe(sample, row, self.energy_period_s, power)
                 if target.history.phases:
                     latest = target.history.phases[-phases:]
                     recent[target.id] = tuple(phase_figures(p) for p in latest)

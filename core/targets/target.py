@@ -175,12 +175,19 @@ class Target:
             self.identity = dataclasses.replace(self.identity, labels={**mine, **added})
         return refused
 
-    def observe(self, sample: ProcessSample, row: SampleRow | None, period_s: float | None) -> None:
+    def observe(
+        self,
+        sample: ProcessSample,
+        row: SampleRow | None,
+        period_s: float | None,
+        power: tuple[float | None, float | None] = (None, None),
+    ) -> None:
         """One pass's ``sample``: what it saw is kept, its ``row`` added to the history
-        (None: a pass on demand for other targets); ``period_s``: the power sensors'
-        period over that pass."""
+        (None: a pass on demand for other targets); ``period_s``, ``power``: the power
+        sensors' period and the device's lowest and highest power over that pass."""
         self.observed.update(sample)
         self.history.note_period(period_s)
+        self.history.note_power(*power)
         if row is not None:
             self.history.add(row)
 
