@@ -182,7 +182,7 @@ class TargetTable:
         ("unregistered"); either way it stays readable as an exited one does, for
         exited_retention (purge_exited), so a finished run can still be looked at."""
         with self._lock:
-            target = self._get(target_id)
+            target = _find(self._targets, target_id)
             check_owner(target, uid)
             if target.holders <= 0:
                 raise Conflict("not registered", f"target {target_id} has no registration left")
@@ -200,7 +200,7 @@ class TargetTable:
         valid = phase_name(name)
         now = self._wall()
         with self._lock:
-            target = self._get(target_id)
+            target = _find(self._targets, target_id)
             check_owner(target, uid)
             if target.exited_at is not None:
                 raise Conflict("target has exited", f"target {target_id} exited")
@@ -211,7 +211,7 @@ class TargetTable:
     def end_phase(self, target_id: str, uid: int) -> Phase | None:
         """End the running phase, if any, without starting another."""
         with self._lock:
-            target = self._get(target_id)
+            target = _find(self._targets, target_id)
             check_owner(target, uid)
             return target.history.end_phase(self._wall())
 
@@ -219,7 +219,7 @@ class TargetTable:
 
     def get(self, target_id: str) -> Target:
         with self._lock:
-            return self._get(target_id)
+            return _find(self._targets, target_id)
 
     def running(self) -> list[Target]:
         with self._lock:
@@ -239,7 +239,7 @@ class TargetTable:
 
     def describe(self, target_id: str) -> dict[str, Any]:
         with self._lock:
-            return self._get(target_id).describe()
+            return _find(self._targets, target_id).describe()
 
     def describe_all(self, member: int | None = None) -> list[dict[str, Any]]:
         """Every target, or those running with process ``member`` among their members
@@ -253,24 +253,24 @@ class TargetTable:
 
     def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
         with self._lock:
-            target, period_s = self._get(target_id), self.energy_period_s
+            target, period_s = _find(self._targets, target_id), self.energy_period_s
             return summarize(target, logical_cpus, self._carbon, self.membership, period_s)
 
     def phase_summary(self, target_id: str, phase: Phase, logical_cpus: int) -> dict[str, Any]:
         """One phase's figures, as the summary lists them."""
         with self._lock:
-            self._get(target_id)
+            _find(self._targets, target_id)
             return summarize_phase(phase, logical_cpus, self._carbon, self.energy_period_s)
 
     def network_rate(self, target_id: str) -> dict[str, float] | None:
         """A running target's TCP bytes per second over its last intervals (History)."""
         with self._lock:
-            target = self._get(target_id)
+            target = _find(self._targets, target_id)
             return None if target.exited_at is not None else target.history.network_rate()
 
     def samples(self, target_id: str, since: float | None = None) -> list[dict[str, Any]]:
         with self._lock:
-            rows = list(self._get(target_id).history.rows)
+            rows = list(_find(self._targets, target_id).history.rows)
         return [sample_dict(r) for r in rows if since is None or r.time > since]
 
     # -- sampler side -------------------------------------------------------------
@@ -282,11 +282,9 @@ class TargetTable:
         only: set[str] | None = None,
         power: tuple[float | None, float | None] = (None, None),
     ) -> dict[str, tuple[PhaseFigures, ...]]:
-        """Add one pass's samples to the targets' histories (one lock for the pass),
-        or, with ``only``, those of these targets (a pass on demand: the others' next
-        rows carry their cumulative counters all the same); ``power``: the device's
-        lowest and highest power (W) since the previous pass; returns the figures of
-        the last ``phases`` phases of each target that has any, for export."""
+        """One pass's samples into the histories (one lock), or with ``only`` those
+        targets' (a pass on demand); ``power``: the device's lowest and highest W since
+        the last pass. Returns each target's last ``phases`` phases' figures, for export."""
         recent = {}
         wall, monotonic = self._wall(), self._monotonic()
         with self._lock:
@@ -340,14 +338,15 @@ class TargetTable:
         """Hand the state to on_change (the state file)."""
         self._saver.save(self.persistent_state)
 
-    def _get(self, target_id: str) -> Target:
-        target = self._targets.get(target_id)
-        if target is None:
-            raise NotFound("no such target", f"no target with id {target_id!r}")
-        return target
-
 
 def _discard(target: Target) -> None:
     """Let go of what a target not kept holds: its process handle."""
     if target.handle is not None:
         target.handle.close()
+
+
+def _find(targets: dict[str, Target], target_id: str) -> Target:
+    target = targets.get(target_id)
+    if target is None:
+        raise NotFound("no such target", f"no target with id {target_id!r}")
+    return target
