@@ -30,6 +30,9 @@ def spiky(tmp_path: Path) -> Any:
     """(sysfs root, start the writer: 5 W with a 50 ms spike at 20 W ``at`` s in)."""
     root = tmp_path / "sys"
     current = build_tree(root)
+    # The floor before the writer starts: the daemon starts (slowly on a busy machine)
+    # before the writer, so no reading of the tree's own 4 W is in the run.
+    current.write_text(f"{FLOOR_MA:04d}\n")
     waves = []
 
     def writer(at: float) -> Any:
@@ -116,8 +119,6 @@ def test_a_50_ms_spike_in_a_phase_is_its_peak_power_on_metrics_and_in_its_summar
     # The daemon's steady rate 10 Hz: a 50 ms spike falls between two readings half the
     # time. The phase's first 2 s are read at the window rate (200 Hz): ~10 readings.
     root, writer = spiky
-    wave = writer(at=4.0)  # first: the run holds no reading of the tree's 4 W
-    spike_at = wave.changes()[0][0] + 4.0
     daemon = daemon_factory(
         interval=1.0,
         env={
@@ -128,7 +129,9 @@ def test_a_50_ms_spike_in_a_phase_is_its_peak_power_on_metrics_and_in_its_summar
     )
     sleeper = spawn("import time; time.sleep(120)")
     tid = daemon.register(sleeper.pid)["id"]
-    assert time.monotonic() < spike_at - 0.6, "the daemon took too long to start"
+    wave = writer(at=1.5)  # the spike 1.5 s after the writer's start, the daemon up
+    spike_at = wave.changes()[0][0] + 1.5
+    assert time.monotonic() < spike_at - 0.6, "the writer took too long to start"
     time.sleep(max(0.0, spike_at - 0.5 - time.monotonic()))
     path = f"/v1/targets/{tid}/phase"
     assert daemon.call("POST", path, {"name": "spike"})[0] == 201
