@@ -18,6 +18,7 @@ from typing import Any
 
 from edgewatt.core import __version__, power
 from edgewatt.core.carbon import resolve_carbon
+from edgewatt.core.compat import name_thread
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
@@ -219,6 +220,7 @@ class Daemon:
     def _spawn(self, name: str, target: Any, *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         thread.start()
+        name_thread(thread)
         self._threads.append(thread)
 
     def stop(self) -> None:

@@ -24,6 +24,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from edgewatt.core.compat import name_thread
+
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 8192
@@ -79,6 +81,7 @@ class ScrapeServer:
     def serve(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="metrics", daemon=True)
         self._thread.start()
+        name_thread(self._thread)
 
     def close(self) -> None:
         self._stopping = True
