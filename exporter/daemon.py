@@ -18,6 +18,7 @@ from typing import Any
 
 from edgewatt.core import __version__, power
 from edgewatt.core.carbon import resolve_carbon
+from edgewatt.core.compat import name_thread
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
@@ -198,7 +199,7 @@ class Daemon:
         self.exposition.serve()
         if self.influx is not None:
             self.influx.start()
-        self._spawn("api", self.api.serve_forever, 0.2)
+        self._spawn("api", self.api.serve_forever)
         self._spawn("sampler", self.sampler.run, self.stop_event)
         self.ready()
         log.info(
@@ -219,6 +220,7 @@ class Daemon:
     def _spawn(self, name: str, target: Any, *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         thread.start()
+        name_thread(thread)
         self._threads.append(thread)
 
     def stop(self) -> None:
@@ -319,7 +321,7 @@ def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:
         os.close(wake_w)
         return 2
     while not daemon.stop_event.is_set():
-        select.select([wake_r], [], [], 5.0)  # the timeout only as a backstop
+        select.select([wake_r], [], [])  # only a signal sets stop_event, and wakes this
         with contextlib.suppress(BlockingIOError):
             os.read(wake_r, 512)
         while received:

@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from edgewatt.core.compat import name_thread
 from edgewatt.core.http_exchange import Exchanges
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.core.text import shown
@@ -161,6 +162,7 @@ class InfluxPusher:
 
     def start(self) -> InfluxPusher:
         self._thread.start()
+        name_thread(self._thread)
         return self
 
     def status(self) -> dict[str, Any]:

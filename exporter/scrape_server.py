@@ -24,6 +24,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from edgewatt.core.compat import name_thread
+
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 8192
@@ -79,6 +81,7 @@ class ScrapeServer:
     def serve(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="metrics", daemon=True)
         self._thread.start()
+        name_thread(self._thread)
 
     def close(self) -> None:
         self._stopping = True
@@ -96,8 +99,7 @@ class ScrapeServer:
 
     def _loop(self) -> None:
         while not self._stopping:
-            timeout = self._next_deadline() - time.monotonic()
-            for key, events in self._selector.select(max(0.0, min(timeout, 1.0))):
+            for key, events in self._selector.select(self._timeout()):
                 try:
                     if key.fileobj is self._listener:
                         self._accept()
@@ -113,10 +115,12 @@ class ScrapeServer:
             for connection in [c for c in self._connections.values() if c.deadline < now]:
                 self._drop(connection)
 
-    def _next_deadline(self) -> float:
+    def _timeout(self) -> float | None:
+        """Until the first connection's deadline; none without connections: asleep until
+        one arrives or close() writes to the wake socket."""
         if not self._connections:
-            return time.monotonic() + 1.0
-        return min(c.deadline for c in self._connections.values())
+            return None
+        return max(0.0, min(c.deadline for c in self._connections.values()) - time.monotonic())
 
     def _accept(self) -> None:
         for _ in range(64):  # what the backlog holds, without starving the others

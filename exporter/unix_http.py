@@ -10,6 +10,10 @@ trickles a byte at a time holds its thread no longer than one that stalls. At mo
 cannot take the others' share; more are answered 429 at once. Every failure is a JSON
 ``{"error", "detail"}`` with a 4xx status; an unexpected exception is logged with its
 traceback here and answered with a 500 that carries no traceback.
+
+The accepting thread sleeps until a connection or the shutdown arrives: no timeout
+(socketserver's own loop wakes every poll interval, five times a second, to look for
+a shutdown); the shutdown writes to a socket pair that it watches beside the listener.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import io
 import json
 import logging
 import os
+import selectors
 import socket
 import socketserver
 import stat
@@ -267,6 +272,27 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
         # Any local user may register their own processes; SO_PEERCRED enforces the rest.
         os.chmod(path, 0o666)
         self.path = path
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._serving = threading.Lock()  # held by serve_forever while it runs
+
+    def serve_forever(self, poll_interval: float = 0.0) -> None:
+        """Accept until :meth:`shutdown`, asleep between connections (``poll_interval``
+        is socketserver's signature only: nothing polls)."""
+        with self._serving, selectors.DefaultSelector() as selector:
+            selector.register(self, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                ready = {key.fileobj for key, _ in selector.select()}
+                if self._wake_r in ready:
+                    return
+                self._handle_request_noblock()
+
+    def shutdown(self) -> None:
+        """End :meth:`serve_forever` now, and wait until it has (from another thread)."""
+        with contextlib.suppress(OSError):  # already woken, and closed
+            self._wake_w.send(b"x")
+        with self._serving:  # serve_forever returned (or never ran)
+            pass
 
     def process_request(self, request: Any, client_address: Any) -> None:
         uid = credentials(request)[1]
@@ -297,6 +323,8 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
     def close(self) -> None:
         self.shutdown()
         self.server_close()
+        self._wake_r.close()
+        self._wake_w.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 import pytest
@@ -174,3 +176,40 @@ def test_the_cpu_at_an_exit_is_the_larger_total_and_neither_mode_goes_back(
 def test_the_cpu_at_an_exit_split_differently_is_not_counted_twice() -> None:
     assert final_cpu((0.20, 0.05), (0.17, 0.08)) == pytest.approx((0.20, 0.05))
     assert final_cpu((0.20, 0.05), (0.17, 0.10)) == pytest.approx((0.20, 0.07))
+
+
+def test_after_an_overrun_the_next_pass_waits_for_the_next_boundary() -> None:
+    # A pass that ends after the next was due skips it: the next starts at the next
+    # boundary of the cadence, not straight away to catch up (two passes back to back).
+    now = [100.0]
+    waits: list[float] = []
+
+    def wait(event: Any, seconds: float) -> bool:
+        waits.append(seconds)
+        now[0] += seconds
+        return event.is_set()
+
+    clock = Clock(time=lambda: now[0], monotonic=lambda: now[0], wait=wait)
+    durations = {2: 1.5, 4: 2.2}  # pass number: seconds it takes
+    starts: list[float] = []
+    published: list[Snapshot] = []
+    stop = threading.Event()
+
+    def on_pass(snapshot: Snapshot) -> None:
+        published.append(snapshot)
+        starts.append(now[0] - 100.0)
+        now[0] += durations.get(len(starts), 0.0)
+        if len(starts) == 5:
+            stop.set()
+
+    parts = Parts(ProcessTrees(LinuxPlatform()), clock=clock)
+    sampler = Sampler(
+        table_with(os.getpid()), interval=1.0, host_name="h", on_pass=on_pass, parts=parts
+    )
+    sampler.run(stop)
+    # Pass 2 ends at 2.5 (2 missed): pass 3 at 3. Pass 4 ends at 6.2 (5 and 6 missed):
+    # pass 5 at 7.
+    assert starts == pytest.approx([0.0, 1.0, 3.0, 4.0, 7.0])
+    assert waits == pytest.approx([1.0, 0.5, 1.0, 0.8, 1.0])
+    assert [s.stats.overruns for s in published] == [0, 0, 1, 1, 2]
+    assert sampler.closed

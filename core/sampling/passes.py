@@ -47,11 +47,9 @@ class Passes:
             while not stop.is_set():
                 with self._pass_lock:  # one pass at a time, whoever runs it
                     self._pass(scheduled=True)
-                deadline += self._sampler.interval
-                if deadline < monotonic():
-                    self.overruns += 1
-                    deadline = monotonic()  # skip missed ticks rather than burst
-                self._wake.wait(max(0.0, deadline - monotonic()))
+                deadline, overran = next_pass(deadline, self._sampler.interval, monotonic())
+                self.overruns += overran
+                self._clock.wait(self._wake, max(0.0, deadline - monotonic()))
         finally:
             with self._pass_lock:  # a pass on demand in another thread ends first
                 self._sampler.close()
@@ -93,3 +91,15 @@ class Passes:
         finally:
             with self._edge:
                 self._done += 1
+
+
+def next_pass(last: float, interval: float, now: float) -> tuple[float, bool]:
+    """When the pass after the one due at ``last`` is due, and whether that one overran
+    (ended after the next was due). After an overrun the next boundary of the cadence
+    from ``now``: the missed ones are skipped, never run back to back to catch up."""
+    due = last + interval
+    if due >= now:
+        return due, False
+    if interval <= 0:
+        return now, True
+    return due + ((now - due) // interval + 1) * interval, True
