@@ -144,6 +144,14 @@ def jetson_sampler(table: Any) -> Sampler:
     )
 
 
+def stand_in_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A file the sampler takes for a GPU device: a process holding it open holds the GPU."""
+    device = tmp_path / "nvhost-gpu"
+    device.write_text("")
+    monkeypatch.setattr(procfs, "GPU_DEVICES", (*procfs.GPU_DEVICES, str(device).encode()))
+    return str(device)
+
+
 def cpu_ticks(pid: int) -> int:
     """The CPU time the kernel counted for ``pid``, in clock ticks."""
     stat = procfs.parse_stat(Path(f"/proc/{pid}/stat").read_text())
@@ -159,10 +167,8 @@ def test_the_gpu_rail_goes_to_the_target_holding_the_gpu(
     # Two CPU-busy targets; one holds a (stand-in) GPU device open. The GPU rail's
     # 10 W above its idle goes to that one alone, whatever their CPU shares; the
     # device's 5 W are its configured idle, so nothing is left for CPU time.
-    device = tmp_path / "nvhost-gpu"
-    device.write_text("")
-    monkeypatch.setattr(procfs, "GPU_DEVICES", (*procfs.GPU_DEVICES, str(device).encode()))
-    holder = spawn(f"f = open({str(device)!r})\n" + BURN)
+    device = stand_in_gpu(tmp_path, monkeypatch)
+    holder = spawn(f"f = open({device!r})\n" + BURN)
     other = spawn(BURN)
     table = table_with(holder.pid)
     other_id = table.register(other.pid, {}, True, os.getuid())[0].id
@@ -195,12 +201,8 @@ def test_holders_waiting_on_the_gpu_get_the_gpu_rail(
     # a sleeping holder in every pass. The GPU rail's 10 W above its idle are still its
     # work (shared equally between holders that all read 0), never a busy non-holder's
     # and never no one's.
-    device = tmp_path / "nvhost-gpu"
-    device.write_text("")
-    monkeypatch.setattr(procfs, "GPU_DEVICES", (*procfs.GPU_DEVICES, str(device).encode()))
-    sleepers = [
-        spawn(f"f = open({str(device)!r})\nimport time; time.sleep(60)") for _ in range(holders)
-    ]
+    device = stand_in_gpu(tmp_path, monkeypatch)
+    sleepers = [spawn(f"f = open({device!r})\nimport time; time.sleep(60)") for _ in range(holders)]
     other = spawn(BURN)
     table = table_with(sleepers[0].pid)
     for sleeper in sleepers[1:]:
@@ -259,10 +261,8 @@ def test_the_gpu_rail_goes_to_its_holder_only_while_gr3d_is_busy(
 ) -> None:
     # The rail draws 10 W above its idle either way; with GR3D at 0 % that is no
     # holder's work: unattributed, and the holder gets nothing.
-    device = tmp_path / "nvhost-gpu"
-    device.write_text("")
-    monkeypatch.setattr(procfs, "GPU_DEVICES", (*procfs.GPU_DEVICES, str(device).encode()))
-    holder = spawn(f"f = open({str(device)!r})\n" + BURN)
+    device = stand_in_gpu(tmp_path, monkeypatch)
+    holder = spawn(f"f = open({device!r})\n" + BURN)
     table = table_with(holder.pid)
     sampler = Sampler(
         table,
