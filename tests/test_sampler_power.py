@@ -158,6 +158,11 @@ def cpu_ticks(pid: int) -> int:
     return stat.utime + stat.stime
 
 
+def state(pid: int) -> str:
+    """The process's state letter (R running, S sleeping, ...)."""
+    return procfs.parse_stat(Path(f"/proc/{pid}/stat").read_text()).state
+
+
 BURN = "import time\nwhile True: time.sleep(0.0005); sum(range(2000))\n"
 
 
@@ -210,8 +215,8 @@ def test_holders_waiting_on_the_gpu_get_the_gpu_rail(
     other_id = table.register(other.pid, {}, True, os.getuid())[0].id
     sleeper_ids = [t.id for t in table.running() if t.id != other_id]
     sampler = jetson_sampler(table)
-    for sleeper in sleepers:
-        wait_for(lambda s=sleeper: procfs.holds_gpu(s.pid))
+    for sleeper in sleepers:  # holding the GPU, and asleep in time.sleep
+        wait_for(lambda s=sleeper: procfs.holds_gpu(s.pid) and state(s.pid) == "S")
     cpu_before = [cpu_ticks(s.pid) for s in sleepers]
     for _ in range(10):
         snapshot = sampler.sample_once()
