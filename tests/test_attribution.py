@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgewatt.core.power.attribution import Attribution, Baseline, PassEnergy, Usage, split
+from edgewatt.core.power.attribution import (
+    Attribution,
+    Baseline,
+    PassEnergy,
+    Usage,
+    rail_weights,
+    split,
+)
 
 
 def test_dynamic_power_split_by_cpu_share() -> None:
@@ -35,6 +42,14 @@ def test_gpu_energy_goes_to_gpu_users() -> None:
     got = split(measured, 100.0, {"g": 50.0}, usage)
     # CPU part 100 J split evenly; GPU part 100 J: trainer 0.6 of 0.8 load.
     assert got == pytest.approx({"trainer": 50.0 + 75.0, "logger": 50.0})
+
+
+def test_the_gpu_rail_weights_its_holders_by_cpu_time_equally_at_none() -> None:
+    # By CPU time while any holder counted some; a holder at 0 then gets none.
+    assert rail_weights({"a": 0.02, "b": 0.0}) == {"a": 0.02, "b": 0.0}
+    # Every holder at 0 ticks (waiting on the GPU): equal shares, not no one's.
+    assert rail_weights({"a": 0.0, "b": 0.0}) == {"a": 1.0, "b": 1.0}
+    assert rail_weights({}) == {}
 
 
 def test_below_idle_nothing_is_attributed() -> None:

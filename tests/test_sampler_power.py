@@ -144,6 +144,25 @@ def jetson_sampler(table: Any) -> Sampler:
     )
 
 
+def stand_in_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A file the sampler takes for a GPU device: a process holding it open holds the GPU."""
+    device = tmp_path / "nvhost-gpu"
+    device.write_text("")
+    monkeypatch.setattr(procfs, "GPU_DEVICES", (*procfs.GPU_DEVICES, str(device).encode()))
+    return str(device)
+
+
+def cpu_ticks(pid: int) -> int:
+    """The CPU time the kernel counted for ``pid``, in clock ticks."""
+    stat = procfs.parse_stat(Path(f"/proc/{pid}/stat").read_text())
+    return stat.utime + stat.stime
+
+
+def state(pid: int) -> str:
+    """The process's state letter (R running, S sleeping, ...)."""
+    return procfs.parse_stat(Path(f"/proc/{pid}/stat").read_text()).state
+
+
 BURN = "import time\nwhile True: time.sleep(0.0005); sum(range(2000))\n"
 
 
@@ -153,10 +172,8 @@ def test_the_gpu_rail_goes_to_the_target_holding_the_gpu(
     # Two CPU-busy targets; one holds a (stand-in) GPU device open. The GPU rail's
     # 10 W above its idle goes to that one alone, whatever their CPU shares; the
     # device's 5 W are its configured idle, so nothing is left for CPU time.
-    device = tmp_path / "nvhost-gpu"
-    device.write_text("")
-    monkeypatch.setattr(procfs, "GPU_DEVICES", (*procfs.GPU_DEVICES, str(device).encode()))
-    holder = spawn(f"f = open({str(device)!r})\n" + BURN)
+    device = stand_in_gpu(tmp_path, monkeypatch)
+    holder = spawn(f"f = open({device!r})\n" + BURN)
     other = spawn(BURN)
     table = table_with(holder.pid)
     other_id = table.register(other.pid, {}, True, os.getuid())[0].id
@@ -179,6 +196,41 @@ def test_the_gpu_rail_goes_to_the_target_holding_the_gpu(
     # Every joule measured since the first pass is idle or attributed.
     first_pass_j = 5.0 * 0.2  # the energy before the first pass with a reading before it
     assert math.fsum(parts.values()) == pytest.approx(device_j - first_pass_j, rel=0.1)
+
+
+@pytest.mark.parametrize("holders", [1, 2])
+def test_holders_waiting_on_the_gpu_get_the_gpu_rail(
+    spawn: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holders: int
+) -> None:
+    # A trainer blocked on its GPU work uses no CPU: the kernel counts 0 CPU seconds for
+    # a sleeping holder in every pass. The GPU rail's 10 W above its idle are still its
+    # work (shared equally between holders that all read 0), never a busy non-holder's
+    # and never no one's.
+    device = stand_in_gpu(tmp_path, monkeypatch)
+    sleepers = [spawn(f"f = open({device!r})\nimport time; time.sleep(60)") for _ in range(holders)]
+    other = spawn(BURN)
+    table = table_with(sleepers[0].pid)
+    for sleeper in sleepers[1:]:
+        table.register(sleeper.pid, {}, True, os.getuid())
+    other_id = table.register(other.pid, {}, True, os.getuid())[0].id
+    sleeper_ids = [t.id for t in table.running() if t.id != other_id]
+    sampler = jetson_sampler(table)
+    for sleeper in sleepers:  # holding the GPU, and asleep in time.sleep
+        wait_for(lambda s=sleeper: procfs.holds_gpu(s.pid) and state(s.pid) == "S")
+    cpu_before = [cpu_ticks(s.pid) for s in sleepers]
+    for _ in range(10):
+        snapshot = sampler.sample_once()
+        time.sleep(0.2)
+    sampler.close()
+    # What the kernel counted: the holders used no CPU time at all meanwhile.
+    assert [cpu_ticks(s.pid) for s in sleepers] == cpu_before
+    energies = {p.target_id: p.energy_j or 0.0 for p in snapshot.processes}
+    parts = snapshot.energy_parts_j
+    assert energies[other_id] == pytest.approx(0.0, abs=1e-9)
+    assert parts["unattributed"] == pytest.approx(0.0, abs=1e-6)
+    assert parts["attributed"] > 10.0  # about 1.4 s of 10 W
+    for sleeper_id in sleeper_ids:
+        assert energies[sleeper_id] == pytest.approx(parts["attributed"] / holders, rel=1e-9)
 
 
 def test_with_no_gpu_holder_the_gpu_rail_is_unattributed(spawn: Any) -> None:
@@ -214,10 +266,8 @@ def test_the_gpu_rail_goes_to_its_holder_only_while_gr3d_is_busy(
 ) -> None:
     # The rail draws 10 W above its idle either way; with GR3D at 0 % that is no
     # holder's work: unattributed, and the holder gets nothing.
-    device = tmp_path / "nvhost-gpu"
-    device.write_text("")
-    monkeypatch.setattr(procfs, "GPU_DEVICES", (*procfs.GPU_DEVICES, str(device).encode()))
-    holder = spawn(f"f = open({str(device)!r})\n" + BURN)
+    device = stand_in_gpu(tmp_path, monkeypatch)
+    holder = spawn(f"f = open({device!r})\n" + BURN)
     table = table_with(holder.pid)
     sampler = Sampler(
         table,

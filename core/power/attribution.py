@@ -237,11 +237,12 @@ class PassInputs:
         # Only while the GPU is busy (GR3D above 0 at the pass's edge, where known):
         # the rail's dynamic part while it idles is no holder's work (unattributed).
         holders = self._gpu_holders(used) if gpu_rails and gpu_busy(power) else set()
+        weights = rail_weights({t: used[t].cpu_s for t in holders})
         usage = {}
         for target_id, use in used.items():
             gpu = {g.id: load for g, load, _ in gpu_use(power, use.pids) if g.id in gpu_energy}
-            if target_id in holders:
-                gpu.update(dict.fromkeys(gpu_rails, use.cpu_s))  # shared by CPU time
+            if target_id in weights:
+                gpu.update(dict.fromkeys(gpu_rails, weights[target_id]))
             usage[target_id] = Usage(cpu_s=use.cpu_s, gpu=gpu)
         return measured_at, measured, usage
 
@@ -256,6 +257,17 @@ class PassInputs:
                     self._gpu_pids.add(pid)
                     holders.add(target_id)
         return holders
+
+
+def rail_weights(holders_cpu_s: Mapping[str, float]) -> dict[str, float]:
+    """Each GPU holder's weight in the board GPU rail's dynamic part: its CPU seconds in
+    the pass; equal weights where the holders' CPU time sums to 0. The kernel counts CPU
+    time in ticks (10 ms): a holder waiting on its GPU work (a trainer blocked in a
+    synchronize) reads 0 in many a 0.2 s pass, and the rail is still its work, not
+    no one's."""
+    if math.fsum(max(0.0, c) for c in holders_cpu_s.values()) > 0:
+        return {t: max(0.0, c) for t, c in holders_cpu_s.items()}
+    return dict.fromkeys(holders_cpu_s, 1.0)
 
 
 def gpu_use(power: PowerSnapshot, pids: tuple[int, ...]) -> list[tuple[Gpu, float, int | None]]:
