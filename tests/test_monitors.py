@@ -512,34 +512,20 @@ def test_a_wall_clock_step_moves_no_interval_of_the_recorder() -> None:
     assert recorder.observe(repeated) is None and recorder.summary()["samples"] == 4
 
 
-def test_a_monitor_counts_through_a_step_of_the_wall_clock(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_readings_monotonic_instant_is_its_wall_age_clamped(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The in-process monitor while the wall clock is stepped back an hour mid-run: the
-    # CPU burnt after the step is counted (the kernel's own count of it), the duration
-    # is the real one.
-    real_time, offset = time.time, [0.0]
-    monkeypatch.setattr(time, "time", lambda: real_time() + offset[0])
-    monitor = thread_monitor.FileMonitor(
-        str(tmp_path / "m.jsonl"), interval=0.2, records="edgewatt"
-    )
-    monitor.socket = str(tmp_path / "none.sock")
-    started, cpu_before = time.monotonic(), time.process_time()
-    monitor.start()  # its first reading is taken before it returns
-    began = time.monotonic()
-    burn(0.5)
-    offset[0] = -3600.0
-    burn(0.8)
-    ending = time.monotonic()
-    monitor.stop()  # its last reading is taken after the call
-    elapsed, cpu = time.monotonic() - started, time.process_time() - cpu_before
-    summary, stamps = monitor.summary(), monitor.stats()["timestamp"]
-    # Samples dated after the step (an hour earlier than the first) were recorded: the
-    # last reading, at stop(), is one whatever the scheduler gave the monitor's thread.
-    assert stamps[-1] < stamps[0] - 3000, stamps
-    assert 1.3 - 2 * TICK <= summary["cpu_time_s"] <= cpu + 2 * TICK
-    # Monitored from its first reading to its last, by the monotonic clock.
-    assert ending - began - 0.001 <= summary["duration_s"] <= elapsed + 0.001
+    # A reading's instant is the monotonic clock now, less how old its wall stamp is:
+    # a daemon sample 0.4 s old is 0.4 s back; a stamp from before a step back of the
+    # wall clock (it looks 3,600 s in the future) counts as now; one from before a
+    # step forward (3,600 s old) as 60 s back at most, never an hour.
+    from edgewatt.client._readings import MAX_READING_AGE_S, monotonic_instant
+
+    monkeypatch.setattr(time, "time", lambda: 5000.0)
+    monkeypatch.setattr(time, "monotonic", lambda: 200.0)
+    assert monotonic_instant(4999.6) == pytest.approx(199.6)
+    assert monotonic_instant(8600.0) == 200.0
+    assert monotonic_instant(1400.0) == 200.0 - MAX_READING_AGE_S == 140.0
 
 
 # -- heflwr 0.1.91's shapes (tests/test_heflwr_compat.py checks them against heflwr) ---
