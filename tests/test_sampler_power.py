@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +64,14 @@ class ClockedGpu(PullSource):
 
 
 def test_gpu_user_gets_gpu_energy_memory_and_load(spawn: Any) -> None:
-    child = spawn("import time; time.sleep(60)")
+    # Asleep before the first pass: an interpreter still starting on a busy machine
+    # would use CPU in the passes, and so get its share of the power above idle.
+    child = spawn(
+        "import time; print('ready', flush=True); time.sleep(60)",
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout.readline() == "ready\n"
     table = table_with(child.pid)
     gpu = ClockedGpu(pid=child.pid, watts=200.0)
     sampler = Sampler(
