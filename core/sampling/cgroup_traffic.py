@@ -47,7 +47,6 @@ from edgewatt.core.sampling.traffic_tables import TrafficTables
 
 log = logging.getLogger(__name__)
 
-COUNTS = "IP bytes: payload plus IP and TCP/UDP headers, every protocol, every connection"
 # What a target's figures count, by how its namespaces are counted (the summary's
 # network_counts): by its sockets' rules, by the interfaces of namespaces it may not
 # enter, or both.
@@ -83,8 +82,6 @@ class _Watch:
 class CgroupTraffic:
     """``v2_mount``: where cgroup v2 is mounted; nftables names cgroups by their path
     under /sys/fs/cgroup."""
-
-    counts = COUNTS
 
     def __init__(
         self,
