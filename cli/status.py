@@ -35,7 +35,7 @@ def render(
     ended.sort(key=lambda pair: pair[0].get("exited_at") or 0.0)
     if ended:
         kept = f", kept {retention_s:g} s after their end" if retention_s is not None else ""
-        lines += ["", f"finished{kept}:", *_finished(ended)]
+        lines += ["", f"finished{kept}:", *_aligned(finished_rows(ended))]
         more = sum(t["state"] != "running" for t in targets) - len(ended)
         if more > 0:
             lines.append(f"({more} older finished targets: edgewatt status --json)")
@@ -95,9 +95,10 @@ def _running(targets: list[dict[str, Any]], logical_cpus: int | None) -> list[st
     return lines
 
 
-def _finished(ended: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
-    """A finished target's end (when, and how: exited or unregistered), exit status
-    where known, CPU seconds, energy and peak memory, from its summary."""
+def finished_rows(ended: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[tuple[str, ...]]:
+    """The header, then a row per finished target (as (target, summary)): its end (when,
+    and how: exited or unregistered), exit status where known, CPU seconds, energy and
+    peak memory, from its summary; `edgewatt top` shows the same cells."""
     header = ("ID", "PID", "NAME", "ENDED", "HOW", "EXIT", "CPU", "ENERGY", "RSS PEAK", "LABELS")
     rows = [header]
     for t, s in ended:
@@ -122,7 +123,7 @@ def _finished(ended: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
                 _labels(t),
             )
         )
-    return _aligned(rows)
+    return rows
 
 
 def _labels(target: dict[str, Any]) -> str:

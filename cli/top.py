@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from edgewatt.cli.phases import PEAK_POWER
-from edgewatt.cli.status import human_bytes
+from edgewatt.cli.status import FINISHED_SHOWN, finished_rows, human_bytes
 from edgewatt.core.text import printable
 
 SORTS = {"p": "power", "e": "energy", "c": "cpu", "m": "memory"}
@@ -85,9 +85,11 @@ def _cpu_s(span: dict[str, Any]) -> float:
 
 
 def ordered(targets: list[dict[str, Any]], sort: str) -> list[dict[str, Any]]:
-    """Running targets by the sort key, largest first; finished ones after, as listed."""
+    """Running targets by the sort key, largest first; finished ones after, the last
+    ended first (what a cut screen keeps)."""
     running = [t for t in targets if t.get("state") == "running"]
     done = [t for t in targets if t.get("state") != "running"]
+    done.sort(key=lambda t: t.get("exited_at") or 0.0, reverse=True)
     return sorted(running, key=_KEY[sort], reverse=True) + done
 
 
@@ -154,22 +156,29 @@ _DROP = ("LABELS", "TX/RX per s", "ID", "PROCS")
 _CAP = {"NAME": 16, "PHASE": 12, "LABELS": 40}
 
 
+# A finished target's final figures, as `edgewatt status` lists them.
+FINISHED_COLUMNS = finished_rows([])[0]
+_FINISHED_DROP = ("LABELS", "PID", "ID")
+
+
 def target_rows(document: dict[str, Any], sort: str) -> list[tuple[str, ...]]:
+    """The running targets' rows, in the sort's order."""
     cpus = document["device"].get("logical_cpus")
     rows = []
     for t in ordered(document["targets"], sort):
+        if t.get("state") != "running":
+            continue
         latest = t.get("latest") or {}
         summary = t.get("summary") or {}
         phases = summary.get("phases") or []
         phase = phases[-1] if phases and phases[-1].get("ended_at") is None else None
-        running = t.get("state") == "running"
         rows.append(
             (
                 t["id"],
                 t.get("executable") or "-",
-                _w(latest.get("power_w")) if running else "-",
+                _w(latest.get("power_w")),
                 _j(summary.get("energy_j")),
-                _cpu(latest.get("cpu_utilization"), cpus) if running else t.get("state", ""),
+                _cpu(latest.get("cpu_utilization"), cpus),
                 human_bytes(latest.get("memory_rss_bytes")),
                 _net(t.get("network_rate")),
                 str(latest.get("processes", "-")),
@@ -181,20 +190,34 @@ def target_rows(document: dict[str, Any], sort: str) -> list[tuple[str, ...]]:
     return [tuple(printable(c) for c in row) for row in rows]
 
 
-def table_lines(rows: list[tuple[str, ...]], width: int) -> list[str]:
-    """Columns sized to their cells, the least needed dropped until a row fits."""
-    everything = [COLUMNS, *rows]
+def finished_target_rows(document: dict[str, Any], sort: str) -> list[tuple[str, ...]]:
+    """The finished targets' rows (end, how, exit status, CPU, energy, peak memory),
+    the last ended first."""
+    done = [t for t in ordered(document["targets"], sort) if t.get("state") != "running"]
+    rows = finished_rows([(t, t.get("summary") or {}) for t in done])[1:]
+    return [tuple(printable(c) for c in row) for row in rows]
+
+
+def table_lines(
+    rows: list[tuple[str, ...]],
+    width: int,
+    columns: tuple[str, ...] = COLUMNS,
+    drop: tuple[str, ...] = _DROP,
+) -> list[str]:
+    """Columns sized to their cells, the least needed (``drop``) left out until a row
+    fits; the header first."""
+    everything = [columns, *rows]
     widths = {
-        c: min(max(len(r[i]) for r in everything), _CAP.get(c, 99)) for i, c in enumerate(COLUMNS)
+        c: min(max(len(r[i]) for r in everything), _CAP.get(c, 99)) for i, c in enumerate(columns)
     }
-    shown = list(COLUMNS)
-    for column in _DROP:
+    shown = list(columns)
+    for column in drop:
         if sum(widths[c] + 2 for c in shown) - 2 <= width:
             break
         shown.remove(column)
-    index = [COLUMNS.index(c) for c in shown]
+    index = [columns.index(c) for c in shown]
     return [
-        "  ".join(row[i][: widths[COLUMNS[i]]].ljust(widths[COLUMNS[i]]) for i in index)[
+        "  ".join(row[i][: widths[columns[i]]].ljust(widths[columns[i]]) for i in index)[
             :width
         ].rstrip()
         for row in everything
@@ -207,7 +230,7 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
     labels = ", ".join(f"{k}={v}" for k, v in sorted(target.get("labels", {}).items()))
     lines = [
         f"target {target['id']}  {target.get('kind')} pid {target.get('pid')}"
-        f"  {target.get('executable') or ''}  {target.get('state')}",
+        f"  {target.get('executable') or ''}  {target.get('state')}{_end(target, summary)}",
         f"registered {time.strftime('%H:%M:%S', time.localtime(target['registered_at']))}"
         f"  labels: {labels or '-'}",
         f"total {_j(summary.get('energy_j'))} J  CPU {_cpu_s(summary):.2f} s"
@@ -235,6 +258,14 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
     return [printable(line)[:width] for line in lines]
 
 
+def _end(target: dict[str, Any], summary: dict[str, Any]) -> str:
+    """A finished target's end and exit status, as its row has them."""
+    if target.get("state") == "running":
+        return ""
+    cells = dict(zip(FINISHED_COLUMNS, finished_rows([(target, summary)])[1]))
+    return f" {cells['ENDED']}, exit {cells['EXIT']}"
+
+
 # What a target's network figures count (its summary's network_counts).
 _COUNTED = {
     "tcp-payload": "TCP payload",
@@ -254,24 +285,68 @@ def _net_detail(rate: dict[str, Any] | None, counts: str | None) -> str:
     )
 
 
-def frame(document: dict[str, Any], view: View, width: int = 80, height: int = 24) -> list[str]:
+class Line(NamedTuple):
+    """A line of the screen; the live view draws a selected one reversed and a
+    finished target's dimmed (--once prints the text alone)."""
+
+    text: str
+    selected: bool = False
+    finished: bool = False
+
+
+def styled_frame(
+    document: dict[str, Any], view: View, width: int = 80, height: int = 24
+) -> list[Line]:
     """One screen's lines, at most ``height``, each at most ``width`` columns."""
-    lines = device_lines(document, width)
+    lines = [Line(line) for line in device_lines(document, width)]
     targets = ordered(document["targets"], view.sort)
+    view.selected = max(min(view.selected, len(targets) - 1), 0)
     if view.help:
-        lines += ["", *HELP]
+        lines += [Line(""), *map(Line, HELP)]
     elif view.detail and targets:
-        view.selected = min(view.selected, len(targets) - 1)
         cpus = document["device"].get("logical_cpus")
-        lines += ["", *detail_lines(targets[view.selected], cpus, width)]
+        lines += [Line(""), *map(Line, detail_lines(targets[view.selected], cpus, width))]
     else:
-        lines.append(f"targets (sort: {view.sort}; W, J attributed; CPU% of one core)")
-        lines += table_lines(target_rows(document, view.sort), width)
-        if not targets:
-            lines.append("(no registered targets)")
-    lines = [line[:width] for line in lines]
-    footer = "q quit  arrows select  Enter detail  p/e/c/m sort  ? help"[:width]
+        lines += _tables(document, view, width, height - 1 - len(lines))
+    lines = [line._replace(text=line.text[:width]) for line in lines]
+    footer = Line("q quit  arrows select  Enter detail  p/e/c/m sort  ? help"[:width])
     return [*lines[: max(height - 1, 0)], footer]
+
+
+def _tables(document: dict[str, Any], view: View, width: int, room: int) -> list[Line]:
+    """The running targets' table, then the finished ones' in the ``room`` lines left,
+    dimmed, with their final figures; the selected target's row marked (and kept
+    among the rows shown)."""
+    running = table_lines(target_rows(document, view.sort), width)
+    lines = [Line(f"targets (sort: {view.sort}; W, J attributed; CPU% of one core)")]
+    lines += [Line(text, selected=n == view.selected + 1) for n, text in enumerate(running)]
+    if len(running) == 1:
+        none = "(no registered targets)" if not document["targets"] else "(none running)"
+        lines.append(Line(none))
+    done = finished_target_rows(document, view.sort)
+    # Title and header, then as many rows as fit, the last line saying how many not.
+    fit = min(max(room - len(lines) - 2, 0), FINISHED_SHOWN)
+    shown = done if len(done) <= fit else done[: max(fit - 1, 0)]
+    view.selected = max(min(view.selected, len(running) - 1 + len(shown) - 1), 0)
+    if shown:
+        retention = (document.get("health") or {}).get("exited_retention_s")
+        kept = "" if retention is None else f", kept {retention:g} s after their end"
+        finished = table_lines(shown, width, FINISHED_COLUMNS, _FINISHED_DROP)
+        first = len(running) - 1  # the first finished target's index in ordered()
+        lines.append(Line(f"finished{kept} (the last first):", finished=True))
+        lines += [
+            Line(text, selected=n > 0 and first + n - 1 == view.selected, finished=True)
+            for n, text in enumerate(finished)
+        ]
+    if len(shown) < len(done):
+        more = len(done) - len(shown)
+        lines.append(Line(f"({more} more finished: edgewatt status lists them)", finished=True))
+    return lines
+
+
+def frame(document: dict[str, Any], view: View, width: int = 80, height: int = 24) -> list[str]:
+    """One screen's text: styled_frame's lines without their style."""
+    return [line.text for line in styled_frame(document, view, width, height)]
 
 
 def run_screen(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
@@ -287,17 +362,11 @@ def run_screen(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
         while True:
             height, width = screen.getmaxyx()
             screen.erase()
-            lines = frame(document, view, width - 1, height)
-            header = len(device_lines(document, width - 1)) + 2
-            table = not view.detail and not view.help
-            running = sum(t.get("state") == "running" for t in document["targets"])
-            for y, line in enumerate(lines[:height]):
-                attribute = 0
-                if table and y == header + view.selected:
-                    attribute = curses.A_REVERSE
-                elif table and header + running <= y < header + len(document["targets"]):
-                    attribute = curses.A_DIM  # finished: final figures
-                screen.addnstr(y, 0, line, width - 1, attribute)
+            for y, line in enumerate(styled_frame(document, view, width - 1, height)):
+                attribute = curses.A_REVERSE if line.selected else 0
+                if line.finished:
+                    attribute |= curses.A_DIM  # finished: final figures
+                screen.addnstr(y, 0, line.text, width - 1, attribute)
             screen.refresh()
             key = screen.getch()
             count = len(document["targets"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -497,3 +498,115 @@ def test_the_gpu_line_shows_the_frequency_the_board_reports(daemon_factory: Any)
         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "80"},
     )  # fmt: skip
     assert "gpu: GR3D 12% load at 1300 MHz" in once.stdout.splitlines(), once.stdout
+
+
+def finished_cells(target: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """A finished target's final figures as its row shows them (the summary's): end,
+    how, exit status, CPU, energy, peak memory."""
+    from edgewatt.cli.status import human_bytes
+
+    code = summary["exit_status"]
+    return [
+        time.strftime("%H:%M:%S UTC", time.gmtime(target["exited_at"])),
+        target["state"],
+        "-" if code is None else str(code),
+        f"{summary['cpu_user_s'] + summary['cpu_system_s']:.2f} s",
+        "-" if summary["energy_j"] is None else f"{summary['energy_j']:.3g} J",
+        human_bytes(summary["memory_rss_peak_bytes"]),
+    ]
+
+
+# Known work that ends: 0.5 s of CPU over 32 MiB it wrote, then exit status 3.
+FINISHER = (
+    "import sys, time\n"
+    "sys.stdin.readline()\n"
+    "x = bytearray(32 << 20)\n"
+    "for i in range(0, len(x), 4096): x[i] = 1\n"
+    "end = time.process_time() + 0.5\n"
+    "while time.process_time() < end: pass\n"
+    "raise SystemExit(3)\n"
+)
+
+
+def test_finished_targets_are_listed_below_dimmed_with_their_final_figures(
+    board: Any, spawn: Any, pane_factory: Any
+) -> None:
+    """One target exits with status 3 after known work, another is let go by its last
+    registration: both are listed below the running ones, the last ended first, dimmed
+    (SGR 2 in the pane's escape codes, the running rows not), each with its end, how it
+    ended, exit status, CPU, J and peak memory as its summary has them; on 80x24 and on
+    a wider pane, in --once and in --json."""
+    daemon, burner, holder = board
+    worker = spawn(FINISHER, stdin=subprocess.PIPE, text=True)
+    exited = daemon.register(worker.pid, labels={"role": "done"})["id"]
+    worker.stdin.write("go\n")
+    worker.stdin.flush()
+    assert worker.wait(timeout=60) == 3
+    by_id = lambda: {t["id"]: t for t in daemon.call("GET", "/v1/targets")[1]["targets"]}  # noqa: E731
+    wait_for(lambda: by_id()[exited]["state"] == "exited")
+    let_go = daemon.register(spawn("import time; time.sleep(60)").pid, labels={"role": "gone"})
+    assert daemon.call("DELETE", f"/v1/targets/{let_go['id']}")[0] == 200
+    targets = by_id()
+    finished = [targets[let_go["id"]], targets[exited]]  # the last ended first
+    assert [t["state"] for t in finished] == ["unregistered", "exited"]
+    summaries = [daemon.call("GET", f"/v1/targets/{t['id']}/summary")[1] for t in finished]
+    expected = [finished_cells(t, s) for t, s in zip(finished, summaries)]
+    code = 3 if os.geteuid() == 0 else None  # from the kernel's exit record, read as root
+    assert summaries[1]["exit_status"] == code and summaries[1]["energy_j"] > 0
+    assert summaries[1]["cpu_user_s"] + summaries[1]["cpu_system_s"] >= 0.5
+    assert summaries[1]["memory_rss_peak_bytes"] >= 32 << 20
+
+    def shown(lines: list[str]) -> list[list[str]]:
+        """The finished rows' final figures (their cells from ENDED to RSS PEAK)."""
+        start = next(i for i, x in enumerate(lines) if x.startswith("finished, kept 600 s"))
+        header = re.split(r"  +", lines[start + 1].strip())
+        first = header.index("ENDED")
+        rows = [re.split(r"  +", x.strip()) for x in lines[start + 2 : start + 4]]
+        return [row[first : first + 6] for row in rows]
+
+    # pytest sets COLUMNS=80 and LINES=24, which curses would take over the pane's size.
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+
+    def look(width: int, height: int) -> None:
+        pane = pane_factory(
+            [*EDGEWATT, "top", "--socket", daemon.socket, "--interval", "1"], width, height, env=env
+        )
+        lines = wait_for(
+            lambda: (lambda s: s if any("finished, kept" in x for x in s) else None)(pane.capture())
+        )
+        assert len(lines) <= height and all(len(line) <= width for line in lines)
+        assert shown(lines) == expected, (width, "\n".join(lines))
+        # Below the live rows: both running targets' rows come before the title.
+        title = next(i for i, x in enumerate(lines) if x.startswith("finished, kept"))
+        assert set(table(lines[:title])) == {burner, holder}
+        # Dimmed: SGR 2 begins each finished line (its title, header and rows), and
+        # none of the others.
+        escaped = pane._tmux("capture-pane", "-e", "-p", "-t", pane.name).stdout.split("\n")
+        dim = [i for i, x in enumerate(escaped) if re.match(r"(\x1b\[[0-9;]*m)*\x1b\[2m", x)]
+        assert dim == [title, title + 1, title + 2, title + 3], "\n".join(map(repr, escaped))
+        ids = [x.split()[0] for x in lines[title + 2 : title + 4]]
+        # On 80 columns the ids are left out (Enter shows them); on 160 they are shown.
+        key = "id" if width > 100 else "executable"
+        assert ids == [t[key] for t in finished]
+        pane.keys("q")
+        wait_for(lambda: not pane.alive())
+
+    look(80, 24)
+    look(160, 40)
+
+    once = subprocess.run(
+        [*EDGEWATT, "top", "--once", "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    assert once.returncode == 0 and "\x1b" not in once.stdout, once.stderr
+    assert shown(once.stdout.splitlines()) == expected, once.stdout
+    raw = subprocess.run(
+        [*EDGEWATT, "top", "--json", "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    document = {t["id"]: t for t in json.loads(raw.stdout)["targets"]}
+    for target, summary in zip(finished, summaries):
+        got = document[target["id"]]
+        assert (got["state"], got["exited_at"]) == (target["state"], target["exited_at"])
+        assert finished_cells(got, got["summary"]) == finished_cells(target, summary)
+    assert json.loads(raw.stdout)["health"]["exited_retention_s"] == 600
