@@ -20,6 +20,7 @@ from typing import Any
 
 from edgewatt.cli import daemon_socket
 from edgewatt.cli.phases import phase_table
+from edgewatt.cli.spreads import spread_rows
 from edgewatt.cli.status import human_bytes
 from edgewatt.core import transport
 from edgewatt.core.text import printable
@@ -150,6 +151,7 @@ def render(s: dict[str, Any]) -> str:
         f"written {value('disk_write_bytes', 'bytes')}",
         f"  network    {network}",
         f"  energy     {_energy(s)}",
+        *(f"  {label:<10} {shown}" for label, shown in spread_rows(s)),
     ]
     if cgroup:
         lines.insert(

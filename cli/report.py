@@ -19,6 +19,7 @@ from edgewatt.cli.rounds import (
     rounds_layout,
     rounds_table,
 )
+from edgewatt.cli.spreads import KEYS, spread_rows
 from edgewatt.cli.status import human_bytes
 from edgewatt.core.text import printable
 
@@ -91,6 +92,7 @@ def summary_table(
     if energy is None:
         rows.append(("energy", _energy_unknown(summary, power)))
     rows.append(("samples", str(summary.get("samples", 0))))
+    rows += spread_rows(summary)
     width = max(len(k) for k, _ in rows)
     lines = [title, *(f"  {k.ljust(width)}  {v}" for k, v in rows)]
     lines = [printable(line) for line in lines]  # the title quotes a command line
@@ -125,7 +127,7 @@ SUMMARY_NUMBERS = (
     "memory_rss_peak_bytes", "total_network_bytes_sent", "total_network_bytes_recv",
     "energy_j", "energy_vdd_in_j", "avg_power_w", "process_energy_j", "total_carbon_g",
     "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
-    "phases_dropped",
+    "phases_dropped", *KEYS,
 )  # fmt: skip
 
 

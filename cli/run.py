@@ -31,6 +31,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from edgewatt.cli import spreads
 from edgewatt.cli.report import summary_table
 from edgewatt.client._monitor import FileMonitor
 from edgewatt.client._sinks import measured_phases
@@ -365,6 +366,9 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
             if api.get("network_unknown"):  # absent, never 0: and why
                 summary["network_unknown"] = api["network_unknown"]
         last = _daemon_last(registration, api)
+        # The run's lowest, mean and highest power, CPU use and memory, as the daemon
+        # measured them (the largest memory stays the larger peak found below).
+        summary.update({k: last[k] for k in spreads.KEYS if k in last and k not in summary})
         if last.get("phases"):  # whoever opened them: this process, the command's own
             summary["phases"] = last["phases"]
             summary["phases_dropped"] = last.get("phases_dropped") or 0

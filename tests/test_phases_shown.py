@@ -59,6 +59,9 @@ class Run:
     table: str  # edgewatt run's stderr
     summary_text: str  # edgewatt summary ID, while the script still ran
     output: Path
+    # edgewatt summary ID and its --json once the run ended (its figures final).
+    final_text: str
+    final: dict[str, Any]
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +97,16 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         assert shown.returncode == 0, shown.stderr
         _, table = proc.communicate("\n", timeout=60)
         assert proc.returncode == 0, table
+        final_text, final = (
+            subprocess.run(
+                [*EDGEWATT, "summary", told["id"], "--socket", daemon.socket, *flag],
+                capture_output=True, text=True, cwd=ROOT, timeout=30, check=True,
+            ).stdout
+            for flag in ([], ["--json"])
+        )  # fmt: skip
     finally:
         daemon.stop()
-    yield Run(told["phases"], table, shown.stdout, output)
+    yield Run(told["phases"], table, shown.stdout, output, final_text, json.loads(final))
 
 
 def _row(text: str, name: str) -> list[str]:
@@ -196,3 +206,60 @@ def test_the_plot_shades_each_phase_from_its_start_to_its_end(real_run: Run) -> 
             [*EDGEWATT, "report", str(real_run.output), "--plot", f"{out}/run-phases.png"],
             check=True, cwd=ROOT, capture_output=True, timeout=60,
         )  # fmt: skip
+
+
+def _spreads(summary: dict[str, Any]) -> dict[str, str]:
+    """The run's lowest, mean and highest power, CPU use and memory as the tables must
+    show them (issue 41 item 3), from the summary JSON, each number with its unit."""
+    power = [summary[k] for k in ("power_min_w", "device_power_avg_w", "power_max_w")]
+    cpu = [summary[k] for k in ("cpu_utilization_min", "cpu_avg_utilization",
+                                "cpu_utilization_max")]  # fmt: skip
+    memory = [summary[k] for k in ("memory_rss_min_bytes", "memory_rss_avg_bytes",
+                                   "memory_rss_peak_bytes")]  # fmt: skip
+    return {
+        "power": "min {:.2f} W, mean {:.2f} W, max {:.2f} W (the device's)".format(*power),
+        "CPU use": "min {:.1f} %, mean {:.1f} %, max {:.1f} % of all cores".format(
+            *(u * 100 for u in cpu)
+        ),
+        "RSS": "min {}, mean {}, max {} (each sample)".format(*map(human_bytes, memory)),
+    }
+
+
+def _spread_lines(text: str) -> dict[str, str]:
+    """The table's rows of the run's spreads: {label: what follows it}."""
+    found = {}
+    for line in text.splitlines():
+        label, _, rest = line.strip().partition("  ")
+        if label in ("power", "CPU use", "RSS") and rest.strip().startswith("min "):
+            assert len(line) <= 80, line  # readable on an 80-column terminal
+            found[label] = rest.strip()
+    return found
+
+
+def test_the_run_level_min_mean_and_max_are_in_each_table(real_run: Run) -> None:
+    records = [json.loads(line) for line in real_run.output.read_text().splitlines()]
+    [recorded] = [r for r in records if r["type"] == "summary"]
+    final = real_run.final
+    # What was measured: the stand-in's one VDD_IN line, the phases' CPU burnt and
+    # buffers held (120 MiB at the end), and a mean between the lowest and highest.
+    assert final["power_min_w"] == final["power_max_w"] == WATTS
+    assert final["device_power_avg_w"] == pytest.approx(WATTS, abs=0.01)
+    assert 0 <= final["cpu_utilization_min"] < final["cpu_avg_utilization"]
+    assert final["cpu_avg_utilization"] < final["cpu_utilization_max"] <= 1
+    assert final["memory_rss_min_bytes"] < final["memory_rss_avg_bytes"]
+    assert final["memory_rss_peak_bytes"] >= 120 * 2**20
+    # edgewatt run's file and table hold the daemon's final figures (its peak RSS the
+    # larger of the daemon's and the kernel's peak of the tree).
+    keys = ("power_min_w", "device_power_avg_w", "power_max_w", "cpu_utilization_min",
+            "cpu_avg_utilization", "cpu_utilization_max", "memory_rss_min_bytes",
+            "memory_rss_avg_bytes")  # fmt: skip
+    assert {k: recorded[k] for k in keys} == {k: final[k] for k in keys}
+    assert recorded["memory_rss_peak_bytes"] >= final["memory_rss_peak_bytes"]
+    assert _spread_lines(real_run.table) == _spreads(recorded)
+    assert _spread_lines(real_run.final_text) == _spreads(final)
+    report = subprocess.run(
+        [*EDGEWATT, "report", str(real_run.output)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert _spread_lines(report.stdout) == _spreads(recorded)
