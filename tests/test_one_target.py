@@ -28,6 +28,10 @@ def edgewatt(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     )
 
 
+# The phases the README's script opens, in order.
+README_PHASES = ["epoch-1", "eval-1", "epoch-2", "eval-2", "epoch-3", "eval-3"]
+
+
 def readme_script() -> str:
     """The README's training script, exactly as "Measure a training script" gives it."""
     readme = (ROOT / "README.md").read_text()
@@ -147,14 +151,14 @@ def test_the_readme_script_under_edgewatt_run_is_one_target(
         os.kill(target["pid"], signal.SIGCONT)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 0, err
-    assert [labels["edgewatt_phase"] for labels, _ in phase] == ["train"]
+    assert [labels["edgewatt_phase"] for labels, _ in phase] == ["epoch-1"]
     # No refusal, no second sampler in the script: one target, labelled by the script.
     assert "409" not in err and "in-process" not in err and "edgewatt:" not in err
     assert "monitored via daemon" in err
     (only,) = daemon.call("GET", "/v1/targets")[1]["targets"]
     assert only["id"] == target["id"] and only["labels"] == {"run": "demo"}
     summary = daemon.call("GET", f"/v1/targets/{only['id']}/summary")[1]
-    assert [p["name"] for p in summary["phases"]] == ["train"]
+    assert [p["name"] for p in summary["phases"]] == README_PHASES
     assert summary["phases"][0]["cpu_user_s"] > 0
     # The script read the same target's summary: its CPU is within the final one's.
     printed_cpu = float(out.split(" s CPU")[0])

@@ -94,6 +94,7 @@ def test_the_example_and_every_sh_command_run_as_written(
     result = shell(report_cmd, tmp_path, env)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+    picture_is_informative(tmp_path / "run.jsonl")
 
     # "See what it measured", while the training script runs.
     training = subprocess.Popen(
@@ -115,6 +116,34 @@ def test_the_example_and_every_sh_command_run_as_written(
     finally:
         training.kill()
         training.wait()
+
+
+def picture_is_informative(path: Path) -> None:
+    """The README's picture from the README's run, as the plot lays it out: its six
+    phases shaded and named, each epoch's CPU the 1.5 s the script burns as the kernel
+    counts it and its memory 50 MiB above the last's, and curves of CPU, memory and the
+    device's power over them (at --interval 0.2 the run lasts 6 s at least, 30 samples
+    on time: at least half of them on a busy machine)."""
+    from edgewatt.cli.report import POWER, RSS, layout, load
+    from tests.test_one_target import README_PHASES
+
+    header, samples, phases, summary = load(str(path))
+    assert summary is not None and summary["duration_s"] >= 6.0
+    assert [p["name"] for p in phases] == README_PHASES
+    epochs = [p for p in phases if p["name"].startswith("epoch-")]
+    for epoch in epochs:
+        assert epoch["cpu_user_s"] + epoch["cpu_system_s"] >= 1.5 - 0.02, epoch
+    for before, after in zip(epochs, epochs[1:]):
+        grown = after["memory_rss_peak_bytes"] - before["memory_rss_peak_bytes"]
+        assert grown >= 50 * 2**20, (before, after)
+    drawn = layout(header, samples, phases, summary)
+    assert [name for name, _, _ in drawn.phases] == README_PHASES
+    panels = dict(drawn.panels)
+    assert {"CPU (% of one core)", RSS, POWER} <= set(panels), list(panels)
+    for label in ("CPU (% of one core)", RSS, POWER):
+        points = [len(xs) for _, xs, _ in panels[label]]
+        assert sum(points) >= 15, (label, points)
+    assert len(samples) >= 15
 
 
 def test_make_run_serves_on_its_embedded_defaults(tmp_path: Path) -> None:
