@@ -610,3 +610,39 @@ def test_finished_targets_are_listed_below_dimmed_with_their_final_figures(
         assert (got["state"], got["exited_at"]) == (target["state"], target["exited_at"])
         assert finished_cells(got, got["summary"]) == finished_cells(target, summary)
     assert json.loads(raw.stdout)["health"]["exited_retention_s"] == 600
+
+
+def test_many_finished_targets_fit_the_screen_and_the_selection_stays_on_it() -> None:
+    """A process registering and letting go in a loop leaves up to max_targets finished
+    targets: the screen shows the last ended that fit, then how many more; the selection
+    moves over the shown rows only, a finished one drawn reversed and dimmed."""
+    from edgewatt.cli.top import View, styled_frame
+
+    finished = [
+        {"id": f"{n:012x}", "state": "unregistered", "pid": 100 + n, "executable": "loop",
+         "labels": {}, "registered_at": 0.0, "exited_at": 1000.0 + n,
+         "summary": {"cpu_user_s": 0.5, "cpu_system_s": 0.25, "energy_j": float(n),
+                     "exit_status": None, "memory_rss_peak_bytes": 2**20}}
+        for n in range(500)
+    ]  # fmt: skip
+    running = {"id": "a" * 12, "state": "running", "executable": "train", "labels": {},
+               "registered_at": 0.0, "latest": {"processes": 1}, "summary": {}}  # fmt: skip
+    document = {"device": {"time": 0.0, "logical_cpus": 2}, "health": {},
+                "targets": [*finished, running]}  # fmt: skip
+    view = View(selected=10**6)
+    lines = styled_frame(document, view, 80, 24)
+    assert len(lines) == 24 and all(len(line.text) <= 80 for line in lines)
+    title = next(i for i, x in enumerate(lines) if x.text.startswith("finished"))
+    rows = lines[title + 2 : -2]  # then the count, then the footer
+    # The last ended first (energy n of target n), as many as fit.
+    assert [float(r.text.split()[-4]) for r in rows] == [499.0 - n for n in range(len(rows))]
+    assert lines[-2].text == f"({500 - len(rows)} more finished: edgewatt status lists them)"
+    assert all(line.finished for line in lines[title:-1]) and not lines[-1].finished
+    # The selection went past the end: it is on the last row shown, reversed and dimmed.
+    assert view.selected == len(rows)
+    assert [line for line in lines if line.selected] == [rows[-1]]
+    assert rows[-1].finished
+    # --once: at most 20, however tall the frame.
+    tall = styled_frame(document, View(), 80, 10**6)
+    assert sum(" unregistered " in line.text for line in tall) == 19
+    assert "(481 more finished: edgewatt status lists them)" in [x.text for x in tall]
