@@ -25,6 +25,11 @@ class PhaseFigures(NamedTuple):
     duration_s: float  # edge to edge, so far while it runs
     power_max_w: float | None  # the device's highest power in it, at the sensor's rate
 
+    @property
+    def running_marker(self) -> int | None:
+        """1 while it runs; None once ended (edgewatt.process.phase then has no point)."""
+        return 1 if self.running else None
+
 
 @dataclass(**SLOTS)
 class ProcessSample:
@@ -72,6 +77,20 @@ class ProcessSample:
     @property
     def cpu_s(self) -> float:
         return self.cpu_user_s + self.cpu_system_s
+
+    @property
+    def cpu_user_utilization(self) -> float | None:
+        """The user mode's share of cpu_utilization; None where that is None (a
+        target's last sample keeps its split, not its rate)."""
+        return self._mode_share(0)
+
+    @property
+    def cpu_system_utilization(self) -> float | None:
+        return self._mode_share(1)
+
+    def _mode_share(self, mode: int) -> float | None:
+        by_mode = self.cpu_mode_utilization
+        return None if self.cpu_utilization is None or by_mode is None else by_mode[mode]
 
 
 @dataclass(frozen=True, **SLOTS)
