@@ -45,8 +45,7 @@ def summary_table(
         )
         if summary.get("cpu_source"):  # which count it is (edgewatt run's larger of two)
             rows.append(("counted by", printable(str(summary["cpu_source"]))))
-    if "memory_rss_peak_bytes" in summary:
-        rows.append(("peak RSS", human_bytes(summary["memory_rss_peak_bytes"])))
+    rows += memory_rows(summary)
     if "total_network_bytes_sent" in summary:
         sent = human_bytes(summary["total_network_bytes_sent"])
         recv = human_bytes(summary["total_network_bytes_recv"])
@@ -114,6 +113,25 @@ def _energy_unknown(summary: dict[str, Any], power: str | None) -> str:
     return "unknown: no power reading recorded"
 
 
+def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Peak memory, each figure under its own name: PSS (shared pages split among the
+    processes sharing them: what the work holds), the largest process's RSS, and the
+    RSS summed over the processes (a shared page once per process: more than held)."""
+    rows = []
+    if summary.get("memory_pss_peak_bytes") is not None:
+        rows.append(("peak PSS", f"{human_bytes(summary['memory_pss_peak_bytes'])} (what the "
+                     "processes hold, shared pages split among them)"))  # fmt: skip
+    if summary.get("memory_rss_largest_peak_bytes") is not None:
+        rows.append(
+            ("largest process", f"peak RSS {human_bytes(summary['memory_rss_largest_peak_bytes'])}")
+        )
+    if "memory_rss_peak_bytes" in summary:
+        peak = summary["memory_rss_peak_bytes"]
+        rows.append(("RSS summed", "-" if peak is None else f"peak {human_bytes(peak)} "
+                     "(over the processes: a shared page counted once per process)"))  # fmt: skip
+    return rows
+
+
 # The figures each kind of record must hold as numbers where present.
 SAMPLE_NUMBERS = (
     "timestamp", "cpu_usage", "memory_usage", "memory_rss_bytes", "network_bytes_sent",
@@ -122,7 +140,8 @@ SAMPLE_NUMBERS = (
 )  # fmt: skip
 SUMMARY_NUMBERS = (
     "samples", "start_time", "end_time", "duration_s", "cpu_time_s", "avg_cpu_usage",
-    "memory_rss_peak_bytes", "total_network_bytes_sent", "total_network_bytes_recv",
+    "memory_rss_peak_bytes", "memory_pss_peak_bytes", "memory_rss_largest_peak_bytes",
+    "total_network_bytes_sent", "total_network_bytes_recv",
     "energy_j", "energy_vdd_in_j", "avg_power_w", "process_energy_j", "total_carbon_g",
     "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
     "phases_dropped",
@@ -132,7 +151,8 @@ SUMMARY_NUMBERS = (
 # A phase record's figures (edgewatt run writes the daemon's measured phases).
 PHASE_NUMBERS = (
     "timestamp", "started_at", "ended_at", "duration_s", "cpu_user_s", "cpu_system_s",
-    "energy_j", "device_energy_j", "memory_rss_peak_bytes", "disk_read_bytes",
+    "energy_j", "device_energy_j", "memory_rss_peak_bytes", "memory_pss_peak_bytes",
+    "memory_rss_largest_peak_bytes", "disk_read_bytes",
     "disk_write_bytes", "network_transmit_bytes", "network_receive_bytes", PEAK_POWER,
 )  # fmt: skip
 

@@ -81,7 +81,21 @@ TABLE: tuple[Metric, ...] = (
         "process.memory.usage",
         "updowncounter",
         "By",
-        "Resident set size of the target and its live descendants (shared pages counted each)",
+        "Resident set size of the target and its live descendants, summed (a page shared "
+        "by N of them counted N times: more than they hold)",
+    ),
+    Metric(
+        "edgewatt.process.memory.pss",
+        "updowncounter",
+        "By",
+        "Proportional set size of the target and its live descendants, summed: each "
+        "shared page split among the processes mapping it, so what the work holds",
+    ),
+    Metric(
+        "edgewatt.process.memory.rss.largest",
+        "updowncounter",
+        "By",
+        "Resident set size of the target's largest live process",
     ),
     Metric(
         "process.memory.virtual",

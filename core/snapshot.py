@@ -31,7 +31,7 @@ class ProcessSample:
     cpu_user_s: float  # cumulative, never decreasing
     cpu_system_s: float
     cpu_utilization: float | None  # share of all cores over the last interval, 0..1
-    memory_rss_bytes: int
+    memory_rss_bytes: int  # RSS summed over the members: a shared page once per process
     memory_virtual_bytes: int
     disk_read_bytes: int | None  # None: the kernel does not show this process's I/O
     disk_write_bytes: int | None
@@ -59,6 +59,10 @@ class ProcessSample:
     network_unknown: str | None = None
     # cpu_utilization by mode (user, system), adding up to it; None where it is None.
     cpu_mode_utilization: tuple[float, float] | None = None
+    # PSS summed over the members (shared pages split among their sharers: what the
+    # work holds) and the largest member's RSS; None where not read (sampling/pss.py).
+    memory_pss_bytes: int | None = None
+    memory_rss_largest_bytes: int | None = None
 
     @property
     def cpu_s(self) -> float:

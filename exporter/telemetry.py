@@ -261,6 +261,8 @@ def observers() -> Mapping[str, Callable[[Snapshot], Points]]:
         ),
         "process.memory.usage": _per_process(lambda p: p.memory_rss_bytes),
         "process.memory.virtual": _per_process(lambda p: p.memory_virtual_bytes),
+        "edgewatt.process.memory.pss": _per_process(lambda p: p.memory_pss_bytes),
+        "edgewatt.process.memory.rss.largest": _per_process(lambda p: p.memory_rss_largest_bytes),
         "process.disk.io": _per_process_split(
             "disk.io.direction",
             {"read": lambda p: p.disk_read_bytes, "write": lambda p: p.disk_write_bytes},

@@ -30,6 +30,21 @@ def phase_name(name: object) -> str:
 
 
 @dataclass(**SLOTS)
+class MemoryPeaks:
+    """The largest PSS summed and largest single process's RSS of the rows added (None:
+    never read)."""
+
+    pss: int | None = None
+    rss_largest: int | None = None
+
+    def add(self, row: SampleRow) -> None:
+        if row.memory_pss_bytes is not None:
+            self.pss = max(self.pss or 0, row.memory_pss_bytes)
+        if row.memory_rss_largest_bytes is not None:
+            self.rss_largest = max(self.rss_largest or 0, row.memory_rss_largest_bytes)
+
+
+@dataclass(**SLOTS)
 class Phase:
     """A named span bounded by samples: from the first sample taken after it began to
     the first taken after it ended. Adjacent phases share that boundary sample, so
@@ -43,7 +58,8 @@ class Phase:
     last: SampleRow | None = field(default=None, init=False)
     ended_at: float | None = field(default=None, init=False)
     closed: bool = field(default=False, init=False)  # the sample after the end was taken
-    rss_peak: int = field(default=0, init=False)
+    rss_peak: int = field(default=0, init=False)  # of the RSS summed
+    memory: MemoryPeaks = field(default_factory=lambda: MemoryPeaks(), init=False)
     # The power sensors' coarsest period over the intervals between its samples (the
     # window is flagged against it; None: no sensor, or no interval yet).
     period_s: float | None = field(default=None, init=False)
@@ -60,6 +76,7 @@ class Phase:
             self.period_s = max(self.period_s or 0.0, period_s)
         self.last = row
         self.rss_peak = max(self.rss_peak, row.memory_rss_bytes)
+        self.memory.add(row)
         if self.ended_at is not None:
             self.closed = True
 
@@ -74,8 +91,11 @@ class History:
     first: SampleRow | None = field(default=None, init=False)
     last: SampleRow | None = field(default=None, init=False)
     count: int = field(default=0, init=False)
-    rss_peak: int = field(default=0, init=False)
+    # Memory over the rows after the first: the first is the registration's, taken
+    # under `edgewatt run` before the command's exec (edgewatt run's own fork then).
+    rss_peak: int | None = field(default=None, init=False)  # of the RSS summed
     rss_sum: float = field(default=0.0, init=False)
+    memory: MemoryPeaks = field(default_factory=lambda: MemoryPeaks(), init=False)
     phases: list[Phase] = field(default_factory=list, init=False)
     phases_dropped: int = field(default=0, init=False)  # the oldest, beyond MAX_PHASES
     # The sensors' coarsest period since the last row (passes that added none to this
@@ -100,9 +120,11 @@ class History:
             self.first = row
         self.last = row
         self.count += 1
-        rss = row.memory_rss_bytes
-        self.rss_peak = max(self.rss_peak, rss)
-        self.rss_sum += rss
+        if self.count > 1:
+            rss = row.memory_rss_bytes
+            self.rss_peak = max(self.rss_peak or 0, rss)
+            self.rss_sum += rss
+            self.memory.add(row)
         # Only the last two phases can still be open: the running one, and the one
         # that ended since the previous sample and waits for its closing sample.
         for phase in self.phases[-2:]:
@@ -156,9 +178,12 @@ class History:
 
     def end(self, when: float, rss_peak_bytes: int | None) -> None:
         """The target exited at ``when``: its running phase ends there, and the kernel's
-        peak RSS (``rss_peak_bytes``, where known) counts, as no sample can miss it."""
+        peak RSS of its one process (``rss_peak_bytes``, where known, of the program it
+        exec'd last) counts, as no sample can miss it."""
         if rss_peak_bytes is not None:
-            self.rss_peak = max(self.rss_peak, rss_peak_bytes)
+            self.rss_peak = max(self.rss_peak or 0, rss_peak_bytes)
+            largest = self.memory.rss_largest
+            self.memory.rss_largest = max(largest or 0, rss_peak_bytes)
         for phase in self.phases:
             if phase.ended_at is None:
                 phase.ended_at = when

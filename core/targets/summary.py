@@ -101,6 +101,8 @@ def summarize_phase(
     item = {"name": phase.name, "started_at": phase.started_at, "ended_at": phase.ended_at}
     item.update(span(phase.first, phase.last, logical_cpus, carbon, phase.period_s or period_s))
     item["memory_rss_peak_bytes"] = phase.rss_peak if phase.first else None
+    item["memory_pss_peak_bytes"] = phase.memory.pss
+    item["memory_rss_largest_peak_bytes"] = phase.memory.rss_largest
     return item
 
 
@@ -161,8 +163,13 @@ def summarize(
         # Why it ended (its cgroup removed, or followed to one not the registrant's).
         result["end_reason"] = target.end_reason
     result.update(span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s))
-    result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
-    result["memory_rss_avg_bytes"] = round(h.rss_sum / h.count) if h.count else None
+    # Memory: PSS (what the work holds), the largest process's RSS, and the RSS summed
+    # (a shared page once per process), each the largest after the registration's
+    # sample (history.py) or the kernel's at exit.
+    result["memory_pss_peak_bytes"] = h.memory.pss
+    result["memory_rss_largest_peak_bytes"] = h.memory.rss_largest
+    result["memory_rss_peak_bytes"] = h.rss_peak
+    result["memory_rss_avg_bytes"] = round(h.rss_sum / (h.count - 1)) if h.count > 1 else None
     result["phases"] = [summarize_phase(p, logical_cpus, carbon, period_s) for p in h.phases]
     result["phases_dropped"] = h.phases_dropped
     if target.cgroup_name is not None:
