@@ -4,7 +4,9 @@ kernel's smaps_rollup read here; never `edgewatt run`'s own fork before the exec
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from edgewatt.core.sampling import procfs
 from edgewatt.core.sampling.pss import REFRESH_EVERY, ProportionalMemory, parse_rollup
 from edgewatt.core.targets.history import History
 from edgewatt.core.targets.row import SAMPLE_FIELDS, SampleRow
@@ -83,26 +86,62 @@ def test_a_forked_trees_pss_is_what_smaps_rollup_says_not_the_rss_sum(
     assert latest["memory_pss_bytes"] == pytest.approx(kernel_pss, rel=0.02)
 
 
-def _row(rss: int, pss: int | None = None, largest: int | None = None) -> SampleRow:
+def _row(rss: int, pss: int | None = None, largest: int | None = None, n: int = 1) -> SampleRow:
     row = dict.fromkeys(SAMPLE_FIELDS, 0)
     row.update(memory_rss_bytes=rss, memory_pss_bytes=pss, memory_rss_largest_bytes=largest)
-    return SampleRow(**row, monotonic=0.0)
+    return SampleRow(**{**row, "processes": n}, monotonic=0.0)
 
 
-def test_the_registration_sample_is_not_a_memory_peak() -> None:
-    """Under `edgewatt run` the registration's sample is its own fork before the exec
-    (16 MiB of Python): peaks count the samples after it, and the kernel's at exit."""
+def test_memory_before_the_roots_exec_is_not_a_peak() -> None:
+    """Under `edgewatt run` the samples before the command's exec are its own fork
+    (16 MiB of Python): peaks count the samples since the root's last exec, and the
+    kernel's high-water mark at exit; an exit's row (no member left) adds none."""
     history = History(capacity=10)
     history.add(_row(16 * MIB, 8 * MIB, 16 * MIB))
-    assert (history.rss_peak, history.memory.pss, history.memory.rss_largest) == (None,) * 3
-    history.add(_row(3 * MIB, 2 * MIB, 3 * MIB))
+    assert (history.rss_peak, history.memory.pss, history.memory.rss_largest) == (
+        16 * MIB,
+        8 * MIB,
+        16 * MIB,
+    )  # a process registered while it runs: its memory then is its own
+    history.add(_row(3 * MIB, 2 * MIB, 3 * MIB), execs=1)
     assert (history.rss_peak, history.memory.pss, history.memory.rss_largest) == (
         3 * MIB,
         2 * MIB,
         3 * MIB,
     )
+    history.add(_row(40 * MIB, 30 * MIB, 40 * MIB, n=0), execs=1)  # the exit's row
+    assert history.rss_peak == 3 * MIB
     history.end(10.0, rss_peak_bytes=5 * MIB)  # the exec'd program's own high-water mark
     assert (history.rss_peak, history.memory.rss_largest) == (5 * MIB, 5 * MIB)
+
+
+def test_an_exec_between_passes_is_seen_at_the_exit(tmp_path: Path) -> None:
+    """`true` exec'd and exited between two passes: no live reading after its exec,
+    yet the zombie's comm tells the tree its root ran another program."""
+    from edgewatt.core.platforms.linux import LinuxPlatform
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(write)
+        os.read(read, 1)
+        os.execv("/bin/true", ["true"])
+    os.close(read)
+    platform = LinuxPlatform()
+    tree = platform.process_tree(
+        procfs.ProcHandle(pid), children=True, logical_cpus=platform.logical_cpus()
+    )
+    try:
+        first = tree.sample(procfs.child_pids)
+        assert first.root_execs == 0
+        os.close(write)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # a zombie, as edgewatt run holds it
+        with contextlib.suppress(procfs.NoSuchProcess):  # a member still, or departed
+            tree.sample(procfs.child_pids)
+        assert tree.root_execs == 1
+    finally:
+        os.waitpid(pid, 0)
+        tree.close()
 
 
 class _State:
@@ -118,7 +157,7 @@ def test_smaps_rollup_is_read_again_only_when_the_tree_moved(tmp_path: Path) -> 
     for pid in (11, 12):
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "smaps_rollup").write_text(
-            "00-ff ---p 0 00:00 0 [rollup]\nRss:  %d kB\nPss:  %d kB\n" % (pid * 1000, pid * 100)
+            f"00-ff ---p 0 00:00 0 [rollup]\nRss:  {pid * 1000} kB\nPss:  {pid * 100} kB\n"
         )
     memory = ProportionalMemory(str(proc))
     first = memory.contribute([_State("t", (11, 12), 23_000_000)])

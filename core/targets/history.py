@@ -91,10 +91,12 @@ class History:
     first: SampleRow | None = field(default=None, init=False)
     last: SampleRow | None = field(default=None, init=False)
     count: int = field(default=0, init=False)
-    # Memory over the rows after the first: the first is the registration's, taken
-    # under `edgewatt run` before the command's exec (edgewatt run's own fork then).
+    # Memory over the rows of live members since the root's last exec: before it, the
+    # root was another program (`edgewatt run`'s own fork, held before the exec).
+    execs: int = field(default=0, init=False)
     rss_peak: int | None = field(default=None, init=False)  # of the RSS summed
     rss_sum: float = field(default=0.0, init=False)
+    memory_rows: int = field(default=0, init=False)
     memory: MemoryPeaks = field(default_factory=lambda: MemoryPeaks(), init=False)
     phases: list[Phase] = field(default_factory=list, init=False)
     phases_dropped: int = field(default=0, init=False)  # the oldest, beyond MAX_PHASES
@@ -111,7 +113,8 @@ class History:
         if period_s is not None:
             self.pending_period_s = max(self.pending_period_s or 0.0, period_s)
 
-    def add(self, row: SampleRow) -> None:
+    def add(self, row: SampleRow, execs: int = 0) -> None:
+        """A sample; ``execs``: the programs its root exec'd since registration."""
         period, self.pending_period_s = self.pending_period_s, None
         if self.first is not None and period is not None:
             self.period_s = max(self.period_s or 0.0, period)
@@ -120,10 +123,15 @@ class History:
             self.first = row
         self.last = row
         self.count += 1
-        if self.count > 1:
+        if execs != self.execs:  # the memory so far was the previous program's
+            self.execs = execs
+            self.rss_peak, self.rss_sum, self.memory_rows = None, 0.0, 0
+            self.memory = MemoryPeaks()
+        if row.processes:  # an exit's row repeats the last reading's memory
             rss = row.memory_rss_bytes
             self.rss_peak = max(self.rss_peak or 0, rss)
             self.rss_sum += rss
+            self.memory_rows += 1
             self.memory.add(row)
         # Only the last two phases can still be open: the running one, and the one
         # that ended since the previous sample and waits for its closing sample.

@@ -164,12 +164,13 @@ def summarize(
         result["end_reason"] = target.end_reason
     result.update(span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s))
     # Memory: PSS (what the work holds), the largest process's RSS, and the RSS summed
-    # (a shared page once per process), each the largest after the registration's
-    # sample (history.py) or the kernel's at exit.
+    # (a shared page once per process), each the largest sampled since the root's
+    # last exec (history.py), or the kernel's at exit.
     result["memory_pss_peak_bytes"] = h.memory.pss
     result["memory_rss_largest_peak_bytes"] = h.memory.rss_largest
     result["memory_rss_peak_bytes"] = h.rss_peak
-    result["memory_rss_avg_bytes"] = round(h.rss_sum / (h.count - 1)) if h.count > 1 else None
+    rows = h.memory_rows
+    result["memory_rss_avg_bytes"] = round(h.rss_sum / rows) if rows else None
     result["phases"] = [summarize_phase(p, logical_cpus, carbon, period_s) for p in h.phases]
     result["phases_dropped"] = h.phases_dropped
     if target.cgroup_name is not None:

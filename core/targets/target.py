@@ -182,7 +182,7 @@ class Target:
         self.observed.update(sample)
         self.history.note_period(period_s)
         if row is not None:
-            self.history.add(row)
+            self.history.add(row, sample.root_execs)
 
     def end(
         self,
