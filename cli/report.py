@@ -118,23 +118,30 @@ def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     processes sharing them: what the work holds), the largest process's RSS, and the
     RSS summed over the processes (a shared page once per process: more than held)."""
     rows = []
-    if summary.get("memory_pss_peak_bytes") is not None:
-        rows.append(("peak PSS", f"{human_bytes(summary['memory_pss_peak_bytes'])} (what the "
-                     "processes hold, shared pages split among them)"))  # fmt: skip
+    if "memory_pss_peak_bytes" in summary:
+        pss = summary["memory_pss_peak_bytes"]
+        rows.append(("peak PSS", "not measured"
+                     if pss is None else f"{human_bytes(pss)} (what the processes held, "
+                     "shared pages split among them)"))  # fmt: skip
     if summary.get("memory_rss_largest_peak_bytes") is not None:
         rows.append(
-            ("largest process", f"peak RSS {human_bytes(summary['memory_rss_largest_peak_bytes'])}")
+            (
+                "largest",
+                f"peak RSS {human_bytes(summary['memory_rss_largest_peak_bytes'])} "
+                "(of the largest process)",
+            )
         )
     if "memory_rss_peak_bytes" in summary:
         peak = summary["memory_rss_peak_bytes"]
-        rows.append(("RSS summed", "-" if peak is None else f"peak {human_bytes(peak)} "
+        rows.append(("RSS sum", "-" if peak is None else f"peak {human_bytes(peak)} "
                      "(over the processes: a shared page counted once per process)"))  # fmt: skip
     return rows
 
 
 # The figures each kind of record must hold as numbers where present.
 SAMPLE_NUMBERS = (
-    "timestamp", "cpu_usage", "memory_usage", "memory_rss_bytes", "network_bytes_sent",
+    "timestamp", "cpu_usage", "memory_usage", "memory_rss_bytes", "memory_pss_bytes",
+    "network_bytes_sent",
     "network_bytes_recv", "power_w", "power_vdd_in", "power_vdd_cpu_gpu_cv",
     "power_vdd_soc", "energy_j",
 )  # fmt: skip
@@ -229,7 +236,7 @@ class Layout:
 
 POWER = "device power (W)"
 MAX_NAMED = 10  # phase names a plot writes (fontsize 7 across 9 inches)
-RSS = "RSS (MiB)"
+RSS = "memory (MiB)"
 
 
 def layout(
@@ -301,6 +308,7 @@ def phase_figures(
                 "cpu_time_s": figures.get("cpu_time_s"),
                 "device_energy_j": figures.get("energy_j"),
                 "memory_rss_peak_bytes": figures.get("memory_rss_peak_bytes"),
+                "memory_pss_peak_bytes": figures.get("memory_pss_peak_bytes"),
                 "network_transmit_bytes": figures.get("total_network_bytes_sent"),
                 "network_receive_bytes": figures.get("total_network_bytes_recv"),
                 "network_counts": "host",  # a monitor's samples: host-wide
@@ -377,7 +385,10 @@ def _panels(
     if any("cpu_usage" in s for s in samples):
         panels.append(("CPU (% of one core)", [("CPU", *series("cpu_usage"))]))
     if any("memory_rss_bytes" in s for s in samples):
-        panels.append((RSS, [("RSS", *series("memory_rss_bytes", 1 / 2**20))]))
+        memory = [("RSS summed", *series("memory_rss_bytes", 1 / 2**20))]
+        if any("memory_pss_bytes" in s for s in samples):  # what the processes hold
+            memory.append(("PSS", *series("memory_pss_bytes", 1 / 2**20)))
+        panels.append((RSS, memory))
     if any(s.get("network_bytes_sent") or s.get("network_bytes_recv") for s in samples):
         panels.append(
             (
@@ -421,8 +432,12 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
         figures.append(f"{summary['duration_s']:.1f} s")
     if "cpu_time_s" in summary:
         figures.append(f"CPU {summary['cpu_time_s']:.2f} s")
-    if "memory_rss_peak_bytes" in summary:
-        figures.append(f"peak RSS {human_bytes(summary['memory_rss_peak_bytes'])}")
+    # The memory held where known (the table has the others): the RSS summed counts a
+    # shared page once per process.
+    if summary.get("memory_pss_peak_bytes") is not None:
+        figures.append(f"peak PSS {human_bytes(summary['memory_pss_peak_bytes'])}")
+    elif summary.get("memory_rss_peak_bytes") is not None:
+        figures.append(f"peak RSS summed {human_bytes(summary['memory_rss_peak_bytes'])}")
     if "total_network_bytes_sent" in summary:
         sent, recv = summary["total_network_bytes_sent"], summary["total_network_bytes_recv"]
         figures.append(
@@ -474,6 +489,9 @@ def summary_from_samples(
     rss = [s["memory_rss_bytes"] for s in samples if "memory_rss_bytes" in s]
     if rss:
         summary["memory_rss_peak_bytes"] = max(rss)
+    pss = [s["memory_pss_bytes"] for s in samples if "memory_pss_bytes" in s]
+    if pss:
+        summary["memory_pss_peak_bytes"] = max(pss)
     if any("network_bytes_sent" in s for s in counted):
         summary["total_network_bytes_sent"] = sum(s.get("network_bytes_sent", 0) for s in counted)
         summary["total_network_bytes_recv"] = sum(s.get("network_bytes_recv", 0) for s in counted)

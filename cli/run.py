@@ -367,9 +367,10 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         # Memory as the sampler measured it after the exec (never this process's fork
         # before it, which wait4's ru_maxrss would count): PSS, the largest process's
         # RSS, and the RSS summed, each under its name.
+        sampled = last or _sampler_summary(registration)
         for key in MEMORY_KEYS:
-            if key in last:
-                summary[key] = last[key]
+            if key in sampled:
+                summary[key] = sampled[key]
         if last.get("phases"):  # whoever opened them: this process, the command's own
             summary["phases"] = last["phases"]
             summary["phases_dropped"] = last.get("phases_dropped") or 0
@@ -404,6 +405,14 @@ def _daemon_last(registration: Any, api: dict[str, Any] | None) -> dict[str, Any
     if api is not None:
         return api
     if registration is None or registration.mode != "daemon":
+        return {}
+    return registration.summary()
+
+
+def _sampler_summary(registration: Any) -> dict[str, Any]:
+    """The summary of whatever sampler measured the target (the daemon, or this
+    process's own), for its memory figures; {} where none did."""
+    if registration is None or not registration.active:
         return {}
     return registration.summary()
 

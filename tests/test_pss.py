@@ -203,5 +203,5 @@ def test_edgewatt_run_true_reports_trues_memory_not_its_own_fork(tmp_path: Path)
     # The kernel's high-water mark of `true` itself (taskstats), near GNU time's.
     assert peak is not None and peak < 4 * MIB, (peak, gnu_kib)
     assert abs(peak / 1024 - gnu_kib) < 1024, (peak, gnu_kib)
-    assert re.search(r"RSS summed +peak \d", result.stderr), result.stderr
-    assert "16." not in re.search(r"RSS summed.*", result.stderr)[0]  # type: ignore[index]
+    assert re.search(r"RSS sum +peak \d", result.stderr), result.stderr
+    assert "16." not in re.search(r"RSS sum.*", result.stderr)[0]  # type: ignore[index]

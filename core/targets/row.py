@@ -43,7 +43,7 @@ SAMPLE_UNITS = {
     "cpu_user_s": "seconds of CPU time, cumulative",
     "cpu_system_s": "seconds of CPU time, cumulative",
     "cpu_utilization": "share of all logical CPUs over the last interval, 0..1",
-    "memory_rss_bytes": "bytes: RSS summed over the processes (a shared page once per process)",
+    "memory_rss_bytes": "bytes",  # summed over the processes: a shared page once per process
     "memory_virtual_bytes": "bytes",
     "disk_read_bytes": "bytes read from storage, cumulative",
     "disk_write_bytes": "bytes written to storage, cumulative",
@@ -57,9 +57,8 @@ SAMPLE_UNITS = {
     "device_energy_j": "joules the device's power sensors measured up to this sample's edge, "
     "cumulative since the daemon started (the whole device: a window's difference is what "
     "the sensor saw in it)",
-    "memory_pss_bytes": "bytes: PSS summed over the processes (shared pages split among "
-    "their sharers), what the work holds; null where not read",
-    "memory_rss_largest_bytes": "bytes: RSS of the largest process; null where not read",
+    "memory_pss_bytes": "bytes",  # PSS summed (sampling/pss.py); null where not read
+    "memory_rss_largest_bytes": "bytes",  # the largest process's RSS; null where not read
 }
 
 _figures = operator.attrgetter(*SAMPLE_FIELDS)
