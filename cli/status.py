@@ -93,8 +93,8 @@ def _running(targets: list[dict[str, Any]], logical_cpus: int | None) -> list[st
     if len(rows) == 1:
         lines.append("(no registered targets)")
     lines += [
-        "CPU% is percent of one core; PSS the memory it holds (shared pages split among",
-        "the processes sharing them); READ/WRITE are bytes to storage since start.",
+        "CPU% is percent of one core; READ/WRITE are bytes to storage since start;",
+        "PSS is the memory it holds (its pages, shared ones split among their sharers).",
     ]
     return lines
 
