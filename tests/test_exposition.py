@@ -42,6 +42,8 @@ EXPECTED_FAMILIES = {
     "process_cpu_utilization": "gauge",
     "process_memory_usage_bytes": "gauge",
     "process_memory_virtual_bytes": "gauge",
+    "edgewatt_process_memory_pss_bytes": "gauge",
+    "edgewatt_process_memory_rss_largest_bytes": "gauge",
     "process_disk_io_bytes": "counter",
     "process_network_io_bytes": "counter",
     "process_threads": "gauge",
