@@ -91,8 +91,24 @@ TABLE: tuple[Metric, ...] = (
         "process.memory.usage",
         "updowncounter",
         "By",
-        "Resident set size of the target and its live descendants (shared pages counted each)",
+        "Resident set size of the target and its live descendants, summed (a page shared "
+        "by N of them counted N times: more than they hold)",
         field="memory_rss_bytes",
+    ),
+    Metric(
+        "edgewatt.process.memory.pss",
+        "updowncounter",
+        "By",
+        "Proportional set size of the target and its live descendants, summed: each "
+        "shared page split among the processes mapping it, so what the work holds",
+        field="memory_pss_bytes",
+    ),
+    Metric(
+        "edgewatt.process.memory.rss.largest",
+        "updowncounter",
+        "By",
+        "Resident set size of the target's largest live process",
+        field="memory_rss_largest_bytes",
     ),
     Metric(
         "process.memory.virtual",

@@ -47,7 +47,7 @@ class ProcessSample:
     cpu_user_s: float  # cumulative, never decreasing
     cpu_system_s: float
     cpu_utilization: float | None  # share of all cores over the last interval, 0..1
-    memory_rss_bytes: int
+    memory_rss_bytes: int  # RSS summed over the members: a shared page once per process
     memory_virtual_bytes: int
     disk_read_bytes: int | None  # None: the kernel does not show this process's I/O
     disk_write_bytes: int | None
@@ -73,6 +73,11 @@ class ProcessSample:
     network_unknown: str | None = None
     # cpu_utilization by mode (user, system), adding up to it; None where it is None.
     cpu_mode_utilization: tuple[float, float] | None = None
+    # PSS summed over the members (shared pages split among their sharers: what the
+    # work holds) and the largest member's RSS; None where not read (sampling/pss.py).
+    memory_pss_bytes: int | None = None
+    memory_rss_largest_bytes: int | None = None
+    root_execs: int = 0  # programs its root exec'd since registration (process.py)
 
     @property
     def cpu_s(self) -> float:
