@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from edgewatt.core.sampling import procfs
+from edgewatt.core.sampling.held_fork import HeldFork
 from edgewatt.core.sampling.pss import REFRESH_EVERY, ProportionalMemory, parse_rollup
 from edgewatt.core.targets.history import History
 from edgewatt.core.targets.row import SAMPLE_FIELDS, SampleRow
@@ -204,3 +205,97 @@ def test_edgewatt_run_true_reports_trues_memory_not_its_own_fork(tmp_path: Path)
     assert abs(peak / 1024 - gnu_kib) < 1024, (peak, gnu_kib)
     assert re.search(r"RSS sum +peak \d", result.stderr), result.stderr
     assert "16." not in re.search(r"RSS sum.*", result.stderr)[0]  # type: ignore[index]
+
+
+# Touches 300 MiB, then execs itself into a sleeper: the 300 MiB were the command's.
+REEXEC = (
+    "import os, sys, time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); "
+    "time.sleep(1.5); "
+    "os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(1)'])"
+)
+
+
+def _run_summary(daemon: DaemonProcess, out: Path, *args: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [*EDGEWATT, "run", "--socket", daemon.socket, "--output", str(out), *args],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(out.read_text().splitlines()[-1])
+    assert summary["type"] == "summary"
+    return summary
+
+
+def test_only_the_wrappers_own_memory_is_left_out_not_a_later_execs(tmp_path: Path) -> None:
+    """Memory counts from the first exec of `edgewatt run`'s held fork, not from the
+    command's own later exec (which left 10.6 MiB of a 310 MiB run), and a cgroup
+    run's held fork is not its memory (`--cgroup -- true` said 17 MiB)."""
+    daemon = DaemonProcess(
+        socket=str(tmp_path / "ew.sock"),
+        port=free_port(),
+        state_dir=tmp_path / "state",
+        interval=0.2,
+        log_path=tmp_path / "daemon.log",
+    ).start()
+    try:
+        reexec = _run_summary(daemon, tmp_path / "a.jsonl", "--", sys.executable, "-c", REEXEC)
+        cgroup = _run_summary(daemon, tmp_path / "b.jsonl", "--cgroup", "--", "true")
+    finally:
+        daemon.stop()
+    assert reexec["memory_rss_peak_bytes"] > 300 * MIB, reexec
+    assert reexec["memory_pss_peak_bytes"] > 300 * MIB, reexec
+    # true ran between two passes: no sample of its own, and no fork's 17 MiB either.
+    peak = cgroup.get("memory_rss_peak_bytes")
+    assert peak is None or peak < 4 * MIB, cgroup
+
+
+def _held_child(*argv: str) -> tuple[int, int]:
+    """A fork held before it execs ``argv`` (as `edgewatt run` holds it): its pid and
+    the pipe end whose close releases it."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(write)
+        os.read(read, 1)
+        os.execv(argv[0], list(argv))
+    os.close(read)
+    return pid, write
+
+
+def _settled(pid: int, comm: str) -> None:
+    wait_for(lambda: procfs.ProcHandle(pid).stat().comm == comm)
+
+
+def test_a_held_fork_counts_its_first_exec_only_and_an_execd_process_none() -> None:
+    # A held fork that execs a shell, which execs a sleeper: one exec counts.
+    pid, release = _held_child("/bin/sh", "-c", "exec sleep 30")
+    held = HeldFork(pid)
+    try:
+        held.note()
+        assert held.execs == 0
+        os.close(release)
+        _settled(pid, "sleep")
+        held.note()
+        assert held.execs == 1
+        held.note()
+        assert held.execs == 1
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    # A process that had exec'd when first read (a pid registered, a script's own
+    # register()): its later exec is its own program's, and counts none.
+    code = "import os, sys; sys.stdin.read(1); os.execv('/bin/sleep', ['sleep', '30'])"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    try:
+        _settled(proc.pid, os.path.basename(sys.executable)[:15])
+        seen = HeldFork(proc.pid)
+        seen.note()
+        proc.stdin.write(b"x")
+        proc.stdin.flush()
+        _settled(proc.pid, "sleep")
+        seen.note()
+        assert seen.execs == 0
+    finally:
+        proc.kill()
+        proc.wait()

@@ -55,7 +55,8 @@ class Stat(NamedTuple):
     vsize: int  # bytes
     rss_pages: int
     # Where its stack starts: randomized at every exec (ASLR); 0 where the kernel hides
-    # it (no ptrace access) or the process has no memory left (a zombie).
+    # it (no ptrace access), the process has no memory left (a zombie), or the text
+    # stops before field 28 (a stand-in's stat: the other figures are still read).
     start_stack: int
 
 
@@ -77,7 +78,7 @@ def parse_stat(text: str) -> Stat:
         start_ticks=int(rest[19]),
         vsize=int(rest[20]),
         rss_pages=int(rest[21]),
-        start_stack=int(rest[25]),
+        start_stack=int(rest[25]) if len(rest) > 25 else 0,
     )
 
 
