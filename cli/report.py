@@ -263,10 +263,13 @@ def layout(
         begin = times[i - 1] if i else (segments[0] if segments else t)
         begins.append(max([begin, *(b for b in segments if b < t)]))
     panels = _panels(samples, times, begins)
+    # The summary's peaks on the memory axis, each named as its line is.
     levels = []
-    peak = summary.get("memory_rss_peak_bytes")
-    if peak is not None and any(label == RSS for label, _ in panels):
-        levels.append((RSS, peak / 2**20, f"peak {human_bytes(peak)}"))
+    drawn = {name for label, lines in panels if label == RSS for name, _, _ in lines}
+    for name, key in (("RSS summed", "memory_rss_peak_bytes"), ("PSS", "memory_pss_peak_bytes")):
+        peak = summary.get(key)
+        if peak is not None and name in drawn:
+            levels.append((RSS, peak / 2**20, f"{name} peak {human_bytes(peak)}"))
     return Layout(_title(header, summary), panels, spans, end, levels)
 
 

@@ -561,7 +561,7 @@ def test_a_single_sample_is_drawn_as_a_point_and_the_axes_hold_the_peaks(
     # The title's peak RSS (the kernel's count of the largest process) is on the axis.
     assert summary is not None
     peak = summary["memory_rss_peak_bytes"] / 2**20
-    assert ("memory (MiB)", peak, f"peak {peak:.1f} MiB") in drawn.levels
+    assert ("memory (MiB)", peak, f"RSS summed peak {peak:.1f} MiB") in drawn.levels
     rss_axes = figure.axes[[label for label, _ in drawn.panels].index("memory (MiB)")]
     assert rss_axes.get_ylim()[1] >= peak
     # A file whose summary peak is above every sample: the axis still holds it.
@@ -572,8 +572,23 @@ def test_a_single_sample_is_drawn_as_a_point_and_the_axes_hold_the_peaks(
         {"type": "summary", "samples": 2, "duration_s": 2.0, "memory_rss_peak_bytes": 20 * 2**20},
     ])  # fmt: skip
     drawn = _drawn(path, tmp_path)
-    assert drawn.levels == [("memory (MiB)", 20.0, "peak 20.0 MiB")]
+    assert drawn.levels == [("memory (MiB)", 20.0, "RSS summed peak 20.0 MiB")]
     assert draw(drawn).axes[0].get_ylim() == (0.0, pytest.approx(20.0 * 1.12))
+    # With PSS drawn too, its peak is named as its line is.
+    path = _write(tmp_path / "pss.jsonl", [
+        HEADER,
+        _sample(1001.0, memory_rss_bytes=10 * 2**20, memory_pss_bytes=4 * 2**20),
+        _sample(1002.0, memory_rss_bytes=12 * 2**20, memory_pss_bytes=5 * 2**20),
+        {"type": "summary", "samples": 2, "duration_s": 2.0, "memory_rss_peak_bytes": 20 * 2**20,
+         "memory_pss_peak_bytes": 9 * 2**20},
+    ])  # fmt: skip
+    drawn = _drawn(path, tmp_path)
+    assert drawn.levels == [
+        ("memory (MiB)", 20.0, "RSS summed peak 20.0 MiB"),
+        ("memory (MiB)", 9.0, "PSS peak 9.0 MiB"),
+    ]
+    if os.environ.get("EDGEWATT_TEST_PLOTS"):
+        draw(drawn).savefig(f"{os.environ['EDGEWATT_TEST_PLOTS']}/pss-levels.png", dpi=100)
 
 
 def test_a_second_run_appended_to_a_file_is_reported_alone(tmp_path: Path) -> None:
