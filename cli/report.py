@@ -334,12 +334,15 @@ def draw(drawn: Layout) -> Any:
             ax.plot(xs, ys, linewidth=1.2, label=name, marker="o" if point else None,
                     clip_on=not point)  # fmt: skip
             top = max([top, *ys])
-        for panel, value, text in drawn.levels:
-            if panel == label:
-                ax.axhline(value, color="0.3", linestyle="--", linewidth=0.8)
-                ax.annotate(text, (0, value), xycoords=("axes fraction", "data"),
-                            fontsize=7, va="bottom", color="0.3")  # fmt: skip
-                top = max(top, value)
+        levels = [(value, text) for panel, value, text in drawn.levels if panel == label]
+        for value, text in levels:
+            ax.axhline(value, color="0.3", linestyle="--", linewidth=0.8)
+            # The highest's name above its line, the others' below (close peaks, as PSS
+            # and the RSS summed of one process, would write over each other).
+            above = value >= max(v for v, _ in levels)
+            ax.annotate(text, (0, value), xycoords=("axes fraction", "data"), fontsize=7,
+                        va="bottom" if above else "top", color="0.3")  # fmt: skip
+            top = max(top, value)
         ax.set_ylabel(label, fontsize=8)
         ax.set_ylim(bottom=0, top=top * 1.12 if top > 0 else 1.0)  # the peaks inside
         ax.grid(alpha=0.3)
