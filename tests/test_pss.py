@@ -111,9 +111,6 @@ def test_memory_before_the_roots_exec_is_not_a_peak() -> None:
     assert _peaks(history) == (3 * MIB, 2 * MIB, 3 * MIB)
     history.add(_row(40 * MIB, 30 * MIB, 40 * MIB, n=0), execs=1)  # the exit's row
     assert _peaks(history) == (3 * MIB, 2 * MIB, 3 * MIB)
-    # The command a zombie (`edgewatt run`'s last pass): a member, and no memory.
-    history.add(_row(0, None, None, n=1), execs=1)
-    assert (history.memory.rss.low, history.memory.rows) == (3 * MIB, 1)
     history.end(10.0, rss_peak_bytes=5 * MIB)  # the exec'd program's own high-water mark
     assert _peaks(history) == (5 * MIB, 2 * MIB, 5 * MIB)
 

@@ -47,8 +47,7 @@ class Spread:
 @dataclass(**SLOTS)
 class Memory:
     """A window's memory over its samples of live members (an exit's row repeats the
-    last reading's; `edgewatt run`'s last pass reads its command a zombie, with no
-    memory): the RSS summed (its lowest, highest, and sum over ``rows`` for the
+    last reading's): the RSS summed (its lowest, highest, and sum over ``rows`` for the
     mean), the highest PSS summed and the highest RSS of one process (None: never
     read, or no sample yet)."""
 
@@ -59,9 +58,9 @@ class Memory:
     rss_largest_peak: int | None = None
 
     def add(self, row: SampleRow) -> None:
-        rss = row.memory_rss_bytes
-        if not row.processes or not rss:  # no member, or zombies only: no memory held
+        if not row.processes:
             return
+        rss = row.memory_rss_bytes
         self.rss.widen(rss, rss)
         self.rss_sum += rss
         self.rows += 1
