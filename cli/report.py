@@ -346,7 +346,7 @@ def draw(drawn: Layout) -> Any:
         ax.set_ylabel(label, fontsize=8)
         ax.set_ylim(bottom=0, top=top * 1.12 if top > 0 else 1.0)  # the peaks inside
         ax.grid(alpha=0.3)
-        if len(lines) > 1:
+        if len(lines) > 1 or label == RSS:  # a memory line always says which memory
             ax.legend(fontsize=7, loc="upper right")
         # Every phase shaded; at most MAX_NAMED named, evenly (a tracked step is a
         # phase: a thousand names would be one black smear).

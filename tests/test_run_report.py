@@ -638,5 +638,8 @@ def test_a_thousand_phases_keep_the_table_and_the_plot_readable(tmp_path: Path) 
     names = [t.get_text().strip() for t in figure.axes[0].texts]
     assert names == [f"step-{i}" for i in range(0, 1000, 100)]  # 10, evenly
     assert len(figure.axes[0].patches) == 1000  # every phase shaded
+    # One memory line still says which memory it is.
+    memory = figure.axes[[label for label, _ in drawn.panels].index("memory (MiB)")]
+    assert [t.get_text() for t in memory.get_legend().get_texts()] == ["RSS summed"]
     if os.environ.get("EDGEWATT_TEST_PLOTS"):
         figure.savefig(f"{os.environ['EDGEWATT_TEST_PLOTS']}/thousand-phases.png", dpi=100)
