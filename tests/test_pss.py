@@ -176,16 +176,21 @@ def test_smaps_rollup_is_read_again_only_when_the_tree_moved(tmp_path: Path) -> 
     assert memory.reads == 6
 
 
-def test_edgewatt_run_true_reports_trues_memory_not_its_own_fork(tmp_path: Path) -> None:
-    """`edgewatt run -- true` said 16.3 MiB (its own Python fork before the exec, by
-    wait4's ru_maxrss and the registration's sample); GNU time says ~1 MiB."""
-    daemon = DaemonProcess(
+def _fast_daemon(tmp_path: Path) -> DaemonProcess:
+    """A daemon of the test's own, passing every 0.2 s (started; the caller stops it)."""
+    return DaemonProcess(
         socket=str(tmp_path / "ew.sock"),
         port=free_port(),
         state_dir=tmp_path / "state",
         interval=0.2,
         log_path=tmp_path / "daemon.log",
     ).start()
+
+
+def test_edgewatt_run_true_reports_trues_memory_not_its_own_fork(tmp_path: Path) -> None:
+    """`edgewatt run -- true` said 16.3 MiB (its own Python fork before the exec, by
+    wait4's ru_maxrss and the registration's sample); GNU time says ~1 MiB."""
+    daemon = _fast_daemon(tmp_path)
     try:
         out = tmp_path / "run.jsonl"
         result = subprocess.run(
@@ -230,13 +235,7 @@ def test_only_the_wrappers_own_memory_is_left_out_not_a_later_execs(tmp_path: Pa
     """Memory counts from the first exec of `edgewatt run`'s held fork, not from the
     command's own later exec (which left 10.6 MiB of a 310 MiB run), and a cgroup
     run's held fork is not its memory (`--cgroup -- true` said 17 MiB)."""
-    daemon = DaemonProcess(
-        socket=str(tmp_path / "ew.sock"),
-        port=free_port(),
-        state_dir=tmp_path / "state",
-        interval=0.2,
-        log_path=tmp_path / "daemon.log",
-    ).start()
+    daemon = _fast_daemon(tmp_path)
     try:
         reexec = _run_summary(daemon, tmp_path / "a.jsonl", "--", sys.executable, "-c", REEXEC)
         cgroup = _run_summary(daemon, tmp_path / "b.jsonl", "--cgroup", "--", "true")
