@@ -77,7 +77,7 @@ class ProcessSample:
     # work holds) and the largest member's RSS; None where not read (sampling/pss.py).
     memory_pss_bytes: int | None = None
     memory_rss_largest_bytes: int | None = None
-    root_execs: int = 0  # programs its root exec'd since registration (process.py)
+    root_execs: int = 0  # 1 once its first process, a held fork, exec'd (held_fork.py)
 
     @property
     def cpu_s(self) -> float:

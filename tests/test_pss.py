@@ -101,7 +101,7 @@ def _peaks(history: History) -> tuple[Any, ...]:
 
 def test_memory_before_the_roots_exec_is_not_a_peak() -> None:
     """Under `edgewatt run` the samples before the command's exec are its own fork
-    (16 MiB of Python): peaks count the samples since the root's last exec, and the
+    (16 MiB of Python): peaks count the samples since that fork's exec, and the
     kernel's high-water mark at exit; an exit's row (no member left) adds none."""
     history = History(capacity=10)
     history.add(_row(16 * MIB, 8 * MIB, 16 * MIB))

@@ -66,7 +66,8 @@ def exit_reading(
         )
     # A cgroup's counters are final once it is empty: its last reading then is exact.
     ending.figures = figures is not None or (cgroup and not last.pids)
-    # An exec seen at the exit (a zombie's comm) counts: its memory was another program's.
+    # A held fork's exec seen at the exit (a zombie's comm) counts: its memory before
+    # was the registrant's (held_fork.py).
     execs = max(last.root_execs, getattr(tree, "root_execs", 0))
     if figures is None:
         return dataclasses.replace(

@@ -138,9 +138,9 @@ class History:
     last: SampleRow | None = field(default=None, init=False)
     count: int = field(default=0, init=False)
     # As a phase's (Phase.power, Phase.cpu_utilization, Phase.memory), over the whole
-    # history; its memory over the rows since the root's last exec (``execs`` of them
-    # since registration): before it, the root was another program (`edgewatt run`'s
-    # own fork, held before the exec).
+    # history; its memory over the rows since its held fork's exec (``execs``: 1 once
+    # seen, held_fork.py): before it, the fork was `edgewatt run`'s own, not the
+    # command's.
     power: Spread = field(default_factory=Spread, init=False)
     cpu_utilization: Spread = field(default_factory=Spread, init=False)
     memory: Memory = field(default_factory=Memory, init=False)
@@ -167,7 +167,7 @@ class History:
         self.pending_power.widen(low, high)
 
     def add(self, row: SampleRow, execs: int = 0) -> None:
-        """A sample; ``execs``: the programs its root exec'd since registration."""
+        """A sample; ``execs``: 1 once its held fork exec'd (TreeReading.root_execs)."""
         period, self.pending_period_s = self.pending_period_s, None
         pending = self.pending_power
         power = None
@@ -185,7 +185,7 @@ class History:
             self.first = row
         self.last = row
         self.count += 1
-        if execs != self.execs:  # the memory so far was the previous program's
+        if execs != self.execs:  # the memory so far was the registrant's fork's
             self.execs = execs
             self.memory = Memory()
         self.memory.add(row)

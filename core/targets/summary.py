@@ -100,7 +100,7 @@ def spreads(power: Spread, cpu_utilization: Spread, memory: Memory) -> dict[str,
     utilization per interval (its mean cpu_avg_utilization); its memory, each under
     its name: PSS summed (what the work holds), the largest process's RSS, and the RSS
     summed (a page shared by N processes counted N times), the RSS's lowest and mean
-    too (a run's since its root's last exec: history.py)."""
+    too (a run's since its held fork's exec: history.py)."""
     rows = memory.rows
     return {
         "power_min_w": _round(power.low, 3),
