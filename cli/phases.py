@@ -24,7 +24,7 @@ HEADER = (
     "attributed",
     "avg power",
     "peak power",
-    "peak RSS",
+    "peak PSS",
     "disk read / written",
     "network sent / received",
 )
@@ -55,7 +55,7 @@ def _cells(item: dict[str, Any]) -> tuple[str, ...]:
         _number(item.get("energy_j"), "J", 1),
         _number(average, "W", 2),
         _number(item.get(PEAK_POWER), "W", 2),
-        human_bytes(item.get("memory_rss_peak_bytes")),
+        human_bytes(item.get("memory_pss_peak_bytes")),
         _pair(item, "disk_read_bytes", "disk_write_bytes"),
         _pair(item, "network_transmit_bytes", "network_receive_bytes"),
     )
@@ -85,7 +85,8 @@ def phase_table(phases: list[dict[str, Any]], indent: str = "  ", dropped: int =
     host = any(item.get("network_counts") == "host" for item in phases)
     notes = [
         "CPU: user + system time; attributed: its share of the device energy above idle;",
-        "avg power: device energy / duration; network: "
+        "avg power: device energy / duration; peak PSS: the memory it held (shared pages",
+        "split among the processes sharing them); network: "
         + ("host-wide, loopback excluded" if host else "the target's own, as counted above")
         + "; -: not measured",
     ]

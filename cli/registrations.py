@@ -146,7 +146,9 @@ def render(s: dict[str, Any]) -> str:
         f"target {s['id']}: {name} ({s['state']}, {s['membership']})",
         f"  duration   {value('duration_s', 's')}",
         f"  CPU        user {value('cpu_user_s', 's')}, system {value('cpu_system_s', 's')}",
-        f"  memory     RSS peak {value('memory_rss_peak_bytes', 'bytes')}",
+        f"  memory     peak PSS {value('memory_pss_peak_bytes', 'bytes')} (what it holds), "
+        f"largest process's peak RSS {value('memory_rss_largest_peak_bytes', 'bytes')}, "
+        f"RSS summed peak {value('memory_rss_peak_bytes', 'bytes')}",
         f"  storage    read {value('disk_read_bytes', 'bytes')}, "
         f"written {value('disk_write_bytes', 'bytes')}",
         f"  network    {network}",

@@ -46,8 +46,7 @@ def summary_table(
         )
         if summary.get("cpu_source"):  # which count it is (edgewatt run's larger of two)
             rows.append(("counted by", printable(str(summary["cpu_source"]))))
-    if "memory_rss_peak_bytes" in summary:
-        rows.append(("peak RSS", human_bytes(summary["memory_rss_peak_bytes"])))
+    rows += memory_rows(summary)
     if "total_network_bytes_sent" in summary:
         sent = human_bytes(summary["total_network_bytes_sent"])
         recv = human_bytes(summary["total_network_bytes_recv"])
@@ -116,15 +115,42 @@ def _energy_unknown(summary: dict[str, Any], power: str | None) -> str:
     return "unknown: no power reading recorded"
 
 
+def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Peak memory, each figure under its own name: PSS (shared pages split among the
+    processes sharing them: what the work holds), the largest process's RSS, and the
+    RSS summed over the processes (a shared page once per process: more than held)."""
+    rows = []
+    if "memory_pss_peak_bytes" in summary:
+        pss = summary["memory_pss_peak_bytes"]
+        rows.append(("peak PSS", "not measured"
+                     if pss is None else f"{human_bytes(pss)} (what the processes held, "
+                     "shared pages split among them)"))  # fmt: skip
+    if summary.get("memory_rss_largest_peak_bytes") is not None:
+        rows.append(
+            (
+                "largest",
+                f"peak RSS {human_bytes(summary['memory_rss_largest_peak_bytes'])} "
+                "(of the largest process)",
+            )
+        )
+    if "memory_rss_peak_bytes" in summary:
+        peak = summary["memory_rss_peak_bytes"]
+        rows.append(("RSS sum", "-" if peak is None else f"peak {human_bytes(peak)} "
+                     "(over the processes: a shared page counted once per process)"))  # fmt: skip
+    return rows
+
+
 # The figures each kind of record must hold as numbers where present.
 SAMPLE_NUMBERS = (
-    "timestamp", "cpu_usage", "memory_usage", "memory_rss_bytes", "network_bytes_sent",
+    "timestamp", "cpu_usage", "memory_usage", "memory_rss_bytes", "memory_pss_bytes",
+    "network_bytes_sent",
     "network_bytes_recv", "power_w", "power_vdd_in", "power_vdd_cpu_gpu_cv",
     "power_vdd_soc", "energy_j",
 )  # fmt: skip
 SUMMARY_NUMBERS = (
     "samples", "start_time", "end_time", "duration_s", "cpu_time_s", "avg_cpu_usage",
-    "memory_rss_peak_bytes", "total_network_bytes_sent", "total_network_bytes_recv",
+    "memory_rss_peak_bytes", "memory_pss_peak_bytes", "memory_rss_largest_peak_bytes",
+    "total_network_bytes_sent", "total_network_bytes_recv",
     "energy_j", "energy_vdd_in_j", "avg_power_w", "process_energy_j", "total_carbon_g",
     "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
     "phases_dropped", *KEYS,
@@ -134,7 +160,8 @@ SUMMARY_NUMBERS = (
 # A phase record's figures (edgewatt run writes the daemon's measured phases).
 PHASE_NUMBERS = (
     "timestamp", "started_at", "ended_at", "duration_s", "cpu_user_s", "cpu_system_s",
-    "energy_j", "device_energy_j", "memory_rss_peak_bytes", "disk_read_bytes",
+    "energy_j", "device_energy_j", "memory_rss_peak_bytes", "memory_pss_peak_bytes",
+    "memory_rss_largest_peak_bytes", "disk_read_bytes",
     "disk_write_bytes", "network_transmit_bytes", "network_receive_bytes", PEAK_POWER,
 )  # fmt: skip
 
@@ -211,7 +238,7 @@ class Layout:
 
 POWER = "device power (W)"
 MAX_NAMED = 10  # phase names a plot writes (fontsize 7 across 9 inches)
-RSS = "RSS (MiB)"
+RSS = "memory (MiB)"
 
 
 def layout(
@@ -238,10 +265,13 @@ def layout(
         begin = times[i - 1] if i else (segments[0] if segments else t)
         begins.append(max([begin, *(b for b in segments if b < t)]))
     panels = _panels(samples, times, begins)
+    # The summary's peaks on the memory axis, each named as its line is.
     levels = []
-    peak = summary.get("memory_rss_peak_bytes")
-    if peak is not None and any(label == RSS for label, _ in panels):
-        levels.append((RSS, peak / 2**20, f"peak {human_bytes(peak)}"))
+    drawn = {name for label, lines in panels if label == RSS for name, _, _ in lines}
+    for name, key in (("RSS summed", "memory_rss_peak_bytes"), ("PSS", "memory_pss_peak_bytes")):
+        peak = summary.get(key)
+        if peak is not None and name in drawn:
+            levels.append((RSS, peak / 2**20, f"{name} peak {human_bytes(peak)}"))
     return Layout(_title(header, summary), panels, spans, end, levels)
 
 
@@ -283,6 +313,7 @@ def phase_figures(
                 "cpu_time_s": figures.get("cpu_time_s"),
                 "device_energy_j": figures.get("energy_j"),
                 "memory_rss_peak_bytes": figures.get("memory_rss_peak_bytes"),
+                "memory_pss_peak_bytes": figures.get("memory_pss_peak_bytes"),
                 "network_transmit_bytes": figures.get("total_network_bytes_sent"),
                 "network_receive_bytes": figures.get("total_network_bytes_recv"),
                 "network_counts": "host",  # a monitor's samples: host-wide
@@ -305,16 +336,19 @@ def draw(drawn: Layout) -> Any:
             ax.plot(xs, ys, linewidth=1.2, label=name, marker="o" if point else None,
                     clip_on=not point)  # fmt: skip
             top = max([top, *ys])
-        for panel, value, text in drawn.levels:
-            if panel == label:
-                ax.axhline(value, color="0.3", linestyle="--", linewidth=0.8)
-                ax.annotate(text, (0, value), xycoords=("axes fraction", "data"),
-                            fontsize=7, va="bottom", color="0.3")  # fmt: skip
-                top = max(top, value)
+        levels = [(value, text) for panel, value, text in drawn.levels if panel == label]
+        for value, text in levels:
+            ax.axhline(value, color="0.3", linestyle="--", linewidth=0.8)
+            # The highest's name above its line, the others' below (close peaks, as PSS
+            # and the RSS summed of one process, would write over each other).
+            above = value >= max(v for v, _ in levels)
+            ax.annotate(text, (0, value), xycoords=("axes fraction", "data"), fontsize=7,
+                        va="bottom" if above else "top", color="0.3")  # fmt: skip
+            top = max(top, value)
         ax.set_ylabel(label, fontsize=8)
         ax.set_ylim(bottom=0, top=top * 1.12 if top > 0 else 1.0)  # the peaks inside
         ax.grid(alpha=0.3)
-        if len(lines) > 1:
+        if len(lines) > 1 or label == RSS:  # a memory line always says which memory
             ax.legend(fontsize=7, loc="upper right")
         # Every phase shaded; at most MAX_NAMED named, evenly (a tracked step is a
         # phase: a thousand names would be one black smear).
@@ -359,7 +393,10 @@ def _panels(
     if any("cpu_usage" in s for s in samples):
         panels.append(("CPU (% of one core)", [("CPU", *series("cpu_usage"))]))
     if any("memory_rss_bytes" in s for s in samples):
-        panels.append((RSS, [("RSS", *series("memory_rss_bytes", 1 / 2**20))]))
+        memory = [("RSS summed", *series("memory_rss_bytes", 1 / 2**20))]
+        if any("memory_pss_bytes" in s for s in samples):  # what the processes hold
+            memory.append(("PSS", *series("memory_pss_bytes", 1 / 2**20)))
+        panels.append((RSS, memory))
     if any(s.get("network_bytes_sent") or s.get("network_bytes_recv") for s in samples):
         panels.append(
             (
@@ -403,8 +440,12 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
         figures.append(f"{summary['duration_s']:.1f} s")
     if "cpu_time_s" in summary:
         figures.append(f"CPU {summary['cpu_time_s']:.2f} s")
-    if "memory_rss_peak_bytes" in summary:
-        figures.append(f"peak RSS {human_bytes(summary['memory_rss_peak_bytes'])}")
+    # The memory held where known (the table has the others): the RSS summed counts a
+    # shared page once per process.
+    if summary.get("memory_pss_peak_bytes") is not None:
+        figures.append(f"peak PSS {human_bytes(summary['memory_pss_peak_bytes'])}")
+    elif summary.get("memory_rss_peak_bytes") is not None:
+        figures.append(f"peak RSS summed {human_bytes(summary['memory_rss_peak_bytes'])}")
     if "total_network_bytes_sent" in summary:
         sent, recv = summary["total_network_bytes_sent"], summary["total_network_bytes_recv"]
         figures.append(
@@ -456,6 +497,9 @@ def summary_from_samples(
     rss = [s["memory_rss_bytes"] for s in samples if "memory_rss_bytes" in s]
     if rss:
         summary["memory_rss_peak_bytes"] = max(rss)
+    pss = [s["memory_pss_bytes"] for s in samples if "memory_pss_bytes" in s]
+    if pss:
+        summary["memory_pss_peak_bytes"] = max(pss)
     if any("network_bytes_sent" in s for s in counted):
         summary["total_network_bytes_sent"] = sum(s.get("network_bytes_sent", 0) for s in counted)
         summary["total_network_bytes_recv"] = sum(s.get("network_bytes_recv", 0) for s in counted)

@@ -54,6 +54,7 @@ FINAL_WAIT_S = 3.0
 # How long the command is held a zombie for the daemon's pass that reads it (its exit
 # status waits that long at most when the daemon is slow).
 ZOMBIE_PASS_S = 2.0
+MEMORY_KEYS = ("memory_pss_peak_bytes", "memory_rss_largest_peak_bytes", "memory_rss_peak_bytes")
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -338,10 +339,8 @@ def _wait_all(
 
 
 def _difference(after: resource.struct_rusage, before: resource.struct_rusage) -> dict:
-    return {
-        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-        "rss_peak_bytes": after.ru_maxrss * 1024,  # KiB: the largest process, one at a time
-    }
+    # Not ru_maxrss: it counts this process's fork before the command's exec.
+    return {"cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
 
 
 def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
@@ -366,8 +365,15 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
             if api.get("network_unknown"):  # absent, never 0: and why
                 summary["network_unknown"] = api["network_unknown"]
         last = _daemon_last(registration, api)
+        # Memory as the sampler measured it after the exec (never this process's fork
+        # before it, which wait4's ru_maxrss would count): PSS, the largest process's
+        # RSS, and the RSS summed, each under its name.
+        sampled = last or _sampler_summary(registration)
+        for key in MEMORY_KEYS:
+            if key in sampled:
+                summary[key] = sampled[key]
         # The run's lowest, mean and highest power, CPU use and memory, as the daemon
-        # measured them (the largest memory stays the larger peak found below).
+        # measured them.
         summary.update({k: last[k] for k in spreads.KEYS if k in last and k not in summary})
         if last.get("phases"):  # whoever opened them: this process, the command's own
             summary["phases"] = last["phases"]
@@ -392,10 +398,6 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
             return summary
         summary["cpu_time_s"] = cpu_s
         summary["avg_cpu_usage"] = cpu_s / wall_s * 100 if wall_s > 0 else 0.0
-        if usage is not None:
-            summary["memory_rss_peak_bytes"] = max(
-                summary.get("memory_rss_peak_bytes") or 0, usage["rss_peak_bytes"]
-            )
         return summary
 
     return final
@@ -407,6 +409,14 @@ def _daemon_last(registration: Any, api: dict[str, Any] | None) -> dict[str, Any
     if api is not None:
         return api
     if registration is None or registration.mode != "daemon":
+        return {}
+    return registration.summary()
+
+
+def _sampler_summary(registration: Any) -> dict[str, Any]:
+    """The summary of whatever sampler measured the target (the daemon, or this
+    process's own), for its memory figures; {} where none did."""
+    if registration is None or not registration.active:
         return {}
     return registration.summary()
 

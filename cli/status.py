@@ -41,7 +41,8 @@ def render(
             lines.append(f"({more} older finished targets: edgewatt status --json)")
         lines += [
             "CPU is CPU seconds while registered; ENERGY joules attributed (-: no power",
-            "source); RSS PEAK the largest RSS sampled; EXIT from the kernel's exit record.",
+            "source); PSS PEAK the largest PSS sampled (what it held, shared pages split);",
+            "EXIT from the kernel's exit record.",
         ]
     return "\n".join(lines)
 
@@ -68,7 +69,7 @@ def finished_summaries(socket: str, targets: list[dict[str, Any]]) -> dict[str, 
 
 
 def _running(targets: list[dict[str, Any]], logical_cpus: int | None) -> list[str]:
-    header = ("ID", "PID", "NAME", "STATE", "CPU%", "RSS", "READ", "WRITE", "PROCS", "LABELS")
+    header = ("ID", "PID", "NAME", "STATE", "CPU%", "PSS", "READ", "WRITE", "PROCS", "LABELS")
     rows = [header]
     for t in targets:
         latest = t.get("latest") or {}
@@ -81,7 +82,7 @@ def _running(targets: list[dict[str, Any]], logical_cpus: int | None) -> list[st
                 t.get("executable") or "-",
                 t["state"],
                 cpu,
-                human_bytes(latest.get("memory_rss_bytes")),
+                human_bytes(latest.get("memory_pss_bytes")),
                 human_bytes(latest.get("disk_read_bytes")),
                 human_bytes(latest.get("disk_write_bytes")),
                 str(latest.get("processes", "-")),
@@ -91,7 +92,10 @@ def _running(targets: list[dict[str, Any]], logical_cpus: int | None) -> list[st
     lines = _aligned(rows)
     if len(rows) == 1:
         lines.append("(no registered targets)")
-    lines.append("CPU% is percent of one core; READ/WRITE are bytes to storage since start.")
+    lines += [
+        "CPU% is percent of one core; READ/WRITE are bytes to storage since start;",
+        "PSS is the memory it holds (its pages, shared ones split among their sharers).",
+    ]
     return lines
 
 
@@ -99,7 +103,7 @@ def finished_rows(ended: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[tu
     """The header, then a row per finished target (as (target, summary)): its end (when,
     and how: exited or unregistered), exit status where known, CPU seconds, energy and
     peak memory, from its summary; `edgewatt top` shows the same cells."""
-    header = ("ID", "PID", "NAME", "ENDED", "HOW", "EXIT", "CPU", "ENERGY", "RSS PEAK", "LABELS")
+    header = ("ID", "PID", "NAME", "ENDED", "HOW", "EXIT", "CPU", "ENERGY", "PSS PEAK", "LABELS")
     rows = [header]
     for t, s in ended:
         cpu = None
@@ -119,7 +123,7 @@ def finished_rows(ended: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[tu
                 exit_status,
                 "-" if cpu is None else f"{cpu:.2f} s",
                 "-" if s.get("energy_j") is None else f"{s['energy_j']:.3g} J",
-                human_bytes(s.get("memory_rss_peak_bytes")),
+                human_bytes(s.get("memory_pss_peak_bytes")),
                 _labels(t),
             )
         )

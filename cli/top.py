@@ -20,7 +20,7 @@ _KEY = {
     "power": lambda t: (t.get("latest") or {}).get("power_w") or 0.0,
     "energy": lambda t: (t.get("latest") or {}).get("energy_j") or 0.0,
     "cpu": lambda t: (t.get("latest") or {}).get("cpu_utilization") or 0.0,
-    "memory": lambda t: (t.get("latest") or {}).get("memory_rss_bytes") or 0,
+    "memory": lambda t: (t.get("latest") or {}).get("memory_pss_bytes") or 0,
 }
 HELP = (
     "q quit   up/down select   Enter detail (Esc/Enter back)",
@@ -144,7 +144,7 @@ COLUMNS = (
     "W",
     "J",
     "CPU%",
-    "MEM",
+    "PSS",
     "TX/RX per s",
     "PROCS",
     "PHASE",
@@ -179,7 +179,7 @@ def target_rows(document: dict[str, Any], sort: str) -> list[tuple[str, ...]]:
                 _w(latest.get("power_w")),
                 _j(summary.get("energy_j")),
                 _cpu(latest.get("cpu_utilization"), cpus),
-                human_bytes(latest.get("memory_rss_bytes")),
+                human_bytes(latest.get("memory_pss_bytes")),
                 _net(t.get("network_rate")),
                 str(latest.get("processes", "-")),
                 phase["name"] if phase else "-",
@@ -235,22 +235,22 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
         f"  labels: {labels or '-'}",
         f"total {_j(summary.get('energy_j'))} J  CPU {_cpu_s(summary):.2f} s"
         f"  processes {latest.get('processes', '-')}"
-        f"  RSS peak {human_bytes(summary.get('memory_rss_peak_bytes'))}",
+        f"  PSS peak {human_bytes(summary.get('memory_pss_peak_bytes'))}",
         f"network {_net_detail(target.get('network_rate'), summary.get('network_counts'))}",
         f"members ({target.get('member_count', 0)}): "
         + (" ".join(str(pid) for pid in target.get("members") or []) or "-"),
         # In place of a blank line: an 80x24 screen has no row to spare.
         "phases: J, AVG W attributed; PEAK W the whole device's, at the sensor's rate",
         f"{'PHASE':<14}  {'TIME s':>7}  {'CPU s':>7}  {'J':>7}  {'AVG W':>6}  {'PEAK W':>6}"
-        "  RSS PEAK",
+        "  PSS PEAK",
     ]
     for p in summary.get("phases") or []:
         cpu = _cpu_s(p)
-        # 14 + 7 + 7 + 7 + 6 + 6 + 10 (RSS) columns and "(running)": 80 at most.
+        # 14 + 7 + 7 + 7 + 6 + 6 + 10 (PSS) columns and "(running)": 80 at most.
         lines.append(
             f"{p['name'][:14]:<14}  {p.get('duration_s', 0):>7.1f}  {cpu:>7.2f}  "
             f"{_j(p.get('energy_j')):>7}  {_w(p.get('power_avg_w')):>6}  "
-            f"{_w(p.get(PEAK_POWER)):>6}  {human_bytes(p.get('memory_rss_peak_bytes'))}"
+            f"{_w(p.get(PEAK_POWER)):>6}  {human_bytes(p.get('memory_pss_peak_bytes'))}"
             + ("  (running)" if p.get("ended_at") is None else "")
         )
     if not summary.get("phases"):

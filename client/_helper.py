@@ -32,14 +32,24 @@ def own_rss_bytes() -> int:
         return int(psutil.Process().memory_info().rss)
 
 
+def own_pss_bytes() -> int:
+    """This process's PSS (Linux 4.14 on: smaps_rollup; 0 where none is read)."""
+    from edgewatt.core.sampling.pss import read_rollup
+
+    rollup = read_rollup(os.getpid())
+    return 0 if rollup is None else rollup.pss
+
+
 def without_self(reading: Reading) -> Reading:
-    """The monitored tree's reading less this helper's CPU time and RSS."""
+    """The monitored tree's reading less this helper's CPU time and memory."""
     times = os.times()
+    pss = reading.memory_pss_bytes
     return dataclasses.replace(
         reading,
         cpu_user_s=max(0.0, reading.cpu_user_s - times.user),
         cpu_system_s=max(0.0, reading.cpu_system_s - times.system),
         memory_rss_bytes=max(0, reading.memory_rss_bytes - own_rss_bytes()),
+        memory_pss_bytes=None if pss is None else max(0, pss - own_pss_bytes()),
     )
 
 

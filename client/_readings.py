@@ -61,6 +61,7 @@ def reading_from_api(target: dict[str, Any], host: dict[str, Any]) -> Reading | 
         tcp_sent_total=latest.get("network_transmit_bytes"),
         tcp_recv_total=latest.get("network_receive_bytes"),
         monotonic=monotonic_instant(latest["time"]),
+        memory_pss_bytes=latest.get("memory_pss_bytes"),
     )
 
 
@@ -78,6 +79,7 @@ def reading_after_exit(snapshot: Snapshot, last: dict[str, Any]) -> Reading | No
         time=snapshot.time,
         cpu=(last["cpu_user_s"], last["cpu_system_s"]),
         rss_bytes=last["memory_rss_bytes"],
+        pss_bytes=last.get("memory_pss_bytes"),
         device_energy_j=power.host_energy_j if power else None,
         process_energy_j=last.get("energy_j"),
         tcp=(last.get("network_transmit_bytes"), last.get("network_receive_bytes")),
@@ -94,6 +96,7 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading | None:
         time=p.time,
         cpu=(p.cpu_user_s, p.cpu_system_s),
         rss_bytes=p.memory_rss_bytes,
+        pss_bytes=p.memory_pss_bytes,
         device_energy_j=p.device_energy_j,
         process_energy_j=p.energy_j,
         tcp=(p.network_transmit_bytes, p.network_receive_bytes),
@@ -106,6 +109,7 @@ def _local_reading(
     time: float,
     cpu: tuple[float, float],
     rss_bytes: int,
+    pss_bytes: int | None,
     device_energy_j: float | None,
     process_energy_j: float | None,
     tcp: tuple[int | None, int | None],
@@ -118,6 +122,7 @@ def _local_reading(
         cpu_user_s=cpu[0],
         cpu_system_s=cpu[1],
         memory_rss_bytes=rss_bytes,
+        memory_pss_bytes=pss_bytes,
         memory_total_bytes=host.memory.total_bytes,
         net_sent_total=sent,
         net_recv_total=recv,

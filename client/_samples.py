@@ -43,7 +43,8 @@ def units(network: str = "host") -> dict[str, str]:
         "timestamp": "unix seconds",
         "cpu_usage": "percent of one core",
         "memory_usage": "percent of host memory",
-        "memory_rss_bytes": "bytes",
+        "memory_rss_bytes": "bytes",  # summed over the processes
+        "memory_pss_bytes": "bytes",  # PSS summed over them: what they hold
         "network_bytes_sent": NETWORK_UNITS[network],
         "network_bytes_recv": NETWORK_UNITS[network],
         "power_vdd_in": "milliwatts (device input)",
@@ -76,6 +77,7 @@ class Reading:
     # The reading's instant on the monotonic clock (seconds, any origin): intervals and
     # order come from it, so a wall-clock step moves no duration. None: ``time`` serves.
     monotonic: float | None = None
+    memory_pss_bytes: int | None = None  # PSS summed over the tree; None: not read
 
     @property
     def cpu_time_s(self) -> float:
@@ -111,6 +113,8 @@ def sample_from(
     if metrics["memory"]:
         sample["memory_usage"] = current.memory_rss_bytes / current.memory_total_bytes * 100
         sample["memory_rss_bytes"] = current.memory_rss_bytes
+        if current.memory_pss_bytes is not None:
+            sample["memory_pss_bytes"] = current.memory_pss_bytes
     traffic = _network(previous, current, network) if metrics["network"] else None
     if traffic is not None:
         sample["network_bytes_sent"], sample["network_bytes_recv"] = traffic

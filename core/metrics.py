@@ -44,6 +44,14 @@ class Metric:
     description: str
     attributes: tuple[str, ...] = ()  # the metric's own, beyond the subject's
     subject: str = "process"  # "process": one series set per target; "host": per device
+    # How a per-target metric reads its target's sample, so that its observer is
+    # derived (exporter/telemetry.py) and a new figure is its field and this row: the
+    # ProcessSample field it reads, or, split by its one attribute, (that attribute's
+    # value, field) pairs; with ``per_phase``, a field of each of the target's last
+    # phases (PhaseFigures), under ``edgewatt.phase``. Neither: a function of its own.
+    field: str = ""
+    split: tuple[tuple[str, str], ...] = ()
+    per_phase: bool = False
 
     @property
     def prometheus_name(self) -> str:
@@ -68,6 +76,7 @@ TABLE: tuple[Metric, ...] = (
         "s",
         "CPU time of the target and its descendants (reaped ones included), by mode",
         ("cpu.mode",),
+        split=(("user", "cpu_user_s"), ("system", "cpu_system_s")),
     ),
     Metric(
         "process.cpu.utilization",
@@ -76,18 +85,37 @@ TABLE: tuple[Metric, ...] = (
         "CPU time over the last interval as a share of all logical CPUs (0..1), by mode: "
         "the modes add up to the target's share",
         ("cpu.mode",),
+        split=(("user", "cpu_user_utilization"), ("system", "cpu_system_utilization")),
     ),
     Metric(
         "process.memory.usage",
         "updowncounter",
         "By",
-        "Resident set size of the target and its live descendants (shared pages counted each)",
+        "Resident set size of the target and its live descendants, summed (a page shared "
+        "by N of them counted N times: more than they hold)",
+        field="memory_rss_bytes",
+    ),
+    Metric(
+        "edgewatt.process.memory.pss",
+        "updowncounter",
+        "By",
+        "Proportional set size of the target and its live descendants, summed: each "
+        "shared page split among the processes mapping it, so what the work holds",
+        field="memory_pss_bytes",
+    ),
+    Metric(
+        "edgewatt.process.memory.rss.largest",
+        "updowncounter",
+        "By",
+        "Resident set size of the target's largest live process",
+        field="memory_rss_largest_bytes",
     ),
     Metric(
         "process.memory.virtual",
         "updowncounter",
         "By",
         "Virtual memory size of the target and its live descendants",
+        field="memory_virtual_bytes",
     ),
     Metric(
         "process.disk.io",
@@ -95,6 +123,7 @@ TABLE: tuple[Metric, ...] = (
         "By",
         "Bytes the target and its descendants caused to be read from or written to storage",
         ("disk.io.direction",),
+        split=(("read", "disk_read_bytes"), ("write", "disk_write_bytes")),
     ),
     Metric(
         "process.network.io",
@@ -103,24 +132,28 @@ TABLE: tuple[Metric, ...] = (
         "TCP bytes of the target and its descendants (sent = acknowledged by the peer), "
         "IPv4 and IPv6, from sock_diag; UDP and Unix sockets are not counted",
         ("network.io.direction",),
+        split=(("transmit", "network_transmit_bytes"), ("receive", "network_receive_bytes")),
     ),
     Metric(
         "process.threads",
         "updowncounter",
         "{thread}",
         "Threads of the target and its live descendants",
+        field="threads",
     ),
     Metric(
         "process.open_file_descriptors",
         "updowncounter",
         "{file_descriptor}",
         "Open file descriptors of the target and its live descendants",
+        field="open_fds",
     ),
     Metric(
         "edgewatt.process.members",
         "updowncounter",
         "{process}",
         "Processes counted in the target: itself and its live descendants",
+        field="processes",
     ),
     Metric(
         "edgewatt.process.power",
@@ -128,12 +161,14 @@ TABLE: tuple[Metric, ...] = (
         "W",
         "Device power above idle attributed to the target over the last interval "
         "(docs/attribution.md)",
+        field="power_w",
     ),
     Metric(
         "edgewatt.process.energy",
         "counter",
         "J",
         "Device energy above idle attributed to the target since it was registered",
+        field="energy_j",
     ),
     Metric(
         "edgewatt.process.carbon",
@@ -147,12 +182,14 @@ TABLE: tuple[Metric, ...] = (
         "gauge",
         "1",
         "SM load of the target's processes, summed over GPUs (NVML; 1 = one GPU fully busy)",
+        field="gpu_utilization",
     ),
     Metric(
         "edgewatt.process.gpu.memory.usage",
         "updowncounter",
         "By",
         "GPU memory held by the target's processes, summed over GPUs (NVML)",
+        field="gpu_memory_bytes",
     ),
     Metric(
         "hw.gpu.memory.usage",
@@ -176,6 +213,8 @@ TABLE: tuple[Metric, ...] = (
         "1",
         "1 while the named phase of the target runs (POST /v1/targets/{id}/phase)",
         ("edgewatt.phase",),
+        field="running_marker",
+        per_phase=True,
     ),
     Metric(
         "edgewatt.process.phase.energy",
@@ -183,6 +222,8 @@ TABLE: tuple[Metric, ...] = (
         "J",
         "Energy attributed to the target in each of its last 10 phases",
         ("edgewatt.phase",),
+        field="energy_j",
+        per_phase=True,
     ),
     Metric(
         "edgewatt.process.phase.duration",
@@ -191,6 +232,8 @@ TABLE: tuple[Metric, ...] = (
         "Duration of each of the target's last 10 phases, from the sample at its start "
         "to the one at its end (so far, while it runs)",
         ("edgewatt.phase",),
+        field="duration_s",
+        per_phase=True,
     ),
     Metric(
         "edgewatt.process.phase.power.max",
@@ -200,6 +243,8 @@ TABLE: tuple[Metric, ...] = (
         "every reading of the power sensor (its window rate while a phase is young; so "
         "far, while it runs): what a power-mode budget is checked against",
         ("edgewatt.phase",),
+        field="power_max_w",
+        per_phase=True,
     ),
     Metric(
         "hw.host.power",

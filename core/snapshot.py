@@ -25,6 +25,11 @@ class PhaseFigures(NamedTuple):
     duration_s: float  # edge to edge, so far while it runs
     power_max_w: float | None  # the device's highest power in it, at the sensor's rate
 
+    @property
+    def running_marker(self) -> int | None:
+        """1 while it runs; None once ended (edgewatt.process.phase then has no point)."""
+        return 1 if self.running else None
+
 
 @dataclass(**SLOTS)
 class ProcessSample:
@@ -42,7 +47,7 @@ class ProcessSample:
     cpu_user_s: float  # cumulative, never decreasing
     cpu_system_s: float
     cpu_utilization: float | None  # share of all cores over the last interval, 0..1
-    memory_rss_bytes: int
+    memory_rss_bytes: int  # RSS summed over the members: a shared page once per process
     memory_virtual_bytes: int
     disk_read_bytes: int | None  # None: the kernel does not show this process's I/O
     disk_write_bytes: int | None
@@ -68,10 +73,29 @@ class ProcessSample:
     network_unknown: str | None = None
     # cpu_utilization by mode (user, system), adding up to it; None where it is None.
     cpu_mode_utilization: tuple[float, float] | None = None
+    # PSS summed over the members (shared pages split among their sharers: what the
+    # work holds) and the largest member's RSS; None where not read (sampling/pss.py).
+    memory_pss_bytes: int | None = None
+    memory_rss_largest_bytes: int | None = None
+    root_execs: int = 0  # 1 once its first process, a held fork, exec'd (held_fork.py)
 
     @property
     def cpu_s(self) -> float:
         return self.cpu_user_s + self.cpu_system_s
+
+    @property
+    def cpu_user_utilization(self) -> float | None:
+        """The user mode's share of cpu_utilization; None where that is None (a
+        target's last sample keeps its split, not its rate)."""
+        return self._mode_share(0)
+
+    @property
+    def cpu_system_utilization(self) -> float | None:
+        return self._mode_share(1)
+
+    def _mode_share(self, mode: int) -> float | None:
+        by_mode = self.cpu_mode_utilization
+        return None if self.cpu_utilization is None or by_mode is None else by_mode[mode]
 
 
 @dataclass(frozen=True, **SLOTS)

@@ -17,6 +17,7 @@ from edgewatt.core.sampling.contributors import CgroupTrafficCounts, Contributor
 from edgewatt.core.sampling.membership import LINEAGE, Membership
 from edgewatt.core.sampling.network import NetworkAccounting
 from edgewatt.core.sampling.proc_events import ProcEvents
+from edgewatt.core.sampling.pss import ProportionalMemory
 from edgewatt.core.sampling.sockets import DestroyListener
 from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
 from edgewatt.core.sampling.trees import ProcessTrees
@@ -45,6 +46,7 @@ def start_collectors(config: Config, platform: Platform, table: TargetTable) -> 
     traffic, problem = _start_cgroup_traffic(config)
     contributors: list[Contributor] = [] if network is None else [TcpAccounting(network)]
     contributors.append(CgroupTrafficCounts(traffic, problem))
+    contributors.append(ProportionalMemory(getattr(platform, "proc", "/proc")))
     return Collectors(
         parts=Parts(
             ProcessTrees(platform, exits=exits, membership=membership),

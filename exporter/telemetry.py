@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import operator
 import threading
 import time
 import typing  # runtime aliases: Python 3.8's builtins and abc take no [...]
@@ -91,17 +92,6 @@ def _per_process_split(
         memo = seen
 
     return observe
-
-
-def _cpu_mode_share(mode: int) -> Callable[[ProcessSample], float | None]:
-    """One mode's share of a target's utilization (0 user, 1 system); none where the
-    utilization is none (a target's last sample keeps its split, not its rate)."""
-
-    def value(p: ProcessSample) -> float | None:
-        by_mode = p.cpu_mode_utilization
-        return None if p.cpu_utilization is None or by_mode is None else by_mode[mode]
-
-    return value
 
 
 def _phases(value: Callable[[PhaseFigures], float | None]) -> Callable[[Snapshot], Points]:
@@ -245,44 +235,13 @@ def _temperatures(power: PowerSnapshot) -> Points:
         yield celsius, {"hw.id": f"{source}:{name}", "hw.name": name, "hw.type": "temperature"}
 
 
-def observers() -> Mapping[str, Callable[[Snapshot], Points]]:
-    """How each metric of the table is read off a snapshot: (value, attributes) points.
-    A new set per call: some keep a per-pass memo, so each reader (the exposition and
-    the OTLP pipeline, the InfluxDB push) has its own."""
+def _computed() -> Mapping[str, Callable[[Snapshot], Points]]:
+    """Observers of the rows that name no sample field (core/metrics.py): the device's
+    figures, and what is computed from more than one target's field."""
     return {
-        "process.cpu.time": _per_process_split(
-            "cpu.mode", {"user": lambda p: p.cpu_user_s, "system": lambda p: p.cpu_system_s}
-        ),
-        "process.cpu.utilization": _per_process_split(
-            "cpu.mode", {"user": _cpu_mode_share(0), "system": _cpu_mode_share(1)}
-        ),
-        "process.memory.usage": _per_process(lambda p: p.memory_rss_bytes),
-        "process.memory.virtual": _per_process(lambda p: p.memory_virtual_bytes),
-        "process.disk.io": _per_process_split(
-            "disk.io.direction",
-            {"read": lambda p: p.disk_read_bytes, "write": lambda p: p.disk_write_bytes},
-        ),
-        "process.network.io": _per_process_split(
-            "network.io.direction",
-            {
-                "transmit": lambda p: p.network_transmit_bytes,
-                "receive": lambda p: p.network_receive_bytes,
-            },
-        ),
-        "process.threads": _per_process(lambda p: p.threads),
-        "process.open_file_descriptors": _per_process(lambda p: p.open_fds),
-        "edgewatt.process.members": _per_process(lambda p: p.processes),
-        "edgewatt.process.power": _per_process(lambda p: p.power_w),
-        "edgewatt.process.energy": _per_process(lambda p: p.energy_j),
         "edgewatt.process.carbon": _process_carbon,
-        "edgewatt.process.gpu.utilization": _per_process(lambda p: p.gpu_utilization),
-        "edgewatt.process.gpu.memory.usage": _per_process(lambda p: p.gpu_memory_bytes),
         "hw.gpu.memory.usage": _power(_gpu_value(lambda g: g.memory_used_bytes)),
         "hw.gpu.memory.limit": _power(_gpu_value(lambda g: g.memory_total_bytes)),
-        "edgewatt.process.phase": _phases(lambda phase: 1 if phase.running else None),
-        "edgewatt.process.phase.energy": _phases(lambda phase: phase.energy_j),
-        "edgewatt.process.phase.duration": _phases(lambda phase: phase.duration_s),
-        "edgewatt.process.phase.power.max": _phases(lambda phase: phase.power_max_w),
         "hw.host.power": _power(_device(lambda p: p.host_power_w)),
         "hw.host.energy": _power(_device(lambda p: p.host_energy_j)),
         "edgewatt.host.carbon": _host_carbon,
@@ -307,6 +266,41 @@ def observers() -> Mapping[str, Callable[[Snapshot], Points]]:
     }
 
 
+def _reader(record: type, name: str, metric: Metric) -> Callable[[Any], float | None]:
+    """What reads ``name`` off a sample (``record``: ProcessSample or PhaseFigures)."""
+    if not hasattr(record, name):  # a typo in the table fails at import, not at a scrape
+        raise ValueError(f"metric {metric.name}: {record.__name__} has no field {name!r}")
+    return operator.attrgetter(name)
+
+
+def _derived(metric: Metric) -> Callable[[Snapshot], Points]:
+    """The observer a per-target row declares by the sample field(s) it reads."""
+    if metric.per_phase:
+        return _phases(_reader(PhaseFigures, metric.field, metric))
+    if metric.split:
+        (key,) = metric.attributes
+        values = {label: _reader(ProcessSample, name, metric) for label, name in metric.split}
+        return _per_process_split(key, values)
+    return _per_process(_reader(ProcessSample, metric.field, metric))
+
+
+def observers() -> Mapping[str, Callable[[Snapshot], Points]]:
+    """How each metric of the table is read off a snapshot: (value, attributes) points,
+    derived from the sample field a row names, else its function in ``_computed``.
+    A new set per call: some keep a per-pass memo, so each reader (the exposition and
+    the OTLP pipeline, the InfluxDB push) has its own."""
+    computed = _computed()
+    found = {}
+    for metric in TABLE:
+        declared = bool(metric.field or metric.split)
+        if declared == (metric.name in computed):  # neither, or both: which is meant?
+            raise ValueError(f"metric {metric.name}: name a sample field or compute it, not both")
+        found[metric.name] = _derived(metric) if declared else computed[metric.name]
+    if set(computed) - set(found):
+        raise ValueError(f"observers of no metric: {sorted(set(computed) - set(found))}")
+    return found
+
+
 def _on_device(observe: Callable[[Snapshot], Points]) -> Callable[[Snapshot], Points]:
     """The device's host.name on a host-level point, as on every per-process one: a
     device is its host name on every path (a push has no scrape's ``instance``)."""
@@ -324,11 +318,11 @@ def metric_specs() -> tuple[MetricSpec, ...]:
     without an observer fails at import, through METRICS)."""
     found = observers()
 
-    def observer(name: str) -> Callable[[Snapshot], Points]:
-        per_process = name.startswith(("process.", "edgewatt.process."))  # carry it already
-        return found[name] if per_process else _on_device(found[name])
+    def observer(metric: Metric) -> Callable[[Snapshot], Points]:
+        per_target = metric.subject == "process"  # its points carry the host name already
+        return found[metric.name] if per_target else _on_device(found[metric.name])
 
-    return tuple(MetricSpec(m, observer(m.name)) for m in TABLE)
+    return tuple(MetricSpec(m, observer(m)) for m in TABLE)
 
 
 METRICS: tuple[MetricSpec, ...] = metric_specs()

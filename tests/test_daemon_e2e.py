@@ -345,7 +345,7 @@ def test_status_command_prints_a_table_and_json(daemon: DaemonProcess, spawn: An
     table = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True).stdout
     header, row = table.splitlines()[:2]
     assert header.split() == [
-        "ID", "PID", "NAME", "STATE", "CPU%", "RSS", "READ", "WRITE", "PROCS", "LABELS"
+        "ID", "PID", "NAME", "STATE", "CPU%", "PSS", "READ", "WRITE", "PROCS", "LABELS"
     ]  # fmt: skip
     cells = row.split()
     executable = os.path.basename(os.path.realpath(sys.executable))
@@ -357,6 +357,9 @@ def test_status_command_prints_a_table_and_json(daemon: DaemonProcess, spawn: An
         ).stdout
     )
     assert as_json[0]["id"] == tid and as_json[0]["latest"]["memory_rss_bytes"] > 0
+    # The PSS column is the target's PSS (issue 41 item 4), never the RSS summed.
+    pss = as_json[0]["latest"]["memory_pss_bytes"]
+    assert 0 < pss <= as_json[0]["latest"]["memory_rss_bytes"]
 
 
 def test_status_without_daemon_says_so(tmp_path: Any) -> None:

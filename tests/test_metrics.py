@@ -4,7 +4,9 @@ pipeline, the client's sinks and the README are derived from it."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 
+import pytest
 from opentelemetry.exporter.prometheus._mapping import map_unit, sanitize_full_name
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -14,7 +16,9 @@ from edgewatt.client._otlp import encode
 from edgewatt.client._samples import Reading
 from edgewatt.client._sinks import PrometheusSink
 from edgewatt.core import compat
-from edgewatt.core.metrics import BY_NAME, INSTRUMENTS, TABLE, markdown_table
+from edgewatt.core.metrics import BY_NAME, INSTRUMENTS, TABLE, Metric, markdown_table
+from edgewatt.core.snapshot import PhaseFigures, ProcessSample
+from edgewatt.exporter import telemetry
 from edgewatt.exporter.telemetry import METRICS, observers
 from tests.conftest import ROOT
 from tests.semconv import REQUIRED_1_44
@@ -36,6 +40,52 @@ def test_every_metric_is_well_formed_and_observed_once() -> None:
     assert all(m.instrument in INSTRUMENTS and m.unit and m.description for m in TABLE)
     assert set(observers()) == set(BY_NAME)
     assert [s.name for s in METRICS] == [m.name for m in TABLE]
+
+
+# A sample field's name says its unit; the row reading it declares the same one.
+FIELD_SUFFIX_UNIT = {"_bytes": "By", "_s": "s", "_w": "W", "_j": "J", "_utilization": "1"}
+
+
+def test_each_per_target_row_names_the_sample_fields_it_reads_in_its_unit() -> None:
+    derived = [m for m in TABLE if m.field or m.split]
+    assert {m.name for m in derived} >= {
+        m.name for m in TABLE if m.subject == "process" and m.name != "edgewatt.process.carbon"
+    }
+    for m in derived:
+        assert m.subject == "process", m.name
+        record = PhaseFigures if m.per_phase else ProcessSample
+        assert bool(m.field) != bool(m.split), m.name  # one or the other
+        if m.split:  # split by the metric's one attribute
+            assert len(m.attributes) == 1, m.name
+        fields = [m.field] if m.field else [name for _, name in m.split]
+        for name in fields:
+            assert hasattr(record, name), (m.name, name)
+            suffix = [s for s in FIELD_SUFFIX_UNIT if name.endswith(s)]
+            if suffix:
+                assert FIELD_SUFFIX_UNIT[suffix[0]] == m.unit, (m.name, name)
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"field": "memory_psss_bytes"}, "ProcessSample has no field 'memory_psss_bytes'"),
+        ({"field": "energy_j", "per_phase": True, "name": "x.phase"}, None),
+        ({"field": "energyj", "per_phase": True}, "PhaseFigures has no field 'energyj'"),
+        ({"field": ""}, "name a sample field or compute it"),
+    ],
+)
+def test_a_row_is_checked_when_the_observers_are_built(
+    change: dict[str, object], problem: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    row = dataclasses.replace(
+        Metric("edgewatt.process.memory.test", "updowncounter", "By", "a test row"), **change
+    )
+    monkeypatch.setattr(telemetry, "TABLE", (*TABLE, row))
+    if problem is None:
+        assert row.name in telemetry.observers()
+        return
+    with pytest.raises(ValueError, match=problem):
+        telemetry.observers()
 
 
 def test_prometheus_names_are_the_otel_exporters() -> None:

@@ -78,8 +78,12 @@ def test_file_monitor_figures_and_file(variant: Any, socket_path: str, tmp_path:
     after = tree_cpu_seconds()
     stats, summary = monitor.stats(), monitor.summary()
     expected = {"timestamp", "cpu_usage", "memory_usage", "memory_rss_bytes"}
+    expected.add("memory_pss_bytes")  # Linux: smaps_rollup (issue 41 item 4)
     assert expected | {"network_bytes_sent", "network_bytes_recv"} == set(stats)
     assert not any(k.startswith("power") for k in stats)  # power is off by default
+    # PSS: what the process holds, the buffer included, never above its RSS.
+    assert max(stats["memory_pss_bytes"]) > 120 * 2**20
+    assert all(p <= r for p, r in zip(stats["memory_pss_bytes"], stats["memory_rss_bytes"]))
     assert all(len(v) == len(stats["timestamp"]) for v in stats.values())
     # What the kernel counted, whatever the scheduler gave: the whole burn lies between
     # the first and the last reading, and nothing beyond what the kernel counted for
@@ -125,7 +129,12 @@ def test_disabled_metrics_are_empty_and_monitors_coexist(tmp_path: Path) -> None
     rich.start()
     time.sleep(0.3)
     rich.stop()
-    assert set(rich.stats()) == {"timestamp", "memory_usage", "memory_rss_bytes"}
+    assert set(rich.stats()) == {
+        "timestamp",
+        "memory_usage",
+        "memory_rss_bytes",
+        "memory_pss_bytes",
+    }
     with pytest.raises(ValueError, match="metric 'gpu' is not supported"):
         a.set_metrics(gpu=True)
     with pytest.raises(TypeError, match="must be True or False"):

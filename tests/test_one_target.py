@@ -204,7 +204,9 @@ def test_a_finished_run_stays_in_status_and_summary(
     assert "finished, kept 20 s after their end:" in lines
     row = next(line.split() for line in lines if line.startswith(finished["id"]))
     ended = time.strftime("%H:%M:%S", time.gmtime(finished["exited_at"]))
-    peak = human_bytes(summary["memory_rss_peak_bytes"]).split()
+    # PSS PEAK: what it held (issue 41 item 4), the buffer touched included.
+    assert summary["memory_pss_peak_bytes"] >= 64 * 2**20
+    peak = human_bytes(summary["memory_pss_peak_bytes"]).split()
     shown_status = "-" if summary["exit_status"] is None else str(summary["exit_status"])
     assert row == [finished["id"], str(finished["pid"]), finished["executable"], ended, "UTC",
                    "exited", shown_status, f"{cpu:.2f}", "s", "-", *peak, "run=demo"]  # fmt: skip
@@ -245,7 +247,7 @@ def test_status_shows_the_newest_twenty_finished_and_counts_the_rest() -> None:
     ]  # fmt: skip
     summaries = {
         t["id"]: {"cpu_user_s": 1.0, "cpu_system_s": 0.25, "energy_j": 12.5,
-                  "memory_rss_peak_bytes": 3 * 2**20, "exit_status": -9 if t["pid"] % 2 else 0}
+                  "memory_pss_peak_bytes": 3 * 2**20, "exit_status": -9 if t["pid"] % 2 else 0}
         for t in targets[-20:]
     }  # fmt: skip
     lines = render(targets, 2, summaries, 600.0).splitlines()

@@ -127,7 +127,7 @@ def _expected(item: dict[str, Any]) -> list[str]:
         f"{device / duration:.2f} W",
         # Peak power (issue 41 item 3): the daemon's figure once it measures one, else "-".
         "-" if item.get(PEAK_POWER) is None else f"{item[PEAK_POWER]:.2f} W",
-        human_bytes(item["memory_rss_peak_bytes"]),
+        human_bytes(item["memory_pss_peak_bytes"]),  # what it held (issue 41 item 4)
         f"{human_bytes(item['disk_read_bytes'])} / {human_bytes(item['disk_write_bytes'])}",
         f"{human_bytes(item['network_transmit_bytes'])} / "
         f"{human_bytes(item['network_receive_bytes'])}",
@@ -144,6 +144,9 @@ def test_the_daemons_phase_figures_are_what_the_kernel_and_the_sensor_counted(
     assert second["cpu_user_s"] + second["cpu_system_s"] >= 0.8 - 0.02
     assert first["memory_rss_peak_bytes"] >= 40 * 2**20
     assert second["memory_rss_peak_bytes"] >= 120 * 2**20
+    # One process: its PSS is at most its RSS, and holds the buffers it touched.
+    assert 40 * 2**20 <= first["memory_pss_peak_bytes"] <= first["memory_rss_peak_bytes"]
+    assert 120 * 2**20 <= second["memory_pss_peak_bytes"] <= second["memory_rss_peak_bytes"]
     for item in (first, second):
         assert item["device_energy_j"] / item["duration_s"] == pytest.approx(WATTS, abs=0.05)
         assert 0 < item["energy_j"] < item["device_energy_j"]
@@ -153,7 +156,7 @@ def test_run_prints_each_phase_with_its_figures(real_run: Run) -> None:
     assert "  phases:" in real_run.table
     header = _row(real_run.table, "phase")
     assert header == ["phase", "duration", "CPU", "device energy", "attributed", "avg power",
-                      "peak power", "peak RSS", "disk read / written",
+                      "peak power", "peak PSS", "disk read / written",
                       "network sent / received"]  # fmt: skip
     for item in real_run.phases:
         assert _row(real_run.table, item["name"]) == _expected(item)
@@ -221,7 +224,7 @@ def _spreads(summary: dict[str, Any]) -> dict[str, str]:
         "CPU use": "min {:.1f} %, mean {:.1f} %, max {:.1f} % of all cores".format(
             *(u * 100 for u in cpu)
         ),
-        "RSS": "min {}, mean {}, max {} (each sample)".format(*map(human_bytes, memory)),
+        "RSS summed": "min {}, mean {}, max {} (each sample)".format(*map(human_bytes, memory)),
     }
 
 
@@ -230,7 +233,7 @@ def _spread_lines(text: str) -> dict[str, str]:
     found = {}
     for line in text.splitlines():
         label, _, rest = line.strip().partition("  ")
-        if label in ("power", "CPU use", "RSS") and rest.strip().startswith("min "):
+        if label in ("power", "CPU use", "RSS summed") and rest.strip().startswith("min "):
             assert len(line) <= 80, line  # readable on an 80-column terminal
             found[label] = rest.strip()
     return found

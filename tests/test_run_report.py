@@ -56,7 +56,7 @@ def test_run_exit_code_output_and_summary(tmp_path: Path) -> None:
     cpu = float(re.search(r"CPU time +([\d.]+) s", result.stderr)[1])  # type: ignore[index]
     tree = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     assert 1.0 - 0.02 <= cpu <= tree + 0.005, (cpu, tree)
-    assert "peak RSS" in result.stderr and "MiB" in result.stderr
+    assert re.search(r"RSS sum +peak [\d.]+ MiB", result.stderr), result.stderr
     lines = [json.loads(line) for line in out_file.read_text().splitlines()]
     assert lines[0]["type"] == "header" and lines[0]["labels"] == {"run": "r1"}
     assert lines[-1]["type"] == "summary"
@@ -159,7 +159,7 @@ def test_report_table_and_phases(tmp_path: Path) -> None:
     path = _monitor_file(tmp_path)
     result = run(["report", str(path)])
     assert result.returncode == 0, result.stderr
-    assert "CPU time" in result.stdout and "peak RSS" in result.stdout
+    assert "CPU time" in result.stdout and "RSS sum" in result.stdout
     # A monitor's marks: each phase's figures from the samples of the intervals that
     # begin after its mark (edged by samples, as the daemon's phases are).
     rows = {
@@ -295,11 +295,11 @@ def test_plot_of_a_run_file_without_phases_or_power(tmp_path: Path) -> None:
     # Host-wide network bytes, loopback excluded: a panel when there were any.
     network = [_ for _ in _samples(out) if _.get("network_bytes_sent") or _["network_bytes_recv"]]
     if network:
-        assert _labels(drawn) == ["CPU (% of one core)", "RSS (MiB)", "network (KiB/s)"]
+        assert _labels(drawn) == ["CPU (% of one core)", "memory (MiB)", "network (KiB/s)"]
         lines = dict(drawn.panels)["network (KiB/s)"]
         assert [name for name, _, _ in lines] == ["sent", "received"]
     else:
-        assert _labels(drawn) == ["CPU (% of one core)", "RSS (MiB)"]
+        assert _labels(drawn) == ["CPU (% of one core)", "memory (MiB)"]
         assert "no network traffic" in drawn.title
     assert drawn.phases == []
     assert min(_all_times(drawn)) >= 0 and 0.5 < drawn.end_s < 1.5
@@ -314,7 +314,7 @@ def test_plot_of_a_monitor_file_with_phases(tmp_path: Path) -> None:
     # The script's own command line, as the kernel has it (python -c and the code).
     command = f"{sys.executable} -c import time from edgewatt.client.thread_monitor"
     assert drawn.title.startswith(command[:67])  # titles cut commands at 70 characters
-    rss = dict(drawn.panels)["RSS (MiB)"][0][2]
+    rss = dict(drawn.panels)["memory (MiB)"][0][2]
     assert max(rss) > 50  # the 50 MiB it touched
 
 
@@ -561,8 +561,8 @@ def test_a_single_sample_is_drawn_as_a_point_and_the_axes_hold_the_peaks(
     # The title's peak RSS (the kernel's count of the largest process) is on the axis.
     assert summary is not None
     peak = summary["memory_rss_peak_bytes"] / 2**20
-    assert ("RSS (MiB)", peak, f"peak {peak:.1f} MiB") in drawn.levels
-    rss_axes = figure.axes[[label for label, _ in drawn.panels].index("RSS (MiB)")]
+    assert ("memory (MiB)", peak, f"RSS summed peak {peak:.1f} MiB") in drawn.levels
+    rss_axes = figure.axes[[label for label, _ in drawn.panels].index("memory (MiB)")]
     assert rss_axes.get_ylim()[1] >= peak
     # A file whose summary peak is above every sample: the axis still holds it.
     path = _write(tmp_path / "peak.jsonl", [
@@ -572,8 +572,23 @@ def test_a_single_sample_is_drawn_as_a_point_and_the_axes_hold_the_peaks(
         {"type": "summary", "samples": 2, "duration_s": 2.0, "memory_rss_peak_bytes": 20 * 2**20},
     ])  # fmt: skip
     drawn = _drawn(path, tmp_path)
-    assert drawn.levels == [("RSS (MiB)", 20.0, "peak 20.0 MiB")]
+    assert drawn.levels == [("memory (MiB)", 20.0, "RSS summed peak 20.0 MiB")]
     assert draw(drawn).axes[0].get_ylim() == (0.0, pytest.approx(20.0 * 1.12))
+    # With PSS drawn too, its peak is named as its line is.
+    path = _write(tmp_path / "pss.jsonl", [
+        HEADER,
+        _sample(1001.0, memory_rss_bytes=10 * 2**20, memory_pss_bytes=4 * 2**20),
+        _sample(1002.0, memory_rss_bytes=12 * 2**20, memory_pss_bytes=5 * 2**20),
+        {"type": "summary", "samples": 2, "duration_s": 2.0, "memory_rss_peak_bytes": 20 * 2**20,
+         "memory_pss_peak_bytes": 9 * 2**20},
+    ])  # fmt: skip
+    drawn = _drawn(path, tmp_path)
+    assert drawn.levels == [
+        ("memory (MiB)", 20.0, "RSS summed peak 20.0 MiB"),
+        ("memory (MiB)", 9.0, "PSS peak 9.0 MiB"),
+    ]
+    if os.environ.get("EDGEWATT_TEST_PLOTS"):
+        draw(drawn).savefig(f"{os.environ['EDGEWATT_TEST_PLOTS']}/pss-levels.png", dpi=100)
 
 
 def test_a_second_run_appended_to_a_file_is_reported_alone(tmp_path: Path) -> None:
@@ -623,5 +638,8 @@ def test_a_thousand_phases_keep_the_table_and_the_plot_readable(tmp_path: Path) 
     names = [t.get_text().strip() for t in figure.axes[0].texts]
     assert names == [f"step-{i}" for i in range(0, 1000, 100)]  # 10, evenly
     assert len(figure.axes[0].patches) == 1000  # every phase shaded
+    # One memory line still says which memory it is.
+    memory = figure.axes[[label for label, _ in drawn.panels].index("memory (MiB)")]
+    assert [t.get_text() for t in memory.get_legend().get_texts()] == ["RSS summed"]
     if os.environ.get("EDGEWATT_TEST_PLOTS"):
         figure.savefig(f"{os.environ['EDGEWATT_TEST_PLOTS']}/thousand-phases.png", dpi=100)

@@ -113,7 +113,7 @@ def pane_factory() -> Iterator[Any]:
 
 
 def row(lines: list[str], target_id: str) -> list[str]:
-    """The target's row as cells (MEM's number and unit are one cell)."""
+    """The target's row as cells (PSS's number and unit are one cell)."""
     [line] = [line for line in lines if line.startswith(target_id)]
     cells = line.split()
     return [*cells[:6], f"{cells[6]} {cells[7]}", *cells[8:]]
@@ -512,7 +512,7 @@ def finished_cells(target: dict[str, Any], summary: dict[str, Any]) -> list[str]
         "-" if code is None else str(code),
         f"{summary['cpu_user_s'] + summary['cpu_system_s']:.2f} s",
         "-" if summary["energy_j"] is None else f"{summary['energy_j']:.3g} J",
-        human_bytes(summary["memory_rss_peak_bytes"]),
+        human_bytes(summary["memory_pss_peak_bytes"]),
     ]
 
 
@@ -554,10 +554,10 @@ def test_finished_targets_are_listed_below_dimmed_with_their_final_figures(
     code = 3 if os.geteuid() == 0 else None  # from the kernel's exit record, read as root
     assert summaries[1]["exit_status"] == code and summaries[1]["energy_j"] > 0
     assert summaries[1]["cpu_user_s"] + summaries[1]["cpu_system_s"] >= 0.5
-    assert summaries[1]["memory_rss_peak_bytes"] >= 32 << 20
+    assert summaries[1]["memory_pss_peak_bytes"] >= 32 << 20
 
     def shown(lines: list[str]) -> list[list[str]]:
-        """The finished rows' final figures (their cells from ENDED to RSS PEAK)."""
+        """The finished rows' final figures (their cells from ENDED to PSS PEAK)."""
         start = next(i for i, x in enumerate(lines) if x.startswith("finished, kept 600 s"))
         header = re.split(r"  +", lines[start + 1].strip())
         first = header.index("ENDED")
@@ -622,7 +622,7 @@ def test_many_finished_targets_fit_the_screen_and_the_selection_stays_on_it() ->
         {"id": f"{n:012x}", "state": "unregistered", "pid": 100 + n, "executable": "loop",
          "labels": {}, "registered_at": 0.0, "exited_at": 1000.0 + n,
          "summary": {"cpu_user_s": 0.5, "cpu_system_s": 0.25, "energy_j": float(n),
-                     "exit_status": None, "memory_rss_peak_bytes": 2**20}}
+                     "exit_status": None, "memory_pss_peak_bytes": 2**20}}
         for n in range(500)
     ]  # fmt: skip
     running = {"id": "a" * 12, "state": "running", "executable": "train", "labels": {},

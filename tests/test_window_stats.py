@@ -73,7 +73,7 @@ def test_a_trace_keeps_its_lowest_and_highest_as_readings_arrive() -> None:
 def _row(t: float, utilization: float | None, rss: int) -> SampleRow:
     return SampleRow(
         *(t, 0.0, 0.0, utilization, rss, 0, None, None, None, None, 1, None, 1),
-        *(None, None, None, t),
+        *(None, None, None, None, None, t),
     )
 
 
@@ -94,13 +94,14 @@ def test_a_phase_counts_the_intervals_between_its_samples_and_the_passes_without
     history.add(_row(4.0, 0.75, 500))  # its closing sample: in it
     history.note_power(1.0, 50.0)
     history.add(_row(5.0, 0.0, 50))  # after it
-    assert spreads(
-        phase.power, phase.cpu_utilization, phase.rss_min, phase.rss_sum, phase.count
-    ) == {
+    assert spreads(phase.power, phase.cpu_utilization, phase.memory) == {
         "power_min_w": 4.75,
         "power_max_w": 19.0,
         "cpu_utilization_min": 0.25,
         "cpu_utilization_max": 0.75,
+        "memory_pss_peak_bytes": None,  # not read
+        "memory_rss_largest_peak_bytes": None,
+        "memory_rss_peak_bytes": 500,
         "memory_rss_min_bytes": 200,
         "memory_rss_avg_bytes": 350,  # (400 + 300 + 200 + 500) / 4
     }
@@ -110,7 +111,7 @@ def test_a_phase_counts_the_intervals_between_its_samples_and_the_passes_without
     # The run: every interval after its first sample, every sample.
     assert (history.power.low, history.power.high) == (1.0, 50.0)
     assert (history.cpu_utilization.low, history.cpu_utilization.high) == (0.0, 0.8)
-    assert (history.rss_min, history.rss_peak) == (50, 500)
+    assert (history.memory.rss.low, history.memory.rss.high) == (50, 500)
 
 
 def test_a_50_ms_spike_in_a_phase_is_its_peak_power_on_metrics_and_in_its_summary(

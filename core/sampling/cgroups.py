@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.cpu_rate import cpu_shares
+from edgewatt.core.sampling.held_fork import HeldFork
 from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.procfs import NoSuchProcess, parse_stat
 
@@ -292,6 +293,13 @@ class CgroupTree:
         self._base = (0.0, 0.0, 0, 0)  # what earlier incarnations counted
         self.last: TreeReading | None = None
         self.usage: Usage | None = None
+        # Its one process at the first reading, watched for its exec (`edgewatt run
+        # --cgroup` moves its held fork in before the exec): see held_fork.py.
+        self._held: HeldFork | None = None
+
+    @property
+    def root_execs(self) -> int:
+        return 0 if self._held is None else self._held.execs
 
     def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading:
         del children_of  # members come from the cgroup, not from parent links
@@ -316,6 +324,10 @@ class CgroupTree:
             rss += stat.rss_pages * _PAGE_SIZE
             vms += stat.vsize
             threads += stat.num_threads
+        if self.last is None and len(usage.pids) == 1:
+            self._held = HeldFork(usage.pids[0], self._proc)
+        if self._held is not None:
+            self._held.note()
         by_mode = None
         if self.last is not None and usage.time > self.last.time:
             used = (user - self.last.cpu_user_s, system - self.last.cpu_system_s)
@@ -333,6 +345,7 @@ class CgroupTree:
             threads=threads,
             open_fds=None,
             pids=usage.pids,
+            root_execs=self.root_execs,
         )
         self.last, self.usage = reading, usage
         return reading

@@ -66,9 +66,17 @@ def exit_reading(
         )
     # A cgroup's counters are final once it is empty: its last reading then is exact.
     ending.figures = figures is not None or (cgroup and not last.pids)
+    # A held fork's exec seen at the exit (a zombie's comm) counts: its memory before
+    # was the registrant's (held_fork.py).
+    execs = max(last.root_execs, getattr(tree, "root_execs", 0))
     if figures is None:
         return dataclasses.replace(
-            last, cpu_utilization=None, cpu_mode_utilization=None, pids=(), idle_pids=frozenset()
+            last,
+            cpu_utilization=None,
+            cpu_mode_utilization=None,
+            pids=(),
+            idle_pids=frozenset(),
+            root_execs=execs,
         )
     ending.rss_peak_bytes = figures.rss_peak_bytes
     ending.exit_status = figures.exit_status
@@ -88,6 +96,7 @@ def exit_reading(
         write_bytes=None if write is None else max(write, figures.write_bytes),
         pids=(),
         idle_pids=frozenset(),
+        root_execs=execs,
     )
 
 

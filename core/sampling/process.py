@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.cpu_rate import CpuRate
 from edgewatt.core.sampling.departures import Departures, ExitFigures
+from edgewatt.core.sampling.held_fork import HeldFork
 from edgewatt.core.sampling.member_counters import Member, MemberReader
 from edgewatt.core.sampling.membership import Lineage
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
@@ -69,6 +70,9 @@ class TreeReading:
     idle_pids: frozenset[int] = frozenset()
     # cpu_utilization by mode (user, system), adding up to it (cpu_shares).
     cpu_mode_utilization: tuple[float, float] | None = None
+    # 1 once its first process, a fork held before its exec at the first reading
+    # (`edgewatt run`'s), exec'd: memory read before was the registrant's (held_fork.py).
+    root_execs: int = 0
 
     @property
     def processes(self) -> int:
@@ -111,6 +115,7 @@ class ProcessTree:
         self.lost_members = False  # in the last sample: its orphans may be re-parented
         self.last: TreeReading | None = None
         self._final: ExitFigures | None = None
+        self._held = HeldFork(root.pid, proc)  # see TreeReading.root_execs
 
     @property
     def exact(self) -> bool:
@@ -134,11 +139,17 @@ class ProcessTree:
         self._departures.settle(walked, walk.members, walk.unseen, members, first=first)
         self.lost_members = bool(walked.departed)
         walk.done(walked)
+        root = walked.live.get(self.root.pid)
+        self._held.note(root[1] if root is not None else None)
         if not walked.live and not walked.unseen:
             alone = self.last is None or self.last.processes == 1
             self._final = self._departures.end(read_at, alone)
             raise NoSuchProcess(self.root.pid, "every member has exited")
         return self._reading(read_at, read_at_monotonic, walked.live)
+
+    @property
+    def root_execs(self) -> int:
+        return self._held.execs
 
     def _reading(
         self, read_at: float, read_at_monotonic: float, live: dict[int, tuple[Member, Stat]]
@@ -177,6 +188,7 @@ class ProcessTree:
             open_fds=fds if fds_known else None,
             pids=tuple(live),
             idle_pids=frozenset(pid for pid, (m, _) in live.items() if m.idle),
+            root_execs=self._held.execs,
         )
         return self.last
 

@@ -54,13 +54,17 @@ class Stat(NamedTuple):
     start_ticks: int  # since boot: with the pid, the process's identity
     vsize: int  # bytes
     rss_pages: int
+    # Where its stack starts: randomized at every exec (ASLR); 0 where the kernel hides
+    # it (no ptrace access), the process has no memory left (a zombie), or the text
+    # stops before field 28 (a stand-in's stat: the other figures are still read).
+    start_stack: int
 
 
 def parse_stat(text: str) -> Stat:
     # comm may hold spaces and parentheses: it ends at the last ')'.
     open_paren = text.index("(")
     close_paren = text.rindex(")")
-    rest = text[close_paren + 2 :].split(maxsplit=22)
+    rest = text[close_paren + 2 :].split(maxsplit=26)
     # rest[0] is field 3 (state); field N is rest[N - 3].
     return Stat(
         comm=text[open_paren + 1 : close_paren],
@@ -74,6 +78,7 @@ def parse_stat(text: str) -> Stat:
         start_ticks=int(rest[19]),
         vsize=int(rest[20]),
         rss_pages=int(rest[21]),
+        start_stack=int(rest[25]) if len(rest) > 25 else 0,
     )
 
 

@@ -83,6 +83,7 @@ class TargetState:
             gpu_utilization=gpu[0],
             gpu_memory_bytes=gpu[1],
             members=reading.pids,
+            root_execs=reading.root_execs,
             # A cgroup target's network figures come from a contributor, or are absent.
             network_unknown=NOT_COUNTED if self.cgroup is not None else None,
         )

@@ -45,6 +45,38 @@ class Spread:
 
 
 @dataclass(**SLOTS)
+class Memory:
+    """A window's memory over its samples of live members (an exit's row repeats the
+    last reading's): the RSS summed (its lowest, highest, and sum over ``rows`` for the
+    mean), the highest PSS summed and the highest RSS of one process (None: never
+    read, or no sample yet)."""
+
+    rss: Spread = field(default_factory=Spread)
+    rss_sum: float = 0.0
+    rows: int = 0
+    pss_peak: int | None = None
+    rss_largest_peak: int | None = None
+
+    def add(self, row: SampleRow) -> None:
+        if not row.processes:
+            return
+        rss = row.memory_rss_bytes
+        self.rss.widen(rss, rss)
+        self.rss_sum += rss
+        self.rows += 1
+        if row.memory_pss_bytes is not None:
+            self.pss_peak = max(self.pss_peak or 0, row.memory_pss_bytes)
+        if row.memory_rss_largest_bytes is not None:
+            self.rss_largest_peak = max(self.rss_largest_peak or 0, row.memory_rss_largest_bytes)
+
+    def exited(self, rss_peak_bytes: int) -> None:
+        """The kernel's peak RSS of a one-process target at its exit: no sample can
+        miss it, and that one process is the largest."""
+        self.rss.widen(None, rss_peak_bytes)
+        self.rss_largest_peak = max(self.rss_largest_peak or 0, rss_peak_bytes)
+
+
+@dataclass(**SLOTS)
 class Phase:
     """A named span bounded by samples: from the first sample taken after it began to
     the first taken after it ended. Adjacent phases share that boundary sample, so
@@ -58,10 +90,7 @@ class Phase:
     last: SampleRow | None = field(default=None, init=False)
     ended_at: float | None = field(default=None, init=False)
     closed: bool = field(default=False, init=False)  # the sample after the end was taken
-    rss_peak: int = field(default=0, init=False)
-    rss_min: int | None = field(default=None, init=False)
-    rss_sum: float = field(default=0.0, init=False)
-    count: int = field(default=0, init=False)  # its samples, both edges included
+    memory: Memory = field(default_factory=Memory, init=False)
     # The power sensors' coarsest period over the intervals between its samples (the
     # window is flagged against it; None: no sensor, or no interval yet).
     period_s: float | None = field(default=None, init=False)
@@ -93,11 +122,7 @@ class Phase:
             utilization = row.cpu_utilization
             self.cpu_utilization.widen(utilization, utilization)
         self.last = row
-        rss = row.memory_rss_bytes
-        self.rss_peak = max(self.rss_peak, rss)
-        self.rss_min = rss if self.rss_min is None else min(self.rss_min, rss)
-        self.rss_sum += rss
-        self.count += 1
+        self.memory.add(row)
         if self.ended_at is not None:
             self.closed = True
 
@@ -112,12 +137,14 @@ class History:
     first: SampleRow | None = field(default=None, init=False)
     last: SampleRow | None = field(default=None, init=False)
     count: int = field(default=0, init=False)
-    rss_peak: int = field(default=0, init=False)
-    rss_min: int | None = field(default=None, init=False)
-    rss_sum: float = field(default=0.0, init=False)
-    # As a phase's (Phase.power, Phase.cpu_utilization), over the whole history.
+    # As a phase's (Phase.power, Phase.cpu_utilization, Phase.memory), over the whole
+    # history; its memory over the rows since its held fork's exec (``execs``: 1 once
+    # seen, held_fork.py): before it, the fork was `edgewatt run`'s own, not the
+    # command's.
     power: Spread = field(default_factory=Spread, init=False)
     cpu_utilization: Spread = field(default_factory=Spread, init=False)
+    memory: Memory = field(default_factory=Memory, init=False)
+    execs: int = field(default=0, init=False)
     phases: list[Phase] = field(default_factory=list, init=False)
     phases_dropped: int = field(default=0, init=False)  # the oldest, beyond MAX_PHASES
     # The sensors' coarsest period since the last row (passes that added none to this
@@ -139,7 +166,8 @@ class History:
         """A pass's lowest and highest device power (W), whether or not it adds a row."""
         self.pending_power.widen(low, high)
 
-    def add(self, row: SampleRow) -> None:
+    def add(self, row: SampleRow, execs: int = 0) -> None:
+        """A sample; ``execs``: 1 once its held fork exec'd (TreeReading.root_execs)."""
         period, self.pending_period_s = self.pending_period_s, None
         pending = self.pending_power
         power = None
@@ -157,10 +185,10 @@ class History:
             self.first = row
         self.last = row
         self.count += 1
-        rss = row.memory_rss_bytes
-        self.rss_peak = max(self.rss_peak, rss)
-        self.rss_min = rss if self.rss_min is None else min(self.rss_min, rss)
-        self.rss_sum += rss
+        if execs != self.execs:  # the memory so far was the registrant's fork's
+            self.execs = execs
+            self.memory = Memory()
+        self.memory.add(row)
         # Only the last two phases can still be open: the running one, and the one
         # that ended since the previous sample and waits for its closing sample.
         for phase in self.phases[-2:]:
@@ -214,9 +242,10 @@ class History:
 
     def end(self, when: float, rss_peak_bytes: int | None) -> None:
         """The target exited at ``when``: its running phase ends there, and the kernel's
-        peak RSS (``rss_peak_bytes``, where known) counts, as no sample can miss it."""
+        peak RSS of its one process (``rss_peak_bytes``, where known, of the program it
+        exec'd last) counts, as no sample can miss it."""
         if rss_peak_bytes is not None:
-            self.rss_peak = max(self.rss_peak, rss_peak_bytes)
+            self.memory.exited(rss_peak_bytes)
         for phase in self.phases:
             if phase.ended_at is None:
                 phase.ended_at = when

@@ -28,6 +28,8 @@ class SampleRow(NamedTuple):
     power_w: float | None
     energy_j: float | None
     device_energy_j: float | None
+    memory_pss_bytes: int | None
+    memory_rss_largest_bytes: int | None
     # Not a figure users read: time.monotonic at record (less the sample's age), from
     # which durations come, as no NTP step moves it.
     monotonic: float
@@ -41,7 +43,7 @@ SAMPLE_UNITS = {
     "cpu_user_s": "seconds of CPU time, cumulative",
     "cpu_system_s": "seconds of CPU time, cumulative",
     "cpu_utilization": "share of all logical CPUs over the last interval, 0..1",
-    "memory_rss_bytes": "bytes",
+    "memory_rss_bytes": "bytes",  # summed over the processes: a shared page once per process
     "memory_virtual_bytes": "bytes",
     "disk_read_bytes": "bytes read from storage, cumulative",
     "disk_write_bytes": "bytes written to storage, cumulative",
@@ -55,6 +57,8 @@ SAMPLE_UNITS = {
     "device_energy_j": "joules the device's power sensors measured up to this sample's edge, "
     "cumulative since the daemon started (the whole device: a window's difference is what "
     "the sensor saw in it)",
+    "memory_pss_bytes": "bytes",  # PSS summed (sampling/pss.py); null where not read
+    "memory_rss_largest_bytes": "bytes",  # the largest process's RSS; null where not read
 }
 
 _figures = operator.attrgetter(*SAMPLE_FIELDS)

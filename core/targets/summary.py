@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.snapshot import PhaseFigures
-from edgewatt.core.targets.history import Phase, Spread
+from edgewatt.core.targets.history import Memory, Phase, Spread
 from edgewatt.core.targets.row import SampleRow
 
 if TYPE_CHECKING:
@@ -94,19 +94,24 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def spreads(
-    power: Spread, cpu_utilization: Spread, rss_min: int | None, rss_sum: float, count: int
-) -> dict[str, Any]:
+def spreads(power: Spread, cpu_utilization: Spread, memory: Memory) -> dict[str, Any]:
     """A window's lowest and highest, beside the means span gives: the device's power
     at the sensor's rate (W; its mean is device_power_avg_w), the target's CPU
-    utilization per interval (its mean cpu_avg_utilization), its RSS per sample."""
+    utilization per interval (its mean cpu_avg_utilization); its memory, each under
+    its name: PSS summed (what the work holds), the largest process's RSS, and the RSS
+    summed (a page shared by N processes counted N times), the RSS's lowest and mean
+    too (a run's since its held fork's exec: history.py)."""
+    rows = memory.rows
     return {
         "power_min_w": _round(power.low, 3),
         "power_max_w": _round(power.high, 3),
         "cpu_utilization_min": _round(cpu_utilization.low, 4),
         "cpu_utilization_max": _round(cpu_utilization.high, 4),
-        "memory_rss_min_bytes": rss_min if count else None,
-        "memory_rss_avg_bytes": round(rss_sum / count) if count else None,
+        "memory_pss_peak_bytes": memory.pss_peak,
+        "memory_rss_largest_peak_bytes": memory.rss_largest_peak,
+        "memory_rss_peak_bytes": memory.rss.high,
+        "memory_rss_min_bytes": memory.rss.low,
+        "memory_rss_avg_bytes": round(memory.rss_sum / rows) if rows else None,
     }
 
 
@@ -117,10 +122,7 @@ def summarize_phase(
     phase with no interval of its own yet."""
     item = {"name": phase.name, "started_at": phase.started_at, "ended_at": phase.ended_at}
     item.update(span(phase.first, phase.last, logical_cpus, carbon, phase.period_s or period_s))
-    item["memory_rss_peak_bytes"] = phase.rss_peak if phase.first else None
-    item.update(
-        spreads(phase.power, phase.cpu_utilization, phase.rss_min, phase.rss_sum, phase.count)
-    )
+    item.update(spreads(phase.power, phase.cpu_utilization, phase.memory))
     return item
 
 
@@ -181,8 +183,7 @@ def summarize(
         # Why it ended (its cgroup removed, or followed to one not the registrant's).
         result["end_reason"] = target.end_reason
     result.update(span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s))
-    result["memory_rss_peak_bytes"] = h.rss_peak if h.count else None
-    result.update(spreads(h.power, h.cpu_utilization, h.rss_min, h.rss_sum, h.count))
+    result.update(spreads(h.power, h.cpu_utilization, h.memory))
     result["phases"] = [summarize_phase(p, logical_cpus, carbon, period_s) for p in h.phases]
     result["phases_dropped"] = h.phases_dropped
     if target.cgroup_name is not None:

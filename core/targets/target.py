@@ -189,7 +189,7 @@ class Target:
         self.history.note_period(period_s)
         self.history.note_power(*power)
         if row is not None:
-            self.history.add(row)
+            self.history.add(row, sample.root_execs)
 
     def end(
         self,

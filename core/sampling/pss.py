@@ -1,0 +1,143 @@
+"""Memory that means what it says: each target's proportional set size (PSS) and its
+largest process's RSS, from /proc/PID/smaps_rollup.
+
+The sum of the members' RSS (``memory_rss_bytes``, from stat) counts a page shared by
+N members N times: a DataLoader's workers forked from a 400 MiB parent sum to twice
+what the tree holds. PSS splits each page among the processes that map it, so the sum
+of the members' PSS is what the work really holds (a page shared with a process
+outside the target counts its share only).
+
+smaps_rollup walks the process's page tables: ~100 times a stat read for a 100 MiB
+process (benchmarks/pss_cost.py, docs/performance.md). A target's members are read
+again only when something it could change did: its members, or their RSS summed (by
+more than ``RSS_MOVE`` of it), or at every ``REFRESH_EVERY``-th pass (pages shared
+with processes outside the target change their share unseen). Between rereads the
+figures are the last ones read, of the same members.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from edgewatt.core.sampling.contributors import Figures, Status
+
+if TYPE_CHECKING:
+    from edgewatt.core.sampling.tracked import TargetState
+
+# Rereads happen when the RSS summed moved by more than this share of it...
+RSS_MOVE = 0.02
+# ...or its members changed, and at least every this many passes.
+REFRESH_EVERY = 10
+
+
+class Rollup(NamedTuple):
+    """One process's figures from its smaps_rollup, in bytes."""
+
+    rss: int
+    pss: int
+
+
+def parse_rollup(data: bytes) -> Rollup:
+    """Rss and Pss (kB in the file) of /proc/PID/smaps_rollup's text."""
+    rss = pss = None
+    for line in data.split(b"\n"):
+        if line.startswith(b"Rss:"):
+            rss = int(line.split()[1]) * 1024
+        elif line.startswith(b"Pss:"):
+            pss = int(line.split()[1]) * 1024
+            break  # Rss comes first
+    if rss is None or pss is None:
+        raise ValueError(f"no Rss/Pss in smaps_rollup: {data[:80]!r}")
+    return Rollup(rss, pss)
+
+
+def read_rollup(pid: int, proc: str = "/proc") -> Rollup | None:
+    """The process's Rss and Pss; None where the kernel shows none (gone, a kernel
+    thread or a zombie: no memory; not permitted; a kernel before 4.14)."""
+    try:
+        fd = os.open(f"{proc}/{pid}/smaps_rollup", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not data:
+        return None  # a zombie: its memory is gone
+    try:
+        return parse_rollup(data)
+    except ValueError:
+        return None
+
+
+class _Kept(NamedTuple):
+    members: tuple[int, ...]
+    rss_sum: int  # the reading's RSS summed when the rollups were read
+    passes: int  # passes since
+    pss: int | None
+    rss_largest: int | None
+
+
+class ProportionalMemory:
+    """Contributor: ``memory_pss_bytes`` (PSS summed over the live members) and
+    ``memory_rss_largest_bytes`` (the largest member's RSS) of each target; None
+    where no member's smaps_rollup could be read (never 0)."""
+
+    name = "reading smaps_rollup"
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self._kept: dict[str, _Kept] = {}
+        self.reads = 0  # smaps_rollup files read since start (tests, benchmarks)
+
+    def begin(self) -> None:
+        pass
+
+    def contribute(self, states: Sequence[TargetState]) -> Figures:
+        figures = {}
+        for state in states:
+            reading = state.reading
+            if reading is None:
+                continue
+            target_id = state.target.id
+            kept = self._kept.get(target_id)
+            if kept is None or self._stale(kept, reading.pids, reading.rss_bytes):
+                kept = self._read(reading.pids, reading.rss_bytes)
+            else:
+                kept = kept._replace(passes=kept.passes + 1)
+            self._kept[target_id] = kept
+            figures[target_id] = {
+                "memory_pss_bytes": kept.pss,
+                "memory_rss_largest_bytes": kept.rss_largest,
+            }
+        return figures
+
+    @staticmethod
+    def _stale(kept: _Kept, members: tuple[int, ...], rss_sum: int) -> bool:
+        if kept.members != members or kept.passes + 1 >= REFRESH_EVERY:
+            return True
+        return abs(rss_sum - kept.rss_sum) > RSS_MOVE * max(kept.rss_sum, 1)
+
+    def _read(self, members: tuple[int, ...], rss_sum: int) -> _Kept:
+        pss = largest = None
+        for pid in members:
+            rollup = read_rollup(pid, self.proc)
+            self.reads += 1
+            if rollup is None:
+                continue
+            pss = (pss or 0) + rollup.pss
+            largest = max(largest or 0, rollup.rss)
+        return _Kept(members, rss_sum, 0, pss, largest)
+
+    def forget(self, target_id: str) -> None:
+        self._kept.pop(target_id, None)
+
+    def status(self) -> Status:
+        return Status()
+
+    def close(self) -> None:
+        self._kept.clear()
