@@ -376,8 +376,12 @@ def _panels(
 ) -> list[tuple[str, list[Line]]]:
     """(axis label with its unit, [(line name, x, y)]) for each quantity the file has."""
 
-    def series(key: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
-        points = [(t, s[key] * scale) for t, s in zip(times, samples) if key in s]
+    def series(key: str, scale: float = 1.0, held: bool = False) -> tuple[list[float], list[float]]:
+        # held: memory, none where the sample found no page held (a command exited,
+        # not yet reaped: a live process always maps some), rather than a drop to 0.
+        points = [
+            (t, s[key] * scale) for t, s in zip(times, samples) if key in s and (s[key] or not held)
+        ]
         return [t for t, _ in points], [y for _, y in points]
 
     def rate(key: str) -> tuple[list[float], list[float]]:
@@ -393,9 +397,9 @@ def _panels(
     if any("cpu_usage" in s for s in samples):
         panels.append(("CPU (% of one core)", [("CPU", *series("cpu_usage"))]))
     if any("memory_rss_bytes" in s for s in samples):
-        memory = [("RSS summed", *series("memory_rss_bytes", 1 / 2**20))]
+        memory = [("RSS summed", *series("memory_rss_bytes", 1 / 2**20, held=True))]
         if any("memory_pss_bytes" in s for s in samples):  # what the processes hold
-            memory.append(("PSS", *series("memory_pss_bytes", 1 / 2**20)))
+            memory.append(("PSS", *series("memory_pss_bytes", 1 / 2**20, held=True)))
         panels.append((RSS, memory))
     if any(s.get("network_bytes_sent") or s.get("network_bytes_recv") for s in samples):
         panels.append(

@@ -23,7 +23,7 @@ SPREADS: tuple[tuple[str, tuple[str, str, str], Callable[[Any], str], str], ...]
         " of all cores",
     ),
     (
-        "RSS summed",
+        "RSS sum",
         ("memory_rss_min_bytes", "memory_rss_avg_bytes", "memory_rss_peak_bytes"),
         human_bytes,
         " (each sample)",

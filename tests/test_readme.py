@@ -143,6 +143,11 @@ def picture_is_informative(path: Path) -> None:
     for label in ("CPU (% of one core)", RSS, POWER):
         points = [len(xs) for _, xs, _ in panels[label]]
         assert sum(points) >= 15, (label, points)
+    # The memory held, never a drop to 0 B where the last pass found the command exited
+    # and not yet reaped (no page held is no reading): at least a Python interpreter's.
+    for name, _, ys in panels[RSS]:
+        assert min(ys) >= 4, (name, min(ys))
+    assert summary["memory_rss_min_bytes"] >= 4 * 2**20, summary["memory_rss_min_bytes"]
     assert len(samples) >= 15
 
 

@@ -58,9 +58,11 @@ class Memory:
     rss_largest_peak: int | None = None
 
     def add(self, row: SampleRow) -> None:
-        if not row.processes:
-            return
         rss = row.memory_rss_bytes
+        # No member, or zombies only (a live process always maps some pages): the pass
+        # that reads a command exited but not yet reaped finds no memory held.
+        if not row.processes or not rss:
+            return
         self.rss.widen(rss, rss)
         self.rss_sum += rss
         self.rows += 1
