@@ -5,6 +5,10 @@ fills; the meter's use of it is in test_power_reader.py, both readers."""
 from __future__ import annotations
 
 import os
+import resource
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -67,6 +71,68 @@ def test_a_new_rate_applies_at_once(files: list[int]) -> None:
         assert len(times) >= 20
     finally:
         stream.close()
+
+
+def test_each_reading_says_how_late_it_came(files: list[int]) -> None:
+    stream = native._stream.Stream(tuple(files), 200.0)
+    time.sleep(0.3)
+    stream.close()
+    late = stream.lateness()
+    # One figure a reading, each its time against when it was due: never early (the
+    # time is taken once the files are read, at or after the deadline waited for).
+    assert len(late) == stream.stats()[0] == len(stream.drain())
+    assert all(x >= 0 for x in late)
+    assert stream.lateness() == []  # taken
+
+
+AHEAD = """
+import os, sys
+from edgewatt.core.power import _stream
+fds = tuple(os.open(p, os.O_RDONLY) for p in sys.argv[1:])
+stream = _stream.Stream(fds, 100.0)
+while stream.stats()[0] == 0:
+    pass
+stream.close()
+print(stream.ahead())
+"""
+
+
+def _may_run_realtime() -> bool:
+    """Whether this process may make a thread SCHED_FIFO (CAP_SYS_NICE or rlimit)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import os; os.sched_setscheduler(0, os.SCHED_FIFO, "
+         "os.sched_param(1))"], capture_output=True,
+    )  # fmt: skip
+    return out.returncode == 0
+
+
+def test_the_thread_runs_ahead_where_the_process_may(tmp_path: Path) -> None:
+    build_tree(tmp_path)
+    paths = [str(p) for p in sorted(tmp_path.glob("class/hwmon/hwmon*/in1_input"))[:1]]
+    mine = subprocess.run(
+        [sys.executable, "-c", AHEAD, *paths], capture_output=True, text=True, check=True
+    )
+    # Root here (CAP_SYS_NICE), or a user's RLIMIT_RTPRIO: SCHED_FIFO; else a nice value
+    # RLIMIT_NICE allows, or the process's own priority (an empty answer).
+    if _may_run_realtime():
+        assert mine.stdout == "fifo\n"
+    else:
+        nice_floor = 20 - resource.getrlimit(resource.RLIMIT_NICE)[0]
+        assert mine.stdout == (f"nice {max(-10, nice_floor)}\n" if nice_floor < 0 else "\n")
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return
+    # As the systemd unit without LimitRTPRIO runs it: no CAP_SYS_NICE, no rlimits
+    # (0 here): the process's own priority, and it reads all the same.
+    dropped = subprocess.run(
+        ["setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice", sys.executable,
+         "-c", AHEAD, *paths], capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    limits = (
+        resource.getrlimit(resource.RLIMIT_RTPRIO)[0],
+        resource.getrlimit(resource.RLIMIT_NICE)[0],
+    )
+    if limits == (0, 0):
+        assert dropped.stdout == "\n"
 
 
 def test_a_failing_file_is_counted_and_a_full_ring_keeps_the_newest(

@@ -88,6 +88,22 @@ def test_ten_seconds_of_a_square_wave_within_one_percent(board: Any, reader: str
     assert snapshot.period_s == pytest.approx(1 / 50)
 
 
+def test_the_python_reader_says_how_late_each_reading_came(
+    board: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGEWATT_NATIVE_READER", "0")
+    source = ina3221.discover(PowerOptions(sysfs_path=str(board[0])))
+    meter = PowerMeter([source], max_gap_s=5.0, sample_hz=100.0).start()
+    time.sleep(0.3)
+    meter.close()
+    late = meter.reader_lateness()
+    # One figure per streamed reading (the start's own reading is not the stream's),
+    # its time against its deadline: never before it.
+    assert len(late) == meter.readings - 1 > 0
+    assert all(x >= 0 for x in late)
+    assert meter.reader_lateness() == [] and meter.reader_ahead() == ""
+
+
 @pytest.mark.parametrize("drains", [True, False], ids=["drained", "not-drained"])
 def test_edges_further_apart_than_a_native_ring_lose_no_reading(
     board: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, drains: bool

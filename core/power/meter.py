@@ -187,9 +187,10 @@ class PowerMeter:
         return snapshot
 
     def energy_at(self, t: float) -> float | None:
-        """The device's energy up to a past instant ``t`` (monotonic) within the
-        readings kept: a target's exit, which the kernel dates before the pass that
-        finds it."""
+        """The device's energy up to instant ``t`` (monotonic, past or now) within the
+        readings kept: a sample's own instant, when its target was read (after the
+        pass's edge) or when it exited (which the kernel dates before the pass that
+        finds it)."""
         return self.traces.energy_at(t)
 
     @property
@@ -240,6 +241,16 @@ class PowerMeter:
         """The CPU the reader's threads (native or Python) have used since they started,
         their wakes included; not the drains at the edges (the caller's thread)."""
         return self._reader.cpu_s() if self._reader is not None else 0.0
+
+    def reader_lateness(self) -> list[float]:
+        """How late each of the reader's steady readings since the last call was (s),
+        against when it was due; none without a reader."""
+        return self._reader.lateness() if self._reader is not None else []
+
+    def reader_ahead(self) -> str:
+        """How the reader runs ahead of the process's work: "fifo" or "nice -N" (the
+        native reader, where it may), else "" (as its process)."""
+        return self._reader.ahead() if self._reader is not None else ""
 
     def status(self) -> PowerStatus:
         """The reader now, as /healthz shows it."""
