@@ -68,6 +68,9 @@ class ProcessSample:
     network_unknown: str | None = None
     # cpu_utilization by mode (user, system), adding up to it; None where it is None.
     cpu_mode_utilization: tuple[float, float] | None = None
+    # ``time`` on the monotonic clock (None: not known): the instant its device energy
+    # is at, from which its history's durations come.
+    monotonic: float | None = None
 
     @property
     def cpu_s(self) -> float:
