@@ -116,6 +116,13 @@ except OSError:
 """
 
 
+def thread_priority_allowed() -> str:
+    """What a thread of a process started as this one is may take: "fifo", "nice -N",
+    or "process"."""
+    out = subprocess.run([sys.executable, "-c", ALLOWED], capture_output=True, text=True)
+    return out.stdout.strip() or "process"
+
+
 def _both(*prefix: str, paths: list[str]) -> tuple[str, str]:
     """(what the stream's thread took, what the kernel allows), under ``prefix``."""
     took, allowed = (

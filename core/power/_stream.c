@@ -37,6 +37,7 @@ typedef struct {
     double cpu_at_exit; /* the thread's CPU once it has ended (its clock is gone) */
     int started, stop, changed, nfiles;
     int ahead; /* AHEAD_FIFO, a nice value below 0 it runs at, or 0: as its process */
+    int ready; /* the thread has set ahead: Stream() returns then */
     int fds[MAX_FILES];
     int64_t period_ns;
     int64_t *ring; /* capacity records of (t_ns, value x nfiles) */
@@ -96,6 +97,8 @@ static void *run(void *arg) {
     int64_t next = now_ns();
     pthread_mutex_lock(&s->mutex);
     s->ahead = ahead;
+    s->ready = 1;
+    pthread_cond_broadcast(&s->cond);
     while (!s->stop) {
         pthread_mutex_unlock(&s->mutex);
         int64_t values[MAX_FILES];
@@ -189,6 +192,11 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     }
     pthread_getcpuclockid(s->thread, &s->cpu_clock);
     s->started = 1;
+    Py_BEGIN_ALLOW_THREADS /* until it says how it runs (a few us) */
+    pthread_mutex_lock(&s->mutex);
+    while (!s->ready) pthread_cond_wait(&s->cond, &s->mutex);
+    pthread_mutex_unlock(&s->mutex);
+    Py_END_ALLOW_THREADS
     return 0;
 }
 
@@ -290,7 +298,7 @@ static PyObject *Stream_stats(Stream *s, PyObject *unused) {
 }
 
 /* How the thread runs ahead of its process's work: "fifo", "nice -N", or "" (as its
- * process; also before the thread has started). */
+ * process). */
 static PyObject *Stream_ahead(Stream *s, PyObject *unused) {
     pthread_mutex_lock(&s->mutex);
     int ahead = s->ahead;

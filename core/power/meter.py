@@ -257,6 +257,7 @@ class PowerMeter:
         return PowerStatus(
             sources=tuple(s.name for s in self.sources),
             reader=self.reader,
+            reader_priority=(self.reader_ahead() or "process") if self._reader else None,
             sample_hz=self.rate.hz,
             reading_cpu_s=self.rate.cost_s,
             window_hz=self.windows.hz,
