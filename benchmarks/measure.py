@@ -3,6 +3,7 @@ and waiting for a daemon."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -52,15 +53,17 @@ def start_daemon(
     *flags: str,
     env: Mapping[str, str] | None = None,
     timeout: float = 20.0,
+    nice: int = 0,
 ) -> subprocess.Popen:
     """`edgewatt serve` from this checkout on its own socket and state directory,
-    logging warnings only, with further ``flags``; returns once it answers."""
+    logging warnings only, with further ``flags``, at ``nice`` (below 0: root's, as
+    the systemd unit's Nice=); returns once it answers."""
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "edgewatt.cli", "serve", "--socket", socket_path,
             "--state-dir", str(state_dir), "--log-level", "warning", *flags,
         ],
-        cwd=ROOT, env=env,
+        cwd=ROOT, env=env, preexec_fn=(lambda: os.nice(nice)) if nice else None,
     )  # fmt: skip
     try:
         wait_healthy(socket_path, timeout)

@@ -83,6 +83,9 @@ def reading_after_exit(snapshot: Snapshot, last: dict[str, Any]) -> Reading | No
         device_energy_j=power.host_energy_j if power else None,
         process_energy_j=last.get("energy_j"),
         tcp=(last.get("network_transmit_bytes"), last.get("network_receive_bytes")),
+        # At the pass's power edge, where its device energy is (the snapshot's time
+        # is the pass's end).
+        monotonic=power.measured_at if power else None,
     )
 
 
@@ -100,6 +103,7 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading | None:
         device_energy_j=p.device_energy_j,
         process_energy_j=p.energy_j,
         tcp=(p.network_transmit_bytes, p.network_receive_bytes),
+        monotonic=p.monotonic,
     )
 
 
@@ -113,7 +117,9 @@ def _local_reading(
     device_energy_j: float | None,
     process_energy_j: float | None,
     tcp: tuple[int | None, int | None],
+    monotonic: float | None,
 ) -> Reading:
+    """``monotonic``: the instant the device energy is at (None: ``time``'s)."""
     host, power = snapshot.host, snapshot.power
     assert host is not None
     sent, recv = _network_totals({n: (io.receive, io.transmit) for n, io in host.network.items()})
@@ -133,5 +139,5 @@ def _local_reading(
         carbon=snapshot.carbon,
         tcp_sent_total=tcp[0],
         tcp_recv_total=tcp[1],
-        monotonic=monotonic_instant(time),
+        monotonic=monotonic_instant(time) if monotonic is None else monotonic,
     )

@@ -31,7 +31,7 @@ from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.tracked import TargetState
 from edgewatt.core.sampling.trees import ProcessTrees, TargetEnded
 from edgewatt.core.snapshot import ProcessSample, SamplerStats, Snapshot
-from edgewatt.core.targets import Target, TargetTable
+from edgewatt.core.targets import MAX_SAMPLE_AGE_S, Target, TargetTable
 
 log = logging.getLogger(__name__)
 
@@ -276,27 +276,30 @@ class Sampler:
     def _sample(
         self, state: TargetState, power: PowerSnapshot | None, figures: dict[str, Any] | None
     ) -> ProcessSample:
-        target_id, pids = state.target.id, state.reading.pids if state.reading else ()
+        assert state.reading is not None
+        target_id, pids = state.target.id, state.reading.pids
+        # The reading's instant on the monotonic clock, once: its row's durations and
+        # its device energy both come from it, so a pass's power edge read earlier (by
+        # ms on a busy machine) skews no average power.
+        age = min(max(0.0, self._clock.time() - state.reading.time), MAX_SAMPLE_AGE_S)
+        instant = self._clock.monotonic() - age
         return state.sample(
             self.host_name,
             power_w=self.attribution.power_w.get(target_id) if self.power else None,
             energy_j=self.attribution.energy_j.get(target_id, 0.0) if self.power else None,
-            device_energy_j=self._device_energy(state, power),
+            device_energy_j=self._device_energy(instant, power),
             gpu=gpu_totals(power, pids),
             figures=figures or {},
+            monotonic=instant,
         )
 
-    def _device_energy(self, state: TargetState, power: PowerSnapshot | None) -> float | None:
-        """The device's energy at the sample's own instant: the pass's, or, for an exit
-        sample (dated at the exit by the kernel's records), the energy up to the exit."""
+    def _device_energy(self, instant: float, power: PowerSnapshot | None) -> float | None:
+        """The device's energy at the sample's own instant: when its target was read,
+        or, for an exit sample (dated at the exit by the kernel's records), the exit."""
         if power is None or self.power is None:
             return None
-        if state.ending is not None and state.reading is not None:
-            ago = max(0.0, self._clock.time() - state.reading.time)
-            at_exit = self.power.energy_at(self._clock.monotonic() - ago)
-            if at_exit is not None:
-                return at_exit
-        return power.host_energy_j
+        at_instant = self.power.energy_at(instant)
+        return power.host_energy_j if at_instant is None else at_instant
 
     def _window_until(self, started: float) -> float | None:
         """Until when (monotonic) the youngest running phase (a ``track`` call, an FL

@@ -78,6 +78,9 @@ class ProcessSample:
     memory_pss_bytes: int | None = None
     memory_rss_largest_bytes: int | None = None
     root_execs: int = 0  # 1 once its first process, a held fork, exec'd (held_fork.py)
+    # ``time`` on the monotonic clock (None: not known): the instant its device energy
+    # is at, from which its history's durations come.
+    monotonic: float | None = None
 
     @property
     def cpu_s(self) -> float:

@@ -197,11 +197,12 @@ def get_samples(api: ApiContext, request: Request) -> Response:
 def _fresh(api: ApiContext, target_id: str) -> None:
     """A sample of a running target younger than min_interval: a monitor's read at
     its own cadence, whatever the daemon's interval."""
-    target = api.table.describe(target_id)
-    if target["state"] != "running":
+    table = api.table
+    if table.get(target_id).state != "running":
         return
-    latest = target["latest"]
-    if latest is not None and time.time() - latest["time"] < api.min_interval:
+    # Aged on the monotonic clock: a wall-clock step makes no stale sample fresh.
+    age = table.sample_age(target_id)
+    if age is not None and age < api.min_interval:
         return
     api.sample_now(target_id)
 

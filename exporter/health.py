@@ -53,6 +53,9 @@ def document(
         "power_sample_hz": power.sample_hz,
         # What reads the stream: "native" (built at install), "python" or "none".
         "power_reader": power.reader,
+        # Its thread's priority: "fifo", "nice -N" (run ahead of the work it measures,
+        # where the daemon may: the unit's LimitRTPRIO=1) or "process".
+        "power_reader_priority": power.reader_priority,
         "power_reading_cpu_us": round(power.reading_cpu_s * 1e6, 1)
         if power.reading_cpu_s
         else None,

@@ -46,7 +46,8 @@ def test_without_power_every_power_field_is_null_and_a_failed_save_degrades() ->
     doc = _document(snapshot, PowerStatus())
     assert doc["status"] == "ok"
     assert doc["power_sources"] == [] and doc["power_sources_silent"] == []
-    keys = ("power_sample_hz", "power_reader", "power_reading_cpu_us", "power_window_hz")
+    keys = ("power_sample_hz", "power_reader", "power_reader_priority", "power_reading_cpu_us",
+            "power_window_hz")  # fmt: skip
     assert [doc[k] for k in keys] == [None] * len(keys)
     failed = _document(snapshot, PowerStatus(), state_error="/var/lib/edgewatt: ENOSPC")
     assert failed["status"] == "degraded"

@@ -5,6 +5,10 @@ fills; the meter's use of it is in test_power_reader.py, both readers."""
 from __future__ import annotations
 
 import os
+import resource
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -67,6 +71,85 @@ def test_a_new_rate_applies_at_once(files: list[int]) -> None:
         assert len(times) >= 20
     finally:
         stream.close()
+
+
+def test_each_reading_says_how_late_it_came(files: list[int]) -> None:
+    stream = native._stream.Stream(tuple(files), 200.0)
+    time.sleep(0.3)
+    stream.close()
+    late = stream.lateness()
+    # One figure a reading, each its time against when it was due: never early (the
+    # time is taken once the files are read, at or after the deadline waited for).
+    assert len(late) == stream.stats()[0] == len(stream.drain())
+    assert all(x >= 0 for x in late)
+    assert stream.lateness() == []  # taken
+
+
+AHEAD = """
+import os, sys
+from edgewatt.core.power import _stream
+fds = tuple(os.open(p, os.O_RDONLY) for p in sys.argv[1:])
+stream = _stream.Stream(fds, 100.0)
+while stream.stats()[0] == 0:
+    pass
+stream.close()
+print(stream.ahead())
+"""
+
+
+# What the kernel lets a process's thread take, asked the same way in Python.
+ALLOWED = """
+import os
+try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    print("fifo")
+except OSError:
+    for nice in range(-10, 0):
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+            print(f"nice {nice}")
+            break
+        except OSError:
+            pass
+    else:
+        print("")
+"""
+
+
+def thread_priority_allowed() -> str:
+    """What a thread of a process started as this one is may take: "fifo", "nice -N",
+    or "process"."""
+    out = subprocess.run([sys.executable, "-c", ALLOWED], capture_output=True, text=True)
+    return out.stdout.strip() or "process"
+
+
+def _both(*prefix: str, paths: list[str]) -> tuple[str, str]:
+    """(what the stream's thread took, what the kernel allows), under ``prefix``."""
+    took, allowed = (
+        subprocess.run([*prefix, sys.executable, "-c", code, *paths],
+                       capture_output=True, text=True, check=True).stdout
+        for code in (AHEAD, ALLOWED)
+    )  # fmt: skip
+    return took, allowed
+
+
+def test_the_thread_runs_ahead_where_the_process_may(tmp_path: Path) -> None:
+    build_tree(tmp_path)
+    paths = [str(p) for p in sorted(tmp_path.glob("class/hwmon/hwmon*/in1_input"))[:1]]
+    # SCHED_FIFO where the process may (root here: CAP_SYS_NICE; or RLIMIT_RTPRIO), else
+    # the lowest nice value from -10 it may take (RLIMIT_NICE), else its own priority.
+    took, allowed = _both(paths=paths)
+    assert took == allowed  # "fifo" as root here
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return
+    # Without CAP_SYS_NICE, as the systemd unit without LimitRTPRIO ran it (and no
+    # rlimits here): the process's own priority, and it reads all the same.
+    took, allowed = _both("setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice",
+                          paths=paths)  # fmt: skip
+    assert took == allowed
+    rlimits = (resource.RLIMIT_RTPRIO, resource.RLIMIT_NICE)
+    if all(resource.getrlimit(r)[0] == 0 for r in rlimits):
+        assert took == "\n"
 
 
 def test_a_failing_file_is_counted_and_a_full_ring_keeps_the_newest(

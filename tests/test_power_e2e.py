@@ -76,6 +76,7 @@ def test_health_says_how_power_is_read_and_names_a_source_gone_silent(
         "power_sources_silent": [],
         "power_sample_hz": 50.0,
         "power_reader": "none",
+        "power_reader_priority": None,
         "power_reading_cpu_us": None,
         "power_window_hz": 200.0,
         "power_window_readings": 0,

@@ -28,6 +28,7 @@ from edgewatt.core.power.source import AUTO_BUDGET, PowerOptions, PowerReading, 
 from edgewatt.core.power.values import PowerStatus
 from tests.conftest import ROOT, DaemonProcess, wait_for
 from tests.power_standin import Waveform, build_tree, start_writer
+from tests.test_native_reader import thread_priority_allowed
 
 STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
 
@@ -86,6 +87,22 @@ def test_ten_seconds_of_a_square_wave_within_one_percent(board: Any, reader: str
     # may delay some), plus one per pass.
     assert readings >= 0.6 * 50 * 10
     assert snapshot.period_s == pytest.approx(1 / 50)
+
+
+def test_the_python_reader_says_how_late_each_reading_came(
+    board: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGEWATT_NATIVE_READER", "0")
+    source = ina3221.discover(PowerOptions(sysfs_path=str(board[0])))
+    meter = PowerMeter([source], max_gap_s=5.0, sample_hz=100.0).start()
+    time.sleep(0.3)
+    meter.close()
+    late = meter.reader_lateness()
+    # One figure per streamed reading (the start's own reading is not the stream's),
+    # its time against its deadline: never before it.
+    assert len(late) == meter.readings - 1 > 0
+    assert all(x >= 0 for x in late)
+    assert meter.reader_lateness() == [] and meter.reader_ahead() == ""
 
 
 @pytest.mark.parametrize("drains", [True, False], ids=["drained", "not-drained"])
@@ -297,6 +314,9 @@ def test_a_tracked_call_over_a_burst_from_sysfs(
     health = daemon.call("GET", "/healthz")[1]
     assert health["power_window_hz"] == 200.0 and health["power_window_readings"] == 0
     assert health["power_reader"] == ("native" if native.available() else "python")
+    # Its thread as far ahead as this daemon may take it (root here: SCHED_FIFO).
+    allowed = thread_priority_allowed() if native.available() else "process"
+    assert health["power_reader_priority"] == allowed
     wave = writer(square_hz=0.0, bursts=[(3.0, 0.15)])
     assert_window(tracked_call(daemon, wave.changes()[0][0] + 3.0), wave)
     health = daemon.call("GET", "/healthz")[1]
@@ -456,6 +476,7 @@ def test_the_status_says_what_reads_at_which_rates() -> None:
     meter.start()
     try:
         assert meter.status().reader == "python"  # no native stream: not a sysfs file
+        assert meter.status().reader_priority == "process"  # a GIL is no priority's
         meter.read(t0 := time.monotonic(), window_until=t0 + 0.3)
         wait_for(lambda: meter.windows.since is None, timeout=10)
         status = meter.status()

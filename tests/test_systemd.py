@@ -67,7 +67,9 @@ def test_dry_run_unit_verifies_and_exposure_is_low(tmp_path: Path) -> None:
     level = float(
         re.search(r"Overall exposure level for edgewatt.service: ([\d.]+)", security.stdout)[1]
     )  # type: ignore[index]
-    assert level <= 2.5  # measured 2.3 with CAP_NET_ADMIN (2.2 without)
+    # Measured 2.5: 2.2, 2.3 with CAP_NET_ADMIN, 2.5 with real-time scheduling for
+    # the power reader (RestrictRealtime=no, sched_setscheduler allowed).
+    assert level <= 2.5
     assert "# would run: systemctl enable --now edgewatt" in out.stdout
 
 

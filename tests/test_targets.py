@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 
 import pytest
 
@@ -25,6 +26,7 @@ from edgewatt.core.targets import (
 )
 from edgewatt.core.targets.row import SampleRow, row_of, sample_dict
 from edgewatt.core.targets.summary import span
+from edgewatt.exporter.unix_http import Request
 from tests.conftest import table_with
 from tests.snapshots import process
 
@@ -116,6 +118,47 @@ def test_a_coarse_pass_for_another_target_inside_a_window_counts() -> None:
     assert _flags(table, mine) == [True]
     summary = table.summary(mine, 2)
     assert summary["phases"][0]["duration_s"] == 0.15
+
+
+def test_a_fresh_read_ages_the_latest_sample_on_the_monotonic_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GET /v1/targets/{id}?fresh=1 (a monitor's read) samples anew only where the
+    latest sample is older than min_interval: by the monotonic clock, so a wall-clock
+    step neither keeps a stale sample for the hour it went back nor forces passes for
+    the hour it went forward."""
+    from edgewatt.exporter import api
+
+    table, clocks = _table(os.getpid())
+    (target,) = table.running()
+    # Where the handler may read the wall clock, it reads this table's.
+    monkeypatch.setattr(api, "time", types.SimpleNamespace(time=clocks.wall))
+    asked = []
+    context = api.ApiContext(
+        table=table, logical_cpus=2, health=dict, host=dict, sample_units={},
+        sample_now=asked.append, min_interval=0.5,
+    )  # fmt: skip
+
+    def read() -> None:
+        request = Request("GET", f"/v1/targets/{target.id}", "fresh=1", 0, 0, lambda: b"")
+        request.params = {"id": target.id}
+        api.get_target(context, request)
+
+    def sampled() -> bool:
+        read()
+        return bool(asked and asked.pop() == target.id)
+
+    assert sampled()  # no sample yet
+    _pass(table, clocks, 0.02, 10.0)
+    clocks.t = 10.2
+    assert not sampled()  # 0.2 s old
+    clocks.step = -3600.0  # back an hour
+    clocks.t = 11.0
+    assert sampled()  # 1 s old, though dated an hour ahead of the wall clock
+    _pass(table, clocks, 0.02, 11.0)
+    clocks.step = 3600.0  # forward an hour
+    clocks.t = 11.1
+    assert not sampled()  # 0.1 s old, though dated two hours back
 
 
 def test_a_wall_clock_step_moves_no_duration() -> None:

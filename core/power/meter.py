@@ -187,9 +187,10 @@ class PowerMeter:
         return snapshot
 
     def energy_at(self, t: float) -> float | None:
-        """The device's energy up to a past instant ``t`` (monotonic) within the
-        readings kept: a target's exit, which the kernel dates before the pass that
-        finds it."""
+        """The device's energy up to instant ``t`` (monotonic, past or now) within the
+        readings kept: a sample's own instant, when its target was read (after the
+        pass's edge) or when it exited (which the kernel dates before the pass that
+        finds it)."""
         return self.traces.energy_at(t)
 
     @property
@@ -241,11 +242,22 @@ class PowerMeter:
         their wakes included; not the drains at the edges (the caller's thread)."""
         return self._reader.cpu_s() if self._reader is not None else 0.0
 
+    def reader_lateness(self) -> list[float]:
+        """How late each of the reader's steady readings since the last call was (s),
+        against when it was due; none without a reader."""
+        return self._reader.lateness() if self._reader is not None else []
+
+    def reader_ahead(self) -> str:
+        """How the reader runs ahead of the process's work: "fifo" or "nice -N" (the
+        native reader, where it may), else "" (as its process)."""
+        return self._reader.ahead() if self._reader is not None else ""
+
     def status(self) -> PowerStatus:
         """The reader now, as /healthz shows it."""
         return PowerStatus(
             sources=tuple(s.name for s in self.sources),
             reader=self.reader,
+            reader_priority=(self.reader_ahead() or "process") if self._reader else None,
             sample_hz=self.rate.hz,
             reading_cpu_s=self.rate.cost_s,
             window_hz=self.windows.hz,

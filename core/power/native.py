@@ -77,6 +77,16 @@ class NativeStream:
         """The native thread's CPU clock (wakes included)."""
         return self._stream.cpu_s()
 
+    def lateness(self) -> list[float]:
+        """How late each reading since the last call was (s): its time against when it
+        was due (the last 4096)."""
+        return self._stream.lateness()
+
+    def ahead(self) -> str:
+        """ "fifo" or "nice -N": how its thread runs ahead of the process's work, where
+        the process may (_stream.c's run_ahead); "": as its process."""
+        return self._stream.ahead()
+
     def close(self) -> None:
         self._stream.close()
 
@@ -169,6 +179,12 @@ class NativeReader:
 
     def cpu_s(self) -> float:
         return sum(n.cpu_s() for n in self._streams)
+
+    def lateness(self) -> list[float]:
+        return [late for stream in self._streams for late in stream.lateness()]
+
+    def ahead(self) -> str:
+        return self._streams[0].ahead() if self._streams else ""
 
     def close(self) -> None:
         self._stop.set()

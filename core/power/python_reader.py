@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 
-from edgewatt.core.power.reader import Pacing
+from edgewatt.core.power.reader import LATE_KEEP, Pacing
 from edgewatt.core.power.source import PowerSource
 from edgewatt.core.power.traces import Traces
 
@@ -33,6 +34,7 @@ class PythonReader:
         self._traces = traces
         self._pacing = pacing
         self.window_readings = 0
+        self._late: deque[float] = deque(maxlen=LATE_KEEP)  # appended by _run only
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads = [threading.Thread(target=self._run, name="edgewatt-power", daemon=True)]
@@ -48,7 +50,7 @@ class PythonReader:
     def _run(self) -> None:
         rate = self._pacing.rate
         period = 1.0 / rate.hz
-        deadline = time.monotonic()
+        deadline = due = time.monotonic()  # due: before readings missed are skipped
         window = (time.thread_time(), deadline, 0)  # CPU, start, readings
         # A reading costs little (two preads); this thread's wake per reading is most
         # of the reader's cost (benchmarks/power_reader.py). time.sleep, not an Event:
@@ -58,13 +60,15 @@ class PythonReader:
         while not self._stop.is_set():
             for source in self._sources:
                 self._traces.stream(source)
+            self._late.append(time.monotonic() - due)
             cpu, started, count = window
             window = (cpu, started, count + 1)
             if deadline - started >= rate.calibration_s:
                 self._pacing.calibrate(time.thread_time() - cpu, deadline - started, count + 1)
                 period = 1.0 / rate.hz
                 window = (time.thread_time(), deadline, 0)
-            deadline = sleep_until(deadline + period, period)
+            due = deadline + period
+            deadline = sleep_until(due, period)
 
     def _run_windows(self) -> None:
         """Blocked (no wakes) until an edge opens a window, then the streamed sources at
@@ -97,6 +101,13 @@ class PythonReader:
     def after_edge(self, now: float, opened: bool) -> None:
         if opened:
             self._wake.set()
+
+    def ahead(self) -> str:
+        return ""  # a thread's priority would not win it the GIL
+
+    def lateness(self) -> list[float]:
+        late = self._late
+        return [late.popleft() for _ in range(len(late))]
 
     def cpu_s(self) -> float:
         clocks = [time.pthread_getcpuclockid(t.ident) for t in self._threads if t.ident]

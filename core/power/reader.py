@@ -16,6 +16,9 @@ from typing import Protocol
 from edgewatt.core.power.allowance import WindowAllowance
 from edgewatt.core.power.rate import RateController
 
+# Readings whose lateness a reader keeps until it is asked (as _stream.c's LATE_KEEP).
+LATE_KEEP = 4096
+
 
 class StreamReader(Protocol):
     name: str  # "python" or "native", as /healthz says
@@ -32,6 +35,16 @@ class StreamReader(Protocol):
 
     def cpu_s(self) -> float:
         """Its threads' CPU since they started, their wakes included."""
+        ...
+
+    def lateness(self) -> list[float]:
+        """How late each steady-rate reading since the last call was, in s: its time
+        against when it was due (the last LATE_KEEP; benchmarks/power_reader.py)."""
+        ...
+
+    def ahead(self) -> str:
+        """How its thread runs ahead of the process's work: "fifo", "nice -N", or ""
+        (as its process)."""
         ...
 
     def close(self) -> None:

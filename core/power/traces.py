@@ -37,6 +37,7 @@ class Traces:
         self._latest: dict[str, PowerReading] = {}
         self._failing: set[str] = set()
         self._host_energy = 0.0  # as last reported: never backwards
+        self._reported_at = float("-inf")  # the instant of the latest energy reported
 
     def latest(self, source: str) -> PowerReading | None:
         return self._latest.get(source)
@@ -130,6 +131,7 @@ class Traces:
         host_energy = None
         if counted is not None:
             host_energy = self._host_energy = max(self._host_energy, counted)
+            self._reported_at = max(self._reported_at, now)
         return PowerSnapshot(
             host_power_w=host_power,
             host_energy_j=host_energy,
@@ -155,11 +157,17 @@ class Traces:
         return sum(r[0] for r in ranges if r), sum(r[1] for r in ranges if r)
 
     def energy_at(self, t: float) -> float | None:
-        """The device's energy up to a past instant ``t`` within the readings kept, never
-        above what the last snapshot said."""
+        """The device's energy up to instant ``t`` (monotonic, not in the future) within
+        the readings kept: before the latest energy reported (an exit the kernel dates
+        back), never above it; after it (a target read after its pass's edge), never
+        below it, and what the next snapshot reports starts from there."""
         with self.lock:
             counted = self._energy_at(t)
-            return None if counted is None else min(self._host_energy, counted)
+            if counted is None or t <= self._reported_at:
+                return None if counted is None else min(self._host_energy, counted)
+            self._host_energy = max(self._host_energy, counted)
+            self._reported_at = t
+            return self._host_energy
 
     def _energy_at(self, t: float) -> float | None:
         """The contributing traces' joules up to ``t``, summed (None: no trace yet)."""

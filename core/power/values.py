@@ -47,6 +47,9 @@ class PowerStatus:
 
     sources: tuple[str, ...] = ()  # found at start, speaking or not
     reader: str | None = None  # what reads the stream: "native", "python" or "none"
+    # How its thread runs beside the work it measures: "fifo" or "nice -N" (the native
+    # reader, where the process may), "process" (its process's priority).
+    reader_priority: str | None = None
     sample_hz: float | None = None  # the steady rate now (chosen on the device unless set)
     reading_cpu_s: float | None = None  # a reading's CPU, wake included (None: not measured)
     window_hz: float | None = None  # young windows' rate (0: none)

@@ -55,9 +55,11 @@ class TargetState:
         device_energy_j: float | None,
         gpu: tuple[float | None, int | None],
         figures: Mapping[str, Any],
+        monotonic: float | None = None,
     ) -> ProcessSample:
-        """Its sample for this pass: its reading, its energy (attribution's), its GPU
-        use, and ``figures``, what the contributors counted for it."""
+        """Its sample for this pass: its reading (at ``monotonic``, its instant on that
+        clock), its energy (attribution's), its GPU use, and ``figures``, what the
+        contributors counted for it."""
         target, reading = self.target, self.reading
         assert reading is not None
         sample = ProcessSample(
@@ -84,6 +86,7 @@ class TargetState:
             gpu_memory_bytes=gpu[1],
             members=reading.pids,
             root_execs=reading.root_execs,
+            monotonic=monotonic,
             # A cgroup target's network figures come from a contributor, or are absent.
             network_unknown=NOT_COUNTED if self.cgroup is not None else None,
         )

@@ -54,7 +54,7 @@ SAMPLE_UNITS = {
     "processes": "count (the target and its live descendants)",
     "power_w": "watts attributed over the last interval (docs/attribution.md)",
     "energy_j": "joules attributed since registration, cumulative",
-    "device_energy_j": "joules the device's power sensors measured up to this sample's edge, "
+    "device_energy_j": "joules the device's power sensors measured up to this sample's instant, "
     "cumulative since the daemon started (the whole device: a window's difference is what "
     "the sensor saw in it)",
     "memory_pss_bytes": "bytes",  # PSS summed (sampling/pss.py); null where not read

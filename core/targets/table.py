@@ -251,6 +251,13 @@ class TargetTable:
                 if member is None or (t.exited_at is None and member in t.members)
             ]
 
+    def sample_age(self, target_id: str) -> float | None:
+        """Seconds since the target's latest sample was taken, on the monotonic clock
+        (a wall-clock step makes no sample fresh or stale); None: it has none yet."""
+        with self._lock:
+            last = _find(self._targets, target_id).history.last
+            return None if last is None else self._monotonic() - last.monotonic
+
     def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
         with self._lock:
             target, period_s = _find(self._targets, target_id), self.energy_period_s
@@ -292,8 +299,10 @@ class TargetTable:
                 target = self._targets.get(sample.target_id)
                 if target is None or target.exited_at is not None:
                     continue  # unregistered while the pass ran: its figures ended there
-                age = min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
-                row = row_of(sample, monotonic - age) if only is None or target.id in only else None
+                at = sample.monotonic
+                if at is None:
+                    at = monotonic - min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
+                row = row_of(sample, at) if only is None or target.id in only else None
                 target.observe(sample, row, self.energy_period_s, power)
                 if target.history.phases:
                     latest = target.history.phases[-phases:]
