@@ -202,11 +202,26 @@ def cgroup_targets(ctx: Context) -> tuple[str, str]:
     return "ok", "cgroup targets: every byte of their traffic, containers' namespaces included"
 
 
+def run_placement(_ctx: Context) -> tuple[str, str]:
+    from edgewatt.cli import run_cgroup  # cgroups are Linux's
+
+    why = run_cgroup.process_target_reason()
+    if why is None:
+        return "ok", (
+            "edgewatt run: its command gets a cgroup of its own, every connection counted"
+        )
+    return "warn", (
+        f"edgewatt run makes process targets here ({why}): {run_cgroup.COST}; run it as "
+        "root, or with a systemd user manager (loginctl enable-linger USER)"
+    )
+
+
 CHECKS: tuple[Check, ...] = (
     daemon_answers,
     exact_exits,
     lineage,
     cgroup_targets,
+    run_placement,
     other_users_visible,
     power_sources,
     metrics_port,

@@ -31,12 +31,13 @@ import sys
 import time
 from typing import Any, Callable
 
+from edgewatt.cli import run_cgroup
 from edgewatt.cli.report import summary_table
 from edgewatt.client._monitor import FileMonitor
 from edgewatt.client._sinks import measured_phases
 from edgewatt.core import compat, transport
 from edgewatt.core.labels import validate_labels
-from edgewatt.core.sampling import cgroups, procfs
+from edgewatt.core.sampling import procfs
 
 FORWARDED = (
     signal.SIGINT,
@@ -73,8 +74,11 @@ def run(
     output: str | None,
     interval: float,
     socket: str | None,
-    cgroup: bool = False,
+    cgroup: str = run_cgroup.AUTO,
 ) -> int:
+    """``cgroup``: AUTO puts the command in a cgroup of its own where the machine allows
+    it (cli/run_cgroup.py), else says what its process target costs; INSIST refuses to
+    run the command without one (exit status 2); NO makes a process target."""
     if not command:
         raise ValueError("no command given: edgewatt run [options] -- CMD ARGS...")
     try:
@@ -91,7 +95,21 @@ def run(
         if kept is not None:
             kept.restore()
         return _exec_status(exc.errno)
-    own = _own_cgroup() if cgroup else None
+    arguments = _arguments(command, labels, output, interval, socket, cgroup)
+    try:
+        # A new --output file is removed before the run in a scope makes it again.
+        own = run_cgroup.own_cgroup(cgroup, arguments, kept.restore if kept else lambda: None)
+    except run_cgroup.NoCgroup as exc:
+        if cgroup == run_cgroup.INSIST:
+            print(f"edgewatt run: --cgroup: no cgroup of its own: {exc}; the command "
+                  "was not run (without --cgroup it runs as a process target)",
+                  file=sys.stderr)  # fmt: skip
+            if kept is not None:
+                kept.restore()
+            return 2
+        print(f"edgewatt run: a process target, not a cgroup of its own ({exc}): "
+              f"{run_cgroup.COST}; --no-cgroup says you know", file=sys.stderr)  # fmt: skip
+        own = None
     monitor = FileMonitor(output or os.devnull, interval, labels=labels, socket=socket)
     if output is None:
         monitor.sink = "none"
@@ -106,8 +124,8 @@ def run(
             own.add(child.pid)  # before its exec: every process it starts is a member
             monitor.cgroup = own.path
         except OSError as exc:
-            print(f"edgewatt run: --cgroup: cannot move the command into {own.path}: {exc}; "
-                  "running without a cgroup of its own", file=sys.stderr)  # fmt: skip
+            print(f"edgewatt run: cannot move the command into {own.path}: {exc}: a process "
+                  f"target, so {run_cgroup.COST}", file=sys.stderr)  # fmt: skip
             own.remove()
             own = None
     previous: dict[int, Any] = {}
@@ -154,7 +172,7 @@ def run(
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     where = f", cgroup {own.path}" if own is not None else ""
     via = _monitored_via(monitor.source, getattr(monitor.registration, "lost", None))
-    title = f"edgewatt run: {shown} (exit status {status}, monitored via {via}{where})"
+    title = f"edgewatt run: {shown} (exit status {status}, monitored via {via}){where}"
     summary = monitor.summary() if monitor.source else final(monitor.summary(), None)
     table = summary_table(summary, title, summary.get("power_source"), measured_phases(summary))
     print(table, file=sys.stderr)
@@ -163,14 +181,26 @@ def run(
     return status
 
 
-def _own_cgroup() -> cgroups.OwnCgroup | None:
-    """A cgroup of the command's own, or None after one line saying why not."""
-    try:
-        return cgroups.OwnCgroup(cgroups.mounts())
-    except (OSError, cgroups.InvalidCgroup) as exc:
-        print(f"edgewatt run: --cgroup: {exc}; running without a cgroup of its own",
-              file=sys.stderr)  # fmt: skip
-        return None
+def _arguments(
+    command: list[str],
+    labels: dict[str, str],
+    output: str | None,
+    interval: float,
+    socket: str | None,
+    cgroup: str,
+) -> list[str]:
+    """The options of this run, as `edgewatt run` takes them (to run it again in a
+    scope: run_cgroup.exec_in_scope)."""
+    arguments = ["--interval", repr(interval)]
+    for key, value in labels.items():
+        arguments += ["--label", f"{key}={value}"]
+    if output is not None:
+        arguments += ["--output", output]
+    if socket is not None:
+        arguments += ["--socket", socket]
+    if cgroup == run_cgroup.INSIST:
+        arguments.append("--cgroup")
+    return [*arguments, "--", *command]
 
 
 def become_subreaper() -> bool:

@@ -397,9 +397,9 @@ RUN_PARENT = "/edgewatt"  # root's cgroups for `edgewatt run --cgroup`, one per 
 
 
 class OwnCgroup:
-    """A cgroup made for one command (`edgewatt run --cgroup`): under /edgewatt for
-    root, else under the caller's own cgroup where it was delegated to them (systemd
-    -run --user --scope). PermissionError says why it cannot be made."""
+    """A cgroup made for one command (`edgewatt run`): under /edgewatt for root, else
+    under the caller's own cgroup where it was delegated to them (systemd-run --user
+    --scope). PermissionError says why it cannot be made."""
 
     def __init__(self, where: Mounts, proc: str = "/proc") -> None:
         if where.v2 is None:
@@ -412,8 +412,7 @@ class OwnCgroup:
             owner = os.stat(where.v2 + parent.rstrip("/")).st_uid
             if owner != uid:
                 raise PermissionError(
-                    f"your cgroup {parent} is not delegated to you (owned by uid {owner}); "
-                    "run under `systemd-run --user --scope`, or as root"
+                    f"your cgroup {parent} is not delegated to you (owned by uid {owner})"
                 )
         parent_dir = where.v2 + parent.rstrip("/")
         os.makedirs(parent_dir, exist_ok=True)
