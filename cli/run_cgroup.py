@@ -19,10 +19,11 @@ and closed between two passes included), else a process target.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import sys
-from typing import Callable
+from typing import Callable, NoReturn
 
 from edgewatt.core.sampling import cgroups
 
@@ -47,11 +48,12 @@ def own_cgroup(
     if mode == NO:
         return None
     in_scope = os.environ.pop(IN_SCOPE, None) is not None
+    where = cgroups.mounts()
     try:
-        return cgroups.OwnCgroup(cgroups.mounts())
+        return cgroups.OwnCgroup(where)
     except (OSError, cgroups.InvalidCgroup) as exc:
         why = str(exc)
-    if os.geteuid() == 0 or in_scope:
+    if os.geteuid() == 0 or in_scope or where.v2 is None:
         raise NoCgroup(why)
     manager = user_manager()
     if manager is None:
@@ -61,7 +63,6 @@ def own_cgroup(
         exec_in_scope(manager, arguments)
     except OSError as exc:
         raise NoCgroup(f"{why}; systemd-run cannot be run: {exc}") from None
-    raise AssertionError("exec returned")  # pragma: no cover
 
 
 def process_target_reason(proc: str = "/proc") -> str | None:
@@ -105,15 +106,16 @@ def user_manager(uid: int | None = None) -> str | None:
 
 def scope_command(arguments: list[str], pid: int) -> list[str]:
     """systemd-run's command line running `edgewatt run ARGUMENTS` again in a transient
-    scope delegated to the user; the scope is collected when it ends, failed or not."""
+    scope delegated to the user, named after this run (a random part: never the name
+    of a scope still running); it is collected when it ends, failed or not."""
     return [
         "systemd-run", "--user", "--scope", "--quiet", "--collect", "-p", "Delegate=yes",
-        f"--unit=edgewatt-run-{pid}", "--",
+        f"--unit=edgewatt-run-{pid}-{secrets.token_hex(3)}", "--",
         sys.executable, "-m", "edgewatt.cli", "run", *arguments,
     ]  # fmt: skip
 
 
-def exec_in_scope(runtime_dir: str, arguments: list[str]) -> None:
+def exec_in_scope(runtime_dir: str, arguments: list[str]) -> NoReturn:
     """Become systemd-run running `edgewatt run ARGUMENTS` in a scope (no return; an
     OSError where systemd-run cannot be executed)."""
     env = {**os.environ, "XDG_RUNTIME_DIR": runtime_dir, IN_SCOPE: "1"}
