@@ -148,9 +148,14 @@ def run(
         # The command's own clients (a training script's register(), a Flower mod) find
         # the daemon that measures it.
         failure = child.release(monitor.daemon_socket)
-        code = _wait_all(child, subreaper, monitor.helper_pids, _last_pass(monitor))
+        last_pass = _last_pass(monitor)
+        code = _wait_all(child, subreaper, monitor.helper_pids, last_pass)
         # Whether the device has a power source, asked before the target is closed.
         power = _power_state(monitor.registration)
+        if own is not None:
+            last_pass()  # its cgroup empty: the counters of every process that was in it
+            if own.remove() is None:
+                last_pass()  # gone: its target ends exactly, as a process's at its exit
         wall_s = time.monotonic() - started
         usage = _difference(resource.getrusage(resource.RUSAGE_CHILDREN), before)
         final = _final(usage if subreaper else None, wall_s, power)

@@ -87,6 +87,36 @@ def test_a_short_connection_is_counted_without_asking_for_a_cgroup(
     assert not Path(f"{WHERE.v2}{made[1]}").exists()  # removed at the end
 
 
+def test_a_run_inside_a_run_keeps_its_bytes_in_the_outer_runs_target(
+    daemon_factory: Any,
+) -> None:
+    """The inner run's cgroup is made inside the outer's: both targets count the
+    connection (before, root's inner cgroup was /edgewatt/run-PID beside the outer's,
+    and the outer target lost what the inner command sent)."""
+    daemon = daemon_factory(interval=2.0)
+    port, counts, thread = tcp_server(replies=0)
+    run = [sys.executable, "-m", "edgewatt.cli", "run", "--socket", daemon.socket]
+    done = subprocess.run(
+        [*run, "--label", "run=outer", "--", *run, "--label", "run=inner", "--",
+         *short_connection(port)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    stop_server(port, thread)
+    assert done.returncode == 0, done.stderr
+    assert counts["received"] == PAYLOAD
+    sent = tcp_sent(done.stdout, PAYLOAD)
+    listed = daemon.call("GET", "/v1/targets")[1]["targets"]
+    paths = {}
+    for target in listed:
+        summary = daemon.call("GET", f"/v1/targets/{target['id']}/summary")[1]
+        paths[target["labels"]["run"]] = summary["cgroup"]["path"]
+        packets = summary["cgroup"]["network_transmit_packets"]
+        assert_tcp_ip_bytes(summary["network_transmit_bytes"], sent, packets)
+    assert sorted(paths) == ["inner", "outer"]
+    assert re.fullmatch(r"/edgewatt/run-\d+", paths["outer"]), paths
+    assert re.fullmatch(re.escape(paths["outer"]) + r"/run-\d+", paths["inner"]), paths
+
+
 REGISTERS = (
     "import json; from edgewatt import client\n"
     "r = client.register(labels={'step': 'train'})\n"

@@ -188,7 +188,10 @@ mkdir -p "$ROOTFS/etc/systemd/system/multi-user.target.wants"
 ln -sf /etc/systemd/system/edgewatt-check.service \
     "$ROOTFS/etc/systemd/system/multi-user.target.wants/edgewatt-check.service"
 
-timeout 1300 systemd-nspawn --register=no --keep-unit --quiet -b -D "$ROOTFS" >/dev/null 2>&1 || true
+# CAP_NET_ADMIN: the container shares the host's network namespace, where nspawn
+# withholds it; the unit's daemon needs it for its nftables counters (cgroup targets).
+timeout 1300 systemd-nspawn --register=no --keep-unit --quiet -b --capability=CAP_NET_ADMIN \
+    -D "$ROOTFS" >/dev/null 2>&1 || true
 LOG="$ROOTFS/results/log.txt"
 cat "$LOG"
 fail=0
