@@ -96,6 +96,14 @@ def run(
             kept.restore()
         return _exec_status(exc.errno)
     arguments = _arguments(command, labels, output, interval, socket, cgroup)
+    if cgroup == run_cgroup.AUTO:
+        answers, problem = run_cgroup.daemon_counts(socket)
+        if problem is not None:
+            print(f"edgewatt run: a process target, not a cgroup of its own (the daemon "
+                  f"cannot count a cgroup's traffic: {problem}): {run_cgroup.COST}; "
+                  "--no-cgroup says you know", file=sys.stderr)  # fmt: skip
+        if not answers or problem is not None:
+            cgroup = run_cgroup.NO  # its process tree is sampled, as a cgroup would not help
     try:
         # A new --output file is removed before the run in a scope makes it again.
         own = run_cgroup.own_cgroup(cgroup, arguments, kept.restore if kept else lambda: None)

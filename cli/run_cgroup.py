@@ -25,6 +25,7 @@ import socket
 import sys
 from typing import Callable, NoReturn
 
+from edgewatt.core import transport
 from edgewatt.core.sampling import cgroups
 
 AUTO, INSIST, NO = "auto", "insist", "no"
@@ -45,9 +46,9 @@ def own_cgroup(
     none can be made (the caller falls back, or refuses for INSIST). Where a user
     manager can delegate one, this process becomes `edgewatt run ARGUMENTS` in a scope
     of it (:func:`exec_in_scope`) after ``before_exec``, and this call does not return."""
+    in_scope = os.environ.pop(IN_SCOPE, None) is not None  # never the command's
     if mode == NO:
         return None
-    in_scope = os.environ.pop(IN_SCOPE, None) is not None
     where = cgroups.mounts()
     try:
         return cgroups.OwnCgroup(where)
@@ -63,6 +64,22 @@ def own_cgroup(
         exec_in_scope(manager, arguments)
     except OSError as exc:
         raise NoCgroup(f"{why}; systemd-run cannot be run: {exc}") from None
+
+
+def daemon_counts(socket_path: str | None) -> tuple[bool, str | None]:
+    """(whether a daemon answers, why it cannot count a cgroup's traffic or None): a
+    cgroup of its own is worth asking for only where one answers and can (else the
+    command's process tree is sampled, in-process or as a process target, whose TCP
+    bytes a daemon without nftables counts still)."""
+    found = transport.find_daemon(socket_path)
+    if found.path is None:
+        return False, None
+    try:
+        health = transport.call_ok(found.path, "GET", "/healthz", timeout=1.0)
+    except (OSError, transport.DaemonError):
+        return False, None
+    problem = health.get("cgroup_traffic") if isinstance(health, dict) else None
+    return True, None if problem is None else str(problem)
 
 
 def process_target_reason(proc: str = "/proc") -> str | None:

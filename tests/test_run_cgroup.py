@@ -30,6 +30,7 @@ from tests.conftest import (
 )
 from tests.test_cgroup_traffic import stop_server, tcp_server
 from tests.test_hostile_cgroups import delegated
+from tests.test_hostile_traffic import WITHOUT_NET_ADMIN
 
 NOBODY = 65534
 WHERE = cgroups.mounts()
@@ -198,14 +199,24 @@ def test_without_delegation_one_line_says_what_the_process_target_costs(
     assert done.returncode == 0, done.stderr
     assert counts["received"] == PAYLOAD
     said = [line for line in done.stderr.splitlines() if "not a cgroup of its own" in line]
+    own = cgroups.cgroup_of(os.getpid())  # hers too: a child's, before it moves anywhere
     assert said == [
         "edgewatt run: a process target, not a cgroup of its own (your cgroup "
-        f"{cgroups.cgroup_of(os.getpid())} is not delegated to you (owned by uid 0), and no "
+        f"{own} is not delegated to you (owned by uid 0), and no "
         f"systemd user manager answers to delegate one): {COST}; --no-cgroup says you know"
     ], done.stderr
     assert re.search(rf"TCP +sent .*; {ESCAPES}\)$", done.stderr, re.M), done.stderr
     summary = the_run_target(daemon)
     assert summary["membership"] != "cgroup" and summary["network_counts"] == "tcp-payload"
+
+    doctor = as_nobody(SYSTEM_PYTHON, "-m", "edgewatt.cli", "doctor", "--socket", daemon.socket,
+                       public=public_dir)  # fmt: skip
+    line = next(x for x in doctor.stdout.splitlines() if "edgewatt run makes" in x)
+    assert line == (
+        f"warn  edgewatt run makes process targets here (your cgroup {own} is not delegated "
+        f"to you and no systemd user manager answers): {COST}; run it as root, or with a "
+        "systemd user manager (loginctl enable-linger USER)"
+    ), doctor.stdout
 
     # Asked for no cgroup: no line about it; the table still says what escapes.
     quiet = as_nobody(*run, "--no-cgroup", "--", "true", public=public_dir)
@@ -223,6 +234,45 @@ def test_without_delegation_one_line_says_what_the_process_target_costs(
     refused = "the command was not run (without --cgroup it runs as a process target)"
     assert insisted.stderr.rstrip().endswith(refused), insisted.stderr
     assert not marker.exists()
+
+
+def test_where_the_daemon_cannot_count_a_cgroups_traffic_the_run_stays_a_process_target(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    """Without CAP_NET_ADMIN the daemon has no nftables counters: a cgroup target would
+    have no network figure at all, a process target has its TCP bytes. Without a daemon
+    the run samples its process tree itself: no cgroup, no line about one."""
+    daemon = daemon_factory(interval=0.5, prefix=WITHOUT_NET_ADMIN)
+    problem = daemon.call("GET", "/healthz")[1]["cgroup_traffic"]
+    assert problem
+    run = [sys.executable, "-m", "edgewatt.cli", "run", "--socket", daemon.socket]
+    done = subprocess.run([*run, "--", "true"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "not a cgroup of its own" in line]
+    assert said == [
+        "edgewatt run: a process target, not a cgroup of its own (the daemon cannot count "
+        f"a cgroup's traffic: {problem}): {COST}; --no-cgroup says you know"
+    ], done.stderr
+    assert "monitored via daemon)" in done.stderr and "), cgroup " not in done.stderr
+    summary = the_run_target(daemon)
+    assert "cgroup" not in summary and summary["network_counts"] == "tcp-payload"
+    doctor = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "doctor", "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    line = next(x for x in doctor.stdout.splitlines() if "edgewatt run makes" in x)
+    assert line.startswith("warn  edgewatt run makes process targets here (the daemon cannot "
+                           "count a cgroup's traffic"), doctor.stdout  # fmt: skip
+
+    alone = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "run", "--socket", str(tmp_path / "none.sock"),
+         "--", "true"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    assert "monitored via local)" in alone.stderr, alone.stderr
+    assert "cgroup" not in alone.stderr
 
 
 def test_a_user_in_a_delegated_cgroup_gets_every_short_connection_counted(
