@@ -20,6 +20,7 @@ import pytest
 from edgewatt.cli.report import ESCAPES
 from edgewatt.cli.run_cgroup import COST
 from edgewatt.core.sampling import cgroups, nftables
+from edgewatt.core.targets.table import within
 from tests.conftest import (
     PRINT_TCP_SENT,
     ROOT,
@@ -178,6 +179,14 @@ def test_only_the_registrant_of_a_cgroup_target_joins_it(
     assert status == 201 and alone["id"] != target["id"], alone
     status, joined = inside({"labels": {"by": "root"}})
     assert (status, joined["id"], joined["pid"]) == (200, target["id"], 0), joined
+
+
+def test_a_cgroup_holds_its_own_path_and_those_below_it_only() -> None:
+    assert within("/edgewatt/run-1", "/edgewatt/run-1")
+    assert within("/edgewatt/run-1/run-7", "/edgewatt/run-1")
+    assert not within("/edgewatt/run-12", "/edgewatt/run-1")  # a sibling sharing a prefix
+    assert not within("/edgewatt", "/edgewatt/run-1")
+    assert within("/anything", "/")
 
 
 def as_nobody(*argv: str, cwd: str = "/", public: Path) -> subprocess.CompletedProcess[str]:

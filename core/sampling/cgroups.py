@@ -393,7 +393,7 @@ class CgroupTree:
 
 
 _RUN_NAME = re.compile(r"run-[1-9][0-9]*")  # OwnCgroup's
-RUN_PARENT = "/edgewatt"  # root's cgroups for `edgewatt run --cgroup`, one per run
+RUN_PARENT = "/edgewatt"  # root's cgroups for `edgewatt run`, one per run
 
 
 class OwnCgroup:

@@ -166,18 +166,22 @@ class TargetTable:
         """The running cgroup target nearest above the pinned process's cgroup, held
         once more, where ``uid`` may act on it; None where there is none (the handle
         then stays the caller's)."""
+        with self._lock:
+            mine = [
+                t
+                for t in self._targets.values()
+                if t.cgroup_name is not None and t.exited_at is None and uid in (0, t.uid)
+            ]
+        if not mine:  # the common case: /proc is not read
+            return None
         path = self._resolver.cgroup_path(handle)
         if path is None:
             return None
         with self._lock:
             holding = [
                 t
-                for t in self._targets.values()
-                if t.cgroup_name is not None
-                and t.exited_at is None
-                and t.cgroup is not None
-                and (uid == 0 or uid == t.uid)
-                and within(path, t.cgroup)
+                for t in mine
+                if t.exited_at is None and t.cgroup is not None and within(path, t.cgroup)
             ]
             if not holding:
                 return None
