@@ -202,11 +202,27 @@ def cgroup_targets(ctx: Context) -> tuple[str, str]:
     return "ok", "cgroup targets: every byte of their traffic, containers' namespaces included"
 
 
+def run_placement(ctx: Context) -> tuple[str, str]:
+    from edgewatt.cli import run_cgroup  # cgroups are Linux's
+
+    why = run_cgroup.process_target_reason()
+    fix = "run it as root, or with a systemd user manager (loginctl enable-linger USER)"
+    if why is None and ctx.health is not None and ctx.health.get("cgroup_traffic"):
+        why = "the daemon cannot count a cgroup's traffic, as the line above says"
+        fix = "the daemon's fix is in that line"
+    if why is None:
+        return "ok", (
+            "edgewatt run: its command gets a cgroup of its own, every connection counted"
+        )
+    return "warn", f"edgewatt run makes process targets here ({why}): {run_cgroup.COST}; {fix}"
+
+
 CHECKS: tuple[Check, ...] = (
     daemon_answers,
     exact_exits,
     lineage,
     cgroup_targets,
+    run_placement,
     other_users_visible,
     power_sources,
     metrics_port,

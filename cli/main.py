@@ -74,11 +74,25 @@ def _parser(
     run.add_argument("--output", metavar="FILE.jsonl", help="write samples as JSON Lines")
     run.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
     run.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
-    run.add_argument(
+    placement = run.add_mutually_exclusive_group()
+    placement.add_argument(
         "--cgroup",
-        action="store_true",
-        help="run CMD in a cgroup of its own: exact CPU and every byte of its traffic "
-        "(root, or a delegated subtree; needs the daemon)",
+        dest="cgroup",
+        action="store_const",
+        const="insist",
+        default="auto",
+        help="insist on a cgroup of its own for CMD (exact CPU, every byte of its "
+        "traffic): without one, CMD is not run (exit status 2). By default CMD gets one "
+        "where it can (root, a delegated cgroup, the user's systemd manager), else it is "
+        "a process target, said in one line",
+    )
+    placement.add_argument(
+        "--no-cgroup",
+        dest="cgroup",
+        action="store_const",
+        const="no",
+        help="a process target, without a line about it: a connection CMD opens and "
+        "closes between two passes is not counted",
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command")
 

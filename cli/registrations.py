@@ -20,6 +20,7 @@ from typing import Any
 
 from edgewatt.cli import daemon_socket
 from edgewatt.cli.phases import phase_table
+from edgewatt.cli.report import ESCAPES
 from edgewatt.cli.spreads import spread_rows
 from edgewatt.cli.status import human_bytes
 from edgewatt.core import transport
@@ -135,7 +136,7 @@ def render(s: dict[str, Any]) -> str:
         "ip-bytes": "IP bytes, headers included",
         "interface-bytes": "frames on its network namespace's interfaces",
         "ip-bytes+interface-bytes": "IP bytes, and frames of a namespace it may not enter",
-    }.get(s.get("network_counts") or "", "TCP")
+    }.get(s.get("network_counts") or "", f"TCP; {ESCAPES}")
     network = (
         f"unknown: {s['network_unknown']}"
         if s.get("network_unknown")

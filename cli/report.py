@@ -23,6 +23,9 @@ from edgewatt.cli.spreads import KEYS, spread_rows
 from edgewatt.cli.status import human_bytes
 from edgewatt.core.text import printable
 
+# What a process target's TCP figures miss (a cgroup target's counters do not).
+ESCAPES = "a connection opened and closed between two passes escapes it"
+
 
 def summary_table(
     summary: dict[str, Any],
@@ -67,9 +70,8 @@ def summary_table(
             what = "IP bytes, and the frames of a namespace it may not enter"
             rows.append(("IP", f"sent {sent}, received {recv} ({what})"))
         else:
-            rows.append(
-                ("TCP", f"sent {sent}, received {recv} (the command's, across its boundary)")
-            )
+            what = f"the command's, across its boundary; {ESCAPES}"
+            rows.append(("TCP", f"sent {sent}, received {recv} ({what})"))
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
         line = f"{energy:.1f} J ({energy / 3600:.4f} Wh)"

@@ -31,13 +31,13 @@ import sys
 import time
 from typing import Any, Callable
 
-from edgewatt.cli import spreads
+from edgewatt.cli import run_cgroup, spreads
 from edgewatt.cli.report import summary_table
 from edgewatt.client._monitor import FileMonitor
 from edgewatt.client._sinks import measured_phases
 from edgewatt.core import compat, transport
 from edgewatt.core.labels import validate_labels
-from edgewatt.core.sampling import cgroups, procfs
+from edgewatt.core.sampling import procfs
 
 FORWARDED = (
     signal.SIGINT,
@@ -75,8 +75,11 @@ def run(
     output: str | None,
     interval: float,
     socket: str | None,
-    cgroup: bool = False,
+    cgroup: str = run_cgroup.AUTO,
 ) -> int:
+    """``cgroup``: AUTO puts the command in a cgroup of its own where the machine allows
+    it (cli/run_cgroup.py), else says what its process target costs; INSIST refuses to
+    run the command without one (exit status 2); NO makes a process target."""
     if not command:
         raise ValueError("no command given: edgewatt run [options] -- CMD ARGS...")
     try:
@@ -93,7 +96,29 @@ def run(
         if kept is not None:
             kept.restore()
         return _exec_status(exc.errno)
-    own = _own_cgroup() if cgroup else None
+    arguments = _arguments(command, labels, output, interval, socket, cgroup)
+    if cgroup == run_cgroup.AUTO:
+        answers, problem = run_cgroup.daemon_counts(socket)
+        if problem is not None:
+            print(f"edgewatt run: a process target, not a cgroup of its own (the daemon "
+                  f"cannot count a cgroup's traffic: {problem}): {run_cgroup.COST}; "
+                  "--no-cgroup says you know", file=sys.stderr)  # fmt: skip
+        if not answers or problem is not None:
+            cgroup = run_cgroup.NO  # its process tree is sampled, as a cgroup would not help
+    try:
+        # A new --output file is removed before the run in a scope makes it again.
+        own = run_cgroup.own_cgroup(cgroup, arguments, kept.restore if kept else lambda: None)
+    except run_cgroup.NoCgroup as exc:
+        if cgroup == run_cgroup.INSIST:
+            print(f"edgewatt run: --cgroup: no cgroup of its own: {exc}; the command "
+                  "was not run (without --cgroup it runs as a process target)",
+                  file=sys.stderr)  # fmt: skip
+            if kept is not None:
+                kept.restore()
+            return 2
+        print(f"edgewatt run: a process target, not a cgroup of its own ({exc}): "
+              f"{run_cgroup.COST}; --no-cgroup says you know", file=sys.stderr)  # fmt: skip
+        own = None
     monitor = FileMonitor(output or os.devnull, interval, labels=labels, socket=socket)
     if output is None:
         monitor.sink = "none"
@@ -108,8 +133,8 @@ def run(
             own.add(child.pid)  # before its exec: every process it starts is a member
             monitor.cgroup = own.path
         except OSError as exc:
-            print(f"edgewatt run: --cgroup: cannot move the command into {own.path}: {exc}; "
-                  "running without a cgroup of its own", file=sys.stderr)  # fmt: skip
+            print(f"edgewatt run: cannot move the command into {own.path}: {exc}: a process "
+                  f"target, so {run_cgroup.COST}", file=sys.stderr)  # fmt: skip
             own.remove()
             own = None
     previous: dict[int, Any] = {}
@@ -132,9 +157,14 @@ def run(
         # The command's own clients (a training script's register(), a Flower mod) find
         # the daemon that measures it.
         failure = child.release(monitor.daemon_socket)
-        code = _wait_all(child, subreaper, monitor.helper_pids, _last_pass(monitor))
+        last_pass = _last_pass(monitor)
+        code = _wait_all(child, subreaper, monitor.helper_pids, last_pass)
         # Whether the device has a power source, asked before the target is closed.
         power = _power_state(monitor.registration)
+        if own is not None:
+            last_pass()  # its cgroup empty: the counters of every process that was in it
+            if own.remove() is None:
+                last_pass()  # gone: its target ends exactly, as a process's at its exit
         wall_s = time.monotonic() - started
         usage = _difference(resource.getrusage(resource.RUSAGE_CHILDREN), before)
         final = _final(usage if subreaper else None, wall_s, power)
@@ -156,7 +186,7 @@ def run(
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     where = f", cgroup {own.path}" if own is not None else ""
     via = _monitored_via(monitor.source, getattr(monitor.registration, "lost", None))
-    title = f"edgewatt run: {shown} (exit status {status}, monitored via {via}{where})"
+    title = f"edgewatt run: {shown} (exit status {status}, monitored via {via}){where}"
     summary = monitor.summary() if monitor.source else final(monitor.summary(), None)
     table = summary_table(summary, title, summary.get("power_source"), measured_phases(summary))
     print(table, file=sys.stderr)
@@ -165,14 +195,26 @@ def run(
     return status
 
 
-def _own_cgroup() -> cgroups.OwnCgroup | None:
-    """A cgroup of the command's own, or None after one line saying why not."""
-    try:
-        return cgroups.OwnCgroup(cgroups.mounts())
-    except (OSError, cgroups.InvalidCgroup) as exc:
-        print(f"edgewatt run: --cgroup: {exc}; running without a cgroup of its own",
-              file=sys.stderr)  # fmt: skip
-        return None
+def _arguments(
+    command: list[str],
+    labels: dict[str, str],
+    output: str | None,
+    interval: float,
+    socket: str | None,
+    cgroup: str,
+) -> list[str]:
+    """The options of this run, as `edgewatt run` takes them (to run it again in a
+    scope: run_cgroup.exec_in_scope)."""
+    arguments = ["--interval", repr(interval)]
+    for key, value in labels.items():
+        arguments += ["--label", f"{key}={value}"]
+    if output is not None:
+        arguments += ["--output", output]
+    if socket is not None:
+        arguments += ["--socket", socket]
+    if cgroup == run_cgroup.INSIST:
+        arguments.append("--cgroup")
+    return [*arguments, "--", *command]
 
 
 def become_subreaper() -> bool:

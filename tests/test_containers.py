@@ -314,7 +314,7 @@ def test_run_cgroup_counts_a_connection_shorter_than_one_interval(
     # Its payload plus headers: at most 80 bytes a segment of at least 800 bytes (the
     # receiver's window sets the segments' size on loopback).
     assert 6_000_000 < final["network_transmit_bytes"] < 6_000_000 * 1.1
-    made = re.search(r"cgroup (/edgewatt/run-\d+)\)", done.stderr)
+    made = re.search(r"\), cgroup (/edgewatt/run-\d+)$", done.stderr, re.M)
     assert made, done.stderr
     shown = re.search(r"IP +sent ([\d.]+) MiB", done.stderr)
     assert shown and float(shown[1]) == round(final["network_transmit_bytes"] / 2**20, 1)

@@ -93,12 +93,13 @@ def _supernode(
     env: dict[str, str],
     cgroup: bool,
 ) -> tuple[subprocess.Popen[str], Path, Path]:
-    """`edgewatt run [--cgroup] -- flower-supernode` under a measuring subreaper."""
+    """`edgewatt run --cgroup|--no-cgroup -- flower-supernode` under a measuring
+    subreaper (a cgroup target, or a process target)."""
     out, log = tmp_path / f"node{n}.jsonl", tmp_path / f"clientapp{n}.jsonl"
     command = [
         sys.executable, "-m", "edgewatt.cli", "run", "--socket", daemon.socket,
         "--interval", str(daemon.interval), "--output", str(out),
-        *(["--cgroup"] if cgroup else []), "--",
+        "--cgroup" if cgroup else "--no-cgroup", "--",
         flower_bin("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{link_port}",
         "--port", str(free_port()), "--node-config", f"log='{log}'",
     ]  # fmt: skip

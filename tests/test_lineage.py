@@ -212,9 +212,9 @@ def test_edgewatt_run_reaps_the_orphans_and_shows_one_figure(
     )
     out = tmp_path / "run.jsonl"
     command = f"sleep 1; {sys.executable} {burner} 0.4 & {sys.executable} {burner} 0.6 & exit 0"
-    run = subprocess.Popen(
+    run = subprocess.Popen(  # a process target: its members found by lineage
         [sys.executable, "-m", "edgewatt.cli", "run", "--socket", daemon.socket, "--interval",
-         "2", "--output", str(out), "--", "sh", "-c", command],
+         "2", "--no-cgroup", "--output", str(out), "--", "sh", "-c", command],
         stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     # A second hold on the same target (the same id), so its summary stays readable

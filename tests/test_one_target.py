@@ -123,13 +123,17 @@ def test_joining_is_the_registrants_or_roots(
     assert daemon.call("GET", f"/v1/targets/{tid}")[1]["labels"] == {"run": "root"}
 
 
+@pytest.mark.parametrize("placement", [[], ["--no-cgroup"]], ids=["own-cgroup", "process"])
 def test_the_readme_script_under_edgewatt_run_is_one_target(
-    daemon: DaemonProcess, tmp_path: Path
+    daemon: DaemonProcess, tmp_path: Path, placement: list[str]
 ) -> None:
+    """By default (as root) the run's target is its command's cgroup, which the script's
+    register() joins; with --no-cgroup the command's process, which it joins too."""
     train = tmp_path / "train.py"
     train.write_text(readme_script())
     run = subprocess.Popen(
-        [*EDGEWATT, "run", "--socket", daemon.socket, "--", sys.executable, str(train)],
+        [*EDGEWATT, "run", "--socket", daemon.socket, *placement, "--", sys.executable,
+         str(train)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
 
@@ -143,12 +147,16 @@ def test_the_readme_script_under_edgewatt_run_is_one_target(
 
     # Once its phase started the command is stopped, so /metrics is read before it ends.
     target = wait_for(in_phase, timeout=30, step=0.02)
-    os.kill(target["pid"], signal.SIGSTOP)
+    assert (target["pid"] == 0) == (placement == [])  # 0: a cgroup target's
+    pids = [target["pid"]] if target["pid"] else list(run_members(daemon, target["id"]))
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     try:
         phase = wait_for(lambda: daemon.series("edgewatt_process_phase_duration_seconds",
                                                run="demo"))  # fmt: skip
     finally:
-        os.kill(target["pid"], signal.SIGCONT)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 0, err
     assert [labels["edgewatt_phase"] for labels, _ in phase] == ["epoch-1"]
@@ -165,6 +173,16 @@ def test_the_readme_script_under_edgewatt_run_is_one_target(
     assert 0 < printed_cpu <= summary["cpu_user_s"] + summary["cpu_system_s"]
 
 
+def run_members(daemon: DaemonProcess, target_id: str) -> tuple[int, ...]:
+    """The processes in a cgroup target's cgroup now (the command edgewatt run started)."""
+    from edgewatt.core.sampling import cgroups
+
+    path = daemon.call("GET", f"/v1/targets/{target_id}/summary")[1]["cgroup"]["path"]
+    where = cgroups.mounts().v2
+    assert where is not None and path.startswith("/edgewatt/run-"), path
+    return cgroups.members(where + path)
+
+
 def test_a_finished_run_stays_in_status_and_summary(
     daemon_factory: Any, spawn: Any, tmp_path: Path
 ) -> None:
@@ -179,8 +197,9 @@ def test_a_finished_run_stays_in_status_and_summary(
         "while time.process_time() < end: pass\n"
         "raise SystemExit(3)\n"
     )
-    ran = edgewatt("run", "--label", "run=demo", "--socket", daemon.socket, "--",
-                   sys.executable, "-c", work)  # fmt: skip
+    # A process target: its exit status is the kernel's exit record of its process.
+    ran = edgewatt("run", "--label", "run=demo", "--socket", daemon.socket, "--no-cgroup",
+                   "--", sys.executable, "-c", work)  # fmt: skip
     assert ran.returncode == 3 and "monitored via daemon" in ran.stderr, ran.stderr
     # A target unregistered while its process lives ends there, and is kept too.
     alive = spawn("import time; time.sleep(60)")

@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 
-from edgewatt.cli.report import Layout, layout, load, summary_from_samples, summary_table
+from edgewatt.cli.report import (
+    ESCAPES,
+    Layout,
+    layout,
+    load,
+    summary_from_samples,
+    summary_table,
+)
 from tests.conftest import ROOT
 
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
@@ -359,7 +366,7 @@ def test_plot_of_a_killed_run_without_a_summary(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("counts", "label", "what"),
     [
-        ("tcp-payload", "TCP", "the command's, across its boundary"),
+        ("tcp-payload", "TCP", f"the command's, across its boundary; {ESCAPES}"),
         ("ip-bytes", "IP", "IP bytes of every connection, headers included, across its boundary"),
         ("interface-bytes", "network", "frames on its network namespace's interfaces"),
         (
@@ -391,8 +398,8 @@ def test_a_daemon_lost_mid_run_is_said_with_where_the_figures_came_from(
         "end = time.process_time() + 0.5\n"
         "while time.process_time() < end: pass\n"
     )
-    run = subprocess.Popen(
-        [*EDGEWATT, "run", "--socket", daemon.socket, "--interval", "0.2", "--",
+    run = subprocess.Popen(  # a process target: the title ends with where figures came from
+        [*EDGEWATT, "run", "--socket", daemon.socket, "--interval", "0.2", "--no-cgroup", "--",
          sys.executable, "-c", code],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=ROOT,

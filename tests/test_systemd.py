@@ -276,7 +276,7 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
     )  # fmt: skip
     assert missing.returncode == 1
     lines = missing.stdout.splitlines()
-    assert len(lines) == 10
+    assert len(lines) == 11
     assert lines[0] == (
         f"FAIL  no daemon answering; looked at {tmp_path / 'none.sock'} (given): no such "
         "socket; start it: sudo systemctl start edgewatt, or edgewatt serve"
@@ -284,8 +284,12 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
     assert lines[1] == "ok    exact exit figures: checked once a daemon answers"
     assert lines[2] == "ok    descendants: checked once a daemon answers"
     assert lines[3] == "ok    cgroup targets: checked once a daemon answers"
-    assert lines[8].startswith("ok    no carbon intensity configured: no gCO2e figures")
-    assert lines[9].startswith("ok    clock ")
+    # Root here: `edgewatt run` makes its command's cgroup (tests/test_run_cgroup.py).
+    assert lines[4] == (
+        "ok    edgewatt run: its command gets a cgroup of its own, every connection counted"
+    )
+    assert lines[9].startswith("ok    no carbon intensity configured: no gCO2e figures")
+    assert lines[10].startswith("ok    clock ")
     daemon = daemon_factory(extra_args=["--tegrastats", str(ROOT / "tests" / "bin" / "tegrastats")])
     wait_for(lambda: daemon.call("GET", "/healthz")[1]["power_sources"] == ["tegrastats"])
     found = subprocess.run(
@@ -306,6 +310,9 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
     assert lines[3] == (
         "ok    cgroup targets: every byte of their traffic, containers' namespaces included"
     )
-    assert lines[5] == "ok    power sources (the daemon's): tegrastats"
-    assert lines[6] == f"ok    port {daemon.port} serves edgewatt's /metrics"
-    assert lines[8].startswith("ok    carbon intensity 365.477 gCO2e/kWh, Germany 2021 average")
+    assert lines[4] == (
+        "ok    edgewatt run: its command gets a cgroup of its own, every connection counted"
+    )
+    assert lines[6] == "ok    power sources (the daemon's): tegrastats"
+    assert lines[7] == f"ok    port {daemon.port} serves edgewatt's /metrics"
+    assert lines[9].startswith("ok    carbon intensity 365.477 gCO2e/kWh, Germany 2021 average")

@@ -70,8 +70,8 @@ def test_short_processes_are_counted_to_the_kernels_wait4(
 ) -> None:
     daemon = daemon_factory(interval=interval)
     out = tmp_path / "run.jsonl"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "edgewatt.cli", "run", "--socket", daemon.socket,
+    run = subprocess.Popen(  # a process target: its members found by lineage
+        [sys.executable, "-m", "edgewatt.cli", "run", "--socket", daemon.socket, "--no-cgroup",
          "--interval", str(interval), "--output", str(out), "--",
          sys.executable, "-c", DRIVER, *WORKLOADS[workload]],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -406,27 +406,27 @@ class CgroupTree:
 
 
 _RUN_NAME = re.compile(r"run-[1-9][0-9]*")  # OwnCgroup's
-RUN_PARENT = "/edgewatt"  # root's cgroups for `edgewatt run --cgroup`, one per run
+RUN_PARENT = "/edgewatt"  # root's cgroups for `edgewatt run`, one per run
 
 
 class OwnCgroup:
-    """A cgroup made for one command (`edgewatt run --cgroup`): under /edgewatt for
-    root, else under the caller's own cgroup where it was delegated to them (systemd
-    -run --user --scope). PermissionError says why it cannot be made."""
+    """A cgroup made for one command (`edgewatt run`): under /edgewatt for root (in the
+    run's cgroup for a run inside another), else under the caller's own cgroup where
+    it was delegated to them (systemd-run --user --scope). PermissionError says why it
+    cannot be made."""
 
     def __init__(self, where: Mounts, proc: str = "/proc") -> None:
         if where.v2 is None:
             raise PermissionError("this host has no cgroup v2 mount")
         uid = os.geteuid()
         if uid == 0:
-            parent = RUN_PARENT
+            parent = _run_of(proc) or RUN_PARENT
         else:
             parent = cgroup_of(os.getpid(), proc)
             owner = os.stat(where.v2 + parent.rstrip("/")).st_uid
             if owner != uid:
                 raise PermissionError(
-                    f"your cgroup {parent} is not delegated to you (owned by uid {owner}); "
-                    "run under `systemd-run --user --scope`, or as root"
+                    f"your cgroup {parent} is not delegated to you (owned by uid {owner})"
                 )
         parent_dir = where.v2 + parent.rstrip("/")
         os.makedirs(parent_dir, exist_ok=True)
@@ -450,6 +450,19 @@ class OwnCgroup:
             left = len(members(self.directory))
             return f"cgroup {self.path} left in place ({left} processes still in it): {exc}"
         return None
+
+
+def _run_of(proc: str) -> str | None:
+    """This process's cgroup where it is an `edgewatt run`'s (root's ``/edgewatt/run-PID``,
+    or one inside it): a run inside a run makes its cgroup there, so the outer run's
+    target keeps counting what the inner one's command does."""
+    try:
+        own = cgroup_of(os.getpid(), proc)
+    except (OSError, InvalidCgroup):
+        return None
+    parts = own.split("/")
+    inside = own.startswith(RUN_PARENT + "/") and _RUN_NAME.fullmatch(parts[2]) is not None
+    return own if inside else None
 
 
 def _remove_stale(parent_dir: str, proc: str) -> None:

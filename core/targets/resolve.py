@@ -20,6 +20,16 @@ if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads 
     from edgewatt.core.sampling.cgroups import Cgroup
 
 
+def _cgroup_of(pid: int, proc: str) -> str | None:
+    """The process's cgroup v2 path, None where it has none or is gone."""
+    from edgewatt.core.sampling import cgroups
+
+    try:
+        return cgroups.cgroup_of(pid, proc)
+    except (OSError, ValueError):  # InvalidCgroup is a ValueError
+        return None
+
+
 def _locate(name: CgroupName, uid: int) -> Cgroup:
     from edgewatt.core.sampling import cgroup_names, cgroups
 
@@ -41,6 +51,8 @@ class Resolver:
     locate_cgroup: Callable[[CgroupName, int], Cgroup] = _locate
     # Per-user bounds on name lookups, registrations' and follows' (the sampler's).
     lookups: Lookups = field(default_factory=Lookups)
+    # cgroup_of(pid, proc): a process's cgroup v2 path, None where it has none.
+    cgroup_of: Callable[[int, str], str | None] = _cgroup_of
 
     def process(self, pid: int, uid: int, expect_start: int | None = None) -> ProcHandle:
         """The live process ``pid`` pinned (started at ``expect_start`` ticks, where
@@ -52,6 +64,16 @@ class Resolver:
             raise TargetError("no such process", f"pid {pid} does not exist") from exc
         check_process(handle, uid)
         return handle
+
+    def cgroup_path(self, handle: ProcHandle) -> str | None:
+        """The cgroup v2 path of the pinned process, None where it has none; read by its
+        pid, then the handle read again: a pid reused meanwhile is never taken for it."""
+        path = self.cgroup_of(handle.pid, self.proc)
+        try:
+            handle.stat()
+        except NoSuchProcess:
+            return None
+        return path
 
     def start_time(self, start_ticks: int) -> float:
         """A process's start in unix seconds, from its start in ticks since boot."""

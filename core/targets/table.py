@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.sampling.membership import PARENT_LINKS
+from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets.access import Limits, check_owner, hold
 from edgewatt.core.targets.errors import Conflict, NotFound
@@ -103,8 +104,15 @@ class TargetTable:
         holders: int = 1,
     ) -> Held:
         """Register a live process. Registering a registered process again (any labels)
-        joins its target: one process is one target, whoever registers it."""
+        joins its target: one process is one target, whoever registers it. A process
+        in a running cgroup target's cgroup (`edgewatt run` put it in one) joins that
+        target where ``uid`` may act on it (its registrant, or root), unless it asks for
+        itself alone (``children`` false): its traffic is counted there whole."""
         handle = self._resolver.process(pid, uid, expect_start)
+        if children and target_id is None:
+            joined = self._join_cgroup(handle, uid, labels)
+            if joined is not None:
+                return joined
         identity = Identity(
             id=target_id or secrets.token_hex(6),
             pid=pid,
@@ -153,6 +161,37 @@ class TargetTable:
         )
         history, observed = History(self._limits.history_samples), Observed(cgroup=cgroup.path)
         return self._hold_or_add(Target(identity, history, observed, holders=max(1, holders)))
+
+    def _join_cgroup(self, handle: ProcHandle, uid: int, labels: dict[str, str]) -> Held | None:
+        """The running cgroup target nearest above the pinned process's cgroup, held
+        once more, where ``uid`` may act on it; None where there is none (the handle
+        then stays the caller's)."""
+        with self._lock:
+            mine = [
+                t
+                for t in self._targets.values()
+                if t.cgroup_name is not None and t.exited_at is None and uid in (0, t.uid)
+            ]
+        if not mine:  # the common case: /proc is not read
+            return None
+        path = self._resolver.cgroup_path(handle)
+        if path is None:
+            return None
+        with self._lock:
+            holding = [
+                t
+                for t in mine
+                if t.exited_at is None and t.cgroup is not None and within(path, t.cgroup)
+            ]
+            if not holding:
+                return None
+            target = max(holding, key=lambda t: len(t.cgroup or ""))
+            try:
+                held = Held(target, False, hold(target, uid, labels, True))
+            finally:
+                handle.close()
+        self.persist()
+        return held
 
     def _hold_or_add(self, new: Target) -> Held:
         """The target of ``new``'s identity, held once more (access.hold, who may watch
@@ -346,6 +385,11 @@ class TargetTable:
     def persist(self) -> None:
         """Hand the state to on_change (the state file)."""
         self._saver.save(self.persistent_state)
+
+
+def within(path: str, cgroup: str) -> bool:
+    """Whether cgroup v2 path ``path`` is ``cgroup`` or below it."""
+    return cgroup == "/" or path == cgroup or path.startswith(cgroup.rstrip("/") + "/")
 
 
 def _discard(target: Target) -> None:

@@ -9,9 +9,11 @@
 #                        sudo .venv/bin/edgewatt install-service
 #   pipx         alice: pipx install ~/edgewatt; sudo ~/.local/bin/edgewatt install-service
 #   pipx-global  sudo pipx install --global ~alice/edgewatt; sudo edgewatt install-service
-# Once, with the venv: a systemd unit registered by name (its cgroup's figures), the
-# notify/watchdog supervision (a daemon stopped with SIGSTOP must be restarted) and the
-# unit's exposure level.
+# Once, with the venv: a systemd unit registered by name (its cgroup's figures), alice's
+# `edgewatt run` without --cgroup under her own systemd manager (lingering): its command
+# in a scope delegated to her, a 6 MB connection opened and closed between two passes
+# counted exactly; the notify/watchdog supervision (a daemon stopped with SIGSTOP must
+# be restarted) and the unit's exposure level.
 #
 # Needs root, debootstrap and systemd-container, and downloads (~300 MB of Debian
 # packages, edgewatt's dependencies from PyPI): not run in CI. The Debian mirror is the
@@ -32,8 +34,14 @@ fi
 [ -n "$MIRROR" ] || { echo "no Debian mirror in the apt sources: set MIRROR"; exit 2; }
 if [ ! -x "$ROOTFS/usr/bin/pipx" ]; then
     debootstrap --variant=minbase \
-        --include=systemd,systemd-sysv,dbus,python3,python3-venv,pipx,sudo,ca-certificates \
+        --include=systemd,systemd-sysv,dbus,libpam-systemd,nftables,python3,python3-venv,pipx,sudo,ca-certificates \
         trixie "$ROOTFS" "$MIRROR"
+fi
+# A root file system made before the user run's check: nftables counts a cgroup's
+# bytes, libpam-systemd lets user@UID.service (a user's own manager) start.
+if [ ! -x "$ROOTFS/usr/sbin/nft" ] || ! ls "$ROOTFS"/usr/lib/*/security/pam_systemd.so >/dev/null 2>&1; then
+    systemd-nspawn --register=no --keep-unit --quiet -D "$ROOTFS" \
+        apt-get install -y -q nftables libpam-systemd >/dev/null || true
 fi
 rm -rf "$ROOTFS/home/alice/edgewatt" "$ROOTFS/results" "$ROOTFS/opt/edgewatt" "$ROOTFS/opt/pipx"
 mkdir -p "$ROOTFS/home/alice/edgewatt" "$ROOTFS/results"
@@ -88,6 +96,60 @@ EW=/home/alice/edgewatt/.venv/bin/edgewatt
 id=$(sudo $EW register --unit edgewatt-demo.service) && sudo $EW summary "$id"
 as_alice "$EW register --unit edgewatt-demo.service" || echo "(refused, as it must be: root's unit)"
 systemctl stop edgewatt-demo
+# alice's own systemd manager delegates a scope to her: `edgewatt run` without --cgroup
+# puts its command in a cgroup there, and a connection opened and closed between two
+# passes is counted whole (6 MB, exact against what the kernel says it sent).
+say user run
+uid=$(id -u alice)
+loginctl enable-linger alice || true
+systemctl start "user@$uid.service" || true
+i=0; while [ ! -S "/run/user/$uid/systemd/private" ] && [ $i -lt 30 ]; do sleep 1; i=$((i+1)); done
+cat > /tmp/serve.py <<'PY'
+import socket
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", 47111))
+listener.listen(1)
+conn, _ = listener.accept()
+got = 0
+while chunk := conn.recv(65536):
+    got += len(chunk)
+print("server received", got, flush=True)
+PY
+cat > /tmp/short.py <<'PY'
+import socket, struct, time
+s = socket.create_connection(("127.0.0.1", 47111))
+s.sendall(b"x" * 6_000_000)
+s.shutdown(socket.SHUT_WR)
+while s.recv(65536):
+    pass
+info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+print("kernel sent", *struct.unpack_from("QQ", info, 200), flush=True)  # bytes_sent, _retrans
+s.close()
+time.sleep(0.3)
+PY
+cat > /tmp/exact.py <<'PY'
+import json, re, sys
+ran, summary = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))
+sent, again = map(int, re.search(r"kernel sent (\d+) (\d+)", ran).groups())
+counted = summary["network_transmit_bytes"]
+packets = summary["cgroup"]["network_transmit_packets"]
+headers = counted - sent
+exact = sent == 6_000_000 + again and 40 * packets <= headers <= 80 * packets
+print(f"user run: {counted} IP bytes in {packets} packets for {sent} bytes the kernel sent, "
+      f"cgroup {summary['cgroup']['path']}: {'exact' if exact else 'WRONG'}")
+PY
+python3 /tmp/serve.py > /tmp/served.txt 2>&1 &
+sleep 1
+started=$(date +%s.%N)
+as_alice "cd /tmp && $EW run --label check=userrun -- python3 /tmp/short.py" > /tmp/userrun.txt 2>&1
+echo "user run took $(python3 -c "import time; print(round(time.time() - $started, 2))") s"
+cat /tmp/userrun.txt
+wait
+cat /tmp/served.txt
+as_alice "$EW summary check=userrun --json" > /tmp/usersummary.json
+python3 /tmp/exact.py /tmp/userrun.txt /tmp/usersummary.json
+as_alice "$EW doctor" | grep "edgewatt run"
 say watchdog; kill -STOP "$(systemctl show -p MainPID --value edgewatt)"; sleep 40
 systemctl show edgewatt -p ActiveState -p NRestarts | tr '\n' ' '; echo
 journalctl -b -u edgewatt --no-pager | grep -E "Watchdog timeout|restart counter" || true
@@ -126,7 +188,10 @@ mkdir -p "$ROOTFS/etc/systemd/system/multi-user.target.wants"
 ln -sf /etc/systemd/system/edgewatt-check.service \
     "$ROOTFS/etc/systemd/system/multi-user.target.wants/edgewatt-check.service"
 
-timeout 1300 systemd-nspawn --register=no --keep-unit --quiet -b -D "$ROOTFS" >/dev/null 2>&1 || true
+# CAP_NET_ADMIN: the container shares the host's network namespace, where nspawn
+# withholds it; the unit's daemon needs it for its nftables counters (cgroup targets).
+timeout 1300 systemd-nspawn --register=no --keep-unit --quiet -b --capability=CAP_NET_ADMIN \
+    -D "$ROOTFS" >/dev/null 2>&1 || true
 LOG="$ROOTFS/results/log.txt"
 cat "$LOG"
 fail=0
@@ -146,6 +211,11 @@ for how in venv pipx; do
 done
 grep -A1 "^== pipx-global unit" "$LOG" | grep -q "ExecStart={ path=/usr/local/bin/edgewatt" ||
     { echo "FAIL pipx-global: the unit does not run pipx's own script"; fail=1; }
+check "^server received 6000000$"
+check "^ok    edgewatt run: its command gets a cgroup of its own"
+check "^user run: .* cgroup /user.slice/user-[0-9]*.slice/user@[0-9]*.service/.*edgewatt-run-[0-9a-f-]*\.scope/run-[0-9]*: exact$"
+check "), cgroup /user.slice/user-[0-9]*.slice/user@[0-9]*.service/"
+grep -q "not a cgroup of its own" "$LOG" && { echo "FAIL: alice's run fell back"; fail=1; }
 check "Watchdog timeout"
 check "NRestarts=1"
 check "after uninstall: inactive, /opt/edgewatt: ls: cannot access"
