@@ -266,7 +266,7 @@ def layout(
     for i, t in enumerate(times):
         begin = times[i - 1] if i else (segments[0] if segments else t)
         begins.append(max([begin, *(b for b in segments if b < t)]))
-    panels = _panels(samples, times, begins)
+    panels = _panels(samples, times, begins, _network(header))
     # The summary's peaks on the memory axis, each named as its line is.
     levels = []
     drawn = {name for label, lines in panels if label == RSS for name, _, _ in lines}
@@ -374,9 +374,10 @@ def plot(drawn: Layout, out: str) -> None:
 
 
 def _panels(
-    samples: list[dict[str, Any]], times: list[float], begins: list[float]
+    samples: list[dict[str, Any]], times: list[float], begins: list[float], network: str
 ) -> list[tuple[str, list[Line]]]:
-    """(axis label with its unit, [(line name, x, y)]) for each quantity the file has."""
+    """(axis label with its unit, [(line name, x, y)]) for each quantity the file has;
+    ``network``: what its network bytes are, as the axis names them."""
 
     def series(key: str, scale: float = 1.0, held: bool = False) -> tuple[list[float], list[float]]:
         # held: memory, none where the sample found no page held (a command exited,
@@ -406,7 +407,7 @@ def _panels(
     if any(s.get("network_bytes_sent") or s.get("network_bytes_recv") for s in samples):
         panels.append(
             (
-                "network (KiB/s)",
+                f"{network} (KiB/s)",
                 [("sent", *rate("network_bytes_sent")), ("received", *rate("network_bytes_recv"))],
             )
         )
@@ -434,6 +435,13 @@ def _mean_power(
     return xs, ys
 
 
+def _network(header: dict[str, Any]) -> str:
+    """What a file's network bytes are: a monitor's are the host's unless its header's
+    units say the process's."""
+    scope = (header.get("units") or {}).get("network_bytes_sent", "")
+    return "host network" if "host-wide" in scope else "network"
+
+
 def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
     labels = header.get("labels") or {}
     what = header.get("command") or ", ".join(f"{k}={v}" for k, v in labels.items())
@@ -455,7 +463,7 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
     if "total_network_bytes_sent" in summary:
         sent, recv = summary["total_network_bytes_sent"], summary["total_network_bytes_recv"]
         figures.append(
-            f"network sent {human_bytes(sent)}, received {human_bytes(recv)}"
+            f"{_network(header)} sent {human_bytes(sent)}, received {human_bytes(recv)}"
             if sent or recv
             else "no network traffic"
         )

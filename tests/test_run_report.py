@@ -302,8 +302,9 @@ def test_plot_of_a_run_file_without_phases_or_power(tmp_path: Path) -> None:
     # Host-wide network bytes, loopback excluded: a panel when there were any.
     network = [_ for _ in _samples(out) if _.get("network_bytes_sent") or _["network_bytes_recv"]]
     if network:
-        assert _labels(drawn) == ["CPU (% of one core)", "memory (MiB)", "network (KiB/s)"]
-        lines = dict(drawn.panels)["network (KiB/s)"]
+        # The axis says whose: the host's (the header's units say so).
+        assert _labels(drawn) == ["CPU (% of one core)", "memory (MiB)", "host network (KiB/s)"]
+        lines = dict(drawn.panels)["host network (KiB/s)"]
         assert [name for name, _, _ in lines] == ["sent", "received"]
     else:
         assert _labels(drawn) == ["CPU (% of one core)", "memory (MiB)"]
@@ -650,3 +651,24 @@ def test_a_thousand_phases_keep_the_table_and_the_plot_readable(tmp_path: Path) 
     assert [t.get_text() for t in memory.get_legend().get_texts()] == ["RSS summed"]
     if os.environ.get("EDGEWATT_TEST_PLOTS"):
         figure.savefig(f"{os.environ['EDGEWATT_TEST_PLOTS']}/thousand-phases.png", dpi=100)
+
+
+@pytest.mark.parametrize("scope", ["host", "process"])
+def test_the_network_panel_and_title_say_whose_bytes_they_are(scope: str) -> None:
+    """A file's network bytes are the host's (edgewatt run's monitor, heflwr's) or the
+    process's (the heflwr drop-ins' process scope), as its header's units say: the
+    axis and the title name the host's as such (a run's plot once drew a pip install
+    beside it as if the command had received 40 MiB)."""
+    from edgewatt.client._samples import units
+
+    header = {"type": "header", "started_at": 100.0, "units": units(scope)}
+    samples = [
+        {"timestamp": 100.0 + i, "cpu_usage": 10.0, "network_bytes_sent": 2048 * i,
+         "network_bytes_recv": 1024} for i in (1, 2)
+    ]  # fmt: skip
+    drawn = layout(header, samples, [], summary_from_samples(samples, started_at=100.0))
+    whose = "host network" if scope == "host" else "network"
+    assert [label for label, _ in drawn.panels] == ["CPU (% of one core)", f"{whose} (KiB/s)"]
+    [(_, _, sent), (_, _, received)] = dict(drawn.panels)[f"{whose} (KiB/s)"]
+    assert (sent, received) == ([2.0, 4.0], [1.0, 1.0])
+    assert f", {whose} sent 6.0 KiB, received 2.0 KiB" in drawn.title
