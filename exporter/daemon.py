@@ -27,7 +27,7 @@ from edgewatt.core.power.values import PowerStatus
 from edgewatt.core.sampler import Sampler
 from edgewatt.core.sampling import procfs
 from edgewatt.core.snapshot import Snapshot
-from edgewatt.core.targets import SAMPLE_UNITS, Limits, Resolver, TargetTable
+from edgewatt.core.targets import SAMPLE_UNITS, Resolver, TargetTable
 from edgewatt.exporter import documents, health
 from edgewatt.exporter import reload as reloading
 from edgewatt.exporter.api import ApiContext, ApiServer
@@ -58,12 +58,7 @@ class Daemon:
         statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc))
         self.saved = SavedState(statefile)
         self.table = TargetTable(
-            Limits(
-                max_targets=config.max_targets,
-                max_targets_per_uid=config.max_targets_per_uid,
-                history_samples=config.history_samples,
-                exited_retention_s=config.exited_retention,
-            ),
+            config.targets.limits(),
             Resolver(procfs.boot_time(proc), procfs.CLOCK_TICKS, proc),
             on_change=self.saved.save,
             carbon=self.carbon,

@@ -21,6 +21,7 @@ from edgewatt.core import options as opt
 from edgewatt.core.carbon import CarbonOptions
 from edgewatt.core.options import Flag, Option, Variable, option
 from edgewatt.core.power.source import PowerOptions
+from edgewatt.core.targets.access import Limits
 from edgewatt.core.text import shown
 from edgewatt.core.transport import default_socket
 
@@ -163,6 +164,15 @@ class TargetOptions:
         "seconds an exited target's summary stays readable",
         live=True,
     )
+
+    def limits(self) -> Limits:
+        """The target table's bounds these options set (at start and on each reload)."""
+        return Limits(
+            max_targets=self.max_targets,
+            max_targets_per_uid=self.max_targets_per_uid,
+            history_samples=self.history_samples,
+            exited_retention_s=self.exited_retention,
+        )
 
 
 @dataclass(frozen=True)

@@ -85,13 +85,7 @@ def appliers(running: Running) -> dict[str, Callable[[Config], None]]:
         running.sampler.attribution.set_window(c.baseline_window)
 
     def targets(config: Config) -> None:
-        c = config.targets
-        running.table.set_limits(
-            max_targets=c.max_targets,
-            max_targets_per_uid=c.max_targets_per_uid,
-            history_samples=c.history_samples,
-            exited_retention_s=c.exited_retention,
-        )
+        running.table.set_limits(config.targets.limits())
 
     def otlp(config: Config) -> None:
         if running.pipeline is not None:  # push off: kept for when a restart turns it on

@@ -14,6 +14,7 @@ from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.snapshot import ProcessSample
+from edgewatt.core.targets import joining
 from edgewatt.core.targets.access import Limits, check_owner, hold
 from edgewatt.core.targets.errors import Conflict, NotFound
 from edgewatt.core.targets.history import History, Phase, phase_name
@@ -76,16 +77,8 @@ class TargetTable:
         self._targets: dict[str, Target] = {}
         self._by_identity: dict[tuple[int, int], str] = {}
 
-    def set_limits(
-        self,
-        *,
-        max_targets: int,
-        max_targets_per_uid: int,
-        history_samples: int,
-        exited_retention_s: float,
-    ) -> None:
+    def set_limits(self, limits: Limits) -> None:
         """A reload changed the limits: they hold for what comes next (Limits)."""
-        limits = Limits(max_targets, history_samples, exited_retention_s, max_targets_per_uid)
         with self._lock:
             self._limits = limits
 
@@ -103,27 +96,20 @@ class TargetTable:
         registered_at: float | None = None,
         holders: int = 1,
     ) -> Held:
-        """Register a live process. Registering a registered process again (any labels)
-        joins its target: one process is one target, whoever registers it. A process
-        in a running cgroup target's cgroup (`edgewatt run` put it in one) joins that
-        target where ``uid`` may act on it (its registrant, or root), unless it asks for
-        itself alone (``children`` false): its traffic is counted there whole."""
+        """Register a live process; registering it again (any labels) joins its target,
+        whoever registers it, and so does one in a cgroup target ``uid`` may act on,
+        unless it asks for itself alone (``children`` false): joining.py."""
         handle = self._resolver.process(pid, uid, expect_start)
         if children and target_id is None:
             joined = self._join_cgroup(handle, uid, labels)
             if joined is not None:
                 return joined
         identity = Identity(
-            id=target_id or secrets.token_hex(6),
-            pid=pid,
-            start_ticks=handle.start_ticks,
-            start_time=self._resolver.start_time(handle.start_ticks),
-            labels=labels,
-            children=children,
-            uid=uid,
-            registered_at=registered_at or self._wall(),
+            id=target_id or secrets.token_hex(6), pid=pid, start_ticks=handle.start_ticks,
+            start_time=self._resolver.start_time(handle.start_ticks), labels=labels,
+            children=children, uid=uid, registered_at=registered_at or self._wall(),
             executable=handle.executable,
-        )
+        )  # fmt: skip
         history = History(self._limits.history_samples)
         return self._hold_or_add(
             Target(identity, history, handle=handle, holders=max(1, holders)),
@@ -147,45 +133,25 @@ class TargetTable:
         cgroup = self._resolver.cgroup(name, uid, gids, limited)
         now = self._wall()
         identity = Identity(
-            id=target_id or secrets.token_hex(6),
-            pid=0,
-            start_ticks=cgroup.inode,
-            start_time=now,
-            labels=labels,
-            children=True,
-            uid=uid,
-            registered_at=registered_at or now,
-            executable=name.display,
-            cgroup_name=name,
+            id=target_id or secrets.token_hex(6), pid=0, start_ticks=cgroup.inode,
+            start_time=now, labels=labels, children=True, uid=uid,
+            registered_at=registered_at or now, executable=name.display, cgroup_name=name,
             gids=gids,
-        )
+        )  # fmt: skip
         history, observed = History(self._limits.history_samples), Observed(cgroup=cgroup.path)
         return self._hold_or_add(Target(identity, history, observed, holders=max(1, holders)))
 
     def _join_cgroup(self, handle: ProcHandle, uid: int, labels: dict[str, str]) -> Held | None:
         """The running cgroup target nearest above the pinned process's cgroup, held
-        once more, where ``uid`` may act on it; None where there is none (the handle
-        then stays the caller's)."""
+        once more (joining.py); None where there is none (the handle stays the caller's)."""
         with self._lock:
-            mine = [
-                t
-                for t in self._targets.values()
-                if t.cgroup_name is not None and t.exited_at is None and uid in (0, t.uid)
-            ]
-        if not mine:  # the common case: /proc is not read
-            return None
+            if not joining.joinable(self._targets.values(), uid):
+                return None  # the common case: /proc is not read
         path = self._resolver.cgroup_path(handle)
-        if path is None:
-            return None
         with self._lock:
-            holding = [
-                t
-                for t in mine
-                if t.exited_at is None and t.cgroup is not None and within(path, t.cgroup)
-            ]
-            if not holding:
+            target = joining.nearest(self._targets.values(), path, uid)
+            if target is None:
                 return None
-            target = max(holding, key=lambda t: len(t.cgroup or ""))
             try:
                 held = Held(target, False, hold(target, uid, labels, True))
             finally:
@@ -234,18 +200,13 @@ class TargetTable:
         return target
 
     def start_phase(self, target_id: str, name: object, uid: int) -> Phase:
-        """Start phase ``name`` (ending the running one); TargetError where the name is
-        not a valid label value, Conflict where the target has exited."""
+        """Start phase ``name`` (Target.start_phase); TargetError where the name is not a
+        valid label value."""
         valid = phase_name(name)
-        now = self._wall()
         with self._lock:
             target = _find(self._targets, target_id)
             check_owner(target, uid)
-            if target.exited_at is not None:
-                raise Conflict("target has exited", f"target {target_id} exited")
-            phase = Phase(name=valid, started_at=now, started_monotonic=self._monotonic())
-            target.history.start_phase(phase, now)
-            return phase
+            return target.start_phase(valid, self._wall(), self._monotonic())
 
     def end_phase(self, target_id: str, uid: int) -> Phase | None:
         """End the running phase, if any, without starting another."""
@@ -267,14 +228,10 @@ class TargetTable:
     def youngest_phase_age(self) -> float | None:
         """Seconds since the youngest phase still running started (on the monotonic
         clock); None where none runs."""
-        now = self._monotonic()
         with self._lock:
-            ages = [
-                now - phase.started_monotonic
-                for t in self._targets.values()
-                if t.exited_at is None and (phase := t.history.running_phase) is not None
-            ]
-        return min(ages) if ages else None
+            targets = [t for t in self._targets.values() if t.exited_at is None]
+            starts = [p.started_monotonic for t in targets if (p := t.history.running_phase)]
+        return self._monotonic() - max(starts) if starts else None
 
     def describe(self, target_id: str) -> dict[str, Any]:
         with self._lock:
@@ -338,9 +295,7 @@ class TargetTable:
                 target = self._targets.get(sample.target_id)
                 if target is None or target.exited_at is not None:
                     continue  # unregistered while the pass ran: its figures ended there
-                at = sample.monotonic
-                if at is None:
-                    at = monotonic - min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
+                at = _instant(sample, wall, monotonic)
                 row = row_of(sample, at) if only is None or target.id in only else None
                 target.observe(sample, row, self.energy_period_s, power)
                 if target.history.phases:
@@ -387,9 +342,12 @@ class TargetTable:
         self._saver.save(self.persistent_state)
 
 
-def within(path: str, cgroup: str) -> bool:
-    """Whether cgroup v2 path ``path`` is ``cgroup`` or below it."""
-    return cgroup == "/" or path == cgroup or path.startswith(cgroup.rstrip("/") + "/")
+def _instant(sample: ProcessSample, wall: float, monotonic: float) -> float:
+    """The sample's monotonic instant, or one from its wall-clock age where it has none
+    (bounded: a wall-clock step between its read and now moves it no further)."""
+    if sample.monotonic is not None:
+        return sample.monotonic
+    return monotonic - min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
 
 
 def _discard(target: Target) -> None:

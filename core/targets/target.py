@@ -11,7 +11,8 @@ from edgewatt.core.compat import SLOTS
 from edgewatt.core.labels import MAX_LABELS
 from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.snapshot import ProcessSample
-from edgewatt.core.targets.history import History
+from edgewatt.core.targets.errors import Conflict
+from edgewatt.core.targets.history import History, Phase
 from edgewatt.core.targets.row import SampleRow, sample_dict
 
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
@@ -190,6 +191,15 @@ class Target:
         self.history.note_power(*power)
         if row is not None:
             self.history.add(row, sample.root_execs)
+
+    def start_phase(self, name: str, now: float, monotonic: float) -> Phase:
+        """Start phase ``name`` at ``now`` (ending the running one); Conflict where the
+        target has exited."""
+        if self.exited_at is not None:
+            raise Conflict("target has exited", f"target {self.id} exited")
+        phase = Phase(name=name, started_at=now, started_monotonic=monotonic)
+        self.history.start_phase(phase, now)
+        return phase
 
     def end(
         self,
