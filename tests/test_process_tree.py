@@ -99,6 +99,33 @@ def test_a_waiting_member_is_read_once_then_carried_over(
     tree.close()
 
 
+def test_a_quiet_tree_costs_its_change_check_only(
+    waiter: subprocess.Popen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone member that did not run: its stat and scheduler counters are read (the
+    same bytes), nothing is parsed or derived again and no reading is built; the
+    reading it had is dated anew. A run brings a new reading."""
+    command(waiter, "file")
+    parsed: list[str] = []
+    parse_stat = procfs.parse_stat
+    monkeypatch.setattr(procfs, "parse_stat", lambda text: parsed.append(text) or parse_stat(text))
+    tree = tree_of(waiter.pid)
+    tree.sample(no_children)
+    quiet = tree.sample(no_children)
+    times = [quiet.time]
+    for _ in range(RECHECK_EVERY - 3):
+        assert tree.sample(no_children) is quiet
+        times.append(quiet.time)
+    assert times == sorted(times) and len(set(times)) == len(times)
+    assert len(parsed) == 1  # the handle's first read: the same bytes since
+    assert quiet.cpu_utilization == 0.0 and quiet.idle_pids == {waiter.pid}
+    command(waiter, "file")
+    ran = tree.sample(no_children)
+    assert ran is not quiet and ran.open_fds == quiet.open_fds + 1
+    assert ran.idle_pids == frozenset()
+    tree.close()
+
+
 def test_a_member_that_ran_is_read_again(waiter: subprocess.Popen, reads: Counter) -> None:
     command(waiter, "file")
     tree = tree_of(waiter.pid)

@@ -147,6 +147,12 @@ class NetworkAccounting:
             account = self._accounts.get(target)
             if account is None:
                 account = self._accounts[target] = _Account()
+            if not held[target] and not account.live and not account.pending:
+                # No socket held, none followed (most targets): what it had, without
+                # the bookkeeping below, which would find nothing to do.
+                account.internal.clear()
+                result[target] = None if target in hidden else account.totals()
+                continue
             account.internal &= held[target]  # a closed one's inode may be reused
             waited, account.pending = account.pending, {}
             account.live.update(waited)  # its other end had a pass to be taken

@@ -111,6 +111,9 @@ class ProcessTree:
         self.lost_members = False  # in the last sample: its orphans may be re-parented
         self.last: TreeReading | None = None
         self._final: ExitFigures | None = None
+        # The root's stat at the last full reading where it was the only member (the
+        # handle returns this object again while the stat bytes are the same).
+        self._root_stat: Stat | None = None
 
     @property
     def exact(self) -> bool:
@@ -125,8 +128,13 @@ class ProcessTree:
         read_at, read_at_monotonic = time.time(), time.monotonic()
         self._passes += 1
         first = self._passes == 1
+        recheck = self._passes % RECHECK_EVERY == 0
+        if not first and not recheck:
+            quiet = self._quiet(children_of, read_at, read_at_monotonic)
+            if quiet is not None:
+                return quiet
         walk = self._walk
-        walked = walk.walk(children_of, first=first, recheck=self._passes % RECHECK_EVERY == 0)
+        walked = walk.walk(children_of, first=first, recheck=recheck)
         if self.exits is not None and (walked.departed or walked.never_seen):
             self.exits.update()  # the records of exits since this pass drained them
         # Settled against the members as they were: the walk takes the new ones after.
@@ -138,7 +146,54 @@ class ProcessTree:
             alone = self.last is None or self.last.processes == 1
             self._final = self._departures.end(read_at, alone)
             raise NoSuchProcess(self.root.pid, "every member has exited")
+        root = walked.live.get(self.root.pid)
+        self._root_stat = root[1] if root is not None and len(walked.live) == 1 else None
         return self._reading(read_at, read_at_monotonic, walked.live)
+
+    def _quiet(
+        self, children_of: Callable[[int], list[int]], read_at: float, read_at_monotonic: float
+    ) -> TreeReading | None:
+        """The last reading again, dated now, where the tree is its root alone and the
+        root did nothing since: the same stat bytes (the stat file is still read: pages
+        reclaimed and a new parent show there without the process running) and the
+        same scheduler counters of its only thread (it did not run, so did no I/O and
+        opened nothing). Two preads and no allocation, instead of a walk, the members'
+        reads and the departures' bookkeeping. None: a full reading is needed (also
+        when anything is pending: a new or departed member, an exit record, lost
+        events, a departed member's figures not yet shown)."""
+        last, lineage, walk = self.last, self.lineage, self._walk
+        if (
+            last is None
+            or self._root_stat is None
+            or lineage.exited
+            or (lineage.events and lineage.lossy)
+            or len(lineage.pids) != 1
+            or walk.unseen
+            or not self._departures.quiet
+        ):
+            return None
+        member = walk.members.get(self.root.pid)
+        if member is None or member.handle is not self.root or member.activity is None:
+            return None
+        try:
+            if self.root.stat() is not self._root_stat:
+                return None
+            if self.root.activity() != member.activity:
+                return None
+        except NoSuchProcess:
+            return None  # the full reading finds it gone and says so
+        if self.children and lineage.lossy and children_of(self.root.pid):
+            return None
+        by_mode = self._rate.update(read_at_monotonic, last.cpu_user_s, last.cpu_system_s)
+        if by_mode != last.cpu_mode_utilization:  # the first quiet pass after a run
+            last.cpu_mode_utilization = by_mode
+            last.cpu_utilization = None if by_mode is None else by_mode[0] + by_mode[1]
+        if not member.idle:
+            member.idle = True
+            last.idle_pids = frozenset(last.pids)
+        last.time = read_at
+        self.lost_members = False
+        return last
 
     def _reading(
         self, read_at: float, read_at_monotonic: float, live: dict[int, tuple[Member, Stat]]
