@@ -5,13 +5,14 @@ re-aggregates every point, then prometheus_client re-sorts and re-escapes every 
 set); this renders the same text in a few milliseconds, once per snapshot however many
 scrapers ask (docs/performance.md). The names, types, HELP texts, label names and
 label values are exactly what ``PrometheusMetricReader`` produces for the same
-``METRICS`` table: family names and label keys come from the OTel exporter's own
-mapping functions, and ``tests/test_exposition.py`` renders snapshots both ways and
-compares them line for line. One difference: where points of a family differ in label
-names, each point here carries its own, where the OTel exporter adds the others as ""
-(which Prometheus reads as absent), so the text grows linearly with targets. The OTel
-SDK stays the path for OTLP push (``telemetry.OtelPipeline``). The HTTP side is
-``scrape_server.py``.
+``METRICS`` table: family names are the table's (``Metric.prometheus_name``), label
+keys and numbers follow the OTel exporter's rules, and ``tests/test_exposition.py``
+renders snapshots both ways and compares them line for line. A target whose figures
+did not change since the last render keeps its lines (most targets wait). One
+difference: where points of a family differ in label names, each point here carries
+its own, where the OTel exporter adds the others as "" (which Prometheus reads as
+absent), so the text grows linearly with targets. The OTel SDK stays the path for
+OTLP push (``telemetry.OtelPipeline``). The HTTP side is ``scrape_server.py``.
 """
 
 from __future__ import annotations

@@ -17,16 +17,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.exporter.prometheus._mapping import sanitize_attribute as otel_sanitize_attribute
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from edgewatt.core import compat
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.metrics import BY_NAME
 from edgewatt.core.sampling import system
 from edgewatt.core.snapshot import HostSample, SamplerStats, Snapshot
-from edgewatt.exporter.exposition import CONTENT_TYPE, UNEXPORTED, Exposition
+from edgewatt.exporter.exposition import (
+    CONTENT_TYPE,
+    UNEXPORTED,
+    Exposition,
+    float_to_go_string,
+    sanitize_attribute,
+)
 from edgewatt.exporter.scrape_server import accepts_gzip
 from edgewatt.exporter.telemetry import METRICS, OtelPipeline
 from tests.semconv import REQUIRED_1_44
@@ -273,6 +281,18 @@ def test_the_fields_left_out_of_the_change_check_are_in_no_point(name: str) -> N
     assert getattr(moved, name) != getattr(sample, name)
     snapshot = every_figure(processes=(sample,))  # the host read once: it moves
     assert fast_text(dataclasses.replace(snapshot, processes=(moved,))) == fast_text(snapshot)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats() | st.integers(-(2**63), 2**64))
+def test_numbers_are_written_as_prometheus_client_writes_them(value: float) -> None:
+    assert float_to_go_string(float(value)) == floatToGoString(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=20))
+def test_label_keys_are_sanitized_as_the_otel_exporter_does(key: str) -> None:
+    assert sanitize_attribute(key) == otel_sanitize_attribute(key)
 
 
 label_keys = st.from_regex(r"[a-z][a-z0-9._-]{0,12}", fullmatch=True)

@@ -111,9 +111,7 @@ class ProcessTree:
         self.lost_members = False  # in the last sample: its orphans may be re-parented
         self.last: TreeReading | None = None
         self._final: ExitFigures | None = None
-        # The root's stat at the last full reading where it was the only member (the
-        # handle returns this object again while the stat bytes are the same).
-        self._root_stat: Stat | None = None
+        self._alone = False  # the last full reading found the root alone
 
     @property
     def exact(self) -> bool:
@@ -146,25 +144,26 @@ class ProcessTree:
             alone = self.last is None or self.last.processes == 1
             self._final = self._departures.end(read_at, alone)
             raise NoSuchProcess(self.root.pid, "every member has exited")
-        root = walked.live.get(self.root.pid)
-        self._root_stat = root[1] if root is not None and len(walked.live) == 1 else None
+        self._alone = len(walked.live) == 1 and self.root.pid in walked.live
         return self._reading(read_at, read_at_monotonic, walked.live)
 
     def _quiet(
         self, children_of: Callable[[int], list[int]], read_at: float, read_at_monotonic: float
     ) -> TreeReading | None:
         """The last reading again, dated now, where the tree is its root alone and the
-        root did nothing since: the same stat bytes (the stat file is still read: pages
-        reclaimed and a new parent show there without the process running) and the
-        same scheduler counters of its only thread (it did not run, so did no I/O and
-        opened nothing). Two preads and no allocation, instead of a walk, the members'
-        reads and the departures' bookkeeping. None: a full reading is needed (also
-        when anything is pending: a new or departed member, an exit record, lost
-        events, a departed member's figures not yet shown)."""
+        root did not run since: the same scheduler counters of its only thread, so no
+        CPU time, I/O, descriptor, socket, child or exit. One pread and no allocation,
+        instead of a walk, the members' reads and the departures' bookkeeping. The stat
+        file is not read: what can change there without the process running is its
+        resident memory (pages reclaimed) and its parent (irrelevant to a root alone),
+        and every RECHECK_EVERY-th pass reads it all the same (docs/performance.md:
+        the stat read was 25-30 % of a pass over 200 idle targets). None: a full
+        reading is needed (also when anything is pending: a new or departed member,
+        an exit record, lost events, a departed member's figures not yet shown)."""
         last, lineage, walk = self.last, self.lineage, self._walk
         if (
             last is None
-            or self._root_stat is None
+            or not self._alone
             or lineage.exited
             or (lineage.events and lineage.lossy)
             or len(lineage.pids) != 1
@@ -176,8 +175,6 @@ class ProcessTree:
         if member is None or member.handle is not self.root or member.activity is None:
             return None
         try:
-            if self.root.stat() is not self._root_stat:
-                return None
             if self.root.activity() != member.activity:
                 return None
         except NoSuchProcess:
