@@ -67,8 +67,10 @@ PROCESS_EXPORTER_CONFIG = """\
 process_names:
   - name: "{{.Matches.id}}"
     cmdline:
-      - '^edgewatt-bench-(?P<id>\\d+)'
+      - '^{prefix}-(?P<id>\\d+)'
 """
+# This run's processes only: other runs on the host (helpers, CI) use other pids.
+PREFIX = f"edgewatt-bench{os.getpid()}"
 
 
 # The busy target: 8 threads computing a little and passing bytes over one loopback
@@ -252,7 +254,7 @@ def process_exporter(workdir: Path) -> Iterator[tuple[int, str] | None]:
         yield None
         return
     config = workdir / "process-exporter.yml"
-    config.write_text(PROCESS_EXPORTER_CONFIG)
+    config.write_text(PROCESS_EXPORTER_CONFIG.replace("{prefix}", PREFIX))
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -284,7 +286,7 @@ def compare(
 ) -> list[Result]:
     case = f"{targets} busy" if busy else str(targets)
     with contextlib.ExitStack() as stack:
-        pids = stack.enter_context(idle_processes(targets, "edgewatt-bench", busy))
+        pids = stack.enter_context(idle_processes(targets, PREFIX, busy))
         pid, url = stack.enter_context(daemon(pids, workdir / "this", args))
         exporters = [Exporter("edgewatt", pid, url, per_thread=True)]
         if args.rev:
