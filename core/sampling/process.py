@@ -22,8 +22,11 @@ Most members of most trees wait (a launcher waiting on its child, idle workers).
 single-threaded member whose scheduler counters (/proc/PID/schedstat) have not moved
 since the last reading has not run, so its storage bytes, descriptors and sockets are
 as they were: they are carried over instead of read again (``TreeReading.idle_pids``
-tells socket discovery). Its stat is still read each time: the kernel can reclaim its
-pages, and its parent can change, without it running.
+tells socket discovery). Its stat is still read each time in a tree of several: the
+kernel can reclaim its pages, and its parent can change, without it running. A tree
+that is its root alone and did not run gets its last reading back, re-dated, after
+one read of its scheduler counters (``ProcessTree._quiet``; docs/performance.md says
+what that leaves unread and why).
 
 :class:`ProcessTree` is the wiring of one pass; each concern has a module of its own:
 who is there and who departed (``tree_walk.py``), one member's counters by the rule
