@@ -34,53 +34,21 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measure import free_port, start_daemon  # noqa: E402
+from benchmarks.measure import (  # noqa: E402
+    Counters,
+    checkout,
+    free_port,
+    start_daemon,
+    thread_counters,
+)
 from edgewatt.core import transport  # noqa: E402
 
 SETTLE_S = 5.0  # after registration: the first passes and scrapes build caches
-
-
-@dataclass(frozen=True)
-class Counters:
-    run_ns: int
-    voluntary: int
-    involuntary: int
-
-
-def thread_counters(pid: int) -> dict[str, Counters]:
-    """Per thread name (the main thread as "main"; same names summed): its counters now."""
-    found: dict[str, Counters] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        base = f"/proc/{pid}/task/{tid}"
-        try:
-            with open(f"{base}/comm") as f:
-                name = "main" if tid == str(pid) else f.read().strip()
-            with open(f"{base}/schedstat") as f:
-                run_ns = int(f.read().split()[0])
-            with open(f"{base}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # a connection's thread that ended meanwhile
-        counters = Counters(
-            run_ns,
-            int(fields["voluntary_ctxt_switches"]),
-            int(fields["nonvoluntary_ctxt_switches"]),
-        )
-        old = found.get(name)
-        if old is not None:
-            counters = Counters(
-                old.run_ns + counters.run_ns,
-                old.voluntary + counters.voluntary,
-                old.involuntary + counters.involuntary,
-            )
-        found[name] = counters
-    return found
 
 
 def process_cpu_s(pid: int) -> float:
@@ -88,23 +56,6 @@ def process_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextlib.contextmanager
-def checkout(rev: str) -> Iterator[Path]:
-    """``rev``'s tree as an importable ``edgewatt`` package: the directory to put first
-    on PYTHONPATH."""
-    top = Path(tempfile.mkdtemp(prefix="edgewatt-rev-"))
-    try:
-        package = top / "edgewatt"
-        package.mkdir()
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(package)], input=archive, check=True)
-        yield top
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -1,14 +1,18 @@
-"""Helpers the benchmarks share: a free port, a process's RSS, percentiles, starting
-and waiting for a daemon."""
+"""Helpers the benchmarks share: a free port, a process's RSS and per-thread counters,
+percentiles, starting and waiting for a daemon, an older revision to run beside it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgewatt.core import transport
@@ -72,3 +76,57 @@ def start_daemon(
         proc.wait()
         raise
     return proc
+
+
+@dataclass(frozen=True)
+class Counters:
+    run_ns: int
+    voluntary: int
+    involuntary: int
+
+
+def thread_counters(pid: int) -> dict[str, Counters]:
+    """Per thread name (the main thread as "main"; same names summed): its counters now."""
+    found: dict[str, Counters] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        base = f"/proc/{pid}/task/{tid}"
+        try:
+            with open(f"{base}/comm") as f:
+                name = "main" if tid == str(pid) else f.read().strip()
+            with open(f"{base}/schedstat") as f:
+                run_ns = int(f.read().split()[0])
+            with open(f"{base}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a connection's thread that ended meanwhile
+        counters = Counters(
+            run_ns,
+            int(fields["voluntary_ctxt_switches"]),
+            int(fields["nonvoluntary_ctxt_switches"]),
+        )
+        old = found.get(name)
+        if old is not None:
+            counters = Counters(
+                old.run_ns + counters.run_ns,
+                old.voluntary + counters.voluntary,
+                old.involuntary + counters.involuntary,
+            )
+        found[name] = counters
+    return found
+
+
+@contextlib.contextmanager
+def checkout(rev: str) -> Iterator[Path]:
+    """``rev``'s tree as an importable ``edgewatt`` package: the directory to put first
+    on PYTHONPATH."""
+    top = Path(tempfile.mkdtemp(prefix="edgewatt-rev-"))
+    try:
+        package = top / "edgewatt"
+        package.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(package)], input=archive, check=True)
+        yield top
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

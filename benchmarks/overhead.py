@@ -17,6 +17,14 @@ end, /metrics latency p50/p99 (full body read), and the ratio of the two CPU cos
 `--idle-processes K` adds a run of the daemon with K unrelated idle processes on the
 host, to show the cost does not follow the host's process count. `--sweep` repeats the
 comparison for each N and, with the `plot` extra, draws cost versus N.
+
+`--rev REV` runs a daemon from that git revision as a third exporter in the same turns
+(its figures beside this checkout's: "no added cost" is a ratio near 1). `--busy` adds a
+comparison with one busy target: a process with 8 threads that compute and talk over a
+TCP connection, what most users run. For each edgewatt daemon the CPU is also split by
+thread (their kernel names; run time from /proc/PID/task/TID/schedstat, in ns).
+
+    .venv/bin/python benchmarks/overhead.py --sweep 1,200,1000 --busy --rev 671bed6
 """
 
 from __future__ import annotations
@@ -41,7 +49,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measure import free_port, percentile, rss_bytes, start_daemon  # noqa: E402
+from benchmarks.measure import (  # noqa: E402
+    checkout,
+    free_port,
+    percentile,
+    rss_bytes,
+    start_daemon,
+    thread_counters,
+)
 from edgewatt.core import transport  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -52,7 +67,30 @@ PROCESS_EXPORTER_CONFIG = """\
 process_names:
   - name: "{{.Matches.id}}"
     cmdline:
-      - '^edgewatt-bench-(?P<id>\\d+)'
+      - '^{prefix}-(?P<id>\\d+)'
+"""
+# This run's processes only: other runs on the host (helpers, CI) use other pids.
+PREFIX = f"edgewatt-bench{os.getpid()}"
+
+
+# The busy target: 8 threads computing a little and passing bytes over one loopback
+# TCP connection, 100 times a second each.
+BUSY = """
+import socket, threading, time
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()
+out = socket.create_connection(server.getsockname())
+into, _ = server.accept()
+def work():
+    while True:
+        sum(range(20000))
+        out.sendall(b"x" * 100)
+        into.recv(100)
+        time.sleep(0.01)
+for _ in range(8):
+    threading.Thread(target=work, daemon=True).start()
+time.sleep(10**6)
 """
 
 
@@ -60,6 +98,7 @@ process_names:
 class Result:
     exporter: str
     targets: int
+    case: str  # "200", or "1 busy"
     idle_processes: int
     duration_s: float
     cpu_s: float  # CPU time the exporter used over the measured window
@@ -68,6 +107,8 @@ class Result:
     scrape_p50_ms: float
     scrape_p99_ms: float
     scrape_bytes: int
+    threads_ms_per_s: dict[str, float]  # CPU by thread name, ms per second
+    run_ms_per_s: float  # their sum: run time in ns, where ticks are 10 ms
 
 
 def cpu_seconds(pid: int) -> float:
@@ -77,11 +118,16 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def idle_processes(count: int, prefix: str) -> Iterator[list[int]]:
-    """``count`` sleeping processes whose argv[0] is ``prefix-<i>``."""
-    procs = [
-        subprocess.Popen([f"{prefix}-{i}", "100000"], executable="/bin/sleep") for i in range(count)
-    ]
+def idle_processes(count: int, prefix: str, busy: bool = False) -> Iterator[list[int]]:
+    """``count`` sleeping processes whose argv[0] is ``prefix-<i>``; ``busy``: the one
+    busy process (BUSY) instead."""
+    if busy:
+        procs = [subprocess.Popen([f"{prefix}-0", "-c", BUSY], executable=sys.executable)]
+    else:
+        procs = [
+            subprocess.Popen([f"{prefix}-{i}", "100000"], executable="/bin/sleep")
+            for i in range(count)
+        ]
     try:
         yield [p.pid for p in procs]
     finally:
@@ -109,9 +155,12 @@ class Exporter:
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
     size: int = 0
+    per_thread: bool = True  # split its CPU by thread (a thread that ends loses its part)
+    thread_ns: dict[str, int] = field(default_factory=dict)
 
     def window(self, seconds: float, interval: float) -> None:
         """Scrape once per interval for ``seconds``; adds the CPU time used meanwhile."""
+        threads_before = thread_counters(self.pid) if self.per_thread else {}
         cpu_before, started = cpu_seconds(self.pid), time.monotonic()
         tick = started
         while time.monotonic() - started < seconds:
@@ -121,11 +170,17 @@ class Exporter:
             time.sleep(max(0.0, tick - time.monotonic()))
         self.seconds += time.monotonic() - started
         self.cpu_s += cpu_seconds(self.pid) - cpu_before
+        if self.per_thread:
+            for thread, after in thread_counters(self.pid).items():
+                before = threads_before.get(thread)
+                ran = after.run_ns - (before.run_ns if before is not None else 0)
+                self.thread_ns[thread] = self.thread_ns.get(thread, 0) + ran
 
-    def result(self, targets: int, idle: int, name: str | None = None) -> Result:
+    def result(self, targets: int, idle: int, name: str | None = None, case: str = "") -> Result:
         return Result(
             exporter=name or self.name,
             targets=targets,
+            case=case or str(targets),
             idle_processes=idle,
             duration_s=round(self.seconds, 1),
             cpu_s=round(self.cpu_s, 3),
@@ -134,6 +189,11 @@ class Exporter:
             scrape_p50_ms=round(percentile(self.latencies, 0.5) * 1000, 2),
             scrape_p99_ms=round(percentile(self.latencies, 0.99) * 1000, 2),
             scrape_bytes=self.size,
+            threads_ms_per_s={
+                thread: round(ns / 1e6 / self.seconds, 3)
+                for thread, ns in sorted(self.thread_ns.items())
+            },
+            run_ms_per_s=round(sum(self.thread_ns.values()) / 1e6 / self.seconds, 3),
         )
 
 
@@ -152,12 +212,25 @@ def alone(running: Exporter, exporters: list[Exporter]) -> Iterator[None]:
 
 
 @contextmanager
-def daemon(pids: list[int], workdir: Path, args: argparse.Namespace) -> Iterator[tuple[int, str]]:
-    """The edgewatt daemon with every pid registered: yields its pid and /metrics URL."""
+def daemon(
+    pids: list[int], workdir: Path, args: argparse.Namespace, pythonpath: Path | None = None
+) -> Iterator[tuple[int, str]]:
+    """The edgewatt daemon with every pid registered (from ``pythonpath``, an older
+    revision's tree, where given): yields its pid and /metrics URL."""
+    workdir.mkdir()
     sock = str(workdir / "edgewatt.sock")
     port = free_port()
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
     proc = start_daemon(
-        sock, workdir / "state", "--listen", f"127.0.0.1:{port}", "--interval", str(args.interval)
+        sock,
+        workdir / "state",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--interval",
+        str(args.interval),
+        env=env,
     )
     try:
         for i, pid in enumerate(pids):
@@ -170,7 +243,7 @@ def daemon(pids: list[int], workdir: Path, args: argparse.Namespace) -> Iterator
         proc.send_signal(signal.SIGTERM)
         proc.send_signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only then
         proc.wait(timeout=10)
-        shutil.rmtree(workdir / "state", ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @contextmanager
@@ -181,7 +254,7 @@ def process_exporter(workdir: Path) -> Iterator[tuple[int, str] | None]:
         yield None
         return
     config = workdir / "process-exporter.yml"
-    config.write_text(PROCESS_EXPORTER_CONFIG)
+    config.write_text(PROCESS_EXPORTER_CONFIG.replace("{prefix}", PREFIX))
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -208,12 +281,19 @@ def process_exporter(workdir: Path) -> Iterator[tuple[int, str] | None]:
         proc.wait(timeout=10)
 
 
-def compare(targets: int, workdir: Path, args: argparse.Namespace) -> list[Result]:
+def compare(
+    targets: int, workdir: Path, args: argparse.Namespace, busy: bool = False
+) -> list[Result]:
+    case = f"{targets} busy" if busy else str(targets)
     with contextlib.ExitStack() as stack:
-        pids = stack.enter_context(idle_processes(targets, "edgewatt-bench"))
-        pid, url = stack.enter_context(daemon(pids, workdir, args))
+        pids = stack.enter_context(idle_processes(targets, PREFIX, busy))
+        pid, url = stack.enter_context(daemon(pids, workdir / "this", args))
+        exporters = [Exporter("edgewatt", pid, url, per_thread=True)]
+        if args.rev:
+            tree = stack.enter_context(checkout(args.rev))
+            old = stack.enter_context(daemon(pids, workdir / "rev", args, tree))
+            exporters.append(Exporter(f"edgewatt@{args.rev}", *old, per_thread=True))
         other = stack.enter_context(process_exporter(workdir))
-        exporters = [Exporter("edgewatt", pid, url)]
         if other is not None:
             exporters.append(Exporter("process-exporter", *other))
         for exporter in exporters:
@@ -225,16 +305,16 @@ def compare(targets: int, workdir: Path, args: argparse.Namespace) -> list[Resul
             for exporter in exporters if turn % 2 == 0 else exporters[::-1]:
                 with alone(exporter, exporters):
                     exporter.window(args.duration / args.windows, args.interval)
-        results = [e.result(targets, 0) for e in exporters]
+        results = [e.result(targets, 0, case=case) for e in exporters]
         if args.idle_processes and targets == args.targets:
             # Same daemon, A-B-A: with the unrelated processes, then without again,
             # so drift on the machine shows up rather than passing for an effect.
             k = args.idle_processes
             with alone(exporters[0], exporters):
                 with idle_processes(k, "edgewatt-unrelated"):
-                    loaded = Exporter("edgewatt", pid, url)
+                    loaded = Exporter("edgewatt", pid, url, per_thread=True)
                     loaded.window(args.duration, args.interval)
-                again = Exporter("edgewatt", pid, url)
+                again = Exporter("edgewatt", pid, url, per_thread=True)
                 again.window(args.duration, args.interval)
             results += [loaded.result(targets, k), again.result(targets, 0, "edgewatt (again)")]
     return results
@@ -242,30 +322,36 @@ def compare(targets: int, workdir: Path, args: argparse.Namespace) -> list[Resul
 
 def print_table(results: list[Result]) -> None:
     header = (
-        f"{'exporter':18s} {'N':>4s} {'idle':>5s} {'CPU s':>7s} {'% core':>7s} "
-        f"{'RSS MiB':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'bytes':>8s}"
+        f"{'exporter':22s} {'N':>7s} {'idle':>5s} {'CPU s':>7s} {'% core':>7s} "
+        f"{'RSS MiB':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'bytes':>8s}  CPU ms/s by thread"
     )
     print(header)
     for r in results:
+        threads = " ".join(f"{t}={ms:.2f}" for t, ms in r.threads_ms_per_s.items() if ms >= 0.005)
+        if r.exporter == "process-exporter":
+            threads = f"(all threads: {r.run_ms_per_s:.2f})"
         print(
-            f"{r.exporter:18s} {r.targets:4d} {r.idle_processes:5d} {r.cpu_s:7.2f} "
+            f"{r.exporter:22s} {r.case:>7s} {r.idle_processes:5d} {r.cpu_s:7.2f} "
             f"{r.cpu_share * 100:7.2f} {r.rss_mib:8.1f} {r.scrape_p50_ms:8.2f} "
-            f"{r.scrape_p99_ms:8.2f} {r.scrape_bytes:8d}"
+            f"{r.scrape_p99_ms:8.2f} {r.scrape_bytes:8d}  {threads}"
         )
 
 
-def ratios(results: list[Result]) -> dict[str, float]:
-    """CPU of the daemon / CPU of process-exporter, per N (no extra idle processes)."""
+def ratios(
+    results: list[Result], exporter: str = "edgewatt", ticks: bool = True
+) -> dict[str, float]:
+    """CPU of ``exporter`` / CPU of process-exporter, per case (no extra idle processes):
+    from /proc/PID/stat's ticks, or (``ticks`` false) the threads' run time in ns."""
     out = {}
-    for n in sorted({r.targets for r in results}):
+    for case in dict.fromkeys(r.case for r in results):
         ours = [
-            r
-            for r in results
-            if r.targets == n and r.exporter == "edgewatt" and not r.idle_processes
+            r for r in results if r.case == case and r.exporter == exporter and not r.idle_processes
         ]
-        theirs = [r for r in results if r.targets == n and r.exporter == "process-exporter"]
-        if ours and theirs and theirs[0].cpu_s > 0:
-            out[str(n)] = round(ours[0].cpu_s / theirs[0].cpu_s, 3)
+        theirs = [r for r in results if r.case == case and r.exporter == "process-exporter"]
+        if ticks and ours and theirs and theirs[0].cpu_s > 0:
+            out[case] = round(ours[0].cpu_s / theirs[0].cpu_s, 3)
+        elif not ticks and ours and theirs and theirs[0].run_ms_per_s > 0:
+            out[case] = round(ours[0].run_ms_per_s / theirs[0].run_ms_per_s, 3)
     return out
 
 
@@ -305,6 +391,8 @@ def main() -> None:
     parser.add_argument(
         "--sweep", metavar="N,N,...", help="compare at each N (e.g. 1,10,100,200,500)"
     )
+    parser.add_argument("--busy", action="store_true", help="also compare on one busy target")
+    parser.add_argument("--rev", metavar="REV", help="also run a daemon from this git revision")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument(
         "--png", metavar="PATH", help="cost versus N (needs --sweep and matplotlib)"
@@ -322,23 +410,35 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="edgewatt-overhead-"))
     results: list[Result] = []
     try:
-        for n in sizes:
-            results += compare(n, workdir, args)
-            print_table([r for r in results if r.targets == n])
+        cases = [(n, False) for n in sizes] + ([(1, True)] if args.busy else [])
+        for n, busy in cases:
+            found = compare(n, workdir, args, busy)
+            results += found
+            print_table(found)
             print(flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
     print("Summary")
     print_table(results)
+    names = ["edgewatt"] + ([f"edgewatt@{args.rev}"] if args.rev else [])
     cpu_ratio = ratios(results)
-    for n, ratio in cpu_ratio.items():
-        print(f"CPU ratio edgewatt/process-exporter at N={n}: {ratio:.3f}")
+    run_ratio = {name: ratios(results, name, ticks=False) for name in names}
+    rev_ratio = ratios(results, names[-1]) if args.rev else {}
+    for name in names:
+        ticked = ratios(results, name)
+        for case, ratio in run_ratio[name].items():
+            print(
+                f"CPU ratio {name}/process-exporter at N={case}: {ratio:.3f} by run time "
+                f"({ticked.get(case, float('nan')):.3f} by ticks)"
+            )
     idle_change = None
     base = [
         r.cpu_s
         for r in results
-        if r.exporter.startswith("edgewatt") and r.targets == args.targets and not r.idle_processes
+        if r.exporter in ("edgewatt", "edgewatt (again)")
+        and r.case == str(args.targets)
+        and not r.idle_processes
     ]
     loaded = [r for r in results if r.idle_processes]
     if loaded:
@@ -355,6 +455,9 @@ def main() -> None:
                     "interval_s": args.interval,
                     "results": [asdict(r) for r in results],
                     "cpu_ratio": cpu_ratio,
+                    "rev": args.rev,
+                    "rev_cpu_ratio": rev_ratio,
+                    "run_time_ratio": run_ratio,
                     "idle_processes_change": idle_change,
                 },
                 indent=1,

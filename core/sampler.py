@@ -269,8 +269,9 @@ class Sampler:
                 self._errors += 1
                 log.warning("%s failed: %s", contributor.name, exc)
                 continue
-            for target_id, fields in figures.items():
-                merged.setdefault(target_id, {}).update(fields)
+            for target_id, fields in figures.items():  # read only: no copy unless merged
+                have = merged.get(target_id)
+                merged[target_id] = fields if have is None else {**have, **fields}
         return merged
 
     def _sample(

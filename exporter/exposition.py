@@ -5,13 +5,14 @@ re-aggregates every point, then prometheus_client re-sorts and re-escapes every 
 set); this renders the same text in a few milliseconds, once per snapshot however many
 scrapers ask (docs/performance.md). The names, types, HELP texts, label names and
 label values are exactly what ``PrometheusMetricReader`` produces for the same
-``METRICS`` table: family names and label keys come from the OTel exporter's own
-mapping functions, and ``tests/test_exposition.py`` renders snapshots both ways and
-compares them line for line. One difference: where points of a family differ in label
-names, each point here carries its own, where the OTel exporter adds the others as ""
-(which Prometheus reads as absent), so the text grows linearly with targets. The OTel
-SDK stays the path for OTLP push (``telemetry.OtelPipeline``). The HTTP side is
-``scrape_server.py``.
+``METRICS`` table: family names are the table's (``Metric.prometheus_name``), label
+keys and numbers follow the OTel exporter's rules, and ``tests/test_exposition.py``
+renders snapshots both ways and compares them line for line. A target whose figures
+did not change since the last render keeps its lines (most targets wait). One
+difference: where points of a family differ in label names, each point here carries
+its own, where the OTel exporter adds the others as "" (which Prometheus reads as
+absent), so the text grows linearly with targets. The OTel SDK stays the path for
+OTLP push (``telemetry.OtelPipeline``). The HTTP side is ``scrape_server.py``.
 """
 
 from __future__ import annotations
@@ -19,22 +20,17 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from math import copysign
+from operator import attrgetter
 from typing import Any
 
-from opentelemetry.exporter.prometheus._mapping import (
-    map_unit,
-    sanitize_attribute,
-    sanitize_full_name,
-)
 from opentelemetry.sdk.resources import Resource
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.utils import floatToGoString
 
-from edgewatt.core.snapshot import Snapshot
+from edgewatt.core.snapshot import ProcessSample, Snapshot
 from edgewatt.core.text import shown
 from edgewatt.exporter.scrape_server import Answer, Request, ScrapeServer, accepts_gzip
 from edgewatt.exporter.telemetry import METRICS, MetricSpec
@@ -52,25 +48,72 @@ class _Family:
     sample_name: str  # counters end in _total here, as prometheus_client writes them
     header: str  # the HELP and TYPE lines
     negative_zero: str  # how -0.0 reads: the SDK's sums add it to 0, gauges keep it
+    per_target: bool  # one series set per target: its lines are kept per target
+
+
+# A sample's fields that no metric reads: left out of the comparison that tells an
+# unchanged target's figures (they move every pass; tests/test_exposition.py checks
+# that changing them changes no point).
+UNEXPORTED = frozenset({"time", "device_energy_j"})
+_figures = attrgetter(*(f.name for f in fields(ProcessSample) if f.name not in UNEXPORTED))
+_TARGET_ID = "edgewatt.target.id"  # in every target's attributes (registration reserves it)
+
+
+class _Targets:
+    """What a per-target metric's observer reads of a snapshot: its targets (here those
+    whose lines are rendered again) and the carbon intensity."""
+
+    __slots__ = ("carbon", "processes")
+
+    def __init__(self, processes: tuple[ProcessSample, ...], carbon: object) -> None:
+        self.processes = processes
+        self.carbon = carbon
 
 
 def _family(spec: MetricSpec) -> _Family:
-    # The same classes and arguments as the OTel exporter: prometheus_client appends
-    # the unit and handles _total exactly as it does there.
-    name, unit = sanitize_full_name(spec.name), map_unit(spec.unit)
-    if spec.kind == "counter":
-        family: Any = CounterMetricFamily(name, spec.description, unit=unit)
-        sample_name, kind = family.name + "_total", "counter"
-    else:  # gauges, and up-down counters (cumulative non-monotonic sums)
-        family = GaugeMetricFamily(name, spec.description, unit=unit)
-        sample_name, kind = family.name, "gauge"
+    # The table's Prometheus name: the OTel exporter's mapping (the unit's suffix,
+    # _total on counters), which tests/test_metrics.py checks against that exporter.
+    sample_name = spec.metric.prometheus_name
+    kind = "counter" if spec.kind == "counter" else "gauge"  # up-down counters: gauges
     help_text = spec.description.replace("\\", r"\\").replace("\n", r"\n")
     return _Family(
         spec,
         sample_name,
         f"# HELP {sample_name} {help_text}\n# TYPE {sample_name} {kind}\n",
         "-0.0" if spec.kind == "gauge" else "0.0",
+        spec.metric.subject == "process",
     )
+
+
+# The OTel Prometheus exporter's rules for label keys and numbers (its
+# sanitize_attribute, prometheus_client's floatToGoString), written out here: importing
+# them loads prometheus_client and the exporter, ~9 MiB of the daemon's memory for two
+# small functions. tests/test_exposition.py renders through the real ones and compares.
+_NOT_IN_KEY = re.compile(r"[^a-zA-Z0-9]+")
+
+
+def sanitize_attribute(key: str) -> str:
+    if key and key[0].isdigit():
+        key = "_" + key[1:]
+    return _NOT_IN_KEY.sub("_", key)
+
+
+def float_to_go_string(value: float) -> str:
+    if value == _INF:
+        return "+Inf"
+    if value == -_INF:
+        return "-Inf"
+    if value != value:
+        return "NaN"
+    text = repr(value)
+    dot = text.find(".")
+    if value > 0 and dot > 6:  # Go switches to exponents sooner than Python
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return text
+
+
+_INF = float("inf")
 
 
 def _label_value(value: object) -> str:
@@ -84,6 +127,7 @@ class Exposition:
 
     def __init__(self, resource: Resource, metrics: tuple[MetricSpec, ...] = METRICS) -> None:
         self._families = [_family(spec) for spec in metrics]
+        self._per_target = sum(f.per_target for f in self._families)
         self._labels = _LabelCache()
         info = self._labels.miss(resource.attributes)
         self._target_info = (
@@ -91,6 +135,10 @@ class Exposition:
             f"target_info{info or ''} 1.0\n"
         )
         self._numbers: dict[float, str] = {}  # value -> text, as of the last render
+        # target id -> (its figures, its lines of each per-target family), as of the
+        # last render; with the carbon intensity they were rendered with.
+        self._kept: dict[str, tuple[tuple[Any, ...], list[str]]] = {}
+        self._kept_carbon: object = None
         self._snapshot: Snapshot | None = None
         self._rendered: tuple[int, bytes, bytes | None] | None = None  # sequence, text, gzip
         self._lock = threading.Lock()
@@ -119,16 +167,38 @@ class Exposition:
 
     def _render(self, snapshot: Snapshot) -> bytes:
         out = [self._target_info]
+        # A target whose figures are those of the last render keeps its lines (most
+        # targets wait); the others' are rendered again, in one observation per family.
+        kept, carbon = self._kept, snapshot.carbon
+        same_carbon = carbon is self._kept_carbon
+        lines_of: dict[str, tuple[tuple[Any, ...], list[str]]] = {}
+        changed = []
+        for p in snapshot.processes:
+            figures = _figures(p)
+            entry = kept.get(p.target_id)
+            if entry is None or not same_carbon or entry[0] != figures:
+                entry = (figures, [""] * self._per_target)
+                changed.append(p)
+            lines_of[p.target_id] = entry
+        self._kept, self._kept_carbon = lines_of, carbon
+        targets = _Targets(tuple(changed), carbon)
+        order = [lines_of[p.target_id][1] for p in snapshot.processes]
         # Label sets and numbers are cached from render to render (an idle target's
         # figures repeat), keeping only what this render used: exited targets leave.
         cache = self._labels
         used = cache.start_render()
         numbers_of = self._numbers
         numbers: dict[float, str] = {}
+        slot = 0
         for family in self._families:
             name = family.sample_name
-            lines = []
-            for value, attributes in family.spec.observe(snapshot):
+            lines: list[str] = []
+            if family.per_target:
+                points = family.spec.observe(targets) if changed else ()  # type: ignore[arg-type]
+                by_target: dict[str, list[str]] = {}
+            else:
+                points = family.spec.observe(snapshot)
+            for value, attributes in points:
                 hit = used.get(id(attributes))
                 labels = (
                     hit[1] if hit is not None and hit[0] is attributes else cache.miss(attributes)
@@ -140,16 +210,26 @@ class Exposition:
                 else:
                     number = numbers.get(value)
                     if number is None:
-                        number = numbers_of.get(value) or floatToGoString(value)
+                        number = numbers_of.get(value) or float_to_go_string(float(value))
                         numbers[value] = number
                 # Each point with its own label names (the text format allows it). The
                 # OTel exporter writes the family's union of names on every point, ""
                 # where a point has none: with many distinct names that grows with
                 # targets squared, for labels Prometheus reads as absent anyway.
-                lines.append(f"{name}{labels} {number}\n")
-            if lines:
+                line = f"{name}{labels} {number}\n"
+                if family.per_target:
+                    by_target.setdefault(attributes[_TARGET_ID], []).append(line)
+                else:
+                    lines.append(line)
+            if family.per_target:
+                for target_id, texts in by_target.items():
+                    lines_of[target_id][1][slot] = "".join(texts)
+                lines = [kept_lines[slot] for kept_lines in order]
+                slot += 1
+            text = "".join(lines)
+            if text:
                 out.append(family.header)
-                out.extend(lines)
+                out.append(text)
         self._numbers = numbers
         return "".join(out).encode()
 
@@ -256,4 +336,4 @@ def _render_labels(attributes: Mapping[str, Any]) -> str | None:
 def _number(value: float, family: _Family) -> str:
     if not value:
         return family.negative_zero if copysign(1.0, value) < 0 else "0.0"
-    return floatToGoString(value)
+    return float_to_go_string(float(value))

@@ -17,16 +17,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.exporter.prometheus._mapping import sanitize_attribute as otel_sanitize_attribute
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from edgewatt.core import compat
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.metrics import BY_NAME, TABLE
 from edgewatt.core.sampling import system
 from edgewatt.core.snapshot import HostSample, SamplerStats, Snapshot
-from edgewatt.exporter.exposition import CONTENT_TYPE, Exposition
+from edgewatt.exporter.exposition import (
+    CONTENT_TYPE,
+    UNEXPORTED,
+    Exposition,
+    float_to_go_string,
+    sanitize_attribute,
+)
 from edgewatt.exporter.scrape_server import accepts_gzip
 from edgewatt.exporter.telemetry import METRICS, OtelPipeline
 from tests.semconv import REQUIRED_1_44
@@ -246,6 +254,54 @@ def test_successive_renders_equal_the_otel_exporters_text() -> None:
         snapshot = Snapshot(time=0.0, sequence=sequence, host=host(), processes=processes)
         exposition.update(snapshot)
         assert_same_lines(exposition.render(), otel_text(snapshot))
+
+
+def test_a_target_left_as_it_was_keeps_its_lines_byte_for_byte() -> None:
+    """A target whose figures did not change keeps its lines from the last render;
+    the text stays byte for byte what a render from nothing writes: changed, unchanged,
+    new, departed and reordered targets, phases that move, and the carbon intensity
+    changing under unchanged figures (carbon is intensity times energy)."""
+    exposition = Exposition(RESOURCE)
+    a, b, c = process(1), process(2), process(3)
+    other_carbon = CarbonIntensity(500.0, "configured (carbon_intensity_g_per_kwh)")
+    passes = [
+        ((a, b), CARBON),
+        ((a, dataclasses.replace(b, cpu_user_s=9.0, time=1.0)), CARBON),  # b ran
+        ((dataclasses.replace(a, time=2.0), b, c), CARBON),  # a re-dated only; c new
+        ((c, a), CARBON),  # b departed, order changed
+        ((c, a), other_carbon),  # same figures, another intensity
+        ((c, a), None),
+        ((dataclasses.replace(c, phases=c.phases[:1]), a), None),  # a phase left
+        ((c, dataclasses.replace(a, memory_rss_bytes=0, energy_j=-0.0)), CARBON),
+    ]
+    for sequence, (processes, carbon) in enumerate(passes, start=1):
+        snapshot = every_figure(sequence=sequence, processes=processes, carbon=carbon)
+        exposition.update(snapshot)
+        assert exposition.render() == fast_text(snapshot)
+        assert_same_lines(exposition.render(), otel_text(snapshot))
+
+
+@pytest.mark.parametrize("name", sorted(UNEXPORTED))
+def test_the_fields_left_out_of_the_change_check_are_in_no_point(name: str) -> None:
+    """A sample's fields the renderer does not compare (they move every pass): no
+    metric may read them, or an unchanged target's kept lines would be stale."""
+    sample = process(1)
+    moved = dataclasses.replace(sample, **{name: 12345.5})
+    assert getattr(moved, name) != getattr(sample, name)
+    snapshot = every_figure(processes=(sample,))  # the host read once: it moves
+    assert fast_text(dataclasses.replace(snapshot, processes=(moved,))) == fast_text(snapshot)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats() | st.integers(-(2**63), 2**64))
+def test_numbers_are_written_as_prometheus_client_writes_them(value: float) -> None:
+    assert float_to_go_string(float(value)) == floatToGoString(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=20))
+def test_label_keys_are_sanitized_as_the_otel_exporter_does(key: str) -> None:
+    assert sanitize_attribute(key) == otel_sanitize_attribute(key)
 
 
 label_keys = st.from_regex(r"[a-z][a-z0-9._-]{0,12}", fullmatch=True)

@@ -99,6 +99,38 @@ def test_a_waiting_member_is_read_once_then_carried_over(
     tree.close()
 
 
+def test_a_quiet_tree_costs_its_change_check_only(
+    waiter: subprocess.Popen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone member that did not run: its scheduler counters are read (the same
+    bytes), nothing else is read or derived and no reading is built; the reading it had
+    is dated anew. A run brings a new reading, and every RECHECK_EVERY-th pass reads
+    its stat (and all) the same."""
+    command(waiter, "file")
+    stats: list[int] = []
+    stat = procfs.ProcHandle.stat
+    monkeypatch.setattr(procfs.ProcHandle, "stat", lambda h: stats.append(h.pid) or stat(h))
+    tree = tree_of(waiter.pid)
+    tree.sample(no_children)
+    quiet = tree.sample(no_children)
+    read = len(stats)
+    times = [quiet.time]
+    for _ in range(RECHECK_EVERY - 3):
+        assert tree.sample(no_children) is quiet
+        times.append(quiet.time)
+    assert times == sorted(times) and len(set(times)) == len(times)
+    assert len(stats) == read  # no stat read while quiet
+    assert quiet.cpu_utilization == 0.0 and quiet.idle_pids == {waiter.pid}
+    rechecked = tree.sample(no_children)  # the RECHECK_EVERY-th reading
+    assert rechecked is not quiet and len(stats) == read + 1
+    assert tree.sample(no_children) is rechecked  # quiet again
+    command(waiter, "file")
+    ran = tree.sample(no_children)
+    assert ran is not rechecked and ran.open_fds == rechecked.open_fds + 1
+    assert ran.idle_pids == frozenset()
+    tree.close()
+
+
 def test_a_member_that_ran_is_read_again(waiter: subprocess.Popen, reads: Counter) -> None:
     command(waiter, "file")
     tree = tree_of(waiter.pid)

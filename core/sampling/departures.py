@@ -58,6 +58,12 @@ class Departures:
         self.exact = True  # every departed member's last figures came from the kernel
         self._ended_at = 0.0  # unix seconds of the last exit the records timed
 
+    @property
+    def quiet(self) -> bool:
+        """Nothing is pending: a pass whose members did nothing changes nothing here
+        (ProcessTree then skips the settling)."""
+        return not self._pending and (not self._own_cpu or self._teardowns.quiet)
+
     def settle(
         self,
         walked: Walked,

@@ -44,6 +44,8 @@ from edgewatt.core.sampling.sockets import (
     socket_inodes,
 )
 
+_NONE: frozenset[int] = frozenset()  # a target holding no socket
+
 log = logging.getLogger(__name__)
 
 
@@ -103,7 +105,7 @@ class NetworkAccounting:
         hidden: set[str] = set()
         found_by_pid: dict[int, set[int] | None] = {}
         for target, pids in targets.items():
-            inodes: set[int] = set()
+            inodes: AbstractSet[int] = _NONE
             for pid in pids:
                 found = self._by_pid.get(pid) if pid in idle else None
                 if found is None:
@@ -112,8 +114,8 @@ class NetworkAccounting:
                 if found is None:
                     hidden.add(target)
                     self._say_hidden(pid)
-                else:
-                    inodes |= found
+                elif found:  # read, never changed: a lone member's set is taken as is
+                    inodes = found if not inodes else inodes | found
             held[target] = inodes
         self._by_pid = found_by_pid
         alive = found_by_pid.keys()
@@ -123,8 +125,9 @@ class NetworkAccounting:
         tracked = self._followed()
         wanted = set().union(*held.values()) if held else set()
         self._not_tcp &= wanted  # forget inodes no longer held: they may be reused
-        internal = set().union(*(a.internal for a in self._accounts.values()))
-        unknown = wanted - set(tracked) - self._not_tcp - internal
+        unknown = wanted - tracked.keys() - self._not_tcp
+        if unknown:
+            unknown -= set().union(*(a.internal for a in self._accounts.values()))
         unix = {inode for inode in unknown if self.diag.is_unix(inode)}
         self._not_tcp |= unix
         unknown -= unix
@@ -147,6 +150,12 @@ class NetworkAccounting:
             account = self._accounts.get(target)
             if account is None:
                 account = self._accounts[target] = _Account()
+            if not held[target] and not account.live and not account.pending:
+                # No socket held, none followed (most targets): what it had, without
+                # the bookkeeping below, which would find nothing to do.
+                account.internal.clear()
+                result[target] = None if target in hidden else account.totals()
+                continue
             account.internal &= held[target]  # a closed one's inode may be reused
             waited, account.pending = account.pending, {}
             account.live.update(waited)  # its other end had a pass to be taken
@@ -182,7 +191,10 @@ class NetworkAccounting:
     def _followed(self) -> dict[int, TcpSocket]:
         """Every socket some target follows: counted, or waiting to be (pending)."""
         return {
-            i: s for a in self._accounts.values() for i, s in (*a.live.items(), *a.pending.items())
+            i: s
+            for a in self._accounts.values()
+            if a.live or a.pending
+            for i, s in (*a.live.items(), *a.pending.items())
         }
 
     @staticmethod

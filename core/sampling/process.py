@@ -22,8 +22,11 @@ Most members of most trees wait (a launcher waiting on its child, idle workers).
 single-threaded member whose scheduler counters (/proc/PID/schedstat) have not moved
 since the last reading has not run, so its storage bytes, descriptors and sockets are
 as they were: they are carried over instead of read again (``TreeReading.idle_pids``
-tells socket discovery). Its stat is still read each time: the kernel can reclaim its
-pages, and its parent can change, without it running.
+tells socket discovery). Its stat is still read each time in a tree of several: the
+kernel can reclaim its pages, and its parent can change, without it running. A tree
+that is its root alone and did not run gets its last reading back, re-dated, after
+one read of its scheduler counters (``ProcessTree._quiet``; docs/performance.md says
+what that leaves unread and why).
 
 :class:`ProcessTree` is the wiring of one pass; each concern has a module of its own:
 who is there and who departed (``tree_walk.py``), one member's counters by the rule
@@ -116,6 +119,7 @@ class ProcessTree:
         self.last: TreeReading | None = None
         self._final: ExitFigures | None = None
         self._held = HeldFork(root.pid, proc)  # see TreeReading.root_execs
+        self._alone = False  # the last full reading found the root alone
 
     @property
     def exact(self) -> bool:
@@ -130,8 +134,13 @@ class ProcessTree:
         read_at, read_at_monotonic = time.time(), time.monotonic()
         self._passes += 1
         first = self._passes == 1
+        recheck = self._passes % RECHECK_EVERY == 0
+        if not first and not recheck:
+            quiet = self._quiet(children_of, read_at, read_at_monotonic)
+            if quiet is not None:
+                return quiet
         walk = self._walk
-        walked = walk.walk(children_of, first=first, recheck=self._passes % RECHECK_EVERY == 0)
+        walked = walk.walk(children_of, first=first, recheck=recheck)
         if self.exits is not None and (walked.departed or walked.never_seen):
             self.exits.update()  # the records of exits since this pass drained them
         # Settled against the members as they were: the walk takes the new ones after.
@@ -145,11 +154,57 @@ class ProcessTree:
             alone = self.last is None or self.last.processes == 1
             self._final = self._departures.end(read_at, alone)
             raise NoSuchProcess(self.root.pid, "every member has exited")
+        self._alone = len(walked.live) == 1 and self.root.pid in walked.live
         return self._reading(read_at, read_at_monotonic, walked.live)
 
     @property
     def root_execs(self) -> int:
         return self._held.execs
+
+    def _quiet(
+        self, children_of: Callable[[int], list[int]], read_at: float, read_at_monotonic: float
+    ) -> TreeReading | None:
+        """The last reading again, dated now, where the tree is its root alone and the
+        root did not run since: the same scheduler counters of its only thread, so no
+        CPU time, I/O, descriptor, socket, child or exit. One pread and no allocation,
+        instead of a walk, the members' reads and the departures' bookkeeping. The stat
+        file is not read: what can change there without the process running is its
+        resident memory (pages reclaimed) and its parent (irrelevant to a root alone),
+        and every RECHECK_EVERY-th pass reads it all the same (docs/performance.md:
+        the stat read was 25-30 % of a pass over 200 idle targets). None: a full
+        reading is needed (also when anything is pending: a new or departed member,
+        an exit record, lost events, a departed member's figures not yet shown)."""
+        last, lineage, walk = self.last, self.lineage, self._walk
+        if (
+            last is None
+            or not self._alone
+            or lineage.exited
+            or (lineage.events and lineage.lossy)
+            or len(lineage.pids) != 1
+            or walk.unseen
+            or not self._departures.quiet
+        ):
+            return None
+        member = walk.members.get(self.root.pid)
+        if member is None or member.handle is not self.root or member.activity is None:
+            return None
+        try:
+            if self.root.activity() != member.activity:
+                return None
+        except NoSuchProcess:
+            return None  # the full reading finds it gone and says so
+        if self.children and lineage.lossy and children_of(self.root.pid):
+            return None
+        by_mode = self._rate.update(read_at_monotonic, last.cpu_user_s, last.cpu_system_s)
+        if by_mode != last.cpu_mode_utilization:  # the first quiet pass after a run
+            last.cpu_mode_utilization = by_mode
+            last.cpu_utilization = None if by_mode is None else by_mode[0] + by_mode[1]
+        if not member.idle:
+            member.idle = True
+            last.idle_pids = frozenset(last.pids)
+        last.time = read_at
+        self.lost_members = False
+        return last
 
     def _reading(
         self, read_at: float, read_at_monotonic: float, live: dict[int, tuple[Member, Stat]]

@@ -102,13 +102,18 @@ class ProcHandle:
     pid has been reused: the handle can never report a stranger.
     """
 
-    __slots__ = ("_io_fd", "_sched_fd", "_stat_fd", "executable", "pid", "proc", "start_ticks")
+    __slots__ = (
+        "_io_fd", "_sched_fd", "_stat", "_stat_bytes", "_stat_fd",
+        "executable", "pid", "proc", "start_ticks",
+    )  # fmt: skip
 
     def __init__(self, pid: int, proc: str = "/proc", expect_start: int | None = None) -> None:
         self.pid = pid
         self.proc = proc
         self._io_fd: int | None = None
         self._sched_fd: int | None = None  # opened on first use: threaded processes never ask
+        self._stat_bytes = b""  # the stat file as last read, and its parse
+        self._stat: Stat | None = None
         try:
             self._stat_fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
@@ -129,13 +134,20 @@ class ProcHandle:
             self._io_fd = None  # another user's process without privilege
 
     def stat(self) -> Stat:
+        """The stat file now: the same object as the last call's while its bytes are
+        the same (most processes wait: their stat is not parsed again, and a caller
+        can tell "unchanged" by identity)."""
         try:
             data = os.pread(self._stat_fd, 4096, 0)
         except OSError as exc:
             raise NoSuchProcess(self.pid) from exc
+        if data == self._stat_bytes and self._stat is not None:
+            return self._stat
         if not data:
             raise NoSuchProcess(self.pid)
-        return parse_stat(data.decode("utf-8", "replace"))
+        stat = parse_stat(data.decode("utf-8", "replace"))
+        self._stat_bytes, self._stat = data, stat
+        return stat
 
     def io(self) -> tuple[int, int] | None:
         """(read_bytes, write_bytes), or None where the kernel does not show them."""

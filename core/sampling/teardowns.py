@@ -98,6 +98,13 @@ class Teardowns:
         for pid in [pid for pid, at in self._closed.items() if at < self._passes - 2]:
             del self._closed[pid]  # its children's exit events have all come by now
 
+    @property
+    def quiet(self) -> bool:
+        """No departed reaper's children are still awaited: with the same members read
+        with the same counters, a pass changes nothing here but its count, which only
+        ages these entries."""
+        return not self._closed
+
     def missed(self) -> float:
         """The ticks the exit records missed, as far as the counters show them yet."""
         # Members still in: one reaped before a pass read it (its exit event to come)
