@@ -197,8 +197,9 @@ def test_a_finished_run_stays_in_status_and_summary(
         "while time.process_time() < end: pass\n"
         "raise SystemExit(3)\n"
     )
-    # A process target: its exit status is the kernel's exit record of its process.
-    ran = edgewatt("run", "--label", "run=demo", "--socket", daemon.socket, "--no-cgroup",
+    # As `edgewatt run` makes it (as root: a cgroup of its own), its exit status is the
+    # kernel's exit record of its command, the cgroup's root.
+    ran = edgewatt("run", "--label", "run=demo", "--socket", daemon.socket,
                    "--", sys.executable, "-c", work)  # fmt: skip
     assert ran.returncode == 3 and "monitored via daemon" in ran.stderr, ran.stderr
     # A target unregistered while its process lives ends there, and is kept too.
@@ -227,7 +228,8 @@ def test_a_finished_run_stays_in_status_and_summary(
     assert summary["memory_pss_peak_bytes"] >= 64 * 2**20
     peak = human_bytes(summary["memory_pss_peak_bytes"]).split()
     shown_status = "-" if summary["exit_status"] is None else str(summary["exit_status"])
-    assert row == [finished["id"], str(finished["pid"]), finished["executable"], ended, "UTC",
+    pid = "cgroup" if finished["kind"] == "cgroup" else str(finished["pid"])
+    assert row == [finished["id"], pid, finished["executable"], ended, "UTC",
                    "exited", shown_status, f"{cpu:.2f}", "s", "-", *peak, "run=demo"]  # fmt: skip
     other = next(line.split() for line in lines if line.startswith(let_go))
     assert other[5:6] == ["unregistered"] and other[-1] == "run=other"

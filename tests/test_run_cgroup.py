@@ -28,6 +28,7 @@ from tests.conftest import (
     DaemonProcess,
     assert_tcp_ip_bytes,
     tcp_sent,
+    wait_for,
 )
 from tests.test_cgroup_traffic import stop_server, tcp_server
 from tests.test_hostile_cgroups import delegated
@@ -310,3 +311,61 @@ def test_a_user_in_a_delegated_cgroup_gets_every_short_connection_counted(
     sent = tcp_sent(done.stdout, PAYLOAD)
     packets = summary["cgroup"]["network_transmit_packets"]
     assert_tcp_ip_bytes(summary["network_transmit_bytes"], sent, packets)
+
+
+@pytest.mark.parametrize(
+    ("command", "code", "status", "shown"),
+    [
+        # Its own child exits 7 first, and an orphan outlives it: the root's 3 is the run's.
+        (["sh", "-c", "sh -c 'exit 7'; sleep 0.5 & exit 3"], 3, 3, ["3"]),
+        (["sh", "-c", "kill -KILL $$"], 128 + 9, -9, ["signal", "9"]),
+    ],
+    ids=["exit-3", "signal-9"],
+)
+def test_a_runs_cgroup_target_has_its_commands_exit_status(
+    daemon_factory: Any, command: list[str], code: int, status: int, shown: list[str]
+) -> None:
+    """The root of `edgewatt run`'s cgroup is its command: the kernel's exit record of
+    that process gives the target's exit status, in the summary and `edgewatt status`."""
+    daemon = daemon_factory()
+    edgewatt = [sys.executable, "-m", "edgewatt.cli"]
+    done = subprocess.run(
+        [*edgewatt, "run", "--socket", daemon.socket, "--", *command],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert re.search(r"\), cgroup /edgewatt/run-\d+$", done.stderr, re.M), done.stderr
+    summary = the_run_target(daemon)
+    assert (summary["membership"], summary["state"]) == ("cgroup", "exited")
+    assert summary["exit_status"] == status
+    listed = subprocess.run(
+        [*edgewatt, "status", "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    row = next(
+        line.split() for line in listed.stdout.splitlines() if line.startswith(summary["id"])
+    )
+    assert row[5 : 6 + len(shown)] == ["exited", *shown], listed.stdout
+
+
+def test_a_cgroup_without_a_held_root_has_no_exit_status(
+    daemon_factory: Any, spawn: Any, cgroup_dir: Path
+) -> None:
+    """A cgroup registered by its path whose one process was not a fork held before its
+    exec (a service's, a container's): it has no root of the target's own, so none."""
+    daemon = daemon_factory()
+    member = spawn(
+        "import sys, time; sys.stdin.read(1); raise SystemExit(3)", stdin=subprocess.PIPE
+    )
+    (cgroup_dir / "cgroup.procs").write_text(str(member.pid))
+    path = "/" + str(cgroup_dir.relative_to(WHERE.v2 or "/"))
+    status, target = daemon.call("POST", "/v1/targets", {"cgroup": path})
+    assert status in (200, 201), target
+    summary_path = f"/v1/targets/{target['id']}/summary"
+    wait_for(lambda: daemon.call("GET", summary_path)[1]["samples"] >= 2)  # read while it runs
+    member.communicate(b"x", timeout=30)
+    assert member.returncode == 3
+    cgroup_dir.rmdir()  # the target ends with its cgroup
+    wait_for(lambda: daemon.call("GET", f"/v1/targets/{target['id']}")[1]["state"] == "exited")
+    summary = daemon.call("GET", summary_path)[1]
+    assert summary["membership"] == "cgroup" and summary["exit_status"] is None

@@ -22,11 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from edgewatt.core.compat import SLOTS
+from edgewatt.core.compat import SLOTS, exit_code
 from edgewatt.core.sampling.cpu_rate import cpu_shares
 from edgewatt.core.sampling.held_fork import HeldFork
 from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.procfs import NoSuchProcess, parse_stat
+from edgewatt.core.sampling.taskstats import TaskExits, unix_start
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +267,8 @@ class CgroupTree:
     restarted under a new cgroup goes on, its counters added to those before; it
     raises NotTheirs when the name now names a cgroup the registrant may not have, and
     the target ends. Without ``resolve`` (a plain cgroup path) the target ends with its
-    cgroup. Each end is a CgroupEnded saying why."""
+    cgroup. Each end is a CgroupEnded saying why. ``exits``: the kernel's exit records,
+    for the exit status of a cgroup that began as one held fork (`edgewatt run`'s)."""
 
     lost_members = False  # membership is the kernel's: there is never a list to redo
 
@@ -278,6 +280,7 @@ class CgroupTree:
         proc: str = "/proc",
         restart_grace_s: float = 0.0,
         lookup_every_s: float = 0.0,
+        exits: TaskExits | None = None,
     ) -> None:
         self.cgroup = cgroup
         self._cpus = logical_cpus
@@ -296,6 +299,11 @@ class CgroupTree:
         # Its one process at the first reading, watched for its exec (`edgewatt run
         # --cgroup` moves its held fork in before the exec): see held_fork.py.
         self._held: HeldFork | None = None
+        self._exits = exits
+        # Its root's exit code (-N: signal N), where it has one: its first process was
+        # a held fork (`edgewatt run`'s command), and the kernel's exit record of it came.
+        # A container or unit has no such root: None.
+        self.exit_status: int | None = None
 
     @property
     def root_execs(self) -> int:
@@ -303,6 +311,7 @@ class CgroupTree:
 
     def sample(self, children_of: Callable[[int], list[int]]) -> TreeReading:
         del children_of  # members come from the cgroup, not from parent links
+        self._root_exit()  # first: the pass that finds the cgroup gone raises
         try:
             usage = self.cgroup.read()
         except CgroupGone:
@@ -349,6 +358,19 @@ class CgroupTree:
         )
         self.last, self.usage = reading, usage
         return reading
+
+    def _root_exit(self) -> None:
+        """Take the root's exit status from its exit record once one came (kept from
+        then on: the record is dropped a while after, and the cgroup may outlive its
+        root by hours, orphans running on)."""
+        held = self._held
+        if self._exits is None or held is None or held.held_start is None:
+            return
+        if self.exit_status is not None:
+            return
+        record = self._exits.exited(held.pid, unix_start(held.held_start))
+        if record is not None and record.exit_status is not None:
+            self.exit_status = exit_code(record.exit_status)
 
     def _next_incarnation(self) -> Usage | None:
         """The cgroup went: its next one (a restarted container), None while it may

@@ -10,13 +10,12 @@ never go backwards (the ratchet in :meth:`Departures.total`).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS, exit_code
 from edgewatt.core.sampling.member_counters import ZERO, Member, Vec, add, sub_floor
-from edgewatt.core.sampling.procfs import CLOCK_TICKS, ProcHandle, Stat
-from edgewatt.core.sampling.taskstats import TaskExits
+from edgewatt.core.sampling.procfs import CLOCK_TICKS, Stat
+from edgewatt.core.sampling.taskstats import TaskExits, unix_start
 from edgewatt.core.sampling.teardowns import Teardowns
 from edgewatt.core.sampling.tree_walk import Departed, Walked
 
@@ -138,7 +137,7 @@ class Departures:
         if self._exits is not None and known is None:
             record = self._exits.exited_pid(pid)  # the events say it was just now
         elif self._exits is not None and known is not None:
-            start = _unix_start(known.handle)
+            start = unix_start(known.handle.start_ticks)
             if self._exits.complete(start):
                 record = self._exits.exited(pid, start)
         if record is None:
@@ -154,7 +153,8 @@ class Departures:
         own = (record.user_s * CLOCK_TICKS, record.system_s * CLOCK_TICKS)
         if known is None:
             return (own[0], own[1], record.read_bytes, record.write_bytes)
-        self._ended_at = max(self._ended_at, _unix_start(known.handle) + record.elapsed_s)
+        started = unix_start(known.handle.start_ticks)
+        self._ended_at = max(self._ended_at, started + record.elapsed_s)
         totals, reaped = known.totals, known.reaped
         # The larger of the two CPU times, whole: the record and /proc split the same
         # runtime between user and system differently, so a maximum per mode over-counts.
@@ -213,10 +213,3 @@ class Departures:
         kernel's work (exit_mm), counted as system time."""
         missed = self._teardowns.missed() if self._own_cpu else 0.0
         return (carried[0], carried[1] + missed, carried[2], carried[3])
-
-
-def _unix_start(handle: ProcHandle) -> float:
-    """Unix time of a process's start, to 10 ms, through the boot clock (not /proc/stat's
-    whole-second btime)."""
-    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-    return boot + handle.start_ticks / CLOCK_TICKS

@@ -70,6 +70,8 @@ def exit_reading(
     # was the registrant's (held_fork.py).
     execs = max(last.root_execs, getattr(tree, "root_execs", 0))
     if figures is None:
+        # A cgroup's root (`edgewatt run`'s command), where it has one: its own record.
+        ending.exit_status = getattr(tree, "exit_status", None)
         return dataclasses.replace(
             last,
             cpu_utilization=None,

@@ -35,6 +35,9 @@ class HeldFork:
         # While held: its identity (start ticks), comm and stack's start then.
         self._held: tuple[int, str, int] | None = None
         self.execs = 0
+        # Its start (ticks after boot) where it was a held fork at the first reading:
+        # then it is the root of everything its target runs (its exit status is theirs).
+        self.held_start: int | None = None
 
     def note(self, stat: Stat | None = None) -> None:
         """A pass's ``stat`` of the process (None: read here, a zombie's included: a
@@ -49,6 +52,7 @@ class HeldFork:
             parent = read_stat(stat.ppid, self._proc)
             if stat.start_stack and parent is not None and parent.start_stack == stat.start_stack:
                 self._held = (stat.start_ticks, stat.comm, stat.start_stack)
+                self.held_start = stat.start_ticks
             return
         assert self._held is not None
         ticks, comm, stack = self._held

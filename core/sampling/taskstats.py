@@ -149,6 +149,13 @@ def _record(data: bytes, at: int) -> TaskExit:
     )  # fmt: skip
 
 
+def unix_start(start_ticks: int) -> float:
+    """Unix time of a process's start (its /proc start ticks), to 10 ms, through the
+    boot clock (not /proc/stat's whole-second btime)."""
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return boot + start_ticks * TICK_S
+
+
 class TaskstatsSocket:
     """The listening socket: registered for every CPU, drained without blocking."""
 

@@ -112,6 +112,8 @@ class ProcessTrees:
             proc=self.proc,
             restart_grace_s=RESTART_GRACE_S,
             lookup_every_s=FOLLOW_LOOKUP_EVERY_S,
+            # A plain path may be `edgewatt run`'s, whose root's exit status is known.
+            exits=self.exits if name.kind == "cgroup" else None,
         )
 
     def abandoned(self, tree: Tree, reading: TreeReading) -> str | None:

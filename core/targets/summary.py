@@ -172,8 +172,9 @@ def summarize(
         # ("exit-records"), or at the last pass before the exit ("last-sample");
         # None while running.
         "exit": target.exit_mode,
-        # The registered process's exit code (-N: killed by signal N), where the
-        # kernel's exit records gave it; None while running, or unknown.
+        # The registered process's exit code (-N: killed by signal N), or the command's
+        # of `edgewatt run`'s cgroup, where the kernel's exit records gave it; None while
+        # running, or unknown (a container's, a unit's, another cgroup's: no such root).
         "exit_status": target.exit_status,
         "membership": _membership(target, membership),
         "network_counts": _network_counts(target),
