@@ -54,7 +54,7 @@ class _Family:
 # A sample's fields that no metric reads: left out of the comparison that tells an
 # unchanged target's figures (they move every pass; tests/test_exposition.py checks
 # that changing them changes no point).
-UNEXPORTED = frozenset({"time", "device_energy_j"})
+UNEXPORTED = frozenset({"time", "monotonic", "device_energy_j"})
 _figures = attrgetter(*(f.name for f in fields(ProcessSample) if f.name not in UNEXPORTED))
 _TARGET_ID = "edgewatt.target.id"  # in every target's attributes (registration reserves it)
 

@@ -7,10 +7,12 @@ import dataclasses
 import gzip
 import re
 import socket
+import subprocess
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -290,6 +292,33 @@ def test_the_fields_left_out_of_the_change_check_are_in_no_point(name: str) -> N
     assert getattr(moved, name) != getattr(sample, name)
     snapshot = every_figure(processes=(sample,))  # the host read once: it moves
     assert fast_text(dataclasses.replace(snapshot, processes=(moved,))) == fast_text(snapshot)
+
+
+def test_a_quiet_process_in_the_daemons_passes_keeps_its_lines(tmp_path: Path) -> None:
+    """The change check's premise on the daemon's own parts: a process that waits
+    gives the same compared figures pass after pass, so its lines are kept; a sample
+    field that moves every pass and is not in UNEXPORTED (a monotonic instant once
+    was) had every target rendered again at every scrape."""
+    from edgewatt.exporter import config as configuration
+    from edgewatt.exporter.daemon import Daemon
+    from edgewatt.exporter.exposition import _figures
+
+    waiter = subprocess.Popen(["sleep", "600"])
+    config = configuration.build(None, {}, {
+        "socket": str(tmp_path / "s.sock"), "state_dir": str(tmp_path / "state"),
+        "listen": "127.0.0.1:0",
+    })  # fmt: skip
+    daemon = Daemon(config)
+    try:
+        target = daemon.table.register(waiter.pid, {"run": "quiet"}, True, 0).target.id
+        passes = [daemon.sampler.sample_once() for _ in range(4)]
+        samples = [next(p for p in s.processes if p.target_id == target) for s in passes]
+        assert len({s.time for s in samples}) == 4  # dated anew each pass
+        assert [_figures(s) for s in samples[1:]] == [_figures(samples[1])] * 3
+    finally:
+        daemon.sampler.close()
+        waiter.kill()
+        waiter.wait()
 
 
 @settings(max_examples=300, deadline=None)
