@@ -87,9 +87,9 @@ _NONE = float("nan")  # an absent figure (None) in a ring's doubles
 
 
 class RowRing:
-    """The last ``capacity`` rows, oldest first, as doubles in one buffer: ~155 B a row
-    against ~260 B for a row's tuple and its two floats, for every target at every pass
-    (issue 45). A None figure is kept as NaN, so a NaN figure reads back as None (JSON
+    """The last ``capacity`` rows, oldest first, as doubles in one buffer: 152 B a row
+    against ~300 B for a row's tuple and the floats it made, for every target at every
+    pass (issue 45). A None figure is kept as NaN, so a NaN figure reads back as None (JSON
     has no NaN); a count or byte figure reads back as an int, exact up to 2**53."""
 
     __slots__ = ("_buffer", "_head", "_len", "capacity")
