@@ -37,7 +37,6 @@ from edgewatt.exporter.exposition import Exposition
 from edgewatt.exporter.influx import InfluxPusher
 from edgewatt.exporter.notify import Notifier
 from edgewatt.exporter.otel_resource import build_resource, machine_id
-from edgewatt.exporter.otlp import build_reader
 from edgewatt.exporter.saved_state import SavedState
 from edgewatt.exporter.statefile import StateFile
 from edgewatt.exporter.telemetry import OtelPipeline
@@ -66,17 +65,17 @@ class Daemon:
         resource = build_resource(config, machine_id() or statefile.instance_id(), self.carbon)
         self.exposition = Exposition(resource)
         # The OTel SDK runs only to push: /metrics is rendered from the snapshot.
-        self.pipeline = (
-            OtelPipeline(
+        self.pipeline: OtelPipeline | None = None
+        if config.otlp_endpoint:  # its metrics SDK is imported only then (~1.5 MiB)
+            from edgewatt.exporter.otlp import build_reader
+
+            self.pipeline = OtelPipeline(
                 resource,
                 lambda: [build_reader(self.config.otlp)],
                 series_rotation=config.series_rotation,
                 max_targets=config.max_targets,
                 on_resource=frozenset({"host.name"}),
             )
-            if config.otlp_endpoint
-            else None
-        )
         self.influx = InfluxPusher(config.influx) if config.influx_url else None
         self.platform = LinuxPlatform(proc)
         self.notifier = Notifier()

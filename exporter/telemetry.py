@@ -24,18 +24,19 @@ import time
 import typing  # runtime aliases: Python 3.8's builtins and abc take no [...]
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader
-from opentelemetry.sdk.metrics.view import View
-from opentelemetry.sdk.resources import Resource
+from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.metrics import HOST_HW_ID, TABLE, Metric
 from edgewatt.core.power.source import Gpu
 from edgewatt.core.power.values import PowerSnapshot, RailState
 from edgewatt.core.snapshot import PhaseFigures, ProcessSample, Snapshot
+
+if TYPE_CHECKING:  # the SDK is imported where OTLP push builds a pipeline (~1.5 MiB)
+    from opentelemetry.metrics import CallbackOptions, Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.metrics.view import View
+    from opentelemetry.sdk.resources import Resource
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +331,8 @@ METRICS: tuple[MetricSpec, ...] = metric_specs()
 
 def _view(cardinality_limit: int) -> View:
     """The edgewatt meter's view, its series limit lifted to ``cardinality_limit``."""
+    from opentelemetry.sdk.metrics.view import View
+
     try:
         return View(meter_name="edgewatt", aggregation_cardinality_limit=cardinality_limit)
     except TypeError:  # the SDK before 1.34 (Python 3.8's): it has no limit to lift
@@ -373,6 +376,8 @@ class OtelPipeline:
         self.rotations = 0
 
     def _build(self) -> MeterProvider:
+        from opentelemetry.sdk.metrics import MeterProvider
+
         provider = MeterProvider(
             resource=self._resource,
             metric_readers=self._readers(),
@@ -394,6 +399,8 @@ class OtelPipeline:
         return provider
 
     def _callback(self, spec: MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        from opentelemetry.metrics import Observation
+
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             snapshot = self._snapshot
             if snapshot is None:

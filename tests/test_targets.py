@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tracemalloc
 import types
 
 import pytest
@@ -207,6 +208,53 @@ def test_a_wall_clock_step_moves_no_duration() -> None:
 def _row(at: float, **figures: float | int | None) -> SampleRow:
     """A history row read at ``at`` s (monotonic), from tests/snapshots.py's sample."""
     return row_of(dataclasses.replace(process(0), time=1_700_000_000.0 + at, **figures), at)
+
+
+def _history_of(rows: list[SampleRow], capacity: int) -> History:
+    history = History(capacity)
+    for row in rows:
+        history.add(row)
+    return history
+
+
+def test_a_full_history_keeps_its_last_rows_exactly_in_170_bytes_a_row() -> None:
+    # Every row's figures are new objects, as a target that runs makes them: the ring
+    # must hold their values, not the objects (issue 45: 200 targets' full rings).
+    rows = [
+        _row(
+            i * 0.2 + 0.1,
+            cpu_user_s=i / 3,
+            cpu_utilization=None if i % 7 == 0 else i / 1000,
+            memory_rss_bytes=10_000_000 + i * 4096,
+            disk_read_bytes=None if i % 2 else 2**52 + i,  # a byte count stays an int
+            network_transmit_bytes=i,
+            energy_j=i * 1.5,
+            memory_pss_bytes=None,
+        )
+        for i in range(1000)
+    ]
+    history = _history_of(rows, 300)
+    kept = list(history.rows)
+    assert kept == rows[-300:] and history.rows[-1] == rows[-1] and history.rows[0] == rows[700]
+    assert len(history.rows) == 300 and history.count == 1000
+    for got, want in zip(kept, rows[-300:]):
+        assert [type(v) for v in got] == [type(v) for v in want]
+    with pytest.raises(IndexError):
+        history.rows[300]
+    assert list(_history_of(rows[:5], 300).rows) == rows[:5]
+    assert list(_history_of(rows[:5], 0).rows) == []
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        held = _history_of(
+            [_row(i + 0.5, cpu_user_s=i / 3, energy_j=i * 1.5) for i in range(300)], 300
+        )
+        per_row = (tracemalloc.get_traced_memory()[0] - before) / 300
+    finally:
+        tracemalloc.stop()
+    assert len(held.rows) == 300
+    assert per_row <= 170, f"{per_row:.0f} B a row"
 
 
 def test_a_span_is_what_was_consumed_between_two_named_rows() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -184,3 +186,24 @@ def test_a_retired_pipeline_frees_its_series_without_waiting_for_a_full_gc() -> 
     finally:
         gc.enable()
         t.shutdown()
+
+
+def test_the_daemon_without_otlp_push_imports_no_metrics_sdk() -> None:
+    # /metrics is rendered from the snapshot: the SDK's metrics and exporters (~1.5 MiB
+    # of the daemon's RSS, issue 45) are imported only where OTLP push builds a pipeline.
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, edgewatt.exporter.daemon, edgewatt.cli.main;"
+            "print(' '.join(sorted(sys.modules)))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    heavy = ("opentelemetry.sdk.metrics", "opentelemetry.exporter", "opentelemetry.metrics")
+    assert [m for m in loaded if m.startswith(heavy) or m.startswith("matplotlib")] == []
+    assert "edgewatt.exporter.telemetry" in loaded  # what /metrics renders is there
+    pipeline, _ = otel(series_rotation=10)  # and a pipeline still builds where asked
+    pipeline.shutdown()

@@ -3,13 +3,12 @@ the ring, and the phases (named spans) bounded by those rows."""
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.labels import LabelError, validate_value
 from edgewatt.core.targets.errors import TargetError
-from edgewatt.core.targets.row import SampleRow
+from edgewatt.core.targets.row import RowRing, SampleRow
 
 # Phases a target's summary lists: the newest, so a tracked training step or an FL
 # round keeps being measured past the bound; the older ones are counted as dropped.
@@ -135,7 +134,7 @@ class History:
 
     capacity: int  # rows kept
     # What its rows make of it (none given at its start):
-    rows: deque[SampleRow] = field(init=False)
+    rows: RowRing = field(init=False)
     first: SampleRow | None = field(default=None, init=False)
     last: SampleRow | None = field(default=None, init=False)
     count: int = field(default=0, init=False)
@@ -157,7 +156,7 @@ class History:
     pending_power: Spread = field(default_factory=Spread, init=False)
 
     def __post_init__(self) -> None:
-        self.rows = deque(maxlen=self.capacity)
+        self.rows = RowRing(self.capacity)
 
     def note_period(self, period_s: float | None) -> None:
         """A pass's sensor period, whether or not it adds a row here."""

@@ -6,6 +6,8 @@ each figure is read by its name."""
 from __future__ import annotations
 
 import operator
+import struct
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from edgewatt.core.snapshot import ProcessSample
@@ -75,3 +77,56 @@ def row_of(sample: ProcessSample, monotonic: float) -> SampleRow:
 def sample_dict(row: SampleRow) -> dict[str, Any]:
     """The row as users read it: every figure by name, the monotonic time left out."""
     return dict(zip(SAMPLE_FIELDS, row))
+
+
+# Columns whose figures are counts or bytes (SampleRow's ints): read back as ints.
+_COUNTS = {"threads", "open_fds", "processes"}
+_WHOLE = tuple(f.endswith("_bytes") or f in _COUNTS for f in SampleRow._fields)
+_ROW = struct.Struct(f"={len(SampleRow._fields)}d")
+_NONE = float("nan")  # an absent figure (None) in a ring's doubles
+
+
+class RowRing:
+    """The last ``capacity`` rows, oldest first, as doubles in one buffer: 152 B a row
+    against ~300 B for a row's tuple and the floats it made, for every target at every
+    pass (issue 45). A None figure is kept as NaN, so a NaN figure reads back as None (JSON
+    has no NaN); a count or byte figure reads back as an int, exact up to 2**53."""
+
+    __slots__ = ("_buffer", "_head", "_len", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(0, capacity)
+        self._buffer = bytearray()  # grows to capacity rows, then wraps at _head
+        self._head = 0  # the oldest row's index once full
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def append(self, row: SampleRow) -> None:
+        values = [_NONE if v is None else v for v in row]
+        if self._len < self.capacity:
+            self._buffer += _ROW.pack(*values)
+            self._len += 1
+            if self._len == self.capacity:  # full: its size from now on, none spare
+                self._buffer = bytearray(self._buffer)
+        elif self.capacity:
+            _ROW.pack_into(self._buffer, self._head * _ROW.size, *values)
+            self._head = (self._head + 1) % self.capacity
+
+    def __getitem__(self, index: int) -> SampleRow:
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError("row index out of range")
+        values = _ROW.unpack_from(self._buffer, (self._head + index) % self.capacity * _ROW.size)
+        return _new(
+            SampleRow,
+            (
+                None if v != v else int(v) if whole and v.is_integer() else v
+                for v, whole in zip(values, _WHOLE)
+            ),
+        )
+
+    def __iter__(self) -> Iterator[SampleRow]:
+        return (self[i] for i in range(self._len))
