@@ -151,8 +151,10 @@ COLUMNS = (
     "PHASE J",
     "LABELS",
 )
-# Dropped in this order while a row is wider than the screen (80 columns keep the rest).
-_DROP = ("LABELS", "TX/RX per s", "ID", "PROCS")
+# Dropped in this order while a row is wider than the screen (80 columns keep the rest):
+# the ID last, as it names a target for `edgewatt summary ID` (a busy target's "100.0"
+# and a 3-digit J once made an 80-column row one too wide, and the ID went first).
+_DROP = ("LABELS", "TX/RX per s", "PROCS", "ID")
 _CAP = {"NAME": 16, "PHASE": 12, "LABELS": 40}
 
 

@@ -112,23 +112,28 @@ def pane_factory() -> Iterator[Any]:
         pane.close()
 
 
-def row(lines: list[str], target_id: str) -> list[str]:
-    """The target's row as cells (PSS's number and unit are one cell)."""
+def row(lines: list[str], target_id: str) -> dict[str, str]:
+    """The target's row as {column: cell}, under the table's header (columns that do
+    not fit the width are left out: which ones is the view's choice)."""
     [line] = [line for line in lines if line.startswith(target_id)]
-    return cells_of(line)
+    header = next(x for x in lines if x.startswith(("ID ", "NAME ")) and "PHASE" in x)
+    return cells_of(header, line)
 
 
-def shown_row(pane: Any, target_id: str) -> list[str]:
+def shown_row(pane: Any, target_id: str) -> dict[str, str]:
     """The target's row in the pane once a capture has it (one taken while the view
     redraws, on a loaded machine, can miss it)."""
-    return cells_of(
-        wait_for(lambda: next((x for x in pane.capture() if x.startswith(target_id)), None))
+    return wait_for(
+        lambda: (lambda s: row(s, target_id) if any(x.startswith(target_id) for x in s) else None)(
+            pane.capture()
+        )
     )
 
 
-def cells_of(line: str) -> list[str]:
-    cells = line.split()
-    return [*cells[:6], f"{cells[6]} {cells[7]}", *cells[8:]]
+def cells_of(header: str, line: str) -> dict[str, str]:
+    # Columns are two spaces apart or more; a cell ("7.3 MiB") or a header ("PHASE J")
+    # holds one at most.
+    return dict(zip(re.split(r"  +", header.strip()), re.split(r"  +", line.strip())))
 
 
 def table(lines: list[str]) -> list[str]:
@@ -162,7 +167,7 @@ def test_the_live_view_shows_what_the_daemon_counts(board: Any, pane_factory: An
         cells = shown_row(pane, target)
         after = daemon.call("GET", f"/v1/targets/{target}/summary")[1]
         samples = daemon.call("GET", f"/v1/targets/{target}/samples?since={since - 1.5:.3f}")[1]
-        joules = float(cells[3])
+        joules = float(cells["J"])
         assert round(before["energy_j"], 1) <= joules <= round(after["energy_j"], 1), (
             cells,
             before["energy_j"],
@@ -173,9 +178,9 @@ def test_the_live_view_shows_what_the_daemon_counts(board: Any, pane_factory: An
             for s in samples["samples"]
             if s["cpu_utilization"] is not None
         }
-        assert cells[4] in shown, (cells, shown)
-    assert shown_row(pane, burner)[7] == "round-3"
-    assert shown_row(pane, holder)[7] == "-"
+        assert cells["CPU%"] in shown, (cells, shown)
+    assert shown_row(pane, burner)["PHASE"] == "round-3"
+    assert shown_row(pane, holder)["PHASE"] == "-"
     # Sorting: by CPU the burner leads, by memory the 64 MiB holder does.
     pane.keys("c")
 
@@ -227,7 +232,7 @@ def test_once_and_json_print_one_frame(board: Any) -> None:
     for name, watts in rails(daemon).items():
         assert f"{name} {watts:.2f}/" in once.stdout
     lines = once.stdout.splitlines()
-    assert row(lines, burner)[7] == "round-3" and row(lines, holder)[7] == "-"
+    assert row(lines, burner)["PHASE"] == "round-3" and row(lines, holder)["PHASE"] == "-"
     assert all(len(line) <= 80 for line in lines)
     raw = subprocess.run(
         [*EDGEWATT, "top", "--json", "--socket", daemon.socket],
@@ -310,7 +315,7 @@ def test_a_normal_user_watches_roots_daemon_live(
     assert rails(daemon) and all(f"{n} {w:.2f}/" in text for n, w in rails(daemon).items())
     hz = daemon.call("GET", "/healthz")[1]["power_sample_hz"]
     assert lines[1].endswith(f" J since start; tegrastats at {hz:g} Hz")
-    assert row(lines, burner)[7] == "round-1"
+    assert row(lines, burner)["PHASE"] == "round-1"
     pane.keys("q")
     wait_for(lambda: not pane.alive())
 
@@ -658,3 +663,19 @@ def test_many_finished_targets_fit_the_screen_and_the_selection_stays_on_it() ->
     tall = styled_frame(document, View(), 80, 10**6)
     assert sum(" unregistered " in line.text for line in tall) == 19
     assert "(481 more finished: edgewatt status lists them)" in [x.text for x in tall]
+
+
+def test_a_row_one_column_too_wide_leaves_out_procs_before_the_id() -> None:
+    """The ID names a target for `edgewatt summary ID` and the detail: on 80 columns a
+    busy target's row ("100.0" % of one core, a 3-digit J) once lost it first."""
+    from edgewatt.cli.top import COLUMNS, table_lines
+
+    busy = ("8f769edb0869", "python3.11", "12.25", "190.7", "100.0", "107.3 MiB",
+            "0 B/0 B", "1", "round-12", "101.5", "role=train")  # fmt: skip
+    assert len(busy) == len(COLUMNS)
+    header, line = table_lines([busy], 80)
+    assert header.split()[:2] == ["ID", "NAME"] and "PROCS" not in header
+    assert line.startswith("8f769edb0869  python3.11") and len(line) <= 80
+    assert "round-12" in line and "role=train" not in line
+    wide_header, _ = table_lines([busy], 160)  # room for every column
+    assert wide_header.split() == [*" ".join(COLUMNS).split()]
