@@ -16,7 +16,6 @@ observed absolute values, not sums kept by the SDK.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import operator
@@ -270,9 +269,9 @@ def _computed() -> Mapping[str, Callable[[Snapshot], Points]]:
 
 def _reader(record: type, name: str, metric: Metric) -> Callable[[Any], float | None]:
     """What reads ``name`` off a sample (``record``: ProcessSample or PhaseFigures)."""
-    # A typo in the table fails at import, not at a scrape. A field without a default is
-    # no class attribute where dataclasses have no slots (Python 3.8, 3.9): ask fields().
-    if not hasattr(record, name) and name not in {f.name for f in dataclasses.fields(record)}:
+    # A typo in the table fails at import, not at a scrape. A dataclass field without a
+    # default is no class attribute where dataclasses have no slots (Python 3.8, 3.9).
+    if not hasattr(record, name) and name not in getattr(record, "__dataclass_fields__", {}):
         raise ValueError(f"metric {metric.name}: {record.__name__} has no field {name!r}")
     return operator.attrgetter(name)
 
