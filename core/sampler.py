@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -259,9 +259,11 @@ class Sampler:
         if measured is not None:
             self.attribution.update(*measured)
 
-    def _contributions(self, read: list[TargetState]) -> dict[str, dict[str, Any]]:
-        """Each contributor's figures for the targets read, merged by target."""
-        merged: dict[str, dict[str, Any]] = {}
+    def _contributions(self, read: list[TargetState]) -> dict[str, list[Mapping[str, Any]]]:
+        """Each contributor's figures for the targets read, by target: one mapping per
+        contributor that counted it (not merged: a contributor hands out the same
+        mapping while its figures stand, which TargetState.sample recognises)."""
+        merged: dict[str, list[Mapping[str, Any]]] = {}
         for contributor in self._contributors:
             try:
                 figures = contributor.contribute(read)
@@ -269,13 +271,19 @@ class Sampler:
                 self._errors += 1
                 log.warning("%s failed: %s", contributor.name, exc)
                 continue
-            for target_id, fields in figures.items():  # read only: no copy unless merged
+            for target_id, fields in figures.items():
                 have = merged.get(target_id)
-                merged[target_id] = fields if have is None else {**have, **fields}
+                if have is None:
+                    merged[target_id] = [fields]
+                else:
+                    have.append(fields)
         return merged
 
     def _sample(
-        self, state: TargetState, power: PowerSnapshot | None, figures: dict[str, Any] | None
+        self,
+        state: TargetState,
+        power: PowerSnapshot | None,
+        figures: Sequence[Mapping[str, Any]] | None,
     ) -> ProcessSample:
         assert state.reading is not None
         target_id, pids = state.target.id, state.reading.pids
@@ -290,7 +298,7 @@ class Sampler:
             energy_j=self.attribution.energy_j.get(target_id, 0.0) if self.power else None,
             device_energy_j=self._device_energy(instant, power),
             gpu=gpu_totals(power, pids),
-            figures=figures or {},
+            figures=figures or (),
             monotonic=instant,
         )
 

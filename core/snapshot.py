@@ -6,8 +6,9 @@ readers (OTel callbacks, /v1 handlers) never see a half-written one.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
@@ -99,6 +100,19 @@ class ProcessSample:
     def _mode_share(self, mode: int) -> float | None:
         by_mode = self.cpu_mode_utilization
         return None if self.cpu_utilization is None or by_mode is None else by_mode[mode]
+
+    def redated(
+        self, time: float, monotonic: float | None, device_energy_j: float | None
+    ) -> ProcessSample:
+        """A copy at another instant: the same figures, read again unchanged (a target
+        that did not run), where the device's energy moved on."""
+        copy = ProcessSample(*_sample_fields(self))
+        copy.time, copy.monotonic, copy.device_energy_j = time, monotonic, device_energy_j
+        return copy
+
+
+# Every field in declaration order: the positional arguments of its __init__.
+_sample_fields = operator.attrgetter(*(f.name for f in fields(ProcessSample)))
 
 
 @dataclass(frozen=True, **SLOTS)

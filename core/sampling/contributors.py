@@ -61,6 +61,9 @@ class TcpAccounting:
 
     def __init__(self, network: NetworkAccounting) -> None:
         self.network = network
+        # Each target's figures as last handed out: the same mapping while its bytes
+        # do not move, so the sampler sees at once that they did not change.
+        self._given: dict[str, dict[str, Any]] = {}
 
     def begin(self) -> None:
         pass  # the sockets are dumped once every target's members are known
@@ -75,14 +78,27 @@ class TcpAccounting:
             {target_id: r.pids for target_id, r in processes.items()},
             idle=frozenset().union(*(r.idle_pids for r in processes.values())),
         )
-        return {
-            target_id: {"network_transmit_bytes": sent, "network_receive_bytes": received}
-            for target_id, pair in counted.items()
-            if pair is not None
-            for sent, received in (pair,)
-        }
+        figures = {}
+        given = self._given
+        for target_id, pair in counted.items():
+            if pair is None:
+                continue
+            sent, received = pair
+            last = given.get(target_id)
+            if (
+                last is None
+                or last["network_transmit_bytes"] != sent
+                or last["network_receive_bytes"] != received
+            ):
+                last = given[target_id] = {
+                    "network_transmit_bytes": sent,
+                    "network_receive_bytes": received,
+                }
+            figures[target_id] = last
+        return figures
 
     def forget(self, target_id: str) -> None:
+        self._given.pop(target_id, None)
         self.network.forget(target_id)
 
     def status(self) -> Status:

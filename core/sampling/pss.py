@@ -74,12 +74,20 @@ def read_rollup(pid: int, proc: str = "/proc") -> Rollup | None:
         return None
 
 
-class _Kept(NamedTuple):
-    members: tuple[int, ...]
-    rss_sum: int  # the reading's RSS summed when the rollups were read
-    passes: int  # passes since
-    pss: int | None
-    rss_largest: int | None
+class _Kept:
+    """What was read for a target, and its figures as handed out: the same mapping
+    every pass until the next read, so the sampler sees at once that they did not
+    change (no per-target allocation on the passes between reads)."""
+
+    __slots__ = ("members", "rss_sum", "passes", "figures")
+
+    def __init__(
+        self, members: tuple[int, ...], rss_sum: int, pss: int | None, largest: int | None
+    ) -> None:
+        self.members = members
+        self.rss_sum = rss_sum  # the reading's RSS summed when the rollups were read
+        self.passes = 0  # passes since
+        self.figures = {"memory_pss_bytes": pss, "memory_rss_largest_bytes": largest}
 
 
 class ProportionalMemory:
@@ -106,14 +114,10 @@ class ProportionalMemory:
             target_id = state.target.id
             kept = self._kept.get(target_id)
             if kept is None or self._stale(kept, reading.pids, reading.rss_bytes):
-                kept = self._read(reading.pids, reading.rss_bytes)
+                kept = self._kept[target_id] = self._read(reading.pids, reading.rss_bytes)
             else:
-                kept = kept._replace(passes=kept.passes + 1)
-            self._kept[target_id] = kept
-            figures[target_id] = {
-                "memory_pss_bytes": kept.pss,
-                "memory_rss_largest_bytes": kept.rss_largest,
-            }
+                kept.passes += 1
+            figures[target_id] = kept.figures
         return figures
 
     @staticmethod
@@ -131,7 +135,7 @@ class ProportionalMemory:
                 continue
             pss = (pss or 0) + rollup.pss
             largest = max(largest or 0, rollup.rss)
-        return _Kept(members, rss_sum, 0, pss, largest)
+        return _Kept(members, rss_sum, pss, largest)
 
     def forget(self, target_id: str) -> None:
         self._kept.pop(target_id, None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,11 @@ class TargetState:
     cpu_s: float | None = None  # its CPU seconds at the last pass that read it
     reading: TreeReading | None = None  # this pass's (None: not read in it)
     ending: Ending | None = None  # found ended in this pass
+    # Its last sample, with the reading and the contributors' figures it was built
+    # from: a target that did not run gets a copy of it (see sample).
+    last: ProcessSample | None = None
+    last_reading: TreeReading | None = None
+    last_figures: Sequence[Mapping[str, Any]] = ()
 
     @property
     def cgroup(self) -> Cgroup | None:
@@ -54,14 +59,30 @@ class TargetState:
         energy_j: float | None,
         device_energy_j: float | None,
         gpu: tuple[float | None, int | None],
-        figures: Mapping[str, Any],
+        figures: Sequence[Mapping[str, Any]],
         monotonic: float | None = None,
     ) -> ProcessSample:
         """Its sample for this pass: its reading (at ``monotonic``, its instant on that
-        clock), its energy (attribution's), its GPU use, and ``figures``, what the
-        contributors counted for it."""
-        target, reading = self.target, self.reading
+        clock), its energy (attribution's), its GPU use, and ``figures``, what each
+        contributor counted for it. Where all of that is what the last sample was built
+        from (a target that did not run: its tree gave the same reading back, and each
+        contributor the same mapping), the last sample dated anew."""
+        target, reading, last = self.target, self.reading, self.last
         assert reading is not None
+        if (
+            last is not None
+            and reading is self.last_reading
+            # Set afresh by the first quiet reading after a run (ProcessTree._quiet).
+            and last.cpu_mode_utilization is reading.cpu_mode_utilization
+            and last.attributes is self.identity(host_name)
+            and last.power_w == power_w
+            and last.energy_j == energy_j
+            and last.gpu_utilization == gpu[0]
+            and last.gpu_memory_bytes == gpu[1]
+            and _same(figures, self.last_figures)
+        ):
+            self.last = last.redated(reading.time, monotonic, device_energy_j)
+            return self.last
         sample = ProcessSample(
             target_id=target.id,
             pid=target.pid,
@@ -90,14 +111,22 @@ class TargetState:
             # A cgroup target's network figures come from a contributor, or are absent.
             network_unknown=NOT_COUNTED if self.cgroup is not None else None,
         )
-        for name, value in figures.items():
-            setattr(sample, name, value)
+        for given in figures:
+            for name, value in given.items():
+                setattr(sample, name, value)
+        self.last, self.last_reading, self.last_figures = sample, reading, figures
         return sample
 
     def close(self) -> None:
         if self.tree is not None:
             self.tree.close()
             self.tree = None
+
+
+def _same(figures: Sequence[Mapping[str, Any]], before: Sequence[Mapping[str, Any]]) -> bool:
+    """The same contributors' mappings, each the same object (unchanged: contributors
+    hand out a new mapping when a figure moves)."""
+    return len(figures) == len(before) and all(a is b for a, b in zip(figures, before))
 
 
 def _attributes(target: Target, host_name: str) -> dict[str, str | int]:
