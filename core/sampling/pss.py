@@ -79,7 +79,7 @@ class _Kept:
     every pass until the next read, so the sampler sees at once that they did not
     change (no per-target allocation on the passes between reads)."""
 
-    __slots__ = ("members", "rss_sum", "passes", "figures")
+    __slots__ = ("figures", "members", "passes", "rss_sum")
 
     def __init__(
         self, members: tuple[int, ...], rss_sum: int, pss: int | None, largest: int | None
