@@ -254,7 +254,8 @@ class Sampler:
             cpu_s = state.reading.cpu_user_s + state.reading.cpu_system_s
             before = state.cpu_s if state.cpu_s is not None else cpu_s
             state.cpu_s = cpu_s
-            used[state.target.id] = TargetUse(max(0.0, cpu_s - before), state.reading.pids)
+            if power is not None:  # nothing to share out otherwise
+                used[state.target.id] = TargetUse(max(0.0, cpu_s - before), state.reading.pids)
         measured = self._inputs.measure(now, power, self._host.busy_delta, used)
         if measured is not None:
             self.attribution.update(*measured)

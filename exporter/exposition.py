@@ -139,6 +139,11 @@ class Exposition:
         # last render; with the carbon intensity they were rendered with.
         self._kept: dict[str, tuple[tuple[Any, ...], list[str]]] = {}
         self._kept_carbon: object = None
+        # Each per-target family's text as of the last render, and the targets' order
+        # it was joined in (None: no render yet): kept whole while no target's figures
+        # changed.
+        self._joined: list[str] = []
+        self._order: tuple[str, ...] | None = None
         self._snapshot: Snapshot | None = None
         self._rendered: tuple[int, bytes, bytes | None] | None = None  # sequence, text, gzip
         self._lock = threading.Lock()
@@ -183,6 +188,10 @@ class Exposition:
         self._kept, self._kept_carbon = lines_of, carbon
         targets = _Targets(tuple(changed), carbon)
         order = [lines_of[p.target_id][1] for p in snapshot.processes]
+        ids = tuple(lines_of)
+        unchanged = not changed and ids == self._order
+        joined = self._joined if unchanged else []
+        self._joined, self._order = joined, ids
         # Label sets and numbers are cached from render to render (an idle target's
         # figures repeat), keeping only what this render used: exited targets leave.
         cache = self._labels
@@ -194,6 +203,13 @@ class Exposition:
             name = family.sample_name
             lines: list[str] = []
             if family.per_target:
+                if unchanged:  # every target's lines as they were, in the same order
+                    text = joined[slot]
+                    slot += 1
+                    if text:
+                        out.append(family.header)
+                        out.append(text)
+                    continue
                 points = family.spec.observe(targets) if changed else ()  # type: ignore[arg-type]
                 by_target: dict[str, list[str]] = {}
             else:
@@ -227,6 +243,8 @@ class Exposition:
                 lines = [kept_lines[slot] for kept_lines in order]
                 slot += 1
             text = "".join(lines)
+            if family.per_target:
+                joined.append(text)
             if text:
                 out.append(family.header)
                 out.append(text)

@@ -152,7 +152,7 @@ class _State:
 
 def test_smaps_rollup_is_read_again_only_when_the_tree_moved(tmp_path: Path) -> None:
     """Its cost (benchmarks/pss_cost.py): members' rollups are read again when the
-    members change, their RSS summed moves by more than 2 %, or every 10th pass."""
+    members change, their RSS summed moves by more than 2 %, or every REFRESH_EVERY-th pass."""
     proc = tmp_path / "proc"
     for pid in (11, 12):
         (proc / str(pid)).mkdir(parents=True)
@@ -169,10 +169,10 @@ def test_smaps_rollup_is_read_again_only_when_the_tree_moved(tmp_path: Path) -> 
     assert memory.reads == 4
     memory.contribute([_State("t", (11,), 23_500_000)])  # a member left
     assert memory.reads == 5
-    for _ in range(REFRESH_EVERY - 1):  # 9 passes after the read: kept
+    for _ in range(REFRESH_EVERY - 1):  # the passes after the read: kept
         memory.contribute([_State("t", (11,), 23_500_000)])
     assert memory.reads == 5
-    memory.contribute([_State("t", (11,), 23_500_000)])  # the 10th pass since
+    memory.contribute([_State("t", (11,), 23_500_000)])  # the REFRESH_EVERY-th pass since
     assert memory.reads == 6
 
 

@@ -51,8 +51,10 @@ from edgewatt.core.sampling.taskstats import TaskExits
 from edgewatt.core.sampling.tree_walk import TreeWalk
 
 # Every this many readings, idle members are read in full all the same: a safety net
-# should a kernel show no scheduler activity for a thread that ran.
-RECHECK_EVERY = 10
+# should a kernel show no scheduler activity for a thread that ran, and the bound on
+# how old a waiting process's RSS may be (pages reclaimed without it running). 30, not
+# 10: the re-reads were a fifth of a pass over 200 waiting targets (docs/performance.md).
+RECHECK_EVERY = 30
 
 
 @dataclass(**SLOTS)  # not frozen: one per target per pass (see ProcessSample)

@@ -28,8 +28,10 @@ if TYPE_CHECKING:
 
 # Rereads happen when the RSS summed moved by more than this share of it...
 RSS_MOVE = 0.02
-# ...or its members changed, and at least every this many passes.
-REFRESH_EVERY = 10
+# ...or its members changed, and at least every this many passes (a page shared with a
+# process outside the target changes its share unseen; at 10, the reads of waiting
+# targets were 13-19 % of a pass over 200 of them: docs/performance.md).
+REFRESH_EVERY = 30
 
 
 class Rollup(NamedTuple):
