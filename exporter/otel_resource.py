@@ -6,7 +6,9 @@ OTELResourceDetector().detect())`` holds, computed here: importing
 ``opentelemetry.sdk.resources`` costs the daemon 1.5 MiB (psutil, typing_extensions,
 semconv, concurrent.futures) for one dict. tests/test_otel_resource.py compares the
 two for many environments. Where OTEL_EXPERIMENTAL_RESOURCE_DETECTORS names detectors,
-the SDK runs them (imported then)."""
+the SDK runs them (imported then). The order is SDK 1.45's; the SDK of Python < 3.10
+(1.33) puts ``service.instance.id`` later, which changes /metrics only where an
+OTEL_RESOURCE_ATTRIBUTES key becomes the same label (``service_instance_id``)."""
 
 from __future__ import annotations
 
