@@ -36,7 +36,7 @@ from edgewatt.exporter.config import Config, ConfigError
 from edgewatt.exporter.exposition import Exposition
 from edgewatt.exporter.influx import InfluxPusher
 from edgewatt.exporter.notify import Notifier
-from edgewatt.exporter.otel_resource import build_resource, machine_id
+from edgewatt.exporter.otel_resource import machine_id, resource_attributes
 from edgewatt.exporter.saved_state import SavedState
 from edgewatt.exporter.statefile import StateFile
 from edgewatt.exporter.telemetry import OtelPipeline
@@ -62,15 +62,17 @@ class Daemon:
             on_change=self.saved.save,
             carbon=self.carbon,
         )
-        resource = build_resource(config, machine_id() or statefile.instance_id(), self.carbon)
+        resource = resource_attributes(config, machine_id() or statefile.instance_id(), self.carbon)
         self.exposition = Exposition(resource)
         # The OTel SDK runs only to push: /metrics is rendered from the snapshot.
         self.pipeline: OtelPipeline | None = None
-        if config.otlp_endpoint:  # its metrics SDK is imported only then (~1.5 MiB)
+        if config.otlp_endpoint:  # its metrics SDK and resources imported only then (~3 MiB)
+            from opentelemetry.sdk.resources import Resource
+
             from edgewatt.exporter.otlp import build_reader
 
             self.pipeline = OtelPipeline(
-                resource,
+                Resource(resource),  # the attributes are Resource.create's already
                 lambda: [build_reader(self.config.otlp)],
                 series_rotation=config.series_rotation,
                 max_targets=config.max_targets,

@@ -28,8 +28,6 @@ from math import copysign
 from operator import attrgetter
 from typing import Any
 
-from opentelemetry.sdk.resources import Resource
-
 from edgewatt.core.snapshot import ProcessSample, Snapshot
 from edgewatt.core.text import shown
 from edgewatt.exporter.scrape_server import Answer, Request, ScrapeServer, accepts_gzip
@@ -125,11 +123,14 @@ def _label_value(value: object) -> str:
 class Exposition:
     """Renders ``METRICS`` for the latest snapshot and serves it over HTTP."""
 
-    def __init__(self, resource: Resource, metrics: tuple[MetricSpec, ...] = METRICS) -> None:
+    def __init__(
+        self, resource: Mapping[str, Any], metrics: tuple[MetricSpec, ...] = METRICS
+    ) -> None:
+        """``resource``: the resource's attributes (otel_resource.py), as target_info."""
         self._families = [_family(spec) for spec in metrics]
         self._per_target = sum(f.per_target for f in self._families)
         self._labels = _LabelCache()
-        info = self._labels.miss(resource.attributes)
+        info = self._labels.miss(resource)
         self._target_info = (
             "# HELP target_info Target metadata\n# TYPE target_info gauge\n"
             f"target_info{info or ''} 1.0\n"

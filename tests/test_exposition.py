@@ -130,7 +130,7 @@ def otel_text(snapshot: Snapshot, resource: Resource = RESOURCE) -> bytes:
 
 
 def fast_text(snapshot: Snapshot, resource: Resource = RESOURCE) -> bytes:
-    exposition = Exposition(resource)
+    exposition = Exposition(resource.attributes)
     exposition.update(snapshot)
     return exposition.render()
 
@@ -237,7 +237,7 @@ def test_text_equals_the_otel_exporters_without_host_or_power() -> None:
 def test_successive_renders_equal_the_otel_exporters_text() -> None:
     """One Exposition across passes, as in the daemon: its caches (label sets by
     identity and by content, numbers by value) must never serve a stale line."""
-    exposition = Exposition(RESOURCE)
+    exposition = Exposition(RESOURCE.attributes)
     steady, leaving = process(1), process(2)
     passes = [
         (steady, leaving),
@@ -263,7 +263,7 @@ def test_a_target_left_as_it_was_keeps_its_lines_byte_for_byte() -> None:
     the text stays byte for byte what a render from nothing writes: changed, unchanged,
     new, departed and reordered targets, phases that move, and the carbon intensity
     changing under unchanged figures (carbon is intensity times energy)."""
-    exposition = Exposition(RESOURCE)
+    exposition = Exposition(RESOURCE.attributes)
     a, b, c = process(1), process(2), process(3)
     other_carbon = CarbonIntensity(500.0, "configured (carbon_intensity_g_per_kwh)")
     passes = [
@@ -362,7 +362,7 @@ def test_text_equals_the_otel_exporters_for_any_labels(
 
 @pytest.fixture
 def served() -> Iterator[tuple[Exposition, str]]:
-    exposition = Exposition(RESOURCE)
+    exposition = Exposition(RESOURCE.attributes)
     port = exposition.bind("127.0.0.1", 0)
     exposition.serve()
     yield exposition, f"http://127.0.0.1:{port}"
@@ -433,7 +433,7 @@ def test_a_target_whose_labels_cannot_be_encoded_is_left_out_of_that_scrape_only
 ) -> None:
     bad = dataclasses.replace(process(2), attributes={**process(2).attributes, "run": "\udcff"})
     snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=(process(1), bad))
-    exposition = Exposition(RESOURCE)
+    exposition = Exposition(RESOURCE.attributes)
     exposition.update(snapshot)
     text = exposition.render().decode()
     assert 'edgewatt_target_id="t1"' in text and 'edgewatt_target_id="t2"' not in text

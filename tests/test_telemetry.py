@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.exporter.telemetry import METRICS, OtelPipeline
+from tests.conftest import wait_for
 from tests.snapshots import process
 
 
@@ -188,6 +190,22 @@ def test_a_retired_pipeline_frees_its_series_without_waiting_for_a_full_gc() -> 
         t.shutdown()
 
 
+# What the daemon without OTLP push never imports: the SDK's metrics and exporters
+# (~1.5 MiB of its RSS, issue 45), and its resources module with what that pulls in
+# (psutil, typing_extensions, semconv: another 1.5 MiB; otel_resource.py computes the
+# attributes without it).
+HEAVY = (
+    "opentelemetry.sdk.metrics",
+    "opentelemetry.exporter",
+    "opentelemetry.metrics",
+    "opentelemetry.sdk.resources",
+    "opentelemetry.semconv",
+    "opentelemetry.attributes",
+    "psutil",
+    "typing_extensions",
+)
+
+
 def test_the_daemon_without_otlp_push_imports_no_metrics_sdk() -> None:
     # /metrics is rendered from the snapshot: the SDK's metrics and exporters (~1.5 MiB
     # of the daemon's RSS, issue 45) are imported only where OTLP push builds a pipeline.
@@ -202,8 +220,32 @@ def test_the_daemon_without_otlp_push_imports_no_metrics_sdk() -> None:
         capture_output=True,
         text=True,
     ).stdout.split()
-    heavy = ("opentelemetry.sdk.metrics", "opentelemetry.exporter", "opentelemetry.metrics")
-    assert [m for m in loaded if m.startswith(heavy) or m.startswith("matplotlib")] == []
+    assert [m for m in loaded if m.startswith(HEAVY) or m.startswith("matplotlib")] == []
     assert "edgewatt.exporter.telemetry" in loaded  # what /metrics renders is there
     pipeline, _ = otel(series_rotation=10)  # and a pipeline still builds where asked
     pipeline.shutdown()
+
+
+def test_the_started_daemon_without_otlp_push_imports_none_of_them(
+    daemon_factory: Any, spawn: Any
+) -> None:
+    # Python logs every import as it happens, later ones (a scrape, a registration)
+    # too: the daemon's log then lists all it ever imported.
+    daemon = daemon_factory(
+        interval=0.2,
+        env={"PYTHONPROFILEIMPORTTIME": "1", "OTEL_RESOURCE_ATTRIBUTES": "team=a%20b,bad"},
+    )
+    child = spawn("import time; time.sleep(60)")
+    daemon.register(child.pid, labels={"run": "imports"})
+    wait_for(lambda: 'run="imports"' in daemon.metrics_text(), timeout=10)
+    (target_info,) = [x for x in daemon.metrics_text().splitlines() if x.startswith("target_")]
+    daemon.stop()
+    imported = re.findall(r"^import time:.*\| +(\S+)$", daemon.log(), re.MULTILINE)
+    assert "edgewatt.exporter.exposition" in imported and "edgewatt.exporter.daemon" in imported
+    assert [m for m in imported if m.startswith(HEAVY)] == []
+    # and target_info is what it was: the SDK's attributes, the environment's.
+    assert f'telemetry_sdk_version="{Resource.create().attributes["telemetry.sdk.version"]}"' in (
+        target_info
+    )
+    assert 'team="a b"' in target_info and 'service_name="edgewatt"' in target_info
+    assert "OTEL_RESOURCE_ATTRIBUTES: 'bad' is no key=value pair, left out" in daemon.log()
