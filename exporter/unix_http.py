@@ -11,6 +11,11 @@ cannot take the others' share; more are answered 429 at once. Every failure is a
 ``{"error", "detail"}`` with a 4xx status; an unexpected exception is logged with its
 traceback here and answered with a 500 that carries no traceback.
 
+Requests are read and answers written here (heads parsed by ``http_head``), not by
+``http.server``, whose import costs the daemon ~7 MiB of RSS (``http.client``, ``ssl``,
+``email``); its answers are kept: status, message, headers (Server, Date,
+Content-Type, Content-Length, Connection: close when it ends the connection).
+
 The accepting thread sleeps until a connection or the shutdown arrives: no timeout
 (socketserver's own loop wakes every poll interval, five times a second, to look for
 a shutdown); the shutdown writes to a socket pair that it watches beside the listener.
