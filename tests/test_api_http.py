@@ -66,7 +66,7 @@ POST_HEAD = b"POST /v1/targets HTTP/1.1\r\n"
 # (request, closes the write side after it, status, error gist): each once refused by
 # http.server with these figures; the rest of the connection is closed after it.
 REFUSED = [
-    (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", False, 414, "request-uri too long"),
+    (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", False, 414, "uri too long"),
     (b"GET /healthz HTTP/1.1\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", False, 431, "Line too long"),
     (b"GET /healthz HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n", False, 431, "Too many headers"),
     (b"GARBAGE\r\n\r\n", False, 400, "Bad request syntax ('GARBAGE')"),
