@@ -14,7 +14,6 @@ caller decides, and credentials never go to a host they were not configured for.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import socket
 import threading
 import time
@@ -38,6 +37,10 @@ class _Exchange:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url[:200]}")
+        # Imported here: http.client brings ssl and the email package (~7 MiB of RSS),
+        # which a daemon that posts nowhere need not map.
+        import http.client
+
         https = parts.scheme == "https"
         kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
         self.connection = kind(parts.hostname, parts.port, timeout=timeout_s)

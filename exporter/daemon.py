@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from resource import RLIM_INFINITY, RLIMIT_NOFILE, getrlimit, setrlimit
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgewatt.core import __version__, power
 from edgewatt.core.carbon import resolve_carbon
@@ -34,12 +34,14 @@ from edgewatt.exporter.api import ApiContext, ApiServer
 from edgewatt.exporter.collectors import start_collectors
 from edgewatt.exporter.config import Config, ConfigError
 from edgewatt.exporter.exposition import Exposition
-from edgewatt.exporter.influx import InfluxPusher
 from edgewatt.exporter.notify import Notifier
 from edgewatt.exporter.otel_resource import machine_id, resource_attributes
 from edgewatt.exporter.saved_state import SavedState
 from edgewatt.exporter.statefile import StateFile
 from edgewatt.exporter.telemetry import OtelPipeline
+
+if TYPE_CHECKING:
+    from edgewatt.exporter.influx import InfluxPusher
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,11 @@ class Daemon:
                 max_targets=config.max_targets,
                 on_resource=frozenset({"host.name"}),
             )
-        self.influx = InfluxPusher(config.influx) if config.influx_url else None
+        self.influx: InfluxPusher | None = None
+        if config.influx_url:  # http.client, and with it ssl and email, only then (~7 MiB)
+            from edgewatt.exporter.influx import InfluxPusher
+
+            self.influx = InfluxPusher(config.influx)
         self.platform = LinuxPlatform(proc)
         self.notifier = Notifier()
         self.recent_power = RecentPower()

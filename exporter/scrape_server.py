@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edgewatt.core.compat import name_thread
+from edgewatt.exporter.http_head import BadHead, parse_head
 
 log = logging.getLogger(__name__)
 
@@ -170,9 +171,13 @@ class ScrapeServer:
         self._answer(connection, self._handle(bytes(connection.inbox[:end])))
 
     def _handle(self, head: bytes) -> Answer:
-        request = parse_head(head)
-        if request is None:
+        try:
+            parsed = parse_head(head)
+        except BadHead:
+            parsed = None
+        if parsed is None or parsed.version < (1, 0):  # a scraper speaks HTTP/1.x
             return _plain(400, "Bad Request")
+        request = Request(parsed.method, parsed.target.split("?", 1)[0], parsed.headers)
         if request.method not in ("GET", "HEAD"):
             return _plain(405, "Method Not Allowed", (("Allow", "GET, HEAD"),))
         answer = self._respond(request)
@@ -215,21 +220,6 @@ class ScrapeServer:
             del self._per_peer[connection.peer]
         self._selector.unregister(connection.sock)
         connection.sock.close()
-
-
-def parse_head(head: bytes) -> Request | None:
-    """The request line and headers; None if they are not HTTP."""
-    lines = head.decode("latin-1").replace("\r\n", "\n").split("\n")
-    parts = lines[0].split()
-    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        return None
-    headers = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep:
-            return None
-        headers[name.strip().lower()] = value.strip()
-    return Request(parts[0], parts[1].split("?", 1)[0], headers)
 
 
 def accepts_gzip(accept_encoding: str) -> bool:

@@ -11,6 +11,11 @@ cannot take the others' share; more are answered 429 at once. Every failure is a
 ``{"error", "detail"}`` with a 4xx status; an unexpected exception is logged with its
 traceback here and answered with a 500 that carries no traceback.
 
+Requests are read and answers written here (heads parsed by ``http_head``), not by
+``http.server``, whose import costs the daemon ~7 MiB of RSS (``http.client``, ``ssl``,
+``email``); its answers are kept: status, message, headers (Server, Date,
+Content-Type, Content-Length, Connection: close when it ends the connection).
+
 The accepting thread sleeps until a connection or the shutdown arrives: no timeout
 (socketserver's own loop wakes every poll interval, five times a second, to look for
 a shutdown); the shutdown writes to a socket pair that it watches beside the listener.
@@ -34,16 +39,18 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from edgewatt.core.transport import directory_problem, peer_credentials
 from edgewatt.exporter import documents
+from edgewatt.exporter.http_head import BadHead, Head, parse_fields, parse_request_line
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_LINE_BYTES = 65536  # the request line, and each header line
+MAX_HEADERS = 100
 MAX_CONNECTIONS = 128
 MAX_CONNECTIONS_PER_UID = 32  # root is not held to it: its clients are the administrator's
 REQUEST_TIMEOUT_S = 5.0
@@ -52,15 +59,9 @@ REQUEST_TIMEOUT_S = 5.0
 TIMEOUTS = (TimeoutError, socket.timeout)
 
 
-class HttpError(Exception):
+class HttpError(BadHead):
     """A request refused before any endpoint acted on it; answered with the connection
     closed (what follows on it may be out of step)."""
-
-    def __init__(self, status: int, error: str, detail: str = "") -> None:
-        super().__init__(error)
-        self.status = status
-        self.error = error
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -145,95 +146,143 @@ def _valid_path(raw: str, path: str) -> bool:
     )
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = REQUEST_TIMEOUT_S  # for writing an answer
-    # An answer's headers and body go out in one write at its flush: one wake of the
-    # client, not one for the headers and one for the body.
-    wbufsize = io.DEFAULT_BUFFER_SIZE
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def http_date(seconds: float) -> str:
+    """An answer's Date (RFC 9110 5.6.7), in English whatever the locale."""
+    t = time.gmtime(seconds)
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+    )
+
+
+def read_head(rfile: io.BufferedReader) -> Head | None:
+    """The next request's head; None when the connection ends (or sends an empty
+    line) before one starts. Bounded: the request line at ``MAX_LINE_BYTES`` (414),
+    each header line too and at most ``MAX_HEADERS`` of them (431)."""
+    line = rfile.readline(MAX_LINE_BYTES + 1)
+    if len(line) > MAX_LINE_BYTES:
+        raise HttpError(414, HTTPStatus.REQUEST_URI_TOO_LONG.phrase.lower())
+    request_line = line.decode("latin-1").rstrip("\r\n")
+    if not request_line.split():
+        return None
+    method, target, version = parse_request_line(request_line)
+    lines = []
+    while True:
+        line = rfile.readline(MAX_LINE_BYTES + 1)
+        if len(line) > MAX_LINE_BYTES:
+            raise HttpError(
+                431,
+                "Line too long",
+                f"got more than {MAX_LINE_BYTES} bytes when reading header line",
+            )
+        if line in (b"\r\n", b"\n"):
+            return Head(method, target, version, parse_fields(lines))
+        if not line.endswith(b"\n"):
+            raise HttpError(400, "truncated request", "the connection ended inside the headers")
+        if len(lines) == MAX_HEADERS:
+            raise HttpError(431, "Too many headers", f"got more than {MAX_HEADERS} headers")
+        lines.append(line.decode("latin-1").rstrip("\r\n"))
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    """One connection: its requests, one after another (keep-alive)."""
+
     server: UnixHttpServer
 
     def setup(self) -> None:
-        super().setup()
         self.peer_pid, self.peer_uid, _ = credentials(self.request)
-        self._reader = DeadlineReader(self.connection)
-        self.rfile = io.BufferedReader(self._reader)
+        self._reader = DeadlineReader(self.request)
+        self._rfile = io.BufferedReader(self._reader)
 
-    def version_string(self) -> str:
-        return "edgewatt"
+    def handle(self) -> None:
+        with contextlib.suppress(*TIMEOUTS, ConnectionError):  # the connection just ends
+            while self._one_request():
+                pass
 
-    def address_string(self) -> str:
-        return f"pid {self.peer_pid}"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("api: %s %s", self.address_string(), format % args)
-
-    def handle_one_request(self) -> None:
-        # The standard loop, with every method routed to one dispatcher (the stdlib
-        # answers unknown methods with an HTML 501) and timeouts ending the connection.
+    def _one_request(self) -> bool:
+        """Read, dispatch and answer one request; whether the connection stays open."""
         self._reader.deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        self._head = Head("", "", (1, 1), {})  # what an answer to a bad head refers to
+        self._body: bytes | None = None  # read once the endpoint asks for it
         try:
-            self.raw_requestline = self.rfile.readline(65537)
-            if len(self.raw_requestline) > 65536:
-                self.requestline = self.request_version = self.command = ""
-                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
-                return
-            if not self.raw_requestline:
-                self.close_connection = True
-                return
-            if not self.parse_request():
-                return
-            self.connection.settimeout(REQUEST_TIMEOUT_S)  # the answer's own time
-            self._dispatch()
-            self.wfile.flush()
-        except (*TIMEOUTS, ConnectionError):
-            self.close_connection = True
+            head = read_head(self._rfile)
+        except BadHead as exc:
+            return self._reply(Response(exc.status, documents.error(exc.error, exc.detail), True))
+        if head is None:
+            return False
+        self._head = head
+        response = self._dispatch()
+        if self._body is None and (
+            head.headers.get("content-length", "0").strip() != "0"
+            or "transfer-encoding" in head.headers
+        ):
+            # A body the endpoint never read would be taken for the next request.
+            response = Response(response.status, response.body, close=True)
+        return self._reply(response) and head.keeps_alive()
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        status = HTTPStatus(code)
-        body = documents.error(message or status.phrase.lower(), explain or "")
-        self._reply(Response(status.value, body, close=True))
-
-    def _reply(self, response: Response) -> None:
+    def _reply(self, response: Response) -> bool:
+        """Write the answer, headers and body in one send (one wake of the client);
+        whether the connection may stay open after it."""
         data = json.dumps(response.body).encode()
-        if self.request_version == "HTTP/0.9":  # a garbled request line: answer in 1.1
-            self.request_version = "HTTP/1.1"
-        self.send_response(response.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
+        status = HTTPStatus(response.status)
+        lines = [
+            f"HTTP/1.1 {status.value} {status.phrase}",
+            "Server: edgewatt",
+            f"Date: {http_date(time.time())}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(data)}",
+        ]
         if response.close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+            lines.append("Connection: close")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.request.settimeout(REQUEST_TIMEOUT_S)  # the answer's own time
+        self.request.sendall(head if self._head.method == "HEAD" else head + data)
+        log.debug(
+            "api: pid %d %s %s %d",
+            self.peer_pid,
+            self._head.method,
+            self._head.target[:200],
+            status.value,
+        )
+        return not response.close
 
-    def _dispatch(self) -> None:
+    def _dispatch(self) -> Response:
+        head = self._head
         try:
-            parts = urlsplit(self.path)
-            if not _valid_path(self.path, parts.path):
-                raise HttpError(400, "invalid path", f"{self.path[:200]!r} is not a valid API path")
+            parts = urlsplit(head.target)
+            if not _valid_path(head.target, parts.path):
+                raise HttpError(
+                    400, "invalid path", f"{head.target[:200]!r} is not a valid API path"
+                )
             request = Request(
-                self.command,
+                head.method,
                 parts.path,
                 parts.query,
                 self.peer_pid,
                 self.peer_uid,
                 self._read_body,
             )
-            response = self.server.application(request)
+            return self.server.application(request)
         except HttpError as exc:
-            self._reply(Response(exc.status, documents.error(exc.error, exc.detail), close=True))
+            return Response(exc.status, documents.error(exc.error, exc.detail), close=True)
         except Exception:
-            log.exception("api: unexpected error on %s %s", self.command, self.path)
-            self._reply(Response(500, documents.error("internal error", "see the daemon's log")))
-        else:
-            self._reply(response)
+            log.exception("api: unexpected error on %s %s", head.method, head.target[:200])
+            return Response(500, documents.error("internal error", "see the daemon's log"))
 
     def _read_body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+        if self._body is None:
+            self._body = self._receive_body()
+        return self._body
+
+    def _receive_body(self) -> bytes:
+        headers = self._head.headers
+        if "chunked" in headers.get("transfer-encoding", "").lower():
             raise HttpError(400, "chunked bodies are not supported", "send Content-Length")
-        raw_length = self.headers.get("Content-Length")
+        raw_length = headers.get("content-length")
         if raw_length is None:
             return b""
         if not raw_length.strip().isdigit():
@@ -241,14 +290,16 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(raw_length)
         if length > MAX_BODY_BYTES:
             raise HttpError(413, "body too large", f"{length} bytes; at most {MAX_BODY_BYTES}")
+        if headers.get("expect", "").lower() == "100-continue" and self._head.version >= (1, 1):
+            self.request.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # go on: it may come
         try:
-            body = self.rfile.read(length)
+            body = self._rfile.read(length)
         except TIMEOUTS:
             raise HttpError(
                 408, "request timed out", f"request not received within {REQUEST_TIMEOUT_S:g} s"
             ) from None
-        finally:
-            self.connection.settimeout(REQUEST_TIMEOUT_S)  # the answer's own time
+        except ConnectionError:  # reset: nothing more will come
+            body = b""
         if len(body) != length:
             raise HttpError(400, "truncated body", f"got {len(body)} of {length} bytes")
         return body

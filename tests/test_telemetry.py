@@ -249,3 +249,30 @@ def test_the_started_daemon_without_otlp_push_imports_none_of_them(
     )
     assert 'team="a b"' in target_info and 'service_name="edgewatt"' in target_info
     assert "OTEL_RESOURCE_ATTRIBUTES: 'bad' is no key=value pair, left out" in daemon.log()
+
+
+def test_the_running_daemon_imports_no_http_client_ssl_or_email(
+    daemon_factory: Any, spawn: Any
+) -> None:
+    # http.server (for the API) and http.client (for InfluxDB, at import) brought ssl
+    # (libssl mapped) and the email package: ~7 MiB of RSS (issue 45). The real daemon,
+    # default config, asked to serve what it serves; Python itself lists every import.
+    daemon = daemon_factory(env={"PYTHONPROFILEIMPORTTIME": "1"})
+    child = spawn("import time; time.sleep(60)")
+    daemon.register(child.pid, labels={"run": "imports"})
+    wait_for(lambda: f'pid="{child.pid}"' in daemon.metrics_text(), timeout=10)  # a scrape
+    assert daemon.call("GET", "/v1/targets")[0] == 200
+    assert daemon.call("GET", "/healthz")[1]["influx"] is None
+    assert daemon.proc is not None
+    with open(f"/proc/{daemon.proc.pid}/maps") as maps:
+        libraries = {line.split()[-1] for line in maps if ".so" in line}
+    assert [lib for lib in libraries if "libssl" in lib or "/_ssl." in lib] == []
+    daemon.stop()
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in daemon.log().splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+    assert "edgewatt.exporter.unix_http" in imported  # the log lists the daemon's imports
+    heavy = ("http.server", "http.client", "ssl", "_ssl", "email", "urllib.request")
+    assert sorted(m for m in imported if m.split(".")[0] in heavy or m in heavy) == []
