@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import subprocess
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -18,7 +21,7 @@ from edgewatt.core.sampling.exits import final_cpu
 from edgewatt.core.sampling.tracked import TargetState
 from edgewatt.core.sampling.trees import ProcessTrees
 from edgewatt.core.snapshot import Snapshot
-from tests.conftest import table_with
+from tests.conftest import kernel_cpu_seconds, table_with
 
 
 def test_a_target_is_called_exited_only_once_the_exporters_have_dropped_it(
@@ -213,3 +216,90 @@ def test_after_an_overrun_the_next_pass_waits_for_the_next_boundary() -> None:
     assert waits == pytest.approx([1.0, 0.5, 1.0, 0.8, 1.0])
     assert [s.stats.overruns for s in published] == [0, 0, 1, 1, 2]
     assert sampler.closed
+
+
+class Handed:
+    """A contributor handing out one mapping for every target until it is given another
+    (as PSS and TCP accounting do while their figures stand)."""
+
+    name = "handing out a figure"
+
+    def __init__(self) -> None:
+        self.mapping = {"network_counts": "first"}
+
+    def begin(self) -> None:
+        pass
+
+    def contribute(self, states: Any) -> Figures:
+        return {s.target.id: self.mapping for s in states if s.reading}
+
+    def forget(self, target_id: str) -> None:
+        pass
+
+    def status(self) -> Status:
+        return Status()
+
+    def close(self) -> None:
+        pass
+
+
+def _settled(pid: int) -> None:
+    """Until the process waits: its scheduler counters stand still for 0.2 s."""
+    before = None
+    for _ in range(100):
+        with open(f"/proc/{pid}/schedstat") as f:
+            now = f.read()
+        if now == before:
+            return
+        before = now
+        time.sleep(0.2)
+    raise AssertionError(f"pid {pid} never waited")
+
+
+def _figures(sample: Any) -> dict[str, Any]:
+    figures = dataclasses.asdict(sample)
+    for moving in ("time", "monotonic", "device_energy_j"):
+        del figures[moving]
+    return figures
+
+
+def test_a_waiting_target_s_sample_is_its_last_dated_anew_until_a_figure_moves(
+    spawn: Any,
+) -> None:
+    # A target that did not run gets a copy of its last sample (TargetState.sample):
+    # each thing that can move its figures must still show in the next sample.
+    child = spawn(
+        "import sys, time\n"
+        "for _ in sys.stdin:\n"
+        "    t = time.process_time()\n"
+        "    while time.process_time() - t < 0.05: pass\n",
+        stdin=subprocess.PIPE,
+    )
+    _settled(child.pid)
+    table = table_with(child.pid)
+    handed = Handed()
+    sampler = Sampler(
+        table, interval=0.1, host_name="h", parts=Parts(ProcessTrees(LinuxPlatform()), (handed,))
+    )
+    sampler.sample_once()  # its first reading: no utilization yet
+    first = sampler.sample_once().processes[0]
+    (second,) = sampler.sample_once().processes
+    assert second is not first and second.time > first.time
+    assert second.monotonic is not None and first.monotonic is not None
+    assert second.monotonic > first.monotonic
+    assert _figures(second) == _figures(first) and second.cpu_utilization == 0.0
+    handed.mapping = {"network_counts": "second"}  # a contributor's figure moved
+    (third,) = sampler.sample_once().processes
+    assert third.network_counts == "second"
+    assert child.stdin is not None
+    child.stdin.write(b"run\n")  # it runs 50 ms of CPU, then waits again
+    child.stdin.flush()
+    time.sleep(0.1)
+    _settled(child.pid)
+    (ran,) = sampler.sample_once().processes
+    assert ran.cpu_s == pytest.approx(kernel_cpu_seconds(child.pid), abs=1e-9)
+    assert ran.cpu_s >= third.cpu_s + 0.04 and ran.cpu_utilization > 0
+    (waited,) = sampler.sample_once().processes  # the first pass without a run since
+    assert waited.cpu_s == ran.cpu_s and waited.cpu_utilization == 0.0
+    assert waited.network_counts == "second"
+    sampler.close()

@@ -23,6 +23,9 @@ def cpu_shares(
     return (total * user / (user + system), total * system / (user + system))
 
 
+_IDLE = (0.0, 0.0)
+
+
 class CpuRate:
     """CPU seconds over wall seconds between two reads, as a share of all logical CPUs,
     by mode (user, system)."""
@@ -35,4 +38,6 @@ class CpuRate:
         last, self._last = self._last, (now, user_s, system_s)
         if last is None or now <= last[0]:
             return None
+        if user_s == last[1] and system_s == last[2]:
+            return _IDLE  # most trees at most passes: one object, no arithmetic
         return cpu_shares((user_s - last[1], system_s - last[2]), now - last[0], self._cpus)

@@ -124,7 +124,11 @@ class ProportionalMemory:
 
     @staticmethod
     def _stale(kept: _Kept, members: tuple[int, ...], rss_sum: int) -> bool:
-        if kept.members != members or kept.passes + 1 >= REFRESH_EVERY:
+        if kept.passes + 1 >= REFRESH_EVERY:
+            return True
+        if kept.members is members and kept.rss_sum == rss_sum:
+            return False  # a waiting target's reading, given back as it was
+        if kept.members != members:
             return True
         return abs(rss_sum - kept.rss_sum) > RSS_MOVE * max(kept.rss_sum, 1)
 

@@ -192,9 +192,10 @@ class History:
         self.memory.add(row)
         # Only the last two phases can still be open: the running one, and the one
         # that ended since the previous sample and waits for its closing sample.
-        for phase in self.phases[-2:]:
-            if not phase.closed:
-                phase.add(row, period, power)
+        if self.phases:
+            for phase in self.phases[-2:]:
+                if not phase.closed:
+                    phase.add(row, period, power)
 
     @property
     def running_phase(self) -> Phase | None:
