@@ -80,19 +80,19 @@ def _row(t: float, utilization: float | None, rss: int) -> SampleRow:
 def test_a_phase_counts_the_intervals_between_its_samples_and_the_passes_without_rows() -> None:
     history = History(capacity=100)
     history.add(_row(0.0, 0.9, 100))  # before the phase
-    history.note_power(6.0, 30.0)  # the interval before the phase's first sample
+    history.note(None, 6.0, 30.0)  # the interval before the phase's first sample
     phase = Phase("train", started_at=1.0)
     history.start_phase(phase, 1.0)
     history.add(_row(1.0, 0.8, 400))  # its first sample: the interval ending here is before it
-    history.note_power(5.0, 5.5)
-    history.note_power(5.0, 19.0)  # a pass on demand for another target: no row here
+    history.note(None, 5.0, 5.5)
+    history.note(None, 5.0, 19.0)  # a pass on demand for another target: no row here
     history.add(_row(2.0, 0.25, 300))
-    history.note_power(4.75, 6.0)
+    history.note(None, 4.75, 6.0)
     history.add(_row(3.0, 0.5, 200))
     history.end_phase(3.5)
-    history.note_power(5.0, 5.0)
+    history.note(None, 5.0, 5.0)
     history.add(_row(4.0, 0.75, 500))  # its closing sample: in it
-    history.note_power(1.0, 50.0)
+    history.note(None, 1.0, 50.0)
     history.add(_row(5.0, 0.0, 50))  # after it
     assert spreads(phase.power, phase.cpu_utilization, phase.memory) == {
         "power_min_w": 4.75,

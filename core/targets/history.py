@@ -158,14 +158,13 @@ class History:
     def __post_init__(self) -> None:
         self.rows = RowRing(self.capacity)
 
-    def note_period(self, period_s: float | None) -> None:
-        """A pass's sensor period, whether or not it adds a row here."""
+    def note(self, period_s: float | None, low: float | None, high: float | None) -> None:
+        """A pass's sensor period, and the device's lowest and highest power (W) over it,
+        whether or not it adds a row here."""
         if period_s is not None:
             self.pending_period_s = max(self.pending_period_s or 0.0, period_s)
-
-    def note_power(self, low: float | None, high: float | None) -> None:
-        """A pass's lowest and highest device power (W), whether or not it adds a row."""
-        self.pending_power.widen(low, high)
+        if low is not None or high is not None:
+            self.pending_power.widen(low, high)
 
     def add(self, row: SampleRow, execs: int = 0) -> None:
         """A sample; ``execs``: 1 once its held fork exec'd (TreeReading.root_execs)."""

@@ -187,8 +187,7 @@ class Target:
         (None: a pass on demand for other targets); ``period_s``, ``power``: the power
         sensors' period and the device's lowest and highest power over that pass."""
         self.observed.update(sample)
-        self.history.note_period(period_s)
-        self.history.note_power(*power)
+        self.history.note(period_s, *power)
         if row is not None:
             self.history.add(row, sample.root_execs)
 
