@@ -121,6 +121,10 @@ class Sampler:
         self._attribute(started, power, read)
         figures = self._contributions(read)
         samples = [self._sample(state, power, figures.get(state.target.id)) for state in read]
+        sequence = self._sequence + 1
+        for state in read:  # a sample built anew carries this pass's figures
+            if not state.copied:
+                state.figures_since = sequence
         ended = [s for s in self._states.values() if s.ending is not None]
         ended_ids = {s.target.id for s in ended}
         phases = self.table.record(
@@ -131,14 +135,17 @@ class Sampler:
         )
         for state in ended:  # their exit sample is taken: let them go
             self._drop(state.target.id)
-        if phases:
+        if phases:  # a phase's figures move every pass
             samples = [
                 dataclasses.replace(s, phases=phases[s.target_id]) if s.target_id in phases else s
                 for s in samples
             ]
+            for target_id in phases:
+                if target_id in self._states:
+                    self._states[target_id].figures_since = sequence
         self._forget_missing({t.id for t in running})
         self.table.purge_exited(self._clock.time())
-        self._sequence += 1
+        self._sequence = sequence
         statuses = [c.status() for c in self._contributors]
         snapshot = Snapshot(
             time=self._clock.time(),
@@ -153,6 +160,7 @@ class Sampler:
             energy_parts_j=dict(self.attribution.parts_j) if power is not None else {},
             carbon=self.carbon,
             host_name=self.host_name,
+            figures_since={s.target.id: s.figures_since for s in read},
             stats=SamplerStats(
                 duration_s=self._clock.monotonic() - started,
                 overruns=self._passes.overruns,

@@ -162,3 +162,8 @@ class Snapshot:
     carbon: CarbonIntensity | None = None  # None: no carbon figure anywhere
     stats: SamplerStats = field(default_factory=lambda: SamplerStats(0.0, 0, 0))
     host_name: str = ""  # the device's host.name, on every series ("": tests without one)
+    # Per target id: the pass (its sequence) whose figures its sample still carries,
+    # all but the time and device energy (a target that waits gets a copy of its last
+    # sample): a renderer that kept its lines from that pass on need not look again.
+    # Absent: not known (look).
+    figures_since: Mapping[str, int] = field(default_factory=dict)

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import threading
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from math import copysign
@@ -120,6 +121,9 @@ def _label_value(value: object) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
+_Kept = typing.Tuple[typing.Tuple[Any, ...], typing.List[str], typing.Optional[int]]
+
+
 class Exposition:
     """Renders ``METRICS`` for the latest snapshot and serves it over HTTP."""
 
@@ -136,9 +140,10 @@ class Exposition:
             f"target_info{info or ''} 1.0\n"
         )
         self._numbers: dict[float, str] = {}  # value -> text, as of the last render
-        # target id -> (its figures, its lines of each per-target family), as of the
-        # last render; with the carbon intensity they were rendered with.
-        self._kept: dict[str, tuple[tuple[Any, ...], list[str]]] = {}
+        # target id -> (its figures, its lines of each per-target family, the pass whose
+        # figures they are: Snapshot.figures_since), as of the last render; with the
+        # carbon intensity they were rendered with.
+        self._kept: dict[str, _Kept] = {}
         self._kept_carbon: object = None
         # Each per-target family's text as of the last render, and the targets' order
         # it was joined in (None: no render yet): kept whole while no target's figures
@@ -177,14 +182,21 @@ class Exposition:
         # targets wait); the others' are rendered again, in one observation per family.
         kept, carbon = self._kept, snapshot.carbon
         same_carbon = carbon is self._kept_carbon
-        lines_of: dict[str, tuple[tuple[Any, ...], list[str]]] = {}
+        lines_of: dict[str, _Kept] = {}
         changed = []
+        since_of = snapshot.figures_since
         for p in snapshot.processes:
-            figures = _figures(p)
             entry = kept.get(p.target_id)
+            since = since_of.get(p.target_id)
+            if entry is not None and same_carbon and since is not None and since == entry[2]:
+                lines_of[p.target_id] = entry  # the sampler says: the same figures
+                continue
+            figures = _figures(p)
             if entry is None or not same_carbon or entry[0] != figures:
-                entry = (figures, [""] * self._per_target)
+                entry = (figures, [""] * self._per_target, since)
                 changed.append(p)
+            elif since != entry[2]:
+                entry = (figures, entry[1], since)
             lines_of[p.target_id] = entry
         self._kept, self._kept_carbon = lines_of, carbon
         targets = _Targets(tuple(changed), carbon)

@@ -283,6 +283,49 @@ def test_a_target_left_as_it_was_keeps_its_lines_byte_for_byte() -> None:
         assert_same_lines(exposition.render(), otel_text(snapshot))
 
 
+def test_a_target_whose_figures_stand_since_its_kept_pass_is_not_looked_at_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Snapshot.figures_since: the sampler's word that a target's sample carries the
+    figures of an earlier pass (a copy, re-dated). Where it names the pass the kept
+    lines came from, its figures are not even gathered; where it moved, or is absent,
+    they are compared as before. Each render is byte for byte a render from nothing."""
+    from edgewatt.exporter import exposition as module
+
+    gathered: list[str] = []
+    real = module._figures
+    monkeypatch.setattr(module, "_figures", lambda p: gathered.append(p.target_id) or real(p))
+    renderer = Exposition(RESOURCE.attributes)
+    a, b = process(1), process(2)
+    a_ran = dataclasses.replace(a, cpu_user_s=9.0)
+    passes = [
+        ((a, b), {a.target_id: 1, b.target_id: 1}),
+        ((dataclasses.replace(a, time=2.0), b), {a.target_id: 1, b.target_id: 1}),
+        ((a_ran, dataclasses.replace(b, time=3.0)), {a.target_id: 3, b.target_id: 1}),
+        ((a_ran, b), {}),  # no word: compared
+        ((a_ran, b), {a.target_id: 3, b.target_id: 1}),
+    ]
+    for sequence, (processes, since) in enumerate(passes, start=1):
+        snapshot = every_figure(sequence=sequence, processes=processes, figures_since=since)
+        expected = fast_text(snapshot)  # a render from nothing
+        renderer.update(snapshot)
+        gathered.clear()
+        assert renderer.render() == expected
+        looked_at = {
+            1: [a.target_id, b.target_id],  # nothing kept yet
+            2: [],
+            3: [a.target_id],  # its figures moved: b's stand
+            4: [a.target_id, b.target_id],
+            5: [a.target_id, b.target_id],  # the word is new to what was kept: compared
+        }
+        assert gathered == looked_at[sequence], sequence
+    snapshot = every_figure(sequence=6, processes=(a_ran, b), figures_since=since)
+    expected = fast_text(snapshot)
+    renderer.update(snapshot)
+    gathered.clear()
+    assert renderer.render() == expected and gathered == []
+
+
 @pytest.mark.parametrize("name", sorted(UNEXPORTED))
 def test_the_fields_left_out_of_the_change_check_are_in_no_point(name: str) -> None:
     """A sample's fields the renderer does not compare (they move every pass): no

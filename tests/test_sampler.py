@@ -282,24 +282,36 @@ def test_a_waiting_target_s_sample_is_its_last_dated_anew_until_a_figure_moves(
         table, interval=0.1, host_name="h", parts=Parts(ProcessTrees(LinuxPlatform()), (handed,))
     )
     sampler.sample_once()  # its first reading: no utilization yet
-    first = sampler.sample_once().processes[0]
-    (second,) = sampler.sample_once().processes
+    built = sampler.sample_once()
+    first = built.processes[0]
+    copied = sampler.sample_once()
+    (second,) = copied.processes
     assert second is not first and second.time > first.time
+    # ...and the snapshot says whose figures it carries (the renderer keeps its lines).
+    target_id = first.target_id
+    assert copied.figures_since[target_id] == built.figures_since[target_id] == built.sequence
     assert second.monotonic is not None and first.monotonic is not None
     assert second.monotonic > first.monotonic
     assert _figures(second) == _figures(first) and second.cpu_utilization == 0.0
     handed.mapping = {"network_counts": "second"}  # a contributor's figure moved
-    (third,) = sampler.sample_once().processes
+    moved = sampler.sample_once()
+    (third,) = moved.processes
     assert third.network_counts == "second"
+    assert moved.figures_since[target_id] == moved.sequence
     assert child.stdin is not None
     child.stdin.write(b"run\n")  # it runs 50 ms of CPU, then waits again
     child.stdin.flush()
     time.sleep(0.1)
     _settled(child.pid)
-    (ran,) = sampler.sample_once().processes
+    after_run = sampler.sample_once()
+    (ran,) = after_run.processes
+    assert after_run.figures_since[target_id] == after_run.sequence
     assert ran.cpu_s == pytest.approx(kernel_cpu_seconds(child.pid), abs=1e-9)
     assert ran.cpu_s >= third.cpu_s + 0.04 and ran.cpu_utilization > 0
-    (waited,) = sampler.sample_once().processes  # the first pass without a run since
+    rested = sampler.sample_once()  # the first pass without a run since: utilization 0
+    (waited,) = rested.processes
+    assert rested.figures_since[target_id] == rested.sequence
+    assert sampler.sample_once().figures_since[target_id] == rested.sequence
     assert waited.cpu_s == ran.cpu_s and waited.cpu_utilization == 0.0
     assert waited.network_counts == "second"
     sampler.close()

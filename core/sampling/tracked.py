@@ -36,6 +36,8 @@ class TargetState:
     last: ProcessSample | None = None
     last_reading: TreeReading | None = None
     last_figures: Sequence[Mapping[str, Any]] = ()
+    copied: bool = False  # its last sample is a copy of the one before
+    figures_since: int = 0  # the pass whose figures that sample carries (Snapshot's)
 
     @property
     def cgroup(self) -> Cgroup | None:
@@ -82,6 +84,7 @@ class TargetState:
             and _same(figures, self.last_figures)
         ):
             self.last = last.redated(reading.time, monotonic, device_energy_j)
+            self.copied = True
             return self.last
         sample = ProcessSample(
             target_id=target.id,
@@ -115,6 +118,7 @@ class TargetState:
             for name, value in given.items():
                 setattr(sample, name, value)
         self.last, self.last_reading, self.last_figures = sample, reading, figures
+        self.copied = False
         return sample
 
     def close(self) -> None:
