@@ -62,13 +62,21 @@ class Memory:
         # that reads a command exited but not yet reaped finds no memory held.
         if not row.processes or not rss:
             return
-        self.rss.widen(rss, rss)
+        # Written out rather than through widen() and max(): every target, every pass.
+        spread = self.rss
+        if spread.low is None or rss < spread.low:
+            spread.low = rss
+        if spread.high is None or rss > spread.high:
+            spread.high = rss
         self.rss_sum += rss
         self.rows += 1
-        if row.memory_pss_bytes is not None:
-            self.pss_peak = max(self.pss_peak or 0, row.memory_pss_bytes)
-        if row.memory_rss_largest_bytes is not None:
-            self.rss_largest_peak = max(self.rss_largest_peak or 0, row.memory_rss_largest_bytes)
+        pss, largest = row.memory_pss_bytes, row.memory_rss_largest_bytes
+        if pss is not None and (self.pss_peak is None or pss > self.pss_peak):
+            self.pss_peak = pss
+        if largest is not None and (
+            self.rss_largest_peak is None or largest > self.rss_largest_peak
+        ):
+            self.rss_largest_peak = largest
 
     def exited(self, rss_peak_bytes: int) -> None:
         """The kernel's peak RSS of a one-process target at its exit: no sample can
