@@ -96,10 +96,12 @@ class Target:
     end_reason: str | None = None
     # Its process's exit code, or -N for signal N, where the kernel's exit record said.
     exit_status: int | None = None
+    # identity.id, which never changes (a join replaces the identity, not its id): an
+    # attribute, not a property, as the sampler reads it many times per target per pass.
+    id: str = field(init=False)
 
-    @property
-    def id(self) -> str:
-        return self.identity.id
+    def __post_init__(self) -> None:
+        self.id = self.identity.id
 
     @property
     def pid(self) -> int:
