@@ -10,6 +10,8 @@ import tracemalloc
 import types
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.targets import (
@@ -25,7 +27,7 @@ from edgewatt.core.targets import (
     TooMany,
     TooManyLookups,
 )
-from edgewatt.core.targets.row import SampleRow, row_of, sample_dict
+from edgewatt.core.targets.row import _WHOLE, RowRing, SampleRow, row_of, sample_dict
 from edgewatt.core.targets.summary import span
 from edgewatt.exporter.unix_http import Request
 from tests.conftest import table_with
@@ -255,6 +257,114 @@ def test_a_full_history_keeps_its_last_rows_exactly_in_170_bytes_a_row() -> None
         tracemalloc.stop()
     assert len(held.rows) == 300
     assert per_row <= 170, f"{per_row:.0f} B a row"
+
+
+def _read_back(row: SampleRow) -> SampleRow:
+    """What a ring gives back for ``row``: None (or NaN) as None, counts and bytes as
+    ints, the other figures as floats."""
+    return SampleRow(
+        *(
+            None if v is None or v != v else int(v) if whole else float(v)
+            for v, whole in zip(row, _WHOLE)
+        )
+    )
+
+
+def _check_ring(rows: list[SampleRow], capacity: int) -> RowRing:
+    """``rows`` appended one by one, the ring holding the last ``capacity`` of them
+    exactly after each append (values and types)."""
+    ring = RowRing(capacity)
+    for n, row in enumerate(rows, 1):
+        ring.append(row)
+        want = [_read_back(r) for r in rows[max(0, n - capacity) : n]] if capacity else []
+        got = list(ring)
+        assert got == want and len(ring) == len(want)
+        for a, b in zip(got, want):
+            assert [type(v) for v in a] == [type(v) for v in b]
+        if want:
+            assert ring[-1] == want[-1] and ring[0] == want[0] and ring[-len(want)] == want[0]
+        for bad in (len(want), -len(want) - 1):
+            with pytest.raises(IndexError):
+                ring[bad]
+    return ring
+
+
+def test_a_ring_keeps_repeated_figures_once_and_reads_every_row_back_across_wraps() -> None:
+    # Runs of rows repeating the same figures (None among them), of lengths 1 to 4,
+    # the times and the device's energy new in every row (as on a board with power
+    # sensors), through several wraps: a figure row shared by kept rows must outlive
+    # the dropped ones, and a new one must take no kept row's place.
+    runs = [4, 1, 1, 3, 1, 2, 4, 4, 1, 1, 1, 2, 3, 1, 4, 1]
+    rows = []
+    for run, length in enumerate(runs * 3):
+        for _ in range(length):
+            i = len(rows)
+            rows.append(
+                _row(
+                    i * 0.2,
+                    cpu_user_s=run / 3,
+                    memory_rss_bytes=10_000_000 + run,
+                    open_fds=None if run % 2 else run,
+                    device_energy_j=i * 2.5,
+                )
+            )
+    alternating = [rows[i // 2 * 2] for i in range(40)]  # new, repeat, new, repeat...
+    alternating = [r._replace(time=1.0 + i, monotonic=float(i)) for i, r in enumerate(alternating)]
+    for capacity in (0, 1, 2, 3, 4, 5, 7, 16):
+        _check_ring(rows, capacity)
+        _check_ring(alternating, capacity)
+    # -0.0 after 0.0 compares equal, so it is a repeat: it reads back as 0.0, equal.
+    zero = _row(1.0, cpu_utilization=0.0)
+    assert list(_check_ring([zero, zero._replace(cpu_utilization=-0.0)], 2)) == [zero, zero]
+
+
+_FIGURE = st.one_of(st.none(), st.floats())
+_COUNT = st.one_of(st.none(), st.integers(-(2**53), 2**53))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    capacity=st.integers(0, 7),
+    pool=st.lists(
+        st.tuples(*(_COUNT if whole else _FIGURE for whole in _WHOLE[1:-1])),
+        min_size=1,
+        max_size=4,
+    ),
+    picks=st.lists(st.tuples(st.integers(0, 3), _FIGURE, _FIGURE, _FIGURE), max_size=30),
+)
+def test_any_rows_read_back_as_the_last_ones_appended(
+    capacity: int,
+    pool: list[tuple[float | int | None, ...]],
+    picks: list[tuple[int, float | None, float | None, float | None]],
+) -> None:
+    # Rows repeating or changing their figures at random (the same pick twice in a row
+    # is a repeat), each with its own times and device energy, None, NaN, infinities and
+    # ints up to 2**53 among them, through a ring of any capacity.
+    device = SampleRow._fields.index("device_energy_j") - 1
+    rows = []
+    for pick, time, energy, monotonic in picks:
+        figures = list(pool[pick % len(pool)])
+        figures[device] = energy
+        rows.append(SampleRow(time, *figures, monotonic))
+    _check_ring(rows, capacity)
+
+
+def test_a_full_ring_of_repeated_figures_costs_its_times_a_row() -> None:
+    # An idle target: every figure (None among them) the same at every pass, the
+    # times and the device's energy (a board's sensors) new. 28 B a row kept (the two
+    # times, the energy, the figures' slot) and the figures once: 152 B a row before.
+    rows = [_row(i + 0.5, device_energy_j=i * 2.5) for i in range(1000)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        ring = RowRing(300)
+        for row in rows:
+            ring.append(row)
+        per_row = (tracemalloc.get_traced_memory()[0] - before) / 300
+    finally:
+        tracemalloc.stop()
+    assert list(ring) == rows[-300:]
+    assert per_row <= 32, f"{per_row:.1f} B a row"
 
 
 def test_a_span_is_what_was_consumed_between_two_named_rows() -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import operator
 import struct
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from edgewatt.core.snapshot import ProcessSample
@@ -82,44 +83,153 @@ def sample_dict(row: SampleRow) -> dict[str, Any]:
 # Columns whose figures are counts or bytes (SampleRow's ints): read back as ints.
 _COUNTS = {"threads", "open_fds", "processes"}
 _WHOLE = tuple(f.endswith("_bytes") or f in _COUNTS for f in SampleRow._fields)
-_ROW = struct.Struct(f"={len(SampleRow._fields)}d")
 _NONE = float("nan")  # an absent figure (None) in a ring's doubles
+
+# What every row keeps of its own: its two times and the device's energy at its
+# instant (the whole device's: on a board with power sensors it moves at every pass,
+# for an idle target too). The rest, the target's own figures, repeat while it idles.
+_DEVICE = SampleRow._fields.index("device_energy_j")
+_figures_of = operator.itemgetter(
+    *range(1, _DEVICE), *range(_DEVICE + 1, len(SampleRow._fields) - 1)
+)
+_FIGURES = struct.Struct(f"={len(SampleRow._fields) - 3}d")  # 16 doubles, 128 B
+_RECORD = struct.Struct("=3d")  # time, device_energy_j, monotonic: 24 B, and a slot: 4 B
+_RECORD_SIZE, _FIGURES_SIZE = _RECORD.size, _FIGURES.size
+_BLANK = bytes(_FIGURES_SIZE)
 
 
 class RowRing:
-    """The last ``capacity`` rows, oldest first, as doubles in one buffer: 152 B a row
-    against ~300 B for a row's tuple and the floats it made, for every target at every
-    pass (issue 45). A None figure is kept as NaN, so a NaN figure reads back as None (JSON
-    has no NaN); a count or byte figure reads back as an int, exact up to 2**53."""
+    """The last ``capacity`` rows, oldest first: per row a 28 B record (its times, the
+    device's energy, the slot of its figures), and the target's figures (128 B) once per
+    run of rows that repeat them, where a deque of tuples cost ~300 B a row for every
+    target at every pass (issue 45). A None figure is kept as NaN, so a NaN figure reads
+    back as None (JSON has no NaN); a count or byte figure reads back as an int, exact
+    up to 2**53. A row repeats the last one's figures when they compare equal (``==``,
+    before conversion: None equals None): a -0.0 after a 0.0 reads back as 0.0.
 
-    __slots__ = ("_buffer", "_head", "_len", "capacity")
+    Why a figure row is never overwritten while a kept row refers to it. Distinct
+    figure rows get consecutive slots (mod capacity), and a row refers either to the
+    last row's slot or to the next: the kept rows, oldest to newest, refer to ``_base``,
+    ``_base`` + 1, ... up to ``_newest``, every one of them to at least one row. So
+    ``_held`` (the figure rows kept, slot ``_base`` + k at place ``_first`` + k of the
+    figures' buffer) is at most the rows kept. A row is dropped only when a new one
+    comes to a full ring, before the new figures are written; the dropped row's figures
+    go with it unless the row now oldest refers to them (the only row that can: rows
+    refer in order). Then at most capacity - 1 rows are kept, so ``_held`` <= capacity -
+    1: the new slot ``_base`` + ``_held`` is none of the kept ones mod capacity, and its
+    place, ``_first`` + ``_held`` (the buffer grown by one place where all are held), is
+    no kept figure row's. (With capacity 1 every slot is 0, and the dropped row's figures
+    go exactly when the new row's are new.) The figures' buffer thus holds at most as
+    many rows as were ever distinct at once: a quiet target's stays a few rows."""
+
+    __slots__ = (
+        "_base",
+        "_figures",
+        "_first",
+        "_head",
+        "_held",
+        "_last",
+        "_len",
+        "_newest",
+        "_records",
+        "_slots",
+        "capacity",
+    )
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(0, capacity)
-        self._buffer = bytearray()  # grows to capacity rows, then wraps at _head
-        self._head = 0  # the oldest row's index once full
+        self._records = bytearray()  # grows to capacity records, then wraps at _head
+        self._slots = array("I")  # each record's figures' slot, the same way
+        self._head = 0  # the oldest record's index once full
         self._len = 0
+        self._figures = bytearray()  # distinct figure rows: a ring of as many as held
+        self._first = 0  # the offset of the oldest figure row kept, slot _base
+        self._held = 0
+        self._base = 0
+        self._newest = self.capacity - 1  # the newest row's slot: the first gets slot 0
+        self._last: tuple[Any, ...] | None = None  # the newest row's figures, unconverted
 
     def __len__(self) -> int:
         return self._len
 
     def append(self, row: SampleRow) -> None:
-        values = [_NONE if v is None else v for v in row]
-        if self._len < self.capacity:
-            self._buffer += _ROW.pack(*values)
+        capacity = self.capacity
+        if not capacity:
+            return
+        figures = _figures_of(row)
+        values: Sequence[Any] | None
+        if figures == self._last:  # a repeat: nothing converted, nothing packed
+            values = None
+        else:
+            values = [_NONE if v is None else v for v in figures] if None in figures else figures
+            self._newest = (self._newest + 1) % capacity
+            self._last = figures
+        slot = self._newest
+        time, device, monotonic = row[0], row[_DEVICE], row[-1]
+        if time is None:
+            time = _NONE
+        if device is None:
+            device = _NONE
+        if monotonic is None:
+            monotonic = _NONE
+        if self._len < capacity:  # nothing dropped yet: the figures start at offset 0
+            self._records += _RECORD.pack(time, device, monotonic)
+            self._slots.append(slot)
             self._len += 1
-            if self._len == self.capacity:  # full: its size from now on, none spare
-                self._buffer = bytearray(self._buffer)
-        elif self.capacity:
-            _ROW.pack_into(self._buffer, self._head * _ROW.size, *values)
-            self._head = (self._head + 1) % self.capacity
+            if values is not None:
+                self._figures += _FIGURES.pack(*values)
+                self._held += 1
+            if self._len == capacity:  # full: the buffers' size from now on, none spare
+                self._records = bytearray(self._records)
+                self._slots = array("I", self._slots)
+                self._figures = bytearray(self._figures)
+            return
+        head = self._head
+        after = head + 1 if head + 1 < capacity else 0
+        # The oldest row goes: its figures too, unless the row now oldest refers to them.
+        dropped = values is not None if after == head else self._slots[after] != self._base
+        figures_buffer, first = self._figures, self._first
+        if dropped:
+            self._base = (self._base + 1) % capacity
+            self._held -= 1
+            first += _FIGURES_SIZE
+            if first == len(figures_buffer):
+                first = 0
+            self._first = first
+        _RECORD.pack_into(self._records, head * _RECORD_SIZE, time, device, monotonic)
+        self._slots[head] = slot
+        self._head = after
+        if values is None:
+            return
+        # The new figures after the newest kept, in a place no kept row refers to.
+        at = first + self._held * _FIGURES_SIZE
+        if at == first + len(figures_buffer):  # all held: one place more, the kept unwrapped
+            figures_buffer = figures_buffer[first:] + figures_buffer[:first] + _BLANK
+            self._figures, self._first = figures_buffer, 0
+            at -= first
+        elif at >= len(figures_buffer):
+            at -= len(figures_buffer)
+        _FIGURES.pack_into(figures_buffer, at, *values)
+        self._held += 1
 
     def __getitem__(self, index: int) -> SampleRow:
         if index < 0:
             index += self._len
         if not 0 <= index < self._len:
             raise IndexError("row index out of range")
-        values = _ROW.unpack_from(self._buffer, (self._head + index) % self.capacity * _ROW.size)
+        capacity = self.capacity
+        index = (self._head + index) % capacity
+        time, device, monotonic = _RECORD.unpack_from(self._records, index * _RECORD_SIZE)
+        slot = self._slots[index]
+        at = (self._first + (slot - self._base) % capacity * _FIGURES_SIZE) % len(self._figures)
+        figures = _FIGURES.unpack_from(self._figures, at)
+        values = (
+            time,
+            *figures[: _DEVICE - 1],
+            device,
+            *figures[_DEVICE - 1 :],
+            monotonic,
+        )
         return _new(
             SampleRow,
             (
