@@ -120,7 +120,10 @@ class Sampler:
         read = [s for t in running if (s := self._read(t, children_of)) is not None]
         self._attribute(started, power, read)
         figures = self._contributions(read)
-        samples = [self._sample(state, power, figures.get(state.target.id)) for state in read]
+        # The clocks once for every sample (after every reading): a reading's instant on
+        # the monotonic clock is its wall time moved by their offset (see _sample).
+        now = (self._clock.time(), self._clock.monotonic())
+        samples = [self._sample(state, power, figures.get(state.target.id), now) for state in read]
         sequence = self._sequence + 1
         for state in read:  # a sample built anew carries this pass's figures
             if not state.copied:
@@ -293,14 +296,16 @@ class Sampler:
         state: TargetState,
         power: PowerSnapshot | None,
         figures: Sequence[Mapping[str, Any]] | None,
+        now: tuple[float, float],
     ) -> ProcessSample:
+        """``now``: the wall and monotonic clocks, read after the pass's readings."""
         assert state.reading is not None
         target_id, pids = state.target.id, state.reading.pids
         # The reading's instant on the monotonic clock, once: its row's durations and
         # its device energy both come from it, so a pass's power edge read earlier (by
         # ms on a busy machine) skews no average power.
-        age = min(max(0.0, self._clock.time() - state.reading.time), MAX_SAMPLE_AGE_S)
-        instant = self._clock.monotonic() - age
+        age = min(max(0.0, now[0] - state.reading.time), MAX_SAMPLE_AGE_S)
+        instant = now[1] - age
         return state.sample(
             self.host_name,
             power_w=self.attribution.power_w.get(target_id) if self.power else None,
