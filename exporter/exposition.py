@@ -121,7 +121,10 @@ def _label_value(value: object) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-_Kept = typing.Tuple[typing.Tuple[Any, ...], typing.List[str], typing.Optional[int]]
+_Hit = typing.Tuple[Mapping[str, Any], typing.Optional[str]]  # attributes, their labels
+_Kept = typing.Tuple[
+    typing.Tuple[Any, ...], typing.List[str], typing.Optional[int], typing.Dict[int, _Hit]
+]
 
 
 class Exposition:
@@ -134,6 +137,10 @@ class Exposition:
         self._families = [_family(spec) for spec in metrics]
         self._per_target = sum(f.per_target for f in self._families)
         self._labels = _LabelCache()
+        # The per-target families' label sets: a target whose lines are kept keeps its
+        # own (carried from render to render), so that when its figures next move (a PSS
+        # read, the safety re-read: every waiting target at once) none is written again.
+        self._target_labels = _LabelCache()
         info = self._labels.miss(resource)
         self._target_info = (
             "# HELP target_info Target metadata\n# TYPE target_info gauge\n"
@@ -141,8 +148,9 @@ class Exposition:
         )
         self._numbers: dict[float, str] = {}  # value -> text, as of the last render
         # target id -> (its figures, its lines of each per-target family, the pass whose
-        # figures they are: Snapshot.figures_since), as of the last render; with the
-        # carbon intensity they were rendered with.
+        # figures they are: Snapshot.figures_since, its label sets by the identity of
+        # their attributes), as of the last render; with the carbon intensity they were
+        # rendered with.
         self._kept: dict[str, _Kept] = {}
         self._kept_carbon: object = None
         # Each per-target family's text as of the last render, and the targets' order
@@ -193,10 +201,10 @@ class Exposition:
                 continue
             figures = _figures(p)
             if entry is None or not same_carbon or entry[0] != figures:
-                entry = (figures, [""] * self._per_target, since)
+                entry = (figures, [""] * self._per_target, since, {})
                 changed.append(p)
             elif since != entry[2]:
-                entry = (figures, entry[1], since)
+                entry = (figures, entry[1], since, entry[3])
             lines_of[p.target_id] = entry
         self._kept, self._kept_carbon = lines_of, carbon
         targets = _Targets(tuple(changed), carbon)
@@ -207,8 +215,14 @@ class Exposition:
         self._joined, self._order = joined, ids
         # Label sets and numbers are cached from render to render (an idle target's
         # figures repeat), keeping only what this render used: exited targets leave.
-        cache = self._labels
-        used = cache.start_render()
+        cache, target_cache = self._labels, self._target_labels
+        used, target_used = cache.start_render(), None
+        if changed:  # the per-target families are observed for these targets only
+            target_used = target_cache.start_render()
+            renewed = {p.target_id for p in changed}
+            for target_id, entry in lines_of.items():
+                if target_id not in renewed:
+                    target_used.update(entry[3])
         numbers_of = self._numbers
         numbers: dict[float, str] = {}
         slot = 0
@@ -225,13 +239,19 @@ class Exposition:
                     continue
                 points = family.spec.observe(targets) if changed else ()  # type: ignore[arg-type]
                 by_target: dict[str, list[str]] = {}
+                found, source = target_used if target_used is not None else {}, target_cache
             else:
                 points = family.spec.observe(snapshot)
+                found, source = used, cache
             for value, attributes in points:
-                hit = used.get(id(attributes))
-                labels = (
-                    hit[1] if hit is not None and hit[0] is attributes else cache.miss(attributes)
-                )
+                key = id(attributes)
+                hit = found.get(key)
+                if hit is None or hit[0] is not attributes:  # its first use in this render
+                    source.miss(attributes)
+                    hit = found[key]
+                    if family.per_target:  # kept with the target's lines
+                        lines_of[attributes[_TARGET_ID]][3][key] = hit
+                labels = hit[1]
                 if labels is None:  # cannot be written (logged once): this point only
                     continue
                 if not value:  # 0.0 and -0.0 would be one key: two texts
