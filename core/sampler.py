@@ -146,7 +146,8 @@ class Sampler:
             for target_id in phases:
                 if target_id in self._states:
                     self._states[target_id].figures_since = sequence
-        self._forget_missing({t.id for t in running})
+        if len(self._states) != len(running):  # each running target has a state now
+            self._forget_missing({t.id for t in running})
         self.table.purge_exited(self._clock.time())
         self._sequence = sequence
         statuses = [c.status() for c in self._contributors]
@@ -259,6 +260,8 @@ class Sampler:
 
     def _attribute(self, now: float, power: PowerSnapshot | None, read: list[TargetState]) -> None:
         """Share the energy measured since the last pass among the targets."""
+        if self.power is None:  # a daemon without a power source: nothing ever to share
+            return
         used = {}
         for state in read:
             assert state.reading is not None

@@ -208,11 +208,11 @@ class Exposition:
             lines_of[p.target_id] = entry
         self._kept, self._kept_carbon = lines_of, carbon
         targets = _Targets(tuple(changed), carbon)
-        order = [lines_of[p.target_id][1] for p in snapshot.processes]
         ids = tuple(lines_of)
         unchanged = not changed and ids == self._order
         joined = self._joined if unchanged else []
         self._joined, self._order = joined, ids
+        order = [] if unchanged else [lines_of[p.target_id][1] for p in snapshot.processes]
         # Label sets and numbers are cached from render to render (an idle target's
         # figures repeat), keeping only what this render used: exited targets leave.
         cache, target_cache = self._labels, self._target_labels

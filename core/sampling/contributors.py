@@ -69,15 +69,14 @@ class TcpAccounting:
         pass  # the sockets are dumped once every target's members are known
 
     def contribute(self, states: Sequence[TargetState]) -> Figures:
-        processes = {
-            s.target.id: s.reading
-            for s in states
-            if s.target.cgroup_name is None and s.reading is not None
-        }
-        counted = self.network.sample(
-            {target_id: r.pids for target_id, r in processes.items()},
-            idle=frozenset().union(*(r.idle_pids for r in processes.values())),
-        )
+        pids_of: dict[str, tuple[int, ...]] = {}
+        idle = []
+        for s in states:
+            reading = s.reading
+            if reading is not None and s.target.cgroup_name is None:
+                pids_of[s.target.id] = reading.pids
+                idle.append(reading.idle_pids)
+        counted = self.network.sample(pids_of, idle=frozenset().union(*idle))
         figures = {}
         given = self._given
         for target_id, pair in counted.items():

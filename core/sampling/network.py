@@ -153,7 +153,8 @@ class NetworkAccounting:
             if not held[target] and not account.live and not account.pending:
                 # No socket held, none followed (most targets): what it had, without
                 # the bookkeeping below, which would find nothing to do.
-                account.internal.clear()
+                if account.internal:
+                    account.internal.clear()
                 result[target] = None if target in hidden else account.totals()
                 continue
             account.internal &= held[target]  # a closed one's inode may be reused

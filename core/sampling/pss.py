@@ -115,7 +115,14 @@ class ProportionalMemory:
                 continue
             target_id = state.target.id
             kept = self._kept.get(target_id)
-            if kept is None or self._stale(kept, reading.pids, reading.rss_bytes):
+            if (  # a waiting target's reading, given back as it was: kept (most targets)
+                kept is not None
+                and kept.members is reading.pids
+                and kept.rss_sum == reading.rss_bytes
+                and kept.passes + 1 < REFRESH_EVERY
+            ):
+                kept.passes += 1
+            elif kept is None or self._stale(kept, reading.pids, reading.rss_bytes):
                 kept = self._kept[target_id] = self._read(reading.pids, reading.rss_bytes)
             else:
                 kept.passes += 1
@@ -124,11 +131,7 @@ class ProportionalMemory:
 
     @staticmethod
     def _stale(kept: _Kept, members: tuple[int, ...], rss_sum: int) -> bool:
-        if kept.passes + 1 >= REFRESH_EVERY:
-            return True
-        if kept.members is members and kept.rss_sum == rss_sum:
-            return False  # a waiting target's reading, given back as it was
-        if kept.members != members:
+        if kept.passes + 1 >= REFRESH_EVERY or kept.members != members:
             return True
         return abs(rss_sum - kept.rss_sum) > RSS_MOVE * max(kept.rss_sum, 1)
 

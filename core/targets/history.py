@@ -177,20 +177,26 @@ class History:
     def add(self, row: SampleRow, execs: int = 0) -> None:
         """A sample; ``execs``: 1 once its held fork exec'd (TreeReading.root_execs)."""
         period, self.pending_period_s = self.pending_period_s, None
-        pending = self.pending_power
-        power = None
-        if pending.low is not None and pending.high is not None:
-            power = (pending.low, pending.high)
-        pending.low = pending.high = None
-        if self.first is not None:
+        pending, power = self.pending_power, None
+        if pending.low is not None or pending.high is not None:  # a power source's
+            if pending.low is not None and pending.high is not None:
+                power = (pending.low, pending.high)
+            pending.low = pending.high = None
+        if self.first is None:
+            self.first = row
+        else:
             if period is not None:
                 self.period_s = max(self.period_s or 0.0, period)
             if power is not None:
                 self.power.widen(*power)
-            self.cpu_utilization.widen(row.cpu_utilization, row.cpu_utilization)
+            utilization = row.cpu_utilization
+            if utilization is not None:  # widen() written out: every target, every pass
+                spread = self.cpu_utilization
+                if spread.low is None or utilization < spread.low:
+                    spread.low = utilization
+                if spread.high is None or utilization > spread.high:
+                    spread.high = utilization
         self.rows.append(row)
-        if self.first is None:
-            self.first = row
         self.last = row
         self.count += 1
         if execs != self.execs:  # the memory so far was the registrant's fork's

@@ -295,7 +295,9 @@ class TargetTable:
                 target = self._targets.get(sample.target_id)
                 if target is None or target.exited_at is not None:
                     continue  # unregistered while the pass ran: its figures ended there
-                at = _instant(sample, wall, monotonic)
+                at = sample.monotonic
+                if at is None:
+                    at = _instant(sample, wall, monotonic)
                 row = row_of(sample, at) if only is None or target.id in only else None
                 target.observe(sample, row, self.energy_period_s, power)
                 if target.history.phases:
