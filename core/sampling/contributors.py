@@ -71,14 +71,23 @@ class TcpAccounting:
     def contribute(self, states: Sequence[TargetState]) -> Figures:
         pids_of: dict[str, tuple[int, ...]] = {}
         idle = []
+        figures = {}
+        given, unattached = self._given, self.network.unattached
         for s in states:
             reading = s.reading
-            if reading is not None and s.target.cgroup_name is None:
-                pids_of[s.target.id] = reading.pids
-                idle.append(reading.idle_pids)
+            if reading is None or s.target.cgroup_name is not None:
+                continue
+            target_id = s.target.id
+            if (
+                target_id in unattached
+                and target_id in given
+                and len(reading.idle_pids) == len(reading.pids)
+            ):  # no socket, and no member ran since: its bytes as they were, unread
+                figures[target_id] = given[target_id]
+                continue
+            pids_of[target_id] = reading.pids
+            idle.append(reading.idle_pids)
         counted = self.network.sample(pids_of, idle=frozenset().union(*idle))
-        figures = {}
-        given = self._given
         for target_id, pair in counted.items():
             if pair is None:
                 continue

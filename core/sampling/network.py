@@ -92,6 +92,9 @@ class NetworkAccounting:
         # fails (ENOENT) rather than show another process once the pid is reused.
         self._fd_dirs: dict[int, int] = {}
         self._by_pid: dict[int, set[int] | None] = {}  # socket inodes found last pass
+        # Targets that held no socket and followed none when last counted (their pids
+        # visible): one whose members have not run since cannot have taken one.
+        self.unattached: set[str] = set()
 
     def sample(
         self, targets: Mapping[str, tuple[int, ...]], idle: AbstractSet[int] = frozenset()
@@ -155,8 +158,14 @@ class NetworkAccounting:
                 # the bookkeeping below, which would find nothing to do.
                 if account.internal:
                     account.internal.clear()
-                result[target] = None if target in hidden else account.totals()
+                if target in hidden:
+                    self.unattached.discard(target)
+                    result[target] = None
+                else:
+                    self.unattached.add(target)
+                    result[target] = account.totals()
                 continue
+            self.unattached.discard(target)
             account.internal &= held[target]  # a closed one's inode may be reused
             waited, account.pending = account.pending, {}
             account.live.update(waited)  # its other end had a pass to be taken
@@ -306,6 +315,7 @@ class NetworkAccounting:
 
     def forget(self, target: str) -> None:
         self._accounts.pop(target, None)
+        self.unattached.discard(target)
 
     def close(self) -> None:
         for fd_dir in self._fd_dirs.values():
