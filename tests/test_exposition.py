@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ from edgewatt.exporter.exposition import (
     float_to_go_string,
     sanitize_attribute,
 )
-from edgewatt.exporter.scrape_server import accepts_gzip
+from edgewatt.exporter.scrape_server import Answer, ScrapeServer, accepts_gzip
 from edgewatt.exporter.telemetry import METRICS, OtelPipeline
 from tests.semconv import REQUIRED_1_44
 from tests.snapshots import POWER, process
@@ -581,3 +582,29 @@ def test_semantic_convention_metrics_carry_their_required_attributes_on_every_po
             (sample,) = found[family].samples
             assert {k: v for k, v in sample.labels.items() if v} == {"hw_id": "host"}
             assert sample.value == value
+
+
+def test_an_answer_larger_than_the_socket_takes_reaches_a_slow_reader_whole() -> None:
+    """Head and body go out with one sendmsg, never copied into one buffer; what the
+    socket does not take waits for it to drain, and a slow reader holds no one else."""
+    body = bytes(range(256)) * 16384  # 4 MiB: many times what a socket buffer holds
+    server = ScrapeServer("127.0.0.1", 0, lambda request: Answer(200, "OK", body, ()))
+    server.serve()
+    try:
+        slow = socket.socket()
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.connect(("127.0.0.1", server.port))
+        slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.2)  # its answer waits, part sent
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        assert urllib.request.urlopen(url, timeout=10).read() == body  # another, meanwhile
+        received = bytearray()
+        slow.settimeout(10)
+        while chunk := slow.recv(65536):
+            received += chunk
+        head, _, got = bytes(received).partition(b"\r\n\r\n")
+        assert got == body
+        assert f"Content-Length: {len(body)}".encode() in head
+        slow.close()
+    finally:
+        server.close()
