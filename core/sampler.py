@@ -23,7 +23,7 @@ from edgewatt.core.power.meter import WINDOW_BOOST_S, PowerMeter, PowerSnapshot
 from edgewatt.core.sampling import procfs
 from edgewatt.core.sampling.cgroups import CgroupEnded, CgroupGone
 from edgewatt.core.sampling.clock import Clock
-from edgewatt.core.sampling.contributors import Contributor
+from edgewatt.core.sampling.contributors import Contributor, gather
 from edgewatt.core.sampling.exits import Ending, exit_reading, mark_exited
 from edgewatt.core.sampling.host import HostReader
 from edgewatt.core.sampling.passes import Passes
@@ -119,7 +119,8 @@ class Sampler:
         running = self.table.running()
         read = [s for t in running if (s := self._read(t, children_of)) is not None]
         self._attribute(started, power, read)
-        figures = self._contributions(read)
+        figures, refused = gather(self._contributors, read)
+        self._errors += refused
         # The clocks once for every sample (after every reading): a reading's instant on
         # the monotonic clock is its wall time moved by their offset (see _sample).
         now = (self._clock.time(), self._clock.monotonic())
@@ -273,26 +274,6 @@ class Sampler:
         measured = self._inputs.measure(now, power, self._host.busy_delta, used)
         if measured is not None:
             self.attribution.update(*measured)
-
-    def _contributions(self, read: list[TargetState]) -> dict[str, list[Mapping[str, Any]]]:
-        """Each contributor's figures for the targets read, by target: one mapping per
-        contributor that counted it (not merged: a contributor hands out the same
-        mapping while its figures stand, which TargetState.sample recognises)."""
-        merged: dict[str, list[Mapping[str, Any]]] = {}
-        for contributor in self._contributors:
-            try:
-                figures = contributor.contribute(read)
-            except OSError as exc:  # refused this pass: figures absent, retried next
-                self._errors += 1
-                log.warning("%s failed: %s", contributor.name, exc)
-                continue
-            for target_id, fields in figures.items():
-                have = merged.get(target_id)
-                if have is None:
-                    merged[target_id] = [fields]
-                else:
-                    have.append(fields)
-        return merged
 
     def _sample(
         self,

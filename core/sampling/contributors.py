@@ -10,6 +10,7 @@ per-target figure is a field of ProcessSample and a contributor (or a key of one
 
 from __future__ import annotations
 
+import logging
 import typing  # runtime aliases: Python 3.8's builtins take no [...]
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ if TYPE_CHECKING:  # cgroup_traffic is the daemon's alone: the client never load
     from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
     from edgewatt.core.sampling.network import NetworkAccounting
     from edgewatt.core.sampling.tracked import TargetState
+
+log = logging.getLogger(__name__)
 
 # Why cgroup targets have no network figures where no nftables counters are read.
 NOT_COUNTED = "cgroup traffic is not counted"
@@ -52,6 +55,32 @@ class Contributor(Protocol):
     def status(self) -> Status: ...
 
     def close(self) -> None: ...
+
+
+def gather(
+    contributors: Sequence[Contributor], states: Sequence[TargetState]
+) -> tuple[dict[str, list[Mapping[str, Any]]], int]:
+    """Each contributor's figures for the targets read, by target: one mapping per
+    contributor that counted it (not merged: a contributor hands out the same mapping
+    while its figures stand, which TargetState.sample recognises); and how many
+    contributors refused this pass (OSError: their figures absent, retried next pass,
+    logged)."""
+    merged: dict[str, list[Mapping[str, Any]]] = {}
+    refused = 0
+    for contributor in contributors:
+        try:
+            figures = contributor.contribute(states)
+        except OSError as exc:
+            refused += 1
+            log.warning("%s failed: %s", contributor.name, exc)
+            continue
+        for target_id, fields in figures.items():
+            have = merged.get(target_id)
+            if have is None:
+                merged[target_id] = [fields]
+            else:
+                have.append(fields)
+    return merged, refused
 
 
 class TcpAccounting:
