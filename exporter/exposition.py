@@ -121,7 +121,7 @@ def _label_value(value: object) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-_Hit = typing.Tuple[Mapping[str, Any], typing.Optional[str]]  # attributes, their labels
+_Hit = typing.Tuple[typing.Mapping[str, Any], typing.Optional[str]]  # attributes, their labels
 _Kept = typing.Tuple[
     typing.Tuple[Any, ...], typing.List[str], typing.Optional[int], typing.Dict[int, _Hit]
 ]
