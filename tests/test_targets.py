@@ -246,17 +246,23 @@ def test_a_full_history_keeps_its_last_rows_exactly_in_170_bytes_a_row() -> None
     assert list(_history_of(rows[:5], 300).rows) == rows[:5]
     assert list(_history_of(rows[:5], 0).rows) == []
 
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        held = _history_of(
-            [_row(i + 0.5, cpu_user_s=i / 3, energy_j=i * 1.5) for i in range(300)], 300
-        )
-        per_row = (tracemalloc.get_traced_memory()[0] - before) / 300
-    finally:
-        tracemalloc.stop()
-    assert len(held.rows) == 300
-    assert per_row <= 170, f"{per_row:.0f} B a row"
+    # tracemalloc counts every thread's allocations: threads an earlier test left
+    # running in this process (CI measured 177 B once, 159 B alone) add to one
+    # reading, so the least of three is the history's own.
+    readings = []
+    for _ in range(3):
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            held = _history_of(
+                [_row(i + 0.5, cpu_user_s=i / 3, energy_j=i * 1.5) for i in range(300)], 300
+            )
+            readings.append((tracemalloc.get_traced_memory()[0] - before) / 300)
+        finally:
+            tracemalloc.stop()
+        assert len(held.rows) == 300
+        del held
+    assert min(readings) <= 170, f"{min(readings):.0f} B a row ({readings})"
 
 
 def _read_back(row: SampleRow) -> SampleRow:
