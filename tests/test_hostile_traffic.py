@@ -21,6 +21,7 @@ from edgewatt.core.sampling import cgroup_traffic, cgroups, nftables
 from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic, Counts
 from edgewatt.core.sampling.nftables import Nft
 from tests.conftest import PRINT_TCP_SENT, ROOT, assert_tcp_ip_bytes, tcp_sent, wait_for
+from tests.machine import WITHOUT_NET_ADMIN
 from tests.test_cgroup_traffic import UDP_HEADERS, member, stop_server, tcp_server
 
 WHERE = cgroups.mounts()
@@ -28,7 +29,6 @@ pytestmark = pytest.mark.skipif(
     WHERE.v2 is None or os.geteuid() != 0 or nftables.available() is not None,
     reason=f"needs root, cgroup v2 and nftables ({nftables.available()})",
 )
-WITHOUT_NET_ADMIN = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin"]
 
 
 def joining(cgroup: Path) -> Callable[[], None]:

@@ -30,9 +30,9 @@ from tests.conftest import (
     tcp_sent,
     wait_for,
 )
+from tests.machine import WITHOUT_NET_ADMIN
 from tests.test_cgroup_traffic import stop_server, tcp_server
 from tests.test_hostile_cgroups import delegated
-from tests.test_hostile_traffic import WITHOUT_NET_ADMIN
 
 NOBODY = 65534
 WHERE = cgroups.mounts()
