@@ -34,6 +34,7 @@ from edgewatt.exporter.api import ApiContext, ApiServer
 from edgewatt.exporter.collectors import start_collectors
 from edgewatt.exporter.config import Config, ConfigError
 from edgewatt.exporter.exposition import Exposition
+from edgewatt.exporter.log_limit import KindLimit, limit_handlers
 from edgewatt.exporter.notify import Notifier
 from edgewatt.exporter.otel_resource import machine_id, resource_attributes
 from edgewatt.exporter.saved_state import SavedState
@@ -292,6 +293,8 @@ def serve(config: Config, reload: Callable[[], Config] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # A client decides how often a line is logged: bounded per kind (log_limit.py).
+    limit_handlers(logging.getLogger(), KindLimit())
     open_files = raise_open_files_limit()
     if open_files < FILES_PER_TARGET * config.max_targets:
         log.warning(

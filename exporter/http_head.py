@@ -19,6 +19,19 @@ from dataclasses import dataclass
 
 # A field name is a token (RFC 9110 5.6.2): no space, no separator.
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+# ASCII digits only: str.isdigit() takes "²" (latin-1 0xB2), which int() refuses.
+_DIGITS = frozenset("0123456789")
+# A Content-Length of more digits is no body the daemon would take (and int() refuses
+# over 4,300 digits): refused as too large before it is read as a number.
+MAX_LENGTH_DIGITS = 19
+
+
+def _number(text: str, most_digits: int) -> int | None:
+    """``text`` as a number of 1 to ``most_digits`` ASCII digits (RFC 9110's
+    1*DIGIT), else None."""
+    if not 0 < len(text) <= most_digits or not _DIGITS.issuperset(text):
+        return None
+    return int(text)
 
 
 class BadHead(Exception):
@@ -46,6 +59,20 @@ class Head:
             return False
         return self.version >= (1, 1) or connection == "keep-alive"
 
+    def content_length(self) -> int | None:
+        """The body's length as sent (None: no Content-Length); a value that is not
+        number is a BadHead (400), as are two values (RFC 9112 6.3); one of over
+        MAX_LENGTH_DIGITS digits is too large (413)."""
+        raw = self.headers.get("content-length")
+        if raw is None:
+            return None
+        if not raw or not _DIGITS.issuperset(raw):
+            raise BadHead(400, "invalid Content-Length", repr(raw[:40]))
+        digits = raw.lstrip("0") or "0"
+        if len(digits) > MAX_LENGTH_DIGITS:
+            raise BadHead(413, "body too large", f"a Content-Length of {len(digits)} digits")
+        return int(digits)
+
 
 def parse_request_line(line: str) -> tuple[str, str, tuple[int, int]]:
     """(method, target, version) of a request line (its line end removed)."""
@@ -63,10 +90,10 @@ def parse_request_line(line: str) -> tuple[str, str, tuple[int, int]]:
 
 
 def _version(word: str) -> tuple[int, int]:
-    numbers = word[5:].split(".") if word.startswith("HTTP/") else []
-    if len(numbers) != 2 or not all(n.isdigit() and len(n) <= 10 for n in numbers):
-        raise BadHead(400, f"Bad request version ({word!r})")
-    return int(numbers[0]), int(numbers[1])
+    numbers = [_number(n, 10) for n in word[5:].split(".")] if word.startswith("HTTP/") else []
+    if len(numbers) != 2 or None in numbers:
+        raise BadHead(400, f"Bad request version ({word[:40]!r})")
+    return numbers[0], numbers[1]  # type: ignore[return-value]
 
 
 def parse_fields(lines: list[str]) -> dict[str, str]:

@@ -282,12 +282,12 @@ class _Handler(socketserver.BaseRequestHandler):
         headers = self._head.headers
         if "chunked" in headers.get("transfer-encoding", "").lower():
             raise HttpError(400, "chunked bodies are not supported", "send Content-Length")
-        raw_length = headers.get("content-length")
-        if raw_length is None:
+        try:
+            length = self._head.content_length()
+        except BadHead as exc:
+            raise HttpError(exc.status, exc.error, exc.detail) from None
+        if length is None:
             return b""
-        if not raw_length.strip().isdigit():
-            raise HttpError(400, "invalid Content-Length", repr(raw_length[:40]))
-        length = int(raw_length)
         if length > MAX_BODY_BYTES:
             raise HttpError(413, "body too large", f"{length} bytes; at most {MAX_BODY_BYTES}")
         if headers.get("expect", "").lower() == "100-continue" and self._head.version >= (1, 1):

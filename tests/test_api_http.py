@@ -117,6 +117,31 @@ def test_malformed_requests_get_the_answers_http_server_gave(daemon: DaemonProce
     assert answers(exchange(daemon.socket, many)[0])[0][0] == 200
 
 
+# Numbers that str.isdigit() takes and int() refuses (or takes as another number):
+# each was a 500 with a 21-line traceback in the log, per request.
+HOSTILE_NUMBERS = [
+    (POST_HEAD + "Content-Length: \u00b2\r\n\r\n".encode("latin-1"), 400, "invalid Content-Length"),
+    (POST_HEAD + b"Content-Length: " + b"9" * 5000 + b"\r\n\r\n", 413, "5000 digits"),
+    (POST_HEAD + b"Content-Length: 0002\r\n\r\n{}", 201, ""),
+    (POST_HEAD + b"Content-Length: 2 \r\n\r\n{}", 200, ""),  # the same pid again: 200
+    ("GET /healthz HTTP/1.\u00b9\r\n\r\n".encode("latin-1"), 400, "Bad request version"),
+]
+
+
+def test_hostile_numbers_are_refused_by_name_and_never_logged_as_a_crash(
+    daemon: DaemonProcess,
+) -> None:
+    for request, status, gist in HOSTILE_NUMBERS:
+        [(got_status, _, body)] = answers(exchange(daemon.socket, request)[0])
+        assert got_status == status, (request[:60], body)
+        if gist:
+            assert gist in error_of(body), (request[:60], body)
+    for _ in range(50):  # a flood: no line per request
+        exchange(daemon.socket, HOSTILE_NUMBERS[0][0])
+    log = daemon.log()
+    assert "Traceback" not in log and "unexpected error" not in log, log[-2000:]
+
+
 def test_an_answer_has_the_headers_it_had(daemon: DaemonProcess) -> None:
     got, closed = exchange(daemon.socket, GET)
     head = got.partition(b"\r\n\r\n")[0].decode()
