@@ -1,5 +1,5 @@
 """Text shown to people, made safe to show: bounded however large the value, and free
-of control characters that a terminal would act on."""
+of characters that a terminal would act on or that change how the text reads."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ import reprlib
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 3, 8, 8
 _REPR.maxstring = _REPR.maxother = 80
-# C0 and C1 controls and DEL: ESC sequences could retitle, recolour or rewrite what a
-# terminal shows; newlines and tabs would break a table's rows.
-_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
 
 
 def shown(value: object) -> str:
@@ -20,5 +17,20 @@ def shown(value: object) -> str:
 
 
 def printable(text: str) -> str:
-    """``text`` with every control character written as a \\xNN escape."""
-    return text.translate(_CONTROLS)
+    """``text`` with every character that changes how text reads written as an escape
+    (\\xNN, \\uNNNN or \\UNNNNNNNN): controls (ESC sequences could retitle, recolour
+    or rewrite what a terminal shows; newlines and tabs would break a table's rows),
+    and what str.isprintable() refuses beside them: BiDi overrides and isolates
+    (U+202E shows "exe.txt" as "txt.exe"), invisible format characters (U+200B,
+    U+2060, U+FEFF), line and paragraph separators, unassigned and private code
+    points, and spaces other than ASCII's."""
+    if text.isprintable():  # the common case, decided in C
+        return text
+    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

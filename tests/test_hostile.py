@@ -517,6 +517,33 @@ def test_status_escapes_control_characters(daemon: DaemonProcess, spawn: Any) ->
     assert row.endswith("note=\\x1b]0;pwned\\x07\\x1b[2J\\x0afake row")
 
 
+# BiDi overrides and isolates, invisible format characters, a line separator: each
+# changes how a line reads without being a control character.
+INVISIBLE = "\u202e\u2066\u200b\u2060\ufeff\u2028\u00ad"
+
+
+def test_every_command_escapes_what_changes_how_text_reads(
+    daemon: DaemonProcess, spawn: Any
+) -> None:
+    child = spawn("import time; time.sleep(60)")
+    note = "\u202egnp.exe"  # shown raw, reads "exe.png"
+    target = daemon.register(child.pid, labels={"note": note, "run": f"a{INVISIBLE}b"})
+    cli = [sys.executable, "-m", "edgewatt.cli"]
+    shown = {}
+    for what in ("status", f"summary {target['id']}", "top --once"):
+        shown[what] = subprocess.run(
+            [*cli, *what.split(), "--socket", daemon.socket],
+            capture_output=True, text=True, cwd=ROOT, timeout=30,
+        )  # fmt: skip
+    for what, result in shown.items():
+        assert result.returncode == 0, (what, result.stderr)
+        out = result.stdout + result.stderr
+        assert not set(INVISIBLE) & set(out), (what, out)
+    row = next(x for x in shown["status"].stdout.splitlines() if str(child.pid) in x)
+    assert "note=\\u202egnp.exe" in row, row
+    assert "run=a\\u202e\\u2066\\u200b\\u2060\\ufeff\\u2028\\xadb" in row, row
+
+
 # -- smaller: save ordering --------------------------------------------------------
 
 
