@@ -51,17 +51,52 @@ def _why(exc: ValueError) -> str:
     return f"not a record ({exc})"
 
 
+# What a figure in a record can physically be. A Unix time from 1970 until 2106;
+# a duration or CPU time at most as long; bytes, counts and percentages at most
+# 2**63 and never below zero. Watts and joules may read a little below zero (a
+# current monitor's offset at rest), never beyond LARGEST either way.
+TIME_KEYS = frozenset({"timestamp", "started_at", "ended_at", "start_time", "end_time"})
+LATEST_S = 2.0**32
+LARGEST = 2.0**63
+
+
 def is_number(value: Any) -> bool:
-    """A finite int or float (never a bool, a string or NaN)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (never a bool, a string or NaN), of at most LARGEST."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    # An int of thousands of digits is no float (math.isfinite() raises on it).
+    return abs(value) <= LARGEST if isinstance(value, int) else math.isfinite(value)
+
+
+def _impossible(key: str, value: float) -> str | None:
+    """Why ``value`` cannot be the figure ``key`` (its unit's range), or None."""
+    if key in TIME_KEYS:
+        return None if 0 <= value < LATEST_S else "a Unix time from 1970 to 2106"
+    if key.endswith(("_w", "_j")) or key.startswith("power_"):
+        return None if abs(value) <= LARGEST else f"within +-{LARGEST:.0e}"
+    if key.endswith("_s"):
+        return None if 0 <= value < LATEST_S else f"0 to {LATEST_S:.0f} s"
+    return None if 0 <= value <= LARGEST else f"0 to {LARGEST:.0e}"
 
 
 def check_numbers(lines: Lines, number: int, record: dict[str, Any], keys: tuple[str, ...]) -> None:
     """ValueError naming file, line and field for each of ``keys`` present in
-    ``record`` that is not a number (None allowed: a figure not measured)."""
+    ``record`` that is not a number (None allowed: a figure not measured) or not one
+    its unit allows."""
     for key in keys:
         value = record.get(key)
-        if value is not None and not is_number(value):
-            shown = repr(value)
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
-            raise lines.error(number, f"{key} must be a number, got {shown}")
+        if value is None:
+            continue
+        if not is_number(value):
+            raise lines.error(number, f"{key} must be a number, got {_shown(value)}")
+        why = _impossible(key, value)
+        if why is not None:
+            raise lines.error(number, f"{key} must be {why}, got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    """Its repr, cut to 40 characters (never the whole of a 4,000-digit int)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > LARGEST:
+        return f"an integer of {len(str(abs(value)))} digits"
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."

@@ -168,6 +168,16 @@ PHASE_NUMBERS = (
 )  # fmt: skip
 
 
+# A header's other fields, where present, as a title and the table read them.
+HEADER_FIELDS = (
+    ("command", str, "a string (the command line)"),
+    ("host", str, "a string"),
+    ("labels", dict, "an object"),
+    ("metrics", dict, "an object"),
+    ("units", dict, "an object"),
+)
+
+
 def load(
     path: str, warn: typing.Callable[[str], None] | None = None
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
@@ -184,8 +194,9 @@ def load(
         kind = record.pop("type", None)
         if kind == "header":
             check_numbers(lines, number, record, ("started_at", "pid", "interval_s"))
-            if not isinstance(record.get("labels") or {}, dict):
-                raise lines.error(number, "labels must be an object")
+            for key, kind, what in HEADER_FIELDS:
+                if record.get(key) is not None and not isinstance(record[key], kind):
+                    raise lines.error(number, f"{key} must be {what}")
             if header and _run_of(record) != _run_of(header):
                 # Another run appended to the same --output file: its figures alone.
                 (warn or (lambda _: None))(

@@ -481,6 +481,18 @@ def test_a_cut_off_last_line_is_skipped_with_one_warning(tmp_path: Path) -> None
             "ended_at must be a number, got [1002]",
         ),
         ({"type": "summary", "duration_s": "1.5"}, "duration_s must be a number, got '1.5'"),
+        # Hostile or impossible: each was a traceback or a figure no device can have.
+        (
+            _sample(1001.0, memory_rss_bytes=10**3999),
+            "memory_rss_bytes must be a number, got an integer of 4000 digits",
+        ),
+        (_sample(1001.0, network_bytes_sent=-5), "network_bytes_sent must be 0 to 9e+18, got -5"),
+        (_sample(-1e308), "timestamp must be a Unix time from 1970 to 2106, got -1e+308"),
+        (
+            {"type": "summary", "duration_s": 1e300},
+            "duration_s must be 0 to 4294967296 s, got 1e+300",
+        ),
+        ({"type": "summary", "energy_j": -1e300}, "energy_j must be within +-9e+18, got -1e+300"),
         ([1, 2], "not a record (not a JSON object)"),
         ({"cpu_usage": 3.0}, "not an edgewatt monitor record (no type)"),
     ],
@@ -498,6 +510,30 @@ def test_a_bad_field_is_an_error_naming_file_and_line(
     assert result.returncode == 1
     assert result.stderr == f"edgewatt report: {path}:3: {said}\n"  # never a traceback
     assert result.stdout == "" and not png.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "said"),
+    [
+        ({"command": ["python", "train.py"]}, "command must be a string (the command line)"),
+        ({"started_at": -1e308}, "started_at must be a Unix time from 1970 to 2106, got -1e+308"),
+        ({"units": "bytes"}, "units must be an object"),
+    ],
+)
+def test_a_hostile_header_is_an_error_naming_its_field(
+    field: dict[str, Any], said: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "hostile.jsonl"
+    path.write_text(
+        json.dumps({**HEADER, **field}) + "\n"
+        + json.dumps(_sample(1000.5, cpu_usage=1.0)) + "\n"
+        + json.dumps(_sample(1002.0, cpu_usage=1.0)) + "\n"
+    )  # fmt: skip
+    png = tmp_path / "hostile.png"
+    result = run(["report", str(path), "--plot", str(png)])
+    assert (result.returncode, result.stdout) == (1, ""), result.stderr
+    assert result.stderr == f"edgewatt report: {path}:1: {said}\n"  # never a traceback
+    assert not png.exists()
 
 
 def test_a_line_that_is_not_utf8_is_an_error_naming_file_and_line(tmp_path: Path) -> None:
