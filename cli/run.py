@@ -48,6 +48,8 @@ FORWARDED = (
     signal.SIGUSR2,
 )
 PR_SET_CHILD_SUBREAPER = 36
+# sysexits.h: an --output file that could not be written whole, the command's status 0.
+EX_IOERR = 74
 # How long the table waits for the daemon to find the target's end after the last
 # process was reaped (it samples at once on the monitor's last reading).
 FINAL_WAIT_S = 3.0
@@ -190,6 +192,11 @@ def run(
     summary = monitor.summary() if monitor.source else final(monitor.summary(), None)
     table = summary_table(summary, title, summary.get("power_source"), measured_phases(summary))
     print(table, file=sys.stderr)
+    if output and monitor.write_failure:
+        # A file without its summary must not pass for a whole run: a script that
+        # checks the status learns of it (EX_IOERR where the command itself succeeded).
+        print(f"edgewatt run: --output incomplete: {monitor.write_failure}", file=sys.stderr)
+        return status or EX_IOERR
     if output and monitor.source:
         print(f"  samples written to {output}", file=sys.stderr)
     return status

@@ -390,6 +390,12 @@ class Monitor:
         self._worker = None
         self._running.clear()
 
+    @property
+    def write_failure(self) -> str | None:
+        """Why the file stopped being written, and what it kept (the thread variant's
+        sink; the process variant's logs it); None while every line was written."""
+        return getattr(self._shared.get("sink"), "failure", None)
+
     def phase(self, name: str) -> None:
         """Mark the start of a named phase (an epoch, a round) in the file and summary."""
         if not isinstance(name, str) or not name:

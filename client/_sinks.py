@@ -32,18 +32,23 @@ def measured_phases(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class FileSink:
-    """JSON Lines: a header, one line per sample, a summary line; flushed per line.
+    """JSON Lines: a header, one line per sample, a summary line; each line written
+    whole with one write(2).
 
-    An unwritable path fails at start(); a write failing later (disk full) is
-    warned about once and monitoring goes on.
+    An unwritable path fails at start(). A write failing later (disk full) is warned
+    about once, the line it cut is taken back (the file ends after the last whole
+    record) and nothing more is written: a reader finds whole records, and
+    ``failure`` says what was kept; monitoring goes on.
     """
 
     def __init__(self, path: str, network: str = "host") -> None:
         self.path = path
         self.network = network  # what its network bytes count (the header's units say)
-        self._file: Any = None
-        self._failed = False
+        self._fd: int | None = None
         self._lock = threading.Lock()
+        self._whole = 0  # the file's size after the last whole record
+        self.lines = 0  # written whole by this sink
+        self.failure: str | None = None  # why writing stopped, with what was kept
 
     def start(self, header: dict[str, Any]) -> None:
         self._open()
@@ -51,7 +56,8 @@ class FileSink:
 
     def _open(self) -> None:
         try:
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            self._whole = os.fstat(self._fd).st_size
         except OSError as exc:
             raise OSError(f"cannot write monitor file {self.path}: {exc.strerror}") from exc
 
@@ -73,25 +79,40 @@ class FileSink:
         self._close()
 
     def _close(self) -> None:
-        if self._file is not None:
+        if self._fd is not None:
             with contextlib.suppress(OSError):
-                self._file.close()
-            self._file = None
+                os.close(self._fd)
+            self._fd = None
 
     def _write(self, record: dict[str, Any]) -> None:
         self._write_text(json.dumps(record) + "\n")
 
     def _write_text(self, text: str) -> None:
-        if self._file is None:
-            return
-        try:
-            with self._lock:  # phase marks come from the caller's thread
-                self._file.write(text)
-                self._file.flush()
-        except OSError as exc:
-            if not self._failed:
-                self._failed = True
-                log.warning("edgewatt: writing %s failed (%s); monitoring goes on", self.path, exc)
+        data = text.encode("utf-8")
+        size = len(data)
+        with self._lock:  # phase marks come from the caller's thread
+            if self._fd is None:
+                return
+            try:
+                while data:  # a short write (a signal) goes on where it stopped
+                    data = data[os.write(self._fd, data) :]
+            except OSError as exc:
+                self._failed(exc)
+                return
+            self._whole += size
+            self.lines += 1
+
+    def _failed(self, exc: OSError) -> None:
+        """Take back the part of a line that was written, and write no more."""
+        assert self._fd is not None
+        with contextlib.suppress(OSError):  # freeing blocks works on a full disk
+            os.ftruncate(self._fd, self._whole)
+        self._close()
+        self.failure = (
+            f"writing {self.path} failed ({exc.strerror or exc}): it holds this run's "
+            f"first {self.lines} lines, nothing after"
+        )
+        log.warning("edgewatt: %s; monitoring goes on", self.failure)
 
 
 class HeflwrFileSink(FileSink):

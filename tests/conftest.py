@@ -45,6 +45,22 @@ def copy_package(into: Path) -> None:
 # network namespace), as root otherwise: DaemonProcess.prefix.
 WITHOUT_SYS_ADMIN = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
 
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real filesystem of 256 KiB that a test can fill (an edge board's eMMC)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    mount = tmp_path / "state"
+    mount.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(mount)], check=True
+    )
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 # For code run as another user, who cannot read root's venv.
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 

@@ -708,3 +708,48 @@ def test_the_network_panel_and_title_say_whose_bytes_they_are(scope: str) -> Non
     [(_, _, sent), (_, _, received)] = dict(drawn.panels)[f"{whose} (KiB/s)"]
     assert (sent, received) == ([2.0, 4.0], [1.0, 1.0])
     assert f", {whose} sent 6.0 KiB, received 2.0 KiB" in drawn.title
+
+
+# Fills the filesystem it is given, then works on for ~30 samples (more than the
+# output's page already allocated holds) and exits 0.
+FILL_THEN_WORK = """
+import sys, time
+try:
+    with open(sys.argv[1], "wb") as f:
+        while True:
+            f.write(b"x" * 4096)
+            f.flush()
+except OSError:
+    pass
+end = time.monotonic() + 3.0
+while time.monotonic() < end:
+    pass
+"""
+
+
+def test_an_output_on_a_full_disk_fails_the_run_and_says_what_it_kept(
+    small_tmpfs: Path,
+) -> None:
+    output = small_tmpfs / "run.jsonl"
+    result = run(
+        ["run", "--socket", str(small_tmpfs / "none.sock"), "--interval", "0.1",
+         "--output", str(output), "--", sys.executable, "-c", FILL_THEN_WORK,
+         str(small_tmpfs / "filler")],
+    )  # fmt: skip
+    # The command succeeded; the file is not whole: EX_IOERR, and why.
+    assert result.returncode == 74, result.stderr
+    said = re.search(
+        r"edgewatt run: --output incomplete: writing (\S+) failed \(No space left on device\): "
+        r"it holds this run's first (\d+) lines, nothing after\n",
+        result.stderr,
+    )
+    assert said is not None and said.group(1) == str(output), result.stderr
+    assert "samples written to" not in result.stderr
+    # What it kept is whole records, that many: no line cut (report warns of none).
+    text = output.read_text()
+    assert text.endswith("\n") and len(text.splitlines()) == int(said.group(2)) >= 1
+    assert json.loads(text.splitlines()[0])["type"] == "header"
+    assert '"type": "summary"' not in text
+    (small_tmpfs / "filler").unlink()
+    shown = run(["report", str(output)])
+    assert "cut off" not in shown.stderr, shown.stderr

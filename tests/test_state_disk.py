@@ -8,31 +8,12 @@ import errno
 import json
 import os
 import signal
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.conftest import wait_for
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    mount = tmp_path / "state"
-    mount.mkdir()
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(mount)], check=True
-    )
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def fill_but_one_page(directory: Path) -> Path:
