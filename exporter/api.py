@@ -34,6 +34,7 @@ from edgewatt.exporter.registration import (
     parse_request,
     reject_unknown,
 )
+from edgewatt.exporter.shared_answer import OncePerPass
 from edgewatt.exporter.unix_http import HttpError, Request, Response, UnixHttpServer
 
 LOOKUP_HOLD_S = 1.0  # the longest a registration over its user's lookup bound is held
@@ -52,6 +53,7 @@ class ApiContext:
     proc: str = "/proc"
     min_interval: float = 0.1  # seconds between fresh samples; a reload may change it
     pid_max: int = field(init=False)
+    top: OncePerPass = field(init=False, default_factory=OncePerPass)  # GET /v1/top's
 
     def __post_init__(self) -> None:
         self.pid_max = procfs.pid_max(self.proc)
@@ -85,7 +87,13 @@ def get_host(api: ApiContext, request: Request) -> Response:
 
 def get_top(api: ApiContext, request: Request) -> Response:
     """`edgewatt top`'s one request a refresh: the device, the daemon's health and
-    every target with its summary, all from the snapshot and tables the sampler built."""
+    every target with its summary, all from the snapshot and tables the sampler built;
+    built once a pass, whoever asks how often (a flood of it costs its sending)."""
+    device = api.host()
+    return ok(api.top.get(device["time"], lambda: _top(api, device)))
+
+
+def _top(api: ApiContext, device: dict[str, Any]) -> dict[str, Any]:
     table = api.table
     targets = []
     for described in table.describe_all():
@@ -96,7 +104,7 @@ def get_top(api: ApiContext, request: Request) -> Response:
         except TargetError:
             continue  # unregistered between the reads
         targets.append(documents.top_target(described, summary, members, rate))
-    return ok(documents.top(api.host(), api.health(), targets))
+    return documents.top(device, api.health(), targets)
 
 
 def list_targets(api: ApiContext, request: Request) -> Response:

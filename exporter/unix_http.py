@@ -45,6 +45,7 @@ from urllib.parse import parse_qs, urlsplit
 from edgewatt.core.transport import directory_problem, peer_credentials
 from edgewatt.exporter import documents
 from edgewatt.exporter.http_head import BadHead, Head, parse_fields, parse_request_line
+from edgewatt.exporter.shared_answer import Encoded
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class HttpError(BadHead):
 @dataclass(frozen=True)
 class Response:
     status: int
-    body: Any  # encoded as JSON
+    body: Any  # encoded as JSON (an Encoded body: as it is)
     close: bool = False  # end the connection after it
 
 
@@ -227,7 +228,8 @@ class _Handler(socketserver.BaseRequestHandler):
     def _reply(self, response: Response) -> bool:
         """Write the answer, headers and body in one send (one wake of the client);
         whether the connection may stay open after it."""
-        data = json.dumps(response.body).encode()
+        body = response.body
+        data = body.data if isinstance(body, Encoded) else json.dumps(body).encode()
         status = HTTPStatus(response.status)
         lines = [
             f"HTTP/1.1 {status.value} {status.phrase}",
