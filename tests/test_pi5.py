@@ -4,6 +4,7 @@ vcgencmd read by the source and by the real daemon, and doctor's video-group lin
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -202,6 +203,37 @@ def test_a_vcgencmd_that_gives_no_rails_is_no_source(
         NoData, match="vcgencmd pmic_read_adc gives no PMIC rails: .*" + re.escape(reason)
     ):
         pi5.discover(PowerOptions())
+
+
+def test_a_run_that_fails_is_logged_once_and_retried_until_it_reads_again(
+    on_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    caplog.set_level(logging.INFO, logger=pi5.__name__)
+    core_amps = tmp_path / "core-amps"
+    core_amps.write_text("6.22421")
+    monkeypatch.setenv("FAKE_VCGENCMD_CORE_A_FILE", str(core_amps))
+    source = pi5.discover(PowerOptions(sample_hz=5.0))
+    reader = source._reader
+    try:
+        core_amps.write_text("broken")  # the stand-in then fails: a traceback, status 1
+        wait_for(lambda: reader.failures >= 2, timeout=30)
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and "pmic_read_adc exited with status 1" in warnings[0]
+        core_amps.write_text("1.0")
+        core_v = CAPTURES["zeus-load"]["VDD_CORE"][1]
+        source.arrived()
+        wait_for(
+            lambda: any(
+                rail.id == "pi5:VDD_CORE" and rail.power_w == pytest.approx(core_v)
+                for reading in source.arrived()
+                for rail in reading.rails
+            ),
+            timeout=60,
+        )
+        assert reader.failures == 0
+        assert any("is back after" in r.getMessage() for r in caplog.records)
+    finally:
+        source.close()
 
 
 def test_no_vcgencmd_on_path_is_no_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
