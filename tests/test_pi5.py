@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +235,24 @@ def test_a_run_that_fails_is_logged_once_and_retried_until_it_reads_again(
         assert any("is back after" in r.getMessage() for r in caplog.records)
     finally:
         source.close()
+
+
+def test_a_run_is_bounded_in_output_and_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def executable(name: str, body: str) -> str:
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+        return str(path)
+
+    with pytest.raises(ValueError, match=r"^output over 8192 bytes$"):
+        pi5.read_once(executable("loud", "exec yes"))  # killed at the bound, reaped
+    monkeypatch.setattr(pi5, "TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"^no output end within 0\.5 s$"):
+        pi5.read_once(executable("hung", "exec sleep 60"))
+    assert time.monotonic() - started < 30  # killed, not waited for
 
 
 def test_no_vcgencmd_on_path_is_no_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from edgewatt.core.power.child import MAX_PENDING
 from edgewatt.core.power.rate import CALIBRATION_S, auto_rate
 from edgewatt.core.power.source import (
     AUTO_BUDGET,
@@ -60,8 +61,9 @@ MAX_RAILS = 64
 # input could be) and its largest rail, VDD_CORE, draws a few amperes.
 MAX_VOLTS = 60.0
 MAX_AMPS = 100.0
-# A reading's spawn is given this long: the firmware answers in ~23 ms.
-TIMEOUT_S = 2.0
+# A reading's spawn is given this long: the firmware answers in ~23 ms, and a busy
+# machine may delay the child's start by a second or more.
+TIMEOUT_S = 5.0
 
 # The rates the reading thread chooses from (Hz): below the stream's AUTO_RATES_HZ,
 # since a spawn costs milliseconds where a sysfs read costs microseconds. One a
@@ -254,7 +256,7 @@ class VcgencmdReader:
         self.latest: Timed | None = None
         self.running: list[int] = []  # the child now, while a reading runs
         self.failures = 0
-        self._pending: deque[Timed] = deque(maxlen=6000)  # a minute at most, as child.py
+        self._pending: deque[Timed] = deque(maxlen=MAX_PENDING)  # as a child's lines
         self._arrived = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="edgewatt-pi5", daemon=True)
