@@ -91,11 +91,26 @@ def other_users_visible(ctx: Context) -> tuple[str, str]:
     )
 
 
+# /dev/vcio is root:video 0660: the video group is all the daemon's user needs.
+VIDEO_GROUP_FIX = (
+    "/dev/vcio is root:video 0660: add the daemon's user to the video group (sudo "
+    "usermod -aG video USER; in a systemd unit, SupplementaryGroups=video and the device "
+    "allowed)"
+)
+
+
 def power_sources(ctx: Context) -> tuple[str, str]:
     from edgewatt.core import power
+    from edgewatt.core.power import pi5
 
+    pi = pi5.board_model(ctx.config.power.sysfs_path)  # a board whose PMIC pi5 reads
     if ctx.health is not None:  # what the daemon reads, not what this user could
         daemon = ctx.health.get("power_sources") or []
+        if pi is not None and "pi5" not in daemon:
+            return "warn", (
+                f"the daemon does not read this {pi}'s PMIC (it runs vcgencmd pmic_read_adc "
+                f"from its PATH, which opens /dev/vcio): {VIDEO_GROUP_FIX}"
+            )
         if daemon:
             return "ok", f"power sources (the daemon's): {', '.join(daemon)}"
         return "warn", (
@@ -107,6 +122,9 @@ def power_sources(ctx: Context) -> tuple[str, str]:
     found = power.discover(config.power)
     for source in found:
         source.close()
+    if pi is not None and not any(s.name == "pi5" for s in found):
+        why = pi5.vcio_problem() or "vcgencmd pmic_read_adc gave no rails (is it on PATH?)"
+        return "warn", f"this {pi}'s PMIC cannot be read as this user: {why}; {VIDEO_GROUP_FIX}"
     if not found:
         return "warn", (
             "no power source: on Jetson check /sys/bus/i2c/drivers/ina3221* or "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from edgewatt.core.power import ina3221, nvml, powermetrics, rapl, tegra_gpu, tegrastats
+from edgewatt.core.power import ina3221, nvml, pi5, powermetrics, rapl, tegra_gpu, tegrastats
 from edgewatt.core.power.source import NoData, PowerOptions, PowerSource
 
 log = logging.getLogger(__name__)
@@ -20,6 +20,7 @@ SOURCES: dict[str, Callable[[PowerOptions], PowerSource]] = {
     "ina3221": ina3221.discover,
     "tegrastats": tegrastats.discover,
     "tegra_gpu": tegra_gpu.discover,
+    "pi5": pi5.discover,  # Raspberry Pi 5: vcgencmd on PATH
     "rapl": rapl.discover,
     "nvml": nvml.discover,
     "powermetrics": powermetrics.discover,  # macOS: the only one there

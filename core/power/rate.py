@@ -27,11 +27,13 @@ MAX_PROBE_WAIT = 180
 STEADY_SHARE = 0.5
 
 
-def auto_rate(cost_s: float, budget: float = AUTO_BUDGET) -> float:
-    """The highest automatic rate whose cost (``cost_s`` of the reader thread's CPU per
-    reading, wake included) stays within ``budget`` of one core; the lowest else."""
-    within = [hz for hz in AUTO_RATES_HZ if hz * cost_s <= budget]
-    return max(within) if within else AUTO_RATES_HZ[0]
+def auto_rate(
+    cost_s: float, budget: float = AUTO_BUDGET, rates: tuple[float, ...] = AUTO_RATES_HZ
+) -> float:
+    """The highest of ``rates`` whose cost (``cost_s`` of the reader's CPU per reading,
+    wake included) stays within ``budget`` of one core; the lowest else."""
+    within = [hz for hz in rates if hz * cost_s <= budget]
+    return max(within) if within else rates[0]
 
 
 class RateController:

@@ -62,7 +62,7 @@ class PowerOptions:
         None,  # discover automatically
         _power_sources,
         "auto, or the sources to use: a YAML list or comma-separated names of ina3221, "
-        "tegrastats, tegra_gpu, rapl, nvml, powermetrics (macOS)",
+        "tegrastats, tegra_gpu, pi5 (Raspberry Pi 5), rapl, nvml, powermetrics (macOS)",
     )
     sample_hz: float | None = option(
         "power_sample_hz",
