@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from edgewatt.core import __version__, power
 from edgewatt.core.carbon import resolve_carbon
 from edgewatt.core.compat import name_thread
+from edgewatt.core.persons import Persons
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
@@ -59,11 +60,14 @@ class Daemon:
         self.carbon = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
         statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc))
         self.saved = SavedState(statefile)
+        # Every per-user share (targets, API and /metrics connections) is a person's.
+        self.persons = Persons(config.subuid_path)
         self.table = TargetTable(
             config.targets.limits(),
             Resolver(procfs.boot_time(proc), procfs.CLOCK_TICKS, proc),
             on_change=self.saved.save,
             carbon=self.carbon,
+            person=self.persons.of,
         )
         resource = resource_attributes(config, machine_id() or statefile.instance_id(), self.carbon)
         self.exposition = Exposition(resource)
@@ -172,7 +176,7 @@ class Daemon:
     def _bind_metrics(self) -> int:
         host, port = self.config.listen
         try:
-            return self.exposition.bind(host, port)
+            return self.exposition.bind(host, port, self.persons.of)
         except OSError as exc:
             raise StartError(
                 f"cannot listen for /metrics on {host}:{port}: {os.strerror(exc.errno or 0)}; "
@@ -191,7 +195,7 @@ class Daemon:
                 sample_now=self._sample_now,
                 min_interval=self.config.min_interval,
             )
-            return ApiServer(self.config.socket, context)
+            return ApiServer(self.config.socket, context, self.persons.of)
         except OSError as exc:
             self.exposition.shutdown()
             raise StartError(f"cannot serve the API at {self.config.socket}: {exc}") from exc
