@@ -365,7 +365,9 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
             if total >= MAX_CONNECTIONS:
                 refused = f"at most {MAX_CONNECTIONS} at once"
             elif share is not None and total - self._open[None] >= users:
-                refused = f"at most {users} of users at once ({RESERVED_CONNECTIONS} are root's)"
+                refused = (
+                    f"at most {users} at once for users ({RESERVED_CONNECTIONS} kept for root)"
+                )
             elif share is not None and self._open[share] >= MAX_CONNECTIONS_PER_PERSON:
                 refused = f"at most {MAX_CONNECTIONS_PER_PERSON} at once per user"
             else:

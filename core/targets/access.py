@@ -95,7 +95,9 @@ class Limits:
         shares = [s for s in (share(u, person) for u in running) if s is not None]
         users = self.max_targets - self.root_reserve
         if len(shares) >= users:
-            detail = f"at most {users} of users may run at once ({self.root_reserve} are root's)"
+            detail = (
+                f"at most {users} may run at once for users ({self.root_reserve} kept for root)"
+            )
             return TooMany("too many targets", detail)
         per_person = self.max_targets_per_uid or self.max_targets
         if shares.count(mine) >= per_person:
