@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from edgewatt.core import __version__, power
 from edgewatt.core.carbon import resolve_carbon
 from edgewatt.core.compat import name_thread
+from edgewatt.core.lookups import Lookups
 from edgewatt.core.persons import Persons
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
@@ -64,7 +65,12 @@ class Daemon:
         self.persons = Persons(config.subuid_path)
         self.table = TargetTable(
             config.targets.limits(),
-            Resolver(procfs.boot_time(proc), procfs.CLOCK_TICKS, proc),
+            Resolver(
+                procfs.boot_time(proc),
+                procfs.CLOCK_TICKS,
+                proc,
+                lookups=Lookups(person=self.persons.of),
+            ),
             on_change=self.saved.save,
             carbon=self.carbon,
             person=self.persons.of,
