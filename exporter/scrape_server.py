@@ -10,7 +10,9 @@ Connections are counted by peer: a local one (its end of the connection found on
 host by the kernel's socket diagnostics) by the person of the uid that holds it
 (core/persons.py), whatever loopback address it comes from; a remote one by its
 address (an IPv6 one by its /64, what one host is given). A peer holds at most
-``MAX_PER_PEER`` connections at once, more are closed at once. The server holds
+``MAX_PER_PEER`` connections at once, more are closed at once; root and the daemon's
+own uid, the administrator's clients, are one peer held to the total alone. The
+server holds
 ``MAX_CONNECTIONS``; with all of them taken, a newcomer is not refused while a peer
 holds more than the newcomer's would with it: the oldest connection of the peer that
 holds the most is closed to make room. So a scraper gets in unless every open
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import selectors
 import socket
 import threading
@@ -43,6 +46,7 @@ log = logging.getLogger(__name__)
 MAX_HEAD_BYTES = 8192
 MAX_CONNECTIONS = 256
 MAX_PER_PEER = 16
+ADMINISTRATOR = "administrator"  # the peer root's and the daemon's uid's connections are
 REQUEST_DEADLINE_S = 5.0  # from accept to the end of the request's headers
 ANSWER_DEADLINE_S = 60.0  # from the end of the request to the last byte of the answer
 
@@ -65,7 +69,7 @@ class Answer:
 @dataclass
 class _Connection:
     sock: socket.socket
-    peer: str  # whose share it takes: "uid N" (a person) or "address A"
+    peer: str  # whose share it takes: "uid N" (a person), "address A" or ADMINISTRATOR
     deadline: float
     inbox: bytearray = field(default_factory=bytearray)
     # Set once the request is answered: what is left to send, head and body apart (sent
@@ -93,6 +97,7 @@ class ScrapeServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._person = person
+        self._administrators = frozenset({0, os.geteuid()})
         self._diag = _sock_diag()
         self._connections: dict[socket.socket, _Connection] = {}  # oldest first
         self._per_peer: Counter[str] = Counter()
@@ -159,7 +164,8 @@ class ScrapeServer:
                     return
                 raise
             peer = self._peer(sock, address)
-            if self._per_peer[peer] >= MAX_PER_PEER or not self._room_for(peer):
+            capped = peer != ADMINISTRATOR and self._per_peer[peer] >= MAX_PER_PEER
+            if capped or not self._room_for(peer):
                 sock.close()  # a scraper retries; holding it would cost the others
                 continue
             sock.setblocking(False)
@@ -175,6 +181,8 @@ class ScrapeServer:
                 uid = self._diag.peer_uid(sock.getsockname(), address)
             except OSError:  # counted by its address
                 uid = None
+            if uid in self._administrators:
+                return ADMINISTRATOR
             if uid is not None:
                 return f"uid {self._person(uid)}"
         host = address[0].split("%", 1)[0]
