@@ -12,11 +12,11 @@ host by the kernel's socket diagnostics) by the person of the uid that holds it
 address (an IPv6 one by its /64, what one host is given). A peer holds at most
 ``MAX_PER_PEER`` connections at once, more are closed at once; root and the daemon's
 own uid, the administrator's clients, are one peer held to the total alone. The
-server holds
-``MAX_CONNECTIONS``; with all of them taken, a newcomer is not refused while a peer
-holds more than the newcomer's would with it: the oldest connection of the peer that
-holds the most is closed to make room. So a scraper gets in unless every open
-connection is a different peer's (256 persons or hosts), however many one user holds.
+server holds ``MAX_CONNECTIONS``; with all of them taken, a newcomer is not refused
+while a peer holds more than the newcomer's would with it: the oldest connection of
+the peer that holds the most is closed to make room. So a scraper gets in unless
+every open connection is a different peer's (256 persons or hosts), however many one
+user holds.
 
 One thread also keeps the host's pid counter still: a thread per scrape would take a
 new pid every scrape, and the parent index (``procfs.ParentIndex``) lists /proc again
@@ -35,6 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from edgewatt.core.compat import name_thread
 from edgewatt.core.persons import alone
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 MAX_HEAD_BYTES = 8192
 MAX_CONNECTIONS = 256
 MAX_PER_PEER = 16
-ADMINISTRATOR = "administrator"  # the peer root's and the daemon's uid's connections are
+ADMINISTRATOR = "administrator"  # root and the daemon's uid: one peer, held to the total alone
 REQUEST_DEADLINE_S = 5.0  # from accept to the end of the request's headers
 ANSWER_DEADLINE_S = 60.0  # from the end of the request to the last byte of the answer
 
@@ -174,7 +175,7 @@ class ScrapeServer:
             self._per_peer[peer] += 1
             self._selector.register(sock, selectors.EVENT_READ)
 
-    def _peer(self, sock: socket.socket, address: tuple[str, int]) -> str:
+    def _peer(self, sock: socket.socket, address: tuple[Any, ...]) -> str:
         """Whose share a connection takes: a local peer's person, else its address."""
         if self._diag is not None:
             try:

@@ -10,9 +10,9 @@ but ``RESERVED_CONNECTIONS`` of them, which only root and the daemon's own uid m
 take: a flood of users' connections never keeps the administrator out. One person (a
 user and her subordinate uids: core/persons.py; the uid from SO_PEERCRED) holds at
 most ``MAX_CONNECTIONS_PER_PERSON``, so one user cannot take the others' share; more
-are answered 429 at once. Every failure is a JSON
-``{"error", "detail"}`` with a 4xx status; an unexpected exception is logged with its
-traceback here and answered with a 500 that carries no traceback.
+are answered 429 at once. Every failure is a JSON ``{"error", "detail"}`` with a 4xx
+status; an unexpected exception is logged with its traceback here and answered with a
+500 that carries no traceback.
 
 Requests are read and answers written here (heads parsed by ``http_head``), not by
 ``http.server``, whose import costs the daemon ~7 MiB of RSS (``http.client``, ``ssl``,

@@ -23,6 +23,7 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.netlink import NLMSGHDR, attributes, drain, messages
@@ -177,7 +178,7 @@ class SockDiag:
             raise OSError(error, os.strerror(error))
         return sockets[0] if sockets else None
 
-    def peer_uid(self, local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    def peer_uid(self, local: tuple[Any, ...], remote: tuple[Any, ...]) -> int | None:
         """The uid of the socket at the other end of a TCP connection this host accepted
         (``local`` and ``remote``: its (address, port), as getsockname and accept give
         them), by the reversed 4-tuple; None where that end is not on this host (not
