@@ -133,7 +133,7 @@ def test_a_persons_subordinate_uids_share_her_name_lookups() -> None:
     with pytest.raises(LookupRefused, match="per user"), lookups.bounded(NOBODY, "podman:x"):
         pass
     assert not lookups.follow(ALICE_RANGE + 3)
-    with lookups.bounded(BOB_RANGE + 1, "podman:x"):  # another person's bucket is full
+    with lookups.bounded(BOB_RANGE + 1, "podman:x"):  # another person has a bucket of his own
         pass
 
 
