@@ -45,7 +45,6 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from edgewatt.core.persons import alone
 from edgewatt.core.transport import directory_problem, peer_credentials
 from edgewatt.exporter import documents
 from edgewatt.exporter.http_head import BadHead, Head, parse_fields, parse_request_line
@@ -318,9 +317,7 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
     block_on_close = False
     request_queue_size = 128  # a burst of connects must not hit a full backlog (EAGAIN)
 
-    def __init__(
-        self, path: str, application: Application, person: Callable[[int], int] = alone
-    ) -> None:
+    def __init__(self, path: str, application: Application, person: Callable[[int], int]) -> None:
         """``person``: the person a peer's uid is, whose share its connections take."""
         self.application = application
         self._person = person
