@@ -108,7 +108,7 @@ class Daemon:
         self.api = self._bind_api()
         self._restored = self.saved.restore(self.table, procfs.pid_max(proc))
         power_meter = self._start_power()
-        self.collectors = start_collectors(config, self.platform, self.table)
+        self.collectors = start_collectors(config, self.platform, self.table, self.persons.of)
         self.sampler = Sampler(
             self.table,
             interval=config.interval,

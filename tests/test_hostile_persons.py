@@ -22,9 +22,12 @@ import pytest
 
 from edgewatt.core.lookups import LookupLimits, LookupRefused, Lookups
 from edgewatt.core.persons import RECHECK_S, Persons, Range, alone, parse_ranges
+from edgewatt.core.sampling import cgroups, nftables
+from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
 from edgewatt.core.targets import History, Identity, Limits, Target, TooMany
 from tests.conftest import SYSTEM_PYTHON, DaemonProcess, call_as, wait_for
 from tests.test_hostile import NOBODY, STRANGER, run_as, timed_health, timed_scrape
+from tests.test_hostile_traffic import joining
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
 
@@ -135,6 +138,39 @@ def test_a_persons_subordinate_uids_share_her_name_lookups() -> None:
     assert not lookups.follow(ALICE_RANGE + 3)
     with lookups.bounded(BOB_RANGE + 1, "podman:x"):  # another person has a bucket of his own
         pass
+
+
+@pytest.mark.skipif(
+    cgroups.mounts().v2 is None or os.geteuid() != 0 or nftables.available() is not None,
+    reason=f"needs root, cgroup v2 and nftables ({nftables.available()})",
+)
+def test_a_persons_subordinate_uids_share_her_network_namespaces(cgroup_dir: Path) -> None:
+    """Each namespace a target's members use costs the daemon a context: 32 a person,
+    whichever of her uids registered the targets (11 each for three of them)."""
+    where = cgroups.mounts().v2
+    assert where is not None
+    traffic = CgroupTraffic(where, person=person)
+    own = os.stat("/proc/self/ns/net").st_ino
+    members: dict[str, list[subprocess.Popen]] = {name: [] for name in "abc"}
+    try:
+        for name, theirs in members.items():
+            (cgroup_dir / name).mkdir()
+            for _ in range(11):
+                namespace = ["unshare", "-n", "sleep", "600"]
+                theirs.append(subprocess.Popen(namespace, preexec_fn=joining(cgroup_dir / name)))
+        every = [p for theirs in members.values() for p in theirs]
+        wait_for(lambda: all(os.stat(f"/proc/{p.pid}/ns/net").st_ino != own for p in every))
+        for n, (name, theirs) in enumerate(members.items()):
+            path = f"/{cgroup_dir.name}/{name}"
+            traffic.watch(name, path, 2, [p.pid for p in theirs], uid=ALICE_RANGE + n)
+        assert traffic.problem("a") is None and traffic.problem("b") is None
+        problem = traffic.problem("c")
+        assert problem is not None and "more than 32 network namespaces" in problem, problem
+    finally:
+        for p in (p for theirs in members.values() for p in theirs):
+            p.kill()
+            p.wait()
+        traffic.close()
 
 
 # -- the daemon: the registration API's connections ----------------------------------
