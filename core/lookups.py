@@ -2,10 +2,11 @@
 
 Looking a container or unit up runs the runtime's CLI as root (`podman inspect`, tens
 of ms of CPU) or walks the whole cgroup tree; a registration costs the user nothing.
-So each user other than root gets a token bucket (``rate_per_s``, ``burst``) shared
-by their registrations and by the follows of their gone targets' names, one lookup at
-a time, and a failed name is answered from memory for ``failed_ttl_s``. Beyond the
-bound a registration is refused at once (429), before anything runs.
+So each user other than root (a person: her subordinate uids are hers, persons.py)
+gets a token bucket (``rate_per_s``, ``burst``) shared by their registrations and by
+the follows of their gone targets' names, one lookup at a time, and a failed name is
+answered from memory for ``failed_ttl_s``. Beyond the bound a registration is refused
+at once (429), before anything runs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.persons import alone
 
 
 class LookupRefused(Exception):
@@ -45,12 +47,17 @@ class Lookups:
     """Per-user lookup bounds; root's lookups are not bounded."""
 
     def __init__(
-        self, limits: LookupLimits | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        limits: LookupLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        person: Callable[[int], int] = alone,
     ) -> None:
+        """``person``: whose bucket a uid's lookups take (core/persons.py)."""
         self.limits = limits or LookupLimits()
         self._clock = clock
+        self._person = person
         self._lock = threading.Lock()
-        self._tokens: dict[int, tuple[float, float]] = {}  # uid -> (tokens, at)
+        self._tokens: dict[int, tuple[float, float]] = {}  # person -> (tokens, at)
         self._running: Counter[int] = Counter()
         self._failed: OrderedDict[tuple[int, str], tuple[float, str]] = OrderedDict()
         self.refused = 0  # lookups refused over a bound, since the start
@@ -63,46 +70,48 @@ class Lookups:
         if uid == 0:
             yield
             return
+        person = self._person(uid)
         with self._lock:
             now = self._clock()
-            failed = self._failed.get((uid, name))
+            failed = self._failed.get((person, name))
             if failed is not None and failed[0] > now:
                 ttl = self.limits.failed_ttl_s
                 raise RememberedFailure(f"{failed[1]} (failed within the last {ttl:g} s)")
-            if self._running[uid]:
+            if self._running[person]:
                 self.refused += 1
                 raise LookupRefused("one name lookup of yours is already running", 0.0)
-            self._take(uid, now)
-            self._running[uid] += 1
+            self._take(person, now)
+            self._running[person] += 1
         try:
             yield
         except ValueError as exc:
-            self._remember(uid, name, str(exc))
+            self._remember(person, name, str(exc))
             raise
         finally:
             with self._lock:
-                self._running[uid] -= 1
-                if self._running[uid] <= 0:
-                    del self._running[uid]
+                self._running[person] -= 1
+                if self._running[person] <= 0:
+                    del self._running[person]
 
     def follow(self, uid: int) -> bool:
         """Whether a gone target's name may be looked up now (a token of its user's:
         the same bucket as their registrations); the next pass tries again."""
         if uid == 0:
             return True
+        person = self._person(uid)
         with self._lock:
             try:
-                self._take(uid, self._clock())
+                self._take(person, self._clock())
             except LookupRefused:
                 return False
         return True
 
-    def _take(self, uid: int, now: float) -> None:
+    def _take(self, person: int, now: float) -> None:
         limits = self.limits
-        tokens, at = self._tokens.get(uid, (float(limits.burst), now))
+        tokens, at = self._tokens.get(person, (float(limits.burst), now))
         tokens = min(float(limits.burst), tokens + (now - at) * limits.rate_per_s)
         if tokens < 1.0:
-            self._tokens[uid] = (tokens, now)
+            self._tokens[person] = (tokens, now)
             self.refused += 1
             retry = (1.0 - tokens) / limits.rate_per_s
             raise LookupRefused(
@@ -110,15 +119,15 @@ class Lookups:
                 f"({limits.burst} at once); retry in {retry:.1f} s",
                 retry,
             )
-        self._tokens[uid] = (tokens - 1.0, now)
+        self._tokens[person] = (tokens - 1.0, now)
         if len(self._tokens) > limits.remembered:  # a full bucket needs no entry
             refill = limits.burst / limits.rate_per_s
             for user in [u for u, (_, at) in self._tokens.items() if now - at >= refill]:
                 del self._tokens[user]
 
-    def _remember(self, uid: int, name: str, detail: str) -> None:
+    def _remember(self, person: int, name: str, detail: str) -> None:
         with self._lock:
-            self._failed[(uid, name)] = (self._clock() + self.limits.failed_ttl_s, detail)
-            self._failed.move_to_end((uid, name))
+            self._failed[(person, name)] = (self._clock() + self.limits.failed_ttl_s, detail)
+            self._failed.move_to_end((person, name))
             while len(self._failed) > self.limits.remembered:
                 self._failed.popitem(last=False)

@@ -281,9 +281,9 @@ ROUTES = Router(
 class ApiServer(UnixHttpServer):
     """The registration API at ``path``, answering from ``context``."""
 
-    def __init__(self, path: str, context: ApiContext) -> None:
+    def __init__(self, path: str, context: ApiContext, person: Callable[[int], int]) -> None:
         self.context = context
-        super().__init__(path, self.respond)
+        super().__init__(path, self.respond, person)
 
     @property
     def min_interval(self) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgewatt.core.platforms import Platform
@@ -38,12 +39,15 @@ class Collectors:
     cgroup_traffic_problem: str | None  # None: cgroup targets' traffic is counted
 
 
-def start_collectors(config: Config, platform: Platform, table: TargetTable) -> Collectors:
-    """Start what the configuration asks for and the daemon may have."""
+def start_collectors(
+    config: Config, platform: Platform, table: TargetTable, person: Callable[[int], int]
+) -> Collectors:
+    """Start what the configuration asks for and the daemon may have; ``person``: the
+    person a uid is (core/persons.py), whose share bounds count it in."""
     exits = _start_exits(config)
     membership = _start_lineage(config, table)
     network = _start_network(config)
-    traffic, problem = _start_cgroup_traffic(config)
+    traffic, problem = _start_cgroup_traffic(config, person)
     contributors: list[Contributor] = [] if network is None else [TcpAccounting(network)]
     contributors.append(CgroupTrafficCounts(traffic, problem))
     contributors.append(ProportionalMemory(getattr(platform, "proc", "/proc")))
@@ -120,7 +124,9 @@ def _start_network(config: Config) -> NetworkAccounting | None:
     return network
 
 
-def _start_cgroup_traffic(config: Config) -> tuple[CgroupTraffic | None, str | None]:
+def _start_cgroup_traffic(
+    config: Config, person: Callable[[int], int]
+) -> tuple[CgroupTraffic | None, str | None]:
     """nftables counters for cgroup targets: root (or CAP_NET_ADMIN), libnftables
     and a cgroup v2 mount; without them a cgroup target's network figures are
     absent, and /healthz, doctor and each summary say why (the second item)."""
@@ -129,7 +135,7 @@ def _start_cgroup_traffic(config: Config) -> tuple[CgroupTraffic | None, str | N
         log.info("no cgroup v2 mount: cgroup targets have no network figures")
         return None, "no cgroup v2 mount"
     try:
-        traffic = CgroupTraffic(where.v2, config.proc_path)
+        traffic = CgroupTraffic(where.v2, config.proc_path, person=person)
         stale = traffic.clean_stale()
     except OSError as exc:
         log.warning(

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from edgewatt.core import __version__, power
 from edgewatt.core.carbon import resolve_carbon
 from edgewatt.core.compat import name_thread
+from edgewatt.core.lookups import Lookups
+from edgewatt.core.persons import Persons
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
@@ -59,11 +61,19 @@ class Daemon:
         self.carbon = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
         statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc))
         self.saved = SavedState(statefile)
+        # Every per-user share (targets, API and /metrics connections) is a person's.
+        self.persons = Persons(config.subuid_path)
         self.table = TargetTable(
             config.targets.limits(),
-            Resolver(procfs.boot_time(proc), procfs.CLOCK_TICKS, proc),
+            Resolver(
+                procfs.boot_time(proc),
+                procfs.CLOCK_TICKS,
+                proc,
+                lookups=Lookups(person=self.persons.of),
+            ),
             on_change=self.saved.save,
             carbon=self.carbon,
+            person=self.persons.of,
         )
         resource = resource_attributes(config, machine_id() or statefile.instance_id(), self.carbon)
         self.exposition = Exposition(resource)
@@ -98,7 +108,7 @@ class Daemon:
         self.api = self._bind_api()
         self._restored = self.saved.restore(self.table, procfs.pid_max(proc))
         power_meter = self._start_power()
-        self.collectors = start_collectors(config, self.platform, self.table)
+        self.collectors = start_collectors(config, self.platform, self.table, self.persons.of)
         self.sampler = Sampler(
             self.table,
             interval=config.interval,
@@ -172,7 +182,7 @@ class Daemon:
     def _bind_metrics(self) -> int:
         host, port = self.config.listen
         try:
-            return self.exposition.bind(host, port)
+            return self.exposition.bind(host, port, self.persons.of)
         except OSError as exc:
             raise StartError(
                 f"cannot listen for /metrics on {host}:{port}: {os.strerror(exc.errno or 0)}; "
@@ -191,7 +201,7 @@ class Daemon:
                 sample_now=self._sample_now,
                 min_interval=self.config.min_interval,
             )
-            return ApiServer(self.config.socket, context)
+            return ApiServer(self.config.socket, context, self.persons.of)
         except OSError as exc:
             self.exposition.shutdown()
             raise StartError(f"cannot serve the API at {self.config.socket}: {exc}") from exc

@@ -23,12 +23,13 @@ import logging
 import re
 import threading
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from math import copysign
 from operator import attrgetter
 from typing import Any
 
+from edgewatt.core.persons import alone
 from edgewatt.core.snapshot import ProcessSample, Snapshot
 from edgewatt.core.text import shown
 from edgewatt.exporter.scrape_server import Answer, Request, ScrapeServer, accepts_gzip
@@ -284,10 +285,11 @@ class Exposition:
         self._numbers = numbers
         return "".join(out).encode()
 
-    def bind(self, host: str, port: int) -> int:
+    def bind(self, host: str, port: int, person: Callable[[int], int] = alone) -> int:
         """Bind and listen (connections wait in the backlog until serve()); returns the
-        bound port. A port in use raises OSError here, before anything else started."""
-        self._server = ScrapeServer(host, port, self.respond)
+        bound port. A port in use raises OSError here, before anything else started.
+        ``person``: whose share a local peer's connections take (ScrapeServer)."""
+        self._server = ScrapeServer(host, port, self.respond, person)
         return self._server.port
 
     def serve(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from edgewatt.core import options as opt
 from edgewatt.core.carbon import CarbonOptions
 from edgewatt.core.options import Flag, Option, Variable, option
+from edgewatt.core.persons import SUBUID
 from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.targets.access import Limits
 from edgewatt.core.text import shown
@@ -139,15 +140,17 @@ class TargetOptions:
         "max_targets",
         1000,
         opt.count(1, 100_000),
-        "targets that may run at once (more get HTTP 429); also the most exited ones kept",
+        "targets that may run at once (more get HTTP 429), a tenth of them root's alone; also "
+        "the most exited ones kept",
         live=True,
     )
     max_targets_per_uid: int = option(
         "max_targets_per_uid",
         100,
         opt.count(1, 100_000),
-        "targets one user other than root may have running at once (more get HTTP 429), so "
-        "one user cannot take every slot",
+        "targets one user (a person: her subordinate uids are hers, subuid_path) other than "
+        "root may have running at once (more get HTTP 429), so one user cannot take every "
+        "slot; also the most of hers kept exited",
         live=True,
     )
     history_samples: int = option(
@@ -190,6 +193,14 @@ class DaemonOptions:
         "/proc",
         opt.path,
         "procfs mount point (a host's /proc mounted in a container)",
+    )
+    subuid_path: str = option(
+        "subuid_path",
+        SUBUID,
+        opt.path,
+        "the users' subordinate uid ranges (useradd's, newuidmap's): a uid in a user's range "
+        "counts in her shares (connections, targets), as she may run as any of them in a user "
+        "namespace of her own; re-read when it changes; a file that is not there: none",
     )
     log_level: str = option(
         "log_level",

@@ -4,8 +4,19 @@ A scraper's request is read without blocking, so a client that trickles its requ
 (or never sends it, or never reads the answer) holds no worker and delays no other
 scrape. Each connection has one deadline for all of its request and one for all of its
 answer; a timeout that restarted with every byte would let one byte every few seconds
-hold a connection for ever. A peer address may keep only ``MAX_PER_PEER`` connections
-open at once, and the server ``MAX_CONNECTIONS``: more are closed at once.
+hold a connection for ever.
+
+Connections are counted by peer: a local one (its end of the connection found on this
+host by the kernel's socket diagnostics) by the person of the uid that holds it
+(core/persons.py), whatever loopback address it comes from; a remote one by its
+address (an IPv6 one by its /64, what one host is given). A peer holds at most
+``MAX_PER_PEER`` connections at once, more are closed at once; root and the daemon's
+own uid, the administrator's clients, are one peer held to the total alone. The
+server holds ``MAX_CONNECTIONS``; with all of them taken, a newcomer is not refused
+while a peer holds more than the newcomer's would with it: the oldest connection of
+the peer that holds the most is closed to make room. So a scraper gets in unless
+every open connection is a different peer's (256 persons or hosts), however many one
+user holds.
 
 One thread also keeps the host's pid counter still: a thread per scrape would take a
 new pid every scrape, and the parent index (``procfs.ParentIndex``) lists /proc again
@@ -16,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import selectors
 import socket
 import threading
@@ -23,8 +35,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from edgewatt.core.compat import name_thread
+from edgewatt.core.persons import alone
+from edgewatt.core.sampling.sockets import SockDiag
 from edgewatt.exporter.http_head import BadHead, parse_head
 
 log = logging.getLogger(__name__)
@@ -32,6 +47,7 @@ log = logging.getLogger(__name__)
 MAX_HEAD_BYTES = 8192
 MAX_CONNECTIONS = 256
 MAX_PER_PEER = 16
+ADMINISTRATOR = "administrator"  # root and the daemon's uid: one peer, held to the total alone
 REQUEST_DEADLINE_S = 5.0  # from accept to the end of the request's headers
 ANSWER_DEADLINE_S = 60.0  # from the end of the request to the last byte of the answer
 
@@ -54,7 +70,7 @@ class Answer:
 @dataclass
 class _Connection:
     sock: socket.socket
-    peer: str
+    peer: str  # whose share it takes: "uid N" (a person), "address A" or ADMINISTRATOR
     deadline: float
     inbox: bytearray = field(default_factory=bytearray)
     # Set once the request is answered: what is left to send, head and body apart (sent
@@ -65,7 +81,14 @@ class _Connection:
 class ScrapeServer:
     """Serves ``respond``'s answers to GET and HEAD requests, one per connection."""
 
-    def __init__(self, host: str, port: int, respond: Callable[[Request], Answer]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        respond: Callable[[Request], Answer],
+        person: Callable[[int], int] = alone,
+    ) -> None:
+        """``person``: the person a local peer's uid is, whose share it takes."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # Bound here: a port in use raises OSError before anything else started.
         self._listener = socket.create_server((host, port), family=family, backlog=128)
@@ -74,7 +97,10 @@ class ScrapeServer:
         self._respond = respond
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
-        self._connections: dict[socket.socket, _Connection] = {}
+        self._person = person
+        self._administrators = frozenset({0, os.geteuid()})
+        self._diag = _sock_diag()
+        self._connections: dict[socket.socket, _Connection] = {}  # oldest first
         self._per_peer: Counter[str] = Counter()
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
@@ -97,6 +123,8 @@ class ScrapeServer:
         self._listener.close()
         self._wake_r.close()
         self._wake_w.close()
+        if self._diag is not None:
+            self._diag.close()
 
     # -- the loop -----------------------------------------------------------------
 
@@ -136,8 +164,9 @@ class ScrapeServer:
                     log.warning("metrics endpoint: cannot accept: %s", exc.strerror)
                     return
                 raise
-            peer = address[0]
-            if len(self._connections) >= MAX_CONNECTIONS or self._per_peer[peer] >= MAX_PER_PEER:
+            peer = self._peer(sock, address)
+            capped = peer != ADMINISTRATOR and self._per_peer[peer] >= MAX_PER_PEER
+            if capped or not self._room_for(peer):
                 sock.close()  # a scraper retries; holding it would cost the others
                 continue
             sock.setblocking(False)
@@ -145,6 +174,35 @@ class ScrapeServer:
             self._connections[sock] = connection
             self._per_peer[peer] += 1
             self._selector.register(sock, selectors.EVENT_READ)
+
+    def _peer(self, sock: socket.socket, address: tuple[Any, ...]) -> str:
+        """Whose share a connection takes: a local peer's person, else its address."""
+        if self._diag is not None:
+            try:
+                uid = self._diag.peer_uid(sock.getsockname(), address)
+            except OSError:  # counted by its address
+                uid = None
+            if uid in self._administrators:
+                return ADMINISTRATOR
+            if uid is not None:
+                return f"uid {self._person(uid)}"
+        host = address[0].split("%", 1)[0]
+        if ":" in host and not host.startswith("::ffff:"):
+            packed = socket.inet_pton(socket.AF_INET6, host)
+            host = socket.inet_ntop(socket.AF_INET6, packed[:8] + bytes(8)) + "/64"
+        return f"address {host}"
+
+    def _room_for(self, peer: str) -> bool:
+        """Whether a connection of ``peer`` fits: with every one taken, the oldest of the
+        peer holding the most is closed for it, where that peer holds more than
+        ``peer`` would with it."""
+        if len(self._connections) < MAX_CONNECTIONS:
+            return True
+        most, held = max(self._per_peer.items(), key=lambda item: item[1])
+        if held <= self._per_peer[peer] + 1:
+            return False
+        self._drop(next(c for c in self._connections.values() if c.peer == most))
+        return True
 
     def _service(self, connection: _Connection, events: int) -> None:
         if connection.outbox is None and events & selectors.EVENT_READ:
@@ -248,6 +306,15 @@ def accepts_gzip(accept_encoding: str) -> bool:
         if coding:
             weights[coding.lower()] = q
     return weights.get("gzip", weights.get("x-gzip", weights.get("*", 0.0))) > 0
+
+
+def _sock_diag() -> SockDiag | None:
+    """The kernel's socket diagnostics, which tell a local peer's uid; None where the
+    kernel has none (every peer is then counted by its address)."""
+    try:
+        return SockDiag()
+    except OSError:
+        return None
 
 
 def _plain(status: int, reason: str, headers: tuple[tuple[str, str], ...] = ()) -> Answer:

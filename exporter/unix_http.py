@@ -5,11 +5,14 @@ Every connection gets its own thread, and every request one deadline: all of it 
 wait for its first byte included) must arrive within ``REQUEST_TIMEOUT_S``, however it
 is spread out, or the connection ends (408 once the headers are in). A client that
 trickles a byte at a time holds its thread no longer than one that stalls. At most
-``MAX_CONNECTIONS`` connections are served at once, and at most
-``MAX_CONNECTIONS_PER_UID`` of one user other than root (SO_PEERCRED), so one user
-cannot take the others' share; more are answered 429 at once. Every failure is a JSON
-``{"error", "detail"}`` with a 4xx status; an unexpected exception is logged with its
-traceback here and answered with a 500 that carries no traceback.
+``MAX_CONNECTIONS`` connections are served at once. Users together hold at most all
+but ``RESERVED_CONNECTIONS`` of them, which only root and the daemon's own uid may
+take: a flood of users' connections never keeps the administrator out. One person (a
+user and her subordinate uids: core/persons.py; the uid from SO_PEERCRED) holds at
+most ``MAX_CONNECTIONS_PER_PERSON``, so one user cannot take the others' share; more
+are answered 429 at once. Every failure is a JSON ``{"error", "detail"}`` with a 4xx
+status; an unexpected exception is logged with its traceback here and answered with a
+500 that carries no traceback.
 
 Requests are read and answers written here (heads parsed by ``http_head``), not by
 ``http.server``, whose import costs the daemon ~7 MiB of RSS (``http.client``, ``ssl``,
@@ -53,7 +56,8 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_LINE_BYTES = 65536  # the request line, and each header line
 MAX_HEADERS = 100
 MAX_CONNECTIONS = 128
-MAX_CONNECTIONS_PER_UID = 32  # root is not held to it: its clients are the administrator's
+RESERVED_CONNECTIONS = 16  # root's and the daemon's own uid's: the administrator's clients
+MAX_CONNECTIONS_PER_PERSON = 32  # of a user with her subordinate uids
 REQUEST_TIMEOUT_S = 5.0
 # What a socket's timeout raises: socket.timeout, a TimeoutError only from Python 3.10
 # (before, a stalled body was answered 500, not 408).
@@ -315,9 +319,13 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
     block_on_close = False
     request_queue_size = 128  # a burst of connects must not hit a full backlog (EAGAIN)
 
-    def __init__(self, path: str, application: Application) -> None:
+    def __init__(self, path: str, application: Application, person: Callable[[int], int]) -> None:
+        """``person``: the person a peer's uid is, whose share its connections take."""
         self.application = application
-        self._open: Counter[int] = Counter()  # connections being served, by uid
+        self._person = person
+        self._administrators = frozenset({0, os.geteuid()})  # held to the total alone
+        # Connections being served, by person; the administrators' under None.
+        self._open: Counter[int | None] = Counter()
         self._open_lock = threading.Lock()
         own_directory(os.path.dirname(path) or ".")
         clear_stale_socket(path)
@@ -349,29 +357,36 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         uid = credentials(request)[1]
+        share = None if uid in self._administrators else self._person(uid)
         with self._open_lock:
-            if sum(self._open.values()) >= MAX_CONNECTIONS:  # Counter.total() is 3.10+
+            total = sum(self._open.values())  # Counter.total() is 3.10+
+            users = MAX_CONNECTIONS - RESERVED_CONNECTIONS
+            if total >= MAX_CONNECTIONS:
                 refused = f"at most {MAX_CONNECTIONS} at once"
-            elif uid != 0 and self._open[uid] >= MAX_CONNECTIONS_PER_UID:
-                refused = f"at most {MAX_CONNECTIONS_PER_UID} at once per user"
+            elif share is not None and total - self._open[None] >= users:
+                refused = (
+                    f"at most {users} at once for users ({RESERVED_CONNECTIONS} kept for root)"
+                )
+            elif share is not None and self._open[share] >= MAX_CONNECTIONS_PER_PERSON:
+                refused = f"at most {MAX_CONNECTIONS_PER_PERSON} at once per user"
             else:
                 refused = ""
-                self._open[uid] += 1
+                self._open[share] += 1
         if refused:
             refuse(request, refused)
             self.shutdown_request(request)
             return
-        super().process_request(request, (uid, client_address))
+        super().process_request(request, (share, client_address))
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        uid, address = client_address
+        share, address = client_address
         try:
             super().process_request_thread(request, address)
         finally:
             with self._open_lock:
-                self._open[uid] -= 1
-                if self._open[uid] <= 0:
-                    del self._open[uid]
+                self._open[share] -= 1
+                if self._open[share] <= 0:
+                    del self._open[share]
 
     def close(self) -> None:
         self.shutdown()

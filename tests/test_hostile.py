@@ -108,8 +108,8 @@ def trickle(sock: socket.socket, stop: threading.Event, every: float) -> None:
 
 def test_slow_tcp_clients_never_stall_a_scrape(daemon: DaemonProcess) -> None:
     """40 connections from another address trickle a header byte a second: scrapes
-    are answered within 1 s all along; that address gets 16 connections, and each is
-    closed at its 5 s deadline however it trickles."""
+    are answered within 1 s all along, and each is closed at its 5 s deadline however
+    it trickles (root's: held to the total alone, not to a peer's 16)."""
     stop = threading.Event()
     held: list[socket.socket] = []
     for _ in range(40):

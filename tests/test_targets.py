@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.persons import alone
 from edgewatt.core.targets import (
     Conflict,
     Forbidden,
@@ -447,17 +448,17 @@ def test_the_bounds_refuse_and_forget_by_rule() -> None:
     limits = Limits(
         max_targets=3, history_samples=10, exited_retention_s=60.0, max_targets_per_uid=2
     )
-    assert limits.refusal([1000, 0], 1000) is None
-    per_user = limits.refusal([1000, 1000], 1000)
+    assert limits.refusal([1000, 0], 1000, alone) is None
+    per_user = limits.refusal([1000, 1000], 1000, alone)
     assert isinstance(per_user, TooMany) and per_user.detail == "at most 2 per user may run at once"
-    assert limits.refusal([1000, 1000], 0) is None  # root is held to the total alone
-    total = limits.refusal([0, 0, 1000], 0)
+    assert limits.refusal([1000, 1000], 0, alone) is None  # root is held to the total alone
+    total = limits.refusal([0, 0, 1000], 0, alone)
     assert total is not None and total.detail == "at most 3 may run at once"
     # Five exited, at most three kept: the two oldest go; past the 60 s retention at
     # 85 s, the one exited at 20 s goes too.
     exited = [_exited(at) for at in (40.0, 0.0, 30.0, 10.0, 20.0)]
-    assert limits.expired(exited, 85.0) == ["t0", "t10", "t20"]
-    assert limits.expired(exited[:3], 85.0) == ["t0"]
+    assert limits.expired(exited, 85.0, alone) == ["t0", "t10", "t20"]
+    assert limits.expired(exited[:3], 85.0, alone) == ["t0"]
 
 
 def test_a_refusal_says_what_it_is_not_how_http_answers_it() -> None:

@@ -27,8 +27,9 @@ discovery included: the namespace's traffic, which is the container's own where 
 does not share it. The target's summary says so (``network_counts``).
 
 What one target or user costs is bounded: MAX_NAMESPACES_PER_TARGET and
-MAX_NAMESPACES_PER_USER; beyond them, and wherever a member's namespace cannot be
-counted, the target's figures are absent (problem() says why), never a part.
+MAX_NAMESPACES_PER_USER (a person: her subordinate uids are hers); beyond them, and
+wherever a member's namespace cannot be counted, the target's figures are absent
+(problem() says why), never a part.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from edgewatt.core.persons import alone
 from edgewatt.core.sampling.cgroup_rules import Spec
 from edgewatt.core.sampling.nftables import Nft, NftError
 from edgewatt.core.sampling.traffic_counts import Counts, interface_counts
@@ -88,7 +90,10 @@ class CgroupTraffic:
         v2_mount: str,
         proc: str = "/proc",
         open_nft: Callable[[str | None], Nft] = Nft,
+        person: Callable[[int], int] = alone,
     ) -> None:
+        """``person``: the person a target's uid is, whose namespaces are bounded
+        together (core/persons.py)."""
         relative = os.path.relpath(v2_mount, "/sys/fs/cgroup")
         if relative.startswith(".."):
             raise NftError(
@@ -96,6 +101,7 @@ class CgroupTraffic:
             )
         self._prefix = "" if relative == "." else relative
         self._proc = proc
+        self._person = person
         self._tables = TrafficTables(proc, open_nft)
         self._watches: dict[str, _Watch] = {}
         self._names = (f"w{n}" for n in itertools.count(1))
@@ -115,7 +121,8 @@ class CgroupTraffic:
     ) -> None:
         """Count the traffic of cgroup ``path`` (v2, absolute) in every namespace its
         members ``pids`` use; a new path (a restarted container) starts new rules.
-        ``uid``: the target's registrant, whose namespaces are bounded together."""
+        ``uid``: the target's registrant, whose person's namespaces are bounded
+        together."""
         nft_path = f"{self._prefix}/{path.strip('/')}".strip("/")
         current = self._watches.get(target_id)
         if current is not None and current.spec.path != nft_path:
@@ -218,14 +225,15 @@ class CgroupTraffic:
     def _over_bounds(self, watch: _Watch) -> str | None:
         if len(watch.namespaces) >= MAX_NAMESPACES_PER_TARGET:
             return f"members in more than {MAX_NAMESPACES_PER_TARGET} network namespaces"
+        person = self._person(watch.uid)
         users = set()
         for other in self._watches.values():
-            if other.uid == watch.uid:
+            if self._person(other.uid) == person:
                 users |= other.namespaces
         if len(users) >= MAX_NAMESPACES_PER_USER:
             return (
-                f"uid {watch.uid}'s targets have members in more than "
-                f"{MAX_NAMESPACES_PER_USER} network namespaces"
+                f"the targets of uid {watch.uid}'s user (her subordinate uids included) have "
+                f"members in more than {MAX_NAMESPACES_PER_USER} network namespaces"
             )
         return None
 

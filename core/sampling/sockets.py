@@ -23,6 +23,7 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.netlink import NLMSGHDR, attributes, drain, messages
@@ -177,8 +178,41 @@ class SockDiag:
             raise OSError(error, os.strerror(error))
         return sockets[0] if sockets else None
 
+    def peer_uid(self, local: tuple[Any, ...], remote: tuple[Any, ...]) -> int | None:
+        """The uid of the socket at the other end of a TCP connection this host accepted
+        (``local`` and ``remote``: its (address, port), as getsockname and accept give
+        them), by the reversed 4-tuple; None where that end is not on this host (not
+        in this network namespace) or is gone."""
+        family, source = _packed(remote[0])
+        local_family, destination = _packed(local[0])
+        if family != local_family:
+            return None
+        sockid = (
+            struct.pack("!HH", remote[1], local[1])
+            + source.ljust(16, b"\0") + destination.ljust(16, b"\0")
+            + bytes(4) + b"\xff" * 8  # any interface; no cookie: INET_DIAG_NOCOOKIE
+        )  # fmt: skip
+        self._seq += 1
+        self._sock.send(_request(family, NLM_F_REQUEST, sockid, seq=self._seq))
+        data = self._sock.recv(1 << 16)
+        for kind, body, end in messages(data):
+            if kind == SOCK_DIAG_BY_FAMILY and end - body >= _MSG_LEN:
+                return int(_U32.unpack_from(data, body + _UID_OFFSET)[0])
+        return None
+
     def close(self) -> None:
         self._sock.close()
+
+
+def _packed(address: str) -> tuple[int, bytes]:
+    """(family, packed address) of a numeric address; a v4-mapped IPv6 one as IPv4, as
+    the kernel files the other end of such a connection when that end is IPv4."""
+    if ":" not in address:
+        return socket.AF_INET, socket.inet_pton(socket.AF_INET, address)
+    packed = socket.inet_pton(socket.AF_INET6, address.split("%", 1)[0])
+    if packed[:12] == _V4_MAPPED:
+        return socket.AF_INET, packed[12:]
+    return socket.AF_INET6, packed
 
 
 SOL_NETLINK = 270

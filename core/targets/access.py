@@ -1,10 +1,11 @@
 """Who may do what with targets: who may register a process or a cgroup, who may act
 on a target, and the bounds on how many run and how long the exited are kept. Root
-is exempt from all but the table's total: its registrations are the administrator's."""
+is exempt from all but the table's total, and has a reserve of it no user can take:
+its registrations are the administrator's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -60,34 +61,72 @@ def hold(target: Target, uid: int, labels: dict[str, str], children: bool) -> li
     return conflicts
 
 
+def share(uid: int, person: Callable[[int], int]) -> int | None:
+    """Whose share a target of ``uid`` counts in: its person's (a user's subordinate
+    uids are hers: core/persons.py); None for root's, the administrator's."""
+    return None if uid == 0 else person(uid)
+
+
 @dataclass(frozen=True, **SLOTS)
 class Limits:
     """The table's bounds; a reload replaces them whole, for what comes next (a smaller
     max_targets refuses new registrations, it ends no running target; a new history
-    length holds for targets registered from then on)."""
+    length holds for targets registered from then on). Every per-user bound is per
+    person (``share``)."""
 
     max_targets: int  # running at once, all users together; also exited ones kept
     history_samples: int  # rows each new target's history keeps
     exited_retention_s: float  # how long an exited target stays readable
-    max_targets_per_uid: int | None = None  # running at once per user (None: max_targets)
+    max_targets_per_uid: int | None = None  # per person, running and exited (None: max_targets)
 
-    def refusal(self, running_uids: list[int], uid: int) -> TooMany | None:
-        """Why ``uid`` may not add a running target beside those of ``running_uids``
-        (one entry per running target), None when it may."""
-        if len(running_uids) >= self.max_targets:
+    @property
+    def root_reserve(self) -> int:
+        """Running slots only root may take: users together run at most the rest."""
+        return self.max_targets // 10
+
+    def refusal(self, running: list[int], uid: int, person: Callable[[int], int]) -> TooMany | None:
+        """Why ``uid`` may not add a running target beside those of ``running`` (the
+        uid of each running target), None when it may."""
+        if len(running) >= self.max_targets:
             return TooMany("too many targets", f"at most {self.max_targets} may run at once")
-        per_uid = self.max_targets_per_uid or self.max_targets
-        if uid != 0 and running_uids.count(uid) >= per_uid:
-            return TooMany("too many targets", f"at most {per_uid} per user may run at once")
+        mine = share(uid, person)
+        if mine is None:
+            return None
+        shares = [s for s in (share(u, person) for u in running) if s is not None]
+        users = self.max_targets - self.root_reserve
+        if len(shares) >= users:
+            detail = (
+                f"at most {users} may run at once for users ({self.root_reserve} kept for root)"
+            )
+            return TooMany("too many targets", detail)
+        per_person = self.max_targets_per_uid or self.max_targets
+        if shares.count(mine) >= per_person:
+            return TooMany("too many targets", f"at most {per_person} per user may run at once")
         return None
 
-    def expired(self, exited: Iterable[Target], now: float) -> list[str]:
-        """The ids of exited targets to forget at ``now``: those past the retention and
-        the oldest beyond max_targets of them, so churn cannot grow the table."""
-        oldest_first = sorted(exited, key=lambda t: t.exited_at or 0.0)
-        excess = max(0, len(oldest_first) - self.max_targets)
-        return [
-            t.id
-            for n, t in enumerate(oldest_first)
-            if n < excess or now - (t.exited_at or 0.0) > self.exited_retention_s
-        ]
+    def expired(
+        self, exited: Iterable[Target], now: float, person: Callable[[int], int]
+    ) -> list[str]:
+        """The ids of exited targets to forget at ``now``: those past the retention; a
+        person's oldest beyond max_targets_per_uid of hers (root's are bounded by the
+        total alone); and while more than max_targets are left, the oldest of whoever
+        keeps the most. One person's churn forgets her own, never another's share."""
+        kept: dict[int | None, list[Target]] = {}
+        gone = []
+        for target in sorted(exited, key=lambda t: t.exited_at or 0.0):
+            if now - (target.exited_at or 0.0) > self.exited_retention_s:
+                gone.append(target.id)
+            else:
+                kept.setdefault(share(target.uid, person), []).append(target)
+        per_person = self.max_targets_per_uid or self.max_targets
+        for owner, targets in kept.items():
+            excess = len(targets) - per_person if owner is not None else 0
+            if excess > 0:
+                gone += [t.id for t in targets[:excess]]
+                del targets[:excess]
+        left = sum(len(targets) for targets in kept.values())
+        while left > self.max_targets:
+            most = max(kept.values(), key=lambda ts: (len(ts), -(ts[0].exited_at or 0.0)))
+            gone.append(most.pop(0).id)
+            left -= 1
+        return gone

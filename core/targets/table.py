@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.persons import alone
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.snapshot import ProcessSample
@@ -55,10 +56,13 @@ class TargetTable:
         carbon: CarbonIntensity | None = None,
         wall_clock: Callable[[], float] = time.time,
         monotonic_clock: Callable[[], float] = time.monotonic,
+        person: Callable[[int], int] = alone,
     ) -> None:
         """``on_change``: handed the persistent state after every change (the state
-        file); ``carbon``: the intensity summaries convert energy with."""
+        file); ``carbon``: the intensity summaries convert energy with; ``person``: the
+        person a uid is, whose share its targets count in (core/persons.py)."""
         self._limits = limits
+        self._person = person
         self._resolver = resolver
         # Per-user bounds on name lookups, registrations' and follows' (the sampler's).
         self.lookups = resolver.lookups
@@ -168,7 +172,7 @@ class TargetTable:
             existing_id = self._by_identity.get(key)
             if existing_id is None:
                 running = [t.uid for t in self._targets.values() if t.exited_at is None]
-                refusal = self._limits.refusal(running, new.uid)
+                refusal = self._limits.refusal(running, new.uid, self._person)
                 if refusal is not None:
                     _discard(new)
                     raise refusal
@@ -325,11 +329,11 @@ class TargetTable:
         self.persist()
 
     def purge_exited(self, now: float) -> int:
-        """Forget exited targets older than the retention, and the oldest beyond
-        ``max_targets`` of them, so churn cannot grow the table without bound."""
+        """Forget exited targets older than the retention, and those beyond the bounds
+        (Limits.expired), so churn cannot grow the table without bound."""
         with self._lock:
             exited = [t for t in self._targets.values() if t.exited_at is not None]
-            expired = self._limits.expired(exited, now)
+            expired = self._limits.expired(exited, now, self._person)
             for target_id in expired:
                 del self._targets[target_id]
         return len(expired)
