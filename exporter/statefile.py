@@ -35,7 +35,6 @@ import logging
 import os
 import secrets
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -87,6 +86,7 @@ class StateFile:
     def __init__(self, directory: Path, boot_id: str, budget: WriteBudget) -> None:
         self.path = directory / REGISTRATIONS
         self.budget = budget
+        self._clock = budget.clock  # one clock for the budget and the fsync window
         self._boot_id = boot_id
         self._dir_fd = open_own_directory(directory)
         self._lock = threading.Lock()
@@ -103,6 +103,7 @@ class StateFile:
         self._journal_bytes = 0
         self._started = False
         self._unsynced_since: float | None = None  # monotonic: the oldest write not fsynced
+        self._lagging = False  # the budget holds writes back until _retry_at
         self.deferred = 0  # changes waiting for the budget
         self.written = 0  # bytes written to the state files since start
 
@@ -162,8 +163,10 @@ class StateFile:
         (the rest waits: ``deferred``); OSError where a write failed."""
         with self._changed:
             self._wanted = {entry["id"]: entry for entry in targets}
-            if self.deferred and self._retry_at > time.monotonic():
-                self._changed.notify()  # over the budget: coalesced, written when due
+            if self._lagging and self._retry_at > self._clock():
+                # Over the budget: coalesced, written when due.
+                self.deferred = len(journal.changes(self._disk, self._wanted))
+                self._changed.notify()
                 return
             try:
                 self._write(budgeted=self._started)
@@ -175,7 +178,7 @@ class StateFile:
         with self._changed:
             while not stop.is_set():
                 due = self._due()
-                now = time.monotonic()
+                now = self._clock()
                 if due is not None and due <= now:
                     return
                 self._changed.wait(None if due is None else due - now)
@@ -188,7 +191,7 @@ class StateFile:
         """What is due: the lagging changes the budget allows written, the journal
         fsynced; returns whether the files now hold the latest state. The fsync runs
         outside the lock: a slow card never holds up a registration."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             if self._wanted is not None and (self._retry_at <= now or not budgeted):
                 self._write(budgeted)
@@ -204,7 +207,7 @@ class StateFile:
                 with self._lock:  # what the journal holds is unknown: a snapshot next
                     self._close_journal()
                     self._wanted = self._wanted or dict(self._disk)
-                    self._retry_at = time.monotonic() + RETRY_S
+                    self._retry_at = self._clock() + RETRY_S
                 raise
             finally:
                 os.close(fd)
@@ -265,20 +268,22 @@ class StateFile:
         if self._journal_bytes > max(COMPACT_RATIO * live, COMPACT_MIN_BYTES):
             self._compact(wanted, budgeted)
             return
-        self._wanted, self.deferred = None, 0
+        self._wanted, self.deferred, self._lagging = None, 0, False
 
     def _compact(self, wanted: dict[str, Entry], budgeted: bool) -> None:
         """A new snapshot of ``wanted`` and an empty journal naming it (each replaced
         atomically, the snapshot first: a crash between leaves the new snapshot and a
         journal naming the old one, which is not replayed)."""
+        estimate = sum(self._sizes.values())  # checked before paying for the encoding
+        if budgeted and not self.budget.allows(estimate):
+            # Appends wait too: the journal is past its bound until this is written.
+            self._lag(len(journal.changes(self._disk, wanted)), self.budget.wait_s(estimate))
+            return
         token = secrets.token_hex(6)
         entries = [json.dumps(entry, separators=(",", ":")).encode() for entry in wanted.values()]
         head = json.dumps({"version": FORMAT_VERSION, "boot_id": self._boot_id, "journal": token})
         data = head[:-1].encode() + b', "targets": [' + b",".join(entries) + b"]}"
         first = journal.header(token)
-        if budgeted and not self.budget.allows(len(data)):
-            self._lag(len(wanted), self.budget.wait_s(len(data)))
-            return
         self._spend(len(data) + len(first), budgeted)
         self._started = True  # the snapshot at start is free; later ones are paid
         self._close_journal()  # a failure below leaves it closed: a snapshot again next
@@ -289,7 +294,7 @@ class StateFile:
         self._journal_bytes = len(first)
         self._disk = dict(wanted)
         self._sizes = {target_id: len(e) for target_id, e in zip(wanted, entries)}
-        self._wanted, self.deferred = None, 0
+        self._wanted, self.deferred, self._lagging = None, 0, False
         self._unsynced_since = None  # both files were fsynced by _replace
 
     def _append(self, data: bytes) -> None:
@@ -303,11 +308,11 @@ class StateFile:
                 os.ftruncate(self._journal_fd, self._journal_bytes)
             except OSError:
                 self._close_journal()
-            self._retry_at = time.monotonic() + RETRY_S
+            self._retry_at = self._clock() + RETRY_S
             raise
         self._journal_bytes += len(data)
         if self._unsynced_since is None:
-            self._unsynced_since = time.monotonic()
+            self._unsynced_since = self._clock()
 
     def _spend(self, size: int, budgeted: bool) -> None:
         """Paid before writing: a write that fails costs its tries too (an ENOSPC retried
@@ -317,8 +322,8 @@ class StateFile:
         self.written += size
 
     def _lag(self, changes: int, wait_s: float) -> None:
-        self.deferred = changes
-        self._retry_at = time.monotonic() + wait_s
+        self.deferred, self._lagging = changes, True
+        self._retry_at = self._clock() + wait_s
 
     def _close_journal(self) -> None:
         if self._journal_fd >= 0:

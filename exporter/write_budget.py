@@ -13,7 +13,7 @@ class WriteBudget:
         self.per_hour = per_hour
         self.capacity = per_hour / 2
         self._rate = per_hour / 3600.0
-        self._clock = clock
+        self.clock = clock
         self._tokens = self.capacity
         self._at = clock()
 
@@ -32,7 +32,7 @@ class WriteBudget:
         return max(0.0, missing / self._rate)
 
     def _refill(self) -> float:
-        now = self._clock()
+        now = self.clock()
         self._tokens = min(self.capacity, self._tokens + (now - self._at) * self._rate)
         self._at = now
         return self._tokens

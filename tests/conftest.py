@@ -45,6 +45,7 @@ def copy_package(into: Path) -> None:
 # network namespace), as root otherwise: DaemonProcess.prefix.
 WITHOUT_SYS_ADMIN = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
 
+
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real filesystem of 256 KiB that a test can fill (an edge board's eMMC)."""
