@@ -21,12 +21,15 @@ class SavedState:
         self.statefile = statefile
         self.error: str | None = None  # why the last save failed; None: it worked
         self._deferred = False  # the write budget holds changes back (logged)
+        self._restoring = False
 
     def save(self, state: list[dict[str, Any]]) -> None:
         """Save the registrations (the table's on_change); a failure keeps the files'
         previous state (statefile.py), is logged once until a save works again, and
         shown by /healthz meanwhile: the registration itself holds, only a restart
         would lose it."""
+        if self._restoring:
+            return  # one snapshot after the last, not one write per entry restored
         try:
             self.statefile.save(state)
         except OSError as exc:
@@ -89,33 +92,37 @@ class SavedState:
         registration is (fields, labels, and who may watch the live process); one log
         line per entry skipped. Returns how many were restored."""
         restored = 0
-        for n, entry in enumerate(self.statefile.load()):
-            try:
-                saved = parse_saved(entry, pid_max)
-                request = saved.registration
-                kept = {
-                    "target_id": saved.target_id,
-                    "registered_at": saved.registered_at,
-                    "holders": saved.holders,
-                }
-                if request.cgroup is not None:  # resolved anew: it may have restarted
-                    table.register_cgroup(
-                        request.cgroup, request.labels, saved.uid, limited=False, **kept
-                    )
-                else:
-                    table.register(
-                        request.pid,
-                        request.labels,
-                        request.children,
-                        saved.uid,
-                        expect_start=saved.start_ticks,
-                        **kept,
-                    )
-                restored += 1
-            except (InvalidRegistration, TargetError) as exc:
-                name = entry.get("id") if isinstance(entry, dict) else None
-                name = printable(name[:64]) if isinstance(name, str) else f"#{n + 1}"
-                log.info("not restoring registration %s: %s", name, exc)
+        self._restoring = True  # before the API serves: no registration comes meanwhile
+        try:
+            for n, entry in enumerate(self.statefile.load()):
+                try:
+                    saved = parse_saved(entry, pid_max)
+                    request = saved.registration
+                    kept = {
+                        "target_id": saved.target_id,
+                        "registered_at": saved.registered_at,
+                        "holders": saved.holders,
+                    }
+                    if request.cgroup is not None:  # resolved anew: it may have restarted
+                        table.register_cgroup(
+                            request.cgroup, request.labels, saved.uid, limited=False, **kept
+                        )
+                    else:
+                        table.register(
+                            request.pid,
+                            request.labels,
+                            request.children,
+                            saved.uid,
+                            expect_start=saved.start_ticks,
+                            **kept,
+                        )
+                    restored += 1
+                except (InvalidRegistration, TargetError) as exc:
+                    name = entry.get("id") if isinstance(entry, dict) else None
+                    name = printable(name[:64]) if isinstance(name, str) else f"#{n + 1}"
+                    log.info("not restoring registration %s: %s", name, exc)
+        finally:
+            self._restoring = False
         table.persist()
         return restored
 

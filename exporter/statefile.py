@@ -241,6 +241,15 @@ class StateFile:
         return min(times, default=None)
 
     def _write(self, budgeted: bool) -> None:
+        """The changes to ``_wanted``; a failure is tried again in RETRY_S (by the state
+        thread, or a change), not sooner: a full disk is not hammered."""
+        try:
+            self._write_changes(budgeted)
+        except OSError:
+            self._retry_at = self._clock() + RETRY_S
+            raise
+
+    def _write_changes(self, budgeted: bool) -> None:
         """The changes to ``_wanted``, smallest first, those the budget allows; a
         snapshot instead where the journal is closed, or past its bound."""
         wanted = self._wanted
@@ -308,7 +317,6 @@ class StateFile:
                 os.ftruncate(self._journal_fd, self._journal_bytes)
             except OSError:
                 self._close_journal()
-            self._retry_at = self._clock() + RETRY_S
             raise
         self._journal_bytes += len(data)
         if self._unsynced_since is None:
