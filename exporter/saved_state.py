@@ -76,7 +76,7 @@ class SavedState:
 
     def _note_deferred(self) -> None:
         """Logged when the write budget starts holding changes back, and when it stops."""
-        deferred = self.statefile.deferred > 0
+        deferred = self.statefile.lagging
         if deferred and not self._deferred:
             log.warning(
                 "state writes over their budget of %d bytes an hour: changes are kept in "

@@ -3,8 +3,8 @@ restart, and the instance id where the machine has none.
 
 Registrations are a snapshot (targets.json) and a journal of the changes since
 (targets.journal, journal.py): a change appends one record with one write(2), its
-fsync comes within SYNC_S (batched: a power cut loses at most that, a kill of the
-daemon nothing, as the page cache outlives it). A registration writes its target's
+fsync comes within SYNC_S (5 s, batched: a power cut loses at most that, a kill
+of the daemon nothing, as the page cache outlives it). A registration writes its target's
 labels once; an unregistration, a join or an exit writes a record of a few dozen bytes
 whatever the labels. The journal is folded into a new snapshot when it grows past
 COMPACT_RATIO times the live set (and COMPACT_MIN_BYTES), and at each start. Writes
@@ -56,8 +56,11 @@ INSTANCE_ID = "instance-id"
 # past COMPACT_MIN_BYTES: a snapshot costs at most a quarter of the journal it ends.
 COMPACT_RATIO = 4
 COMPACT_MIN_BYTES = 1 << 20
-# Seconds at most from a change's write(2) to its fsync: what a power cut may lose.
-SYNC_S = 1.0
+# Seconds at most from a change's write(2) to its fsync: what a power cut may lose (a
+# kill of the daemon loses nothing). ext4's own commit interval: at most 720 fsyncs an
+# hour, each rewriting at most the journal's last partial page (2.8 MiB an hour) and
+# the filesystem's commit of its size.
+SYNC_S = 5.0
 # Seconds before a write that failed (ENOSPC, EIO) is tried again without a change.
 RETRY_S = 5.0
 
@@ -103,7 +106,7 @@ class StateFile:
         self._journal_bytes = 0
         self._started = False
         self._unsynced_since: float | None = None  # monotonic: the oldest write not fsynced
-        self._lagging = False  # the budget holds writes back until _retry_at
+        self.lagging = False  # the budget holds writes back until _retry_at
         self.deferred = 0  # changes waiting for the budget
         self.written = 0  # bytes written to the state files since start
 
@@ -163,7 +166,7 @@ class StateFile:
         (the rest waits: ``deferred``); OSError where a write failed."""
         with self._changed:
             self._wanted = {entry["id"]: entry for entry in targets}
-            if self._lagging and self._retry_at > self._clock():
+            if self.lagging and self._retry_at > self._clock():
                 # Over the budget: coalesced, written when due.
                 self.deferred = len(journal.changes(self._disk, self._wanted))
                 self._changed.notify()
@@ -277,7 +280,7 @@ class StateFile:
         if self._journal_bytes > max(COMPACT_RATIO * live, COMPACT_MIN_BYTES):
             self._compact(wanted, budgeted)
             return
-        self._wanted, self.deferred, self._lagging = None, 0, False
+        self._wanted, self.deferred, self.lagging = None, 0, False
 
     def _compact(self, wanted: dict[str, Entry], budgeted: bool) -> None:
         """A new snapshot of ``wanted`` and an empty journal naming it (each replaced
@@ -303,7 +306,7 @@ class StateFile:
         self._journal_bytes = len(first)
         self._disk = dict(wanted)
         self._sizes = {target_id: len(e) for target_id, e in zip(wanted, entries)}
-        self._wanted, self.deferred, self._lagging = None, 0, False
+        self._wanted, self.deferred, self.lagging = None, 0, False
         self._unsynced_since = None  # both files were fsynced by _replace
 
     def _append(self, data: bytes) -> None:
@@ -330,7 +333,7 @@ class StateFile:
         self.written += size
 
     def _lag(self, changes: int, wait_s: float) -> None:
-        self.deferred, self._lagging = changes, True
+        self.deferred, self.lagging = changes, True
         self._retry_at = self._clock() + wait_s
 
     def _close_journal(self) -> None:
