@@ -209,7 +209,8 @@ class StateFile:
             except OSError:
                 with self._lock:  # what the journal holds is unknown: a snapshot next
                     self._close_journal()
-                    self._wanted = self._wanted or dict(self._disk)
+                    if self._wanted is None:
+                        self._wanted = dict(self._disk)
                     self._retry_at = self._clock() + RETRY_S
                 raise
             finally:
