@@ -115,6 +115,26 @@ def test_a_torn_last_record_is_skipped(daemon_factory: Any, spawn: Any, tmp_path
     assert "after its last whole record skipped" in second.log()
 
 
+def test_a_journal_from_before_its_snapshot_is_not_replayed(tmp_path: Path) -> None:
+    # A crash between a compaction's two renames: the new snapshot holds every change,
+    # the journal left beside it names the snapshot before.
+    budget = WriteBudget(1 << 20)
+    entry = {"pid": 1, "start_ticks": 1, "children": True, "uid": 0, "registered_at": 1.0,
+             "holders": 1, "labels": {"run": "a"}}  # fmt: skip
+    first = StateFile(tmp_path, "boot", budget)
+    first.save([{**entry, "id": "a" * 12}])
+    first.save([{**entry, "id": "a" * 12}, {**entry, "id": "b" * 12}])
+    first.close()
+    stale = (tmp_path / JOURNAL).read_bytes()
+    second = StateFile(tmp_path, "boot", budget)
+    assert [e["id"] for e in second.load()] == ["a" * 12, "b" * 12]
+    second.save([{**entry, "id": "b" * 12, "holders": 2}])  # a snapshot: it starts
+    second.close()
+    (tmp_path / JOURNAL).write_bytes(stale)  # its put of b, holders 1, would undo the 2
+    third = StateFile(tmp_path, "boot", budget)
+    assert third.load() == [{**entry, "id": "b" * 12, "holders": 2}]
+
+
 def test_the_new_daemon_keeps_a_version_1_state_file(
     daemon_factory: Any, spawn: Any, tmp_path: Path
 ) -> None:
