@@ -2,14 +2,14 @@
 restart, and the instance id where the machine has none.
 
 Registrations are a snapshot (targets.json) and a journal of the changes since
-(targets.journal, journal.py): a change appends one record with one write(2), its
-fsync comes within SYNC_S (5 s, batched: a power cut loses at most that, a kill
-of the daemon nothing, as the page cache outlives it). A registration writes its target's
-labels once; an unregistration, a join or an exit writes a record of a few dozen bytes
-whatever the labels. The journal is folded into a new snapshot when it grows past
-COMPACT_RATIO times the live set (and COMPACT_MIN_BYTES), and at each start. Writes
-are paid from a WriteBudget (bytes per hour): past it, changes wait in memory and are
-written, coalesced, as the budget refills (``deferred`` counts them).
+(targets.journal, journal.py): a change appends one record with one write(2) before
+it is answered, its fsync within SYNC_S (5 s, batched: a power cut loses at most
+that, a kill of the daemon nothing, as the page cache outlives it). A registration
+writes its target's labels once; an unregistration, a join or an exit writes a record
+of a few dozen bytes whatever the labels. The journal is folded into a new snapshot
+when it grows past COMPACT_RATIO times the live set (and COMPACT_MIN_BYTES), and at
+each start. Writes are paid from a WriteBudget (bytes per hour): past it, changes wait
+in memory and are written, coalesced, as the budget refills (``deferred`` counts them).
 
 A file is replaced with write-to-temp, fsync, rename, fsync-directory: a crash at any
 point leaves either the old or the new file, never a torn one; a snapshot names its
