@@ -1,6 +1,7 @@
 """The state directory's write budget: bytes per hour, a token bucket that holds half
-an hour's worth, so bytes written in any hour stay under 1.5 times the budget (and
-one record that the full bucket pays for: a record never waits forever)."""
+an hour's worth, so bytes written in any hour stay under 1.5 times the budget, plus
+one write larger than the bucket that a full bucket lets go into debt (a snapshot of
+a large live set: it never waits forever; the hours after pay for it)."""
 
 from __future__ import annotations
 
