@@ -42,6 +42,7 @@ from edgewatt.exporter.otel_resource import machine_id, resource_attributes
 from edgewatt.exporter.saved_state import SavedState
 from edgewatt.exporter.statefile import StateFile
 from edgewatt.exporter.telemetry import OtelPipeline
+from edgewatt.exporter.write_budget import WriteBudget
 
 if TYPE_CHECKING:
     from edgewatt.exporter.influx import InfluxPusher
@@ -59,7 +60,8 @@ class Daemon:
         self.stop_event = threading.Event()
         proc = config.proc_path
         self.carbon = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
-        statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc))
+        budget = WriteBudget(config.state_write_budget)
+        statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc), budget)
         self.saved = SavedState(statefile)
         # Every per-user share (targets, API and /metrics connections) is a person's.
         self.persons = Persons(config.subuid_path)
@@ -162,6 +164,7 @@ class Daemon:
             membership=self.table.membership,
             other_namespaces=self._may_join_namespaces,
             state_error=self.saved.error,
+            state_deferred=self.saved.statefile.deferred,
             influx=self.influx.status() if self.influx is not None else None,
         )
 
@@ -214,6 +217,7 @@ class Daemon:
             self.influx.start()
         self._spawn("api", self.api.serve_forever)
         self._spawn("sampler", self.sampler.run, self.stop_event)
+        self._spawn("state", self.saved.run, self.stop_event)
         self.ready()
         log.info(
             "edgewatt %s serving: api unix:%s, metrics http://%s:%d/metrics, interval %gs, "
@@ -241,6 +245,7 @@ class Daemon:
         self.notifier.stopping()
         self.stop_event.set()
         self.sampler.wake()
+        self.saved.wake()
         self.api.close()
         self.exposition.shutdown()
         if self.pipeline is not None:

@@ -27,6 +27,7 @@ def document(
     other_namespaces: bool,
     state_error: str | None,
     influx: dict[str, Any] | None,
+    state_deferred: int = 0,
 ) -> dict[str, Any]:
     """GET /healthz at ``now`` (epoch seconds) for a daemon started at ``started``;
     ``power`` is ``PowerStatus()`` where no power source runs, ``influx`` None where
@@ -74,6 +75,8 @@ def document(
         "cgroup_other_namespaces": other_namespaces,
         # Why the registrations could not be saved (null: the last save worked).
         "state_error": state_error,
+        # Changes the state write budget holds back: persisted as it refills.
+        "state_deferred": state_deferred,
         # The InfluxDB push (null where none is configured): lines waiting in the
         # buffer, written, dropped from a full buffer, refused by the server.
         "influx": influx,

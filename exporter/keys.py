@@ -136,6 +136,14 @@ class TargetOptions:
         "$XDG_STATE_HOME/edgewatt",
         flag=Flag("DIR", "where registrations are persisted"),
     )
+    state_write_budget: int = option(
+        "state_write_budget",
+        16 << 20,
+        opt.count(1 << 20, 1 << 40),
+        "bytes an hour the daemon may write to state_dir (default 16 MiB; at most 1.5 times "
+        "it in any hour, plus one rewrite of the live set): past it, changes are answered "
+        "and kept in memory, and written as the budget refills",
+    )
     max_targets: int = option(
         "max_targets",
         1000,

@@ -17,6 +17,8 @@ import pytest
 
 from benchmarks.measure import rss_bytes
 from edgewatt.exporter.daemon import MAX_OPEN_FILES
+from edgewatt.exporter.statefile import StateFile
+from edgewatt.exporter.write_budget import WriteBudget
 from tests.conftest import ROOT, DaemonProcess, kernel_cpu_seconds, wait_for
 
 BURN = "import time\nwhile True: pass"
@@ -259,8 +261,9 @@ def test_restart_restores_live_registrations_and_drops_dead_ones(
     doomed = spawn("import time; time.sleep(60)")
     alive_id = first.register(alive.pid, labels={"run": "keep"})["id"]
     doomed_id = first.register(doomed.pid)["id"]
-    saved = json.loads((state / "targets.json").read_text())
-    assert {t["id"] for t in saved["targets"]} == {alive_id, doomed_id}
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    saved = StateFile(state, boot_id, WriteBudget(1 << 20)).load()
+    assert {t["id"] for t in saved} == {alive_id, doomed_id}
     assert first.stop() < 2.0
     doomed.kill()
     doomed.wait()

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from edgewatt.core import transport
+from edgewatt.exporter.statefile import StateFile
+from edgewatt.exporter.write_budget import WriteBudget
 from tests.conftest import ROOT, SYSTEM_PYTHON, DaemonProcess, call_as, post, raw, wait_for
 
 NOBODY = 65534
@@ -393,12 +395,16 @@ def test_a_link_at_the_temporary_name_is_replaced_not_followed(
     state.mkdir(mode=0o700)
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
-    (state / "targets.json.tmp").symlink_to(victim)  # a link left in the daemon's own dir
+    names = ("targets.json.tmp", "targets.journal.tmp", "targets.journal")
+    for name in names:  # links left in the daemon's own dir
+        (state / name).symlink_to(victim)
     daemon = daemon_factory(state_dir=state)
     daemon.register(spawn("import time; time.sleep(60)").pid)
     assert victim.read_text() == "precious\n"
     assert not (state / "targets.json.tmp").exists()
-    assert len(json.loads((state / "targets.json").read_text())["targets"]) == 1
+    assert not (state / "targets.journal.tmp").exists()
+    assert not (state / "targets.journal").is_symlink()
+    assert len(StateFile(state, boot_id(), WriteBudget(1 << 20)).load()) == 1
 
 
 # -- 9. a YAML alias bomb ----------------------------------------------------------

@@ -7,6 +7,8 @@ import os
 import time
 from typing import Any
 
+from edgewatt.exporter.statefile import SYNC_S
+
 IDLE_S = 4.0
 
 
@@ -32,15 +34,19 @@ def test_threads_with_nothing_to_serve_do_not_wake(daemon_factory: Any, spawn: A
     daemon.register(child.pid)
     assert daemon.proc is not None
     pid = daemon.proc.pid
-    time.sleep(1.0)  # the registration's connection served and its thread gone
+    # The registration's connection served and its thread gone, its journal record
+    # fsynced (within SYNC_S).
+    time.sleep(SYNC_S + 1.0)
     before = wake_ups(pid)
     time.sleep(IDLE_S)  # no request, no scrape, no signal
     after = wake_ups(pid)
-    woken = {name: after[name] - before[name] for name in ("api", "metrics", "main")}
+    woken = {name: after[name] - before[name] for name in ("api", "metrics", "main", "state")}
     # At most one for the API and /metrics threads: the last block of the
     # registration's accept may fall inside. Polling every 0.2 s (the API) or 1 s
-    # (/metrics) counts 20 and 4 here; the main thread waits for signals only.
+    # (/metrics) counts 20 and 4 here; the main thread waits for signals only, the
+    # state thread for a change.
     assert woken["api"] <= 1 and woken["metrics"] <= 1 and woken["main"] == 0, woken
+    assert woken["state"] == 0, woken
     # The sampler has a pass to make every interval: its wakes are its work.
     assert after["sampler"] > before["sampler"]
     # Asleep without a timeout, yet the stop is as quick as documented (2 s).
