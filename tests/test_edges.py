@@ -134,10 +134,12 @@ def test_a_tracked_call_inside_a_phase_leaves_it_running(reg: client.Registratio
     epoch, call = reg.summary(final_wait_s=5.0)["phases"]
     assert (epoch["name"], call["name"]) == ("epoch", "step")
     assert epoch["started_at"] <= call["started_at"] <= call["ended_at"] <= epoch["ended_at"]
-    # The kernel's count: the call's 0.1 s, the epoch's 0.3 s around it (ticks of 10 ms).
-    assert call["cpu_user_s"] + call["cpu_system_s"] >= 0.09
+    # The kernel's count, in ticks of 10 ms: the call's 0.1 s, the epoch's 0.3 s
+    # around it (each edge's reading is a tick off at most).
+    call_cpu = call["cpu_user_s"] + call["cpu_system_s"]
     epoch_cpu = epoch["cpu_user_s"] + epoch["cpu_system_s"]
-    assert epoch_cpu >= 0.29 and epoch_cpu >= call["cpu_user_s"] + call["cpu_system_s"] + 0.19
+    assert call_cpu >= 0.08
+    assert epoch_cpu >= 0.28 and epoch_cpu >= call_cpu + 0.16, (epoch_cpu, call_cpu)
     assert epoch["duration_s"] > call["duration_s"] > 0
     assert epoch["device_energy_j"] > call["device_energy_j"] > 0
     measured = step.last
