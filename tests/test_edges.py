@@ -120,6 +120,19 @@ def test_a_window_says_when_its_energy_is_final_and_becomes_final(
     assert waited["device_energy_j"] == pytest.approx(WATTS * waited["duration_s"], rel=0.01)
 
 
+def test_adjacent_phases_share_their_edge_and_add_up(reg: client.Registration) -> None:
+    reg.phase("load")
+    time.sleep(0.3)
+    reg.phase("fit")  # ends "load" at the same edge: one sample closes it and opens "fit"
+    time.sleep(0.3)
+    reg.end_phase()
+    load, fit = reg.summary(final_wait_s=5.0)["phases"]
+    assert load["ended_at"] == fit["started_at"]
+    assert load["final"] is True and fit["final"] is True
+    both = load["device_energy_j"] + fit["device_energy_j"]
+    assert both == pytest.approx(WATTS * (load["duration_s"] + fit["duration_s"]), rel=0.01)
+
+
 def test_a_tracked_call_inside_a_phase_leaves_it_running(reg: client.Registration) -> None:
     step = client.track("step", reg)
     with reg.phase("epoch"):
