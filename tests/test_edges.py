@@ -7,8 +7,11 @@ final once the line after its end has come, and says so until then; windows nest
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,3 +179,30 @@ def test_phases_nest_by_depth_over_the_api(once_a_second: DaemonProcess) -> None
     assert running == ["round"]
     assert daemon.call("POST", path, {"name": "x", "depth": 99})[0] == 400
     assert daemon.call("GET", f"/v1/targets/{target}/summary?final=nan")[0] == 400
+
+
+PHASED = (
+    "import time\n"
+    "from edgewatt import client\n"
+    "reg = client.register(fallback='never')\n"
+    "with reg.phase('work'):\n"
+    "    time.sleep(0.3)\n"
+)
+
+
+def test_edgewatt_run_holds_final_figures(once_a_second: DaemonProcess, tmp_path: Path) -> None:
+    out = tmp_path / "run.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "run", "--socket", once_a_second.socket,
+         "--output", str(out), "--", sys.executable, "-c", PHASED],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, "EDGEWATT_SOCKET": once_a_second.socket},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "not final" not in result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    summary = records[-1]
+    assert summary["type"] == "summary" and summary["final"] is True
+    [work] = [p for p in summary["phases"] if p["name"] == "work"]
+    assert work["final"] is True
+    assert work["device_energy_j"] == pytest.approx(WATTS * work["duration_s"], rel=0.01)
