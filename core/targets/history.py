@@ -255,6 +255,16 @@ class History:
         """Every window's device energy settled up to its last row (edges.py)."""
         return self.edges.final(self.first, self.last) and all(p.final for p in self.pending)
 
+    def settled(self, ended: bool) -> bool:
+        """Nothing left for the passes to settle: the first row's energy (where it has
+        one), every phase, and, once ``ended``, the last row's."""
+        first = self.first
+        if first is None or self.pending:
+            return False
+        if first.device_energy_j is not None and self.edges.start_j is None:
+            return False
+        return not ended or self.final
+
     @property
     def running_phases(self) -> list[Phase]:
         """The phases not yet ended, outermost first."""

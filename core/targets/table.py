@@ -77,6 +77,9 @@ class TargetTable:
         # The device's energy up to a past instant once final (PowerMeter's, set by the
         # sampler; None: no sensor): windows' edges are settled by it (edges.py).
         self.settled_energy: Settle | None = None
+        # The targets whose windows' edges a pass still settles (a new target's first
+        # sample, a phase's edges, an exit): the others cost a pass nothing for it.
+        self._unsettled: set[str] = set()
         self._lock = threading.Lock()
         self._targets: dict[str, Target] = {}
         self._by_identity: dict[tuple[int, int], str] = {}
@@ -178,6 +181,7 @@ class TargetTable:
                     raise refusal
                 self._targets[new.id] = new
                 self._by_identity[key] = new.id
+                self._unsettled.add(new.id)
                 held = Held(new, True, [])
             else:
                 _discard(new)
@@ -199,6 +203,7 @@ class TargetTable:
             if target.holders == 0 and target.exited_at is None:
                 target.end(self._wall(), "last-sample", end_reason=UNREGISTERED)
                 self._by_identity.pop(target.identity.key, None)
+                self._unsettled.add(target_id)
         # The sampler owns the handle; it closes it when the target leaves its list.
         self.persist()
         return target
@@ -213,7 +218,9 @@ class TargetTable:
             check_owner(target, uid)
             at = target.history.depth if depth is None else depth
             _check_depth(at)
-            return target.start_phase(valid, self._wall(), self._monotonic(), at)
+            phase = target.start_phase(valid, self._wall(), self._monotonic(), at)
+            self._unsettled.add(target_id)
+            return phase
 
     def end_phase(self, target_id: str, uid: int, depth: int | None = None) -> Phase | None:
         """End the running phases at ``depth`` and deeper (None: the innermost), if any,
@@ -325,19 +332,22 @@ class TargetTable:
                 if target.history.phases:
                     latest = target.history.phases[-phases:]
                     recent[target.id] = tuple(phase_figures(p) for p in latest)
-            settle = self.settled_energy
-            if settle is not None:
-                # While the trace still holds the readings around them: the young
-                # edges of every target's windows, an exited one's last row too.
-                for target in self._targets.values():
-                    history, exited = target.history, target.exited_at is not None
-                    if (
-                        history.pending
-                        or history.edges.start_j is None
-                        or (exited and not history.final)
-                    ):
-                        history.settle(settle, to_last=exited)
+            if self.settled_energy is not None:
+                self._settle(self.settled_energy)
         return recent
+
+    def _settle(self, settle: Settle) -> None:
+        """While the trace still holds the readings around them: the young edges of the
+        targets' windows, an exited one's last row too (lock held)."""
+        for target_id in list(self._unsettled):
+            target = self._targets.get(target_id)
+            if target is None:  # purged
+                self._unsettled.discard(target_id)
+                continue
+            history, exited = target.history, target.exited_at is not None
+            history.settle(settle, to_last=exited)
+            if history.settled(exited):
+                self._unsettled.discard(target_id)
 
     def mark_exited(
         self,
@@ -356,6 +366,7 @@ class TargetTable:
                 return
             target.end(when, exit_mode, rss_peak_bytes, end_reason, exit_status)
             self._by_identity.pop(target.identity.key, None)
+            self._unsettled.add(target_id)
         self.persist()
 
     def purge_exited(self, now: float) -> int:
