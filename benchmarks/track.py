@@ -4,14 +4,22 @@ A 10 ms function (time.sleep) is called ``--calls`` times three ways in one run:
 untracked, tracked with the daemon (each call's edges are two passes the daemon runs
 at once) and tracked in-process (no daemon: the process's own sampler). The overhead
 per call is the tracked call's wall time minus the untracked median; reported as
-p50/p99 in ms and as the ratio of the tracked p99 to the untracked p99.
+p50/p99 in ms and as the ratio of the tracked p99 to the untracked p99; each edge
+(entering, leaving: one request and one pass each) is timed by itself too.
 
     .venv/bin/python benchmarks/track.py [--calls 300] [--interval 5] [--json out.json]
+        [--sources none,ina3221,...] [--loads idle,...]
 
-With ``--power standin`` (the default) the daemon and the in-process sampler read a
-stand-in INA3221 in the kernel's sysfs layout (tests/power_standin.py) through
-``EDGEWATT_SYSFS_PATH``: the power reader streams it at ``power_sample_hz`` and each
-edge reads it too, as on a Jetson; ``--power none`` measures without a power source.
+Side by side for each power source (issue 51: no edge waits for a reading), each
+a stand-in the daemon and the in-process sampler read as the real one:
+``none``; ``ina3221`` (a stand-in INA3221 in the kernel's sysfs layout,
+tests/power_standin.py, streamed at ``power_sample_hz`` and read at each edge);
+``rapl`` (powercap counters in sysfs, read at each edge); ``tegrastats-50`` and
+``tegrastats-1`` (tests/bin/tegrastats printing at 50 Hz and at 1 Hz: pushed lines);
+``nvml`` (a fake pynvml module, read at each edge); ``powermetrics``
+(tests/bin/powermetrics, pushed; in-process only: the daemon has no key for its path,
+macOS runs the client in-process). The in-process sampler has no tegrastats path
+either: in-process rows are left out where the source is the daemon's alone.
 
 Each mode runs three times in one run (issue 44): on the machine as it is ("idle"),
 beside one busy loop ("one hog": a Python ``while True: pass`` process) and beside
@@ -20,7 +28,8 @@ base. As root, the daemon runs twice: at nice 0 ("daemon", as ``edgewatt serve``
 runs by hand: before) and at the systemd unit's ``Nice=-10`` ("daemon -10": after);
 ``--no-unit-nice`` runs the first only.
 
-Budget (issues 16 and 29): at most 5 ms p99 with a daemon, 2 ms in-process.
+Budget (issues 16, 29 and 51): an edge at most 1 ms p99 idle, 5 ms with every core
+busy, with a daemon and in-process.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.measure import percentile, start_daemon  # noqa: E402
 from tests.power_standin import build_tree  # noqa: E402
+from tests.test_power_sources import rapl_tree  # noqa: E402
 
 CALLER = """
 import json, sys, time
@@ -54,18 +64,59 @@ if mode != "untracked":
 tracked = client.track("step", registration=reg)
 def step():
     time.sleep(0.010)
-walls, cpu = [], []
+walls, edges, cpu = [], [], []
 for _ in range(calls):
     started = time.perf_counter()
     if reg is None:
         step()
     else:
-        with tracked:
-            step()
+        tracked.__enter__()
+        entered = time.perf_counter()
+        step()
+        leaving = time.perf_counter()
+        tracked.__exit__(None, None, None)
+        edges += [entered - started, time.perf_counter() - leaving]
         cpu.append(tracked.last.cpu_s)
     walls.append(time.perf_counter() - started)
-print(json.dumps({"walls": walls, "cpu_known": sum(c is not None for c in cpu)}))
+print(json.dumps({"walls": walls, "edges": edges, "cpu_known": sum(c is not None for c in cpu)}))
 """
+
+# A pynvml that is FakeNvml (tests/test_power_sources.py): imported, it puts the fake
+# in its own place in sys.modules, which the import then hands out.
+FAKE_PYNVML = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from tests.test_power_sources import FakeNvml
+sys.modules["pynvml"] = FakeNvml()
+"""
+
+SOURCES = ("none", "ina3221", "rapl", "tegrastats-50", "tegrastats-1", "nvml", "powermetrics")
+DAEMON_ONLY = {"tegrastats-50", "tegrastats-1"}  # the in-process sampler has no path key
+IN_PROCESS_ONLY = {"powermetrics"}  # the daemon has no path key for it
+
+
+def source_env(source: str, workdir: Path) -> dict[str, str]:
+    """What makes the daemon and the in-process sampler read ``source``'s stand-in."""
+    sysfs = workdir / source / "sys"
+    sysfs.mkdir(parents=True)
+    env = {"EDGEWATT_SYSFS_PATH": str(sysfs)}
+    if source == "none":
+        return {**env, "EDGEWATT_POWER_SOURCES": "ina3221"}  # an empty tree: none found
+    if source == "ina3221":
+        build_tree(sysfs)
+    elif source == "rapl":
+        rapl_tree(sysfs, package_uj=1_000_000, dram_uj=1_000_000)
+    elif source.startswith("tegrastats"):
+        hz = source.split("-")[1]
+        tegrastats = str(ROOT / "tests" / "bin" / "tegrastats")
+        return {**env, "EDGEWATT_TEGRASTATS": tegrastats, "EDGEWATT_POWER_SAMPLE_HZ": hz,
+                "EDGEWATT_POWER_SOURCES": "tegrastats"}  # fmt: skip
+    elif source == "nvml":
+        (workdir / source / "pynvml.py").write_text(FAKE_PYNVML)
+        env["PYTHONPATH"] = str(workdir / source)
+    elif source == "powermetrics":
+        env["EDGEWATT_POWERMETRICS"] = str(ROOT / "tests" / "bin" / "powermetrics")
+    return {**env, "EDGEWATT_POWER_SOURCES": source}
 
 
 def run_caller(calls: int, mode: str, socket_path: str, power_env: dict[str, str]) -> dict:
@@ -105,10 +156,13 @@ def figures(runs: dict[str, dict]) -> dict[str, dict]:
     results = {}
     for mode, run in runs.items():
         overhead = sorted((w - base) * 1000 for w in run["walls"])
+        edges = sorted(e * 1000 for e in run["edges"]) or [0.0]
         results[mode] = {
             "p50_ms": round(percentile(overhead, 0.5), 3),
             "p99_ms": round(percentile(overhead, 0.99), 3),
             "max_ms": round(overhead[-1], 3),
+            "edge_p50_ms": round(percentile(edges, 0.5), 3),
+            "edge_p99_ms": round(percentile(edges, 0.99), 3),
             "cpu_known": run["cpu_known"],
             "p99_ratio_to_untracked": round(percentile(run["walls"], 0.99) / untracked_p99, 3),
         }
@@ -119,7 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--interval", type=float, default=5.0, help="the daemon's interval (s)")
-    parser.add_argument("--power", choices=("standin", "none"), default="standin")
+    parser.add_argument("--sources", default=",".join(SOURCES), help="of " + ", ".join(SOURCES))
     parser.add_argument("--loads", default=",".join(LOADS), help="of " + ", ".join(LOADS))
     parser.add_argument(
         "--no-unit-nice", dest="unit_nice", action="store_false", help="one daemon, at nice 0"
@@ -128,51 +182,57 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="edgewatt-track-"))
-    power_env: dict[str, str] = {}
-    if args.power == "standin":
-        build_tree(workdir / "sys")
-        power_env = {"EDGEWATT_SYSFS_PATH": str(workdir / "sys")}
     # The daemon as `edgewatt serve` runs by hand, and as the systemd unit runs it
     # (Nice=UNIT_NICE; root only can start it so here).
     nices = [0] + ([UNIT_NICE] if os.geteuid() == 0 and args.unit_nice else [])
-    daemons = {
-        nice: start_daemon(
-            f"{workdir}/ew{nice}.sock",
-            workdir / f"state{nice}",
-            "--listen",
-            "127.0.0.1:0",
-            "--interval",
-            str(args.interval),
-            env={**os.environ, **power_env},
-            nice=nice,
-        )
-        for nice in nices
-    }
-    results = {}
-    try:
-        for load in args.loads.split(","):
-            with hogs(load):
-                none = str(workdir / "none.sock")
-                runs = {"untracked": run_caller(args.calls, "untracked", none, power_env)}
-                for nice in nices:
-                    sock = f"{workdir}/ew{nice}.sock"
-                    runs[DAEMON[nice]] = run_caller(args.calls, "daemon", sock, power_env)
-                runs["in-process"] = run_caller(args.calls, "in-process", none, power_env)
-            results[load] = figures(runs)
-    finally:
-        for daemon in daemons.values():
-            daemon.terminate()
-            daemon.wait()
+    results: dict[str, dict[str, dict]] = {}
+    for source in args.sources.split(","):
+        power_env = source_env(source, workdir)
+        daemons = {}
+        if source not in IN_PROCESS_ONLY:
+            daemons = {
+                nice: start_daemon(
+                    f"{workdir}/{source}/ew{nice}.sock",
+                    workdir / source / f"state{nice}",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--interval",
+                    str(args.interval),
+                    env={**os.environ, **power_env},
+                    nice=nice,
+                )
+                for nice in nices
+            }
+        try:
+            for load in args.loads.split(","):
+                with hogs(load):
+                    none = str(workdir / "none.sock")
+                    runs = {"untracked": run_caller(args.calls, "untracked", none, power_env)}
+                    for nice in daemons:
+                        sock = f"{workdir}/{source}/ew{nice}.sock"
+                        runs[DAEMON[nice]] = run_caller(args.calls, "daemon", sock, power_env)
+                    if source not in DAEMON_ONLY:
+                        runs["in-process"] = run_caller(args.calls, "in-process", none, power_env)
+                results[f"{source}/{load}"] = figures(runs)
+        finally:
+            for daemon in daemons.values():
+                daemon.terminate()
+                daemon.wait()
     print(
         f"10 ms function, {args.calls} calls each, daemon interval {args.interval:g} s, "
-        f"power: {args.power}, {os.cpu_count()} cores; overhead over the untracked median"
+        f"{os.cpu_count()} cores; a call's overhead over the untracked median, and each edge"
     )
-    print(f"{'':10} {'':12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'p99 ratio':>10}")
-    for load, modes in results.items():
+    print(
+        f"{'source/load':24} {'':12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+        f"{'edge p50':>9} {'edge p99':>9}"
+    )
+    for where, modes in results.items():
         for mode, r in modes.items():
+            if mode == "untracked":
+                continue
             print(
-                f"{load:10} {mode:12} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['max_ms']:8.2f} "
-                f"{r['p99_ratio_to_untracked']:10.3f}"
+                f"{where:24} {mode:12} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['max_ms']:8.2f} "
+                f"{r['edge_p50_ms']:9.2f} {r['edge_p99_ms']:9.2f}"
             )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

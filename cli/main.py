@@ -215,7 +215,12 @@ def _top(args: argparse.Namespace) -> int:
             width = shutil.get_terminal_size((100, 24)).columns
             print(top.once(document, args.json, width))
         else:
-            top.run_screen(lambda: transport.call_ok(path, "GET", "/v1/top"), args.interval)
+            # An answer slower than a request's usual bound is waited for (the view
+            # stays up meanwhile, saying how old its figures are: top.Feed).
+            top.run_screen(
+                lambda: transport.call_ok(path, "GET", "/v1/top", timeout=top.SLOW_ANSWER_S),
+                args.interval,
+            )
     except ImportError:  # a Python built without curses: the frame still prints
         print("edgewatt top: this Python has no curses; use --once or --json", file=sys.stderr)
         return 1

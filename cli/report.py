@@ -93,6 +93,8 @@ def summary_table(
     if energy is None:
         rows.append(("energy", _energy_unknown(summary, power)))
     rows.append(("samples", str(summary.get("samples", 0))))
+    if summary.get("final") is False:  # waited for, and still not come
+        rows.append(("not final", "the power reading after the last edge never came"))
     rows += spread_rows(summary)
     width = max(len(k) for k, _ in rows)
     lines = [title, *(f"  {k.ljust(width)}  {v}" for k, v in rows)]

@@ -53,6 +53,9 @@ EX_IOERR = 74
 # How long the table waits for the daemon to find the target's end after the last
 # process was reaped (it samples at once on the monitor's last reading).
 FINAL_WAIT_S = 3.0
+# How long it then waits for the energy to be final: the power readings after the
+# target's last edges (a push source's next line: tegrastats at 1 Hz, powermetrics).
+POWER_FINAL_WAIT_S = 3.0
 # How long the command is held a zombie for the daemon's pass that reads it (its exit
 # status waits that long at most when the daemon is slow).
 ZOMBIE_PASS_S = 2.0
@@ -424,6 +427,8 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         # The run's lowest, mean and highest power, CPU use and memory, as the daemon
         # measured them.
         summary.update({k: last[k] for k in spreads.KEYS if k in last and k not in summary})
+        if "final" in last:  # the phases' energy settled (it was waited for)
+            summary["final"] = last["final"]
         if last.get("phases"):  # whoever opened them: this process, the command's own
             summary["phases"] = last["phases"]
             summary["phases_dropped"] = last.get("phases_dropped") or 0
@@ -459,7 +464,7 @@ def _daemon_last(registration: Any, api: dict[str, Any] | None) -> dict[str, Any
         return api
     if registration is None or registration.mode != "daemon":
         return {}
-    return registration.summary()
+    return registration.summary(final_wait_s=POWER_FINAL_WAIT_S)
 
 
 def _sampler_summary(registration: Any) -> dict[str, Any]:
@@ -477,12 +482,14 @@ def _daemon_summary(registration: Any) -> dict[str, Any] | None:
         return None
     if registration.info.get("kind") == "cgroup":
         # Every member has been reaped: the cgroup's counters are final now.
-        api = registration.summary()
+        api = registration.summary(final_wait_s=POWER_FINAL_WAIT_S)
         return api if api.get("cpu_user_s") is not None else None
     deadline = time.monotonic() + FINAL_WAIT_S
     while True:
         api = registration.summary()
         if api.get("state") == "exited":
+            if api.get("final") is False:  # its energy: once the readings after come
+                api = registration.summary(final_wait_s=POWER_FINAL_WAIT_S)
             # From the kernel (with every teardown, or the exit records without some).
             kernel = api.get("exit") in ("exact", "exit-records")
             lineage = api.get("membership") == "lineage"

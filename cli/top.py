@@ -7,6 +7,7 @@ Python 3.8 to 3.13, no compiler), and the daemon and client never import it.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -15,6 +16,9 @@ from edgewatt.cli.phases import PEAK_POWER
 from edgewatt.cli.status import FINISHED_SHOWN, finished_rows, human_bytes
 from edgewatt.core.text import printable
 
+# How long the live view waits for one answer before asking again: a daemon on a
+# device under stress may take seconds; the view stays up meanwhile (Feed).
+SLOW_ANSWER_S = 30.0
 SORTS = {"p": "power", "e": "energy", "c": "cpu", "m": "memory"}
 _KEY = {
     "power": lambda t: (t.get("latest") or {}).get("power_w") or 0.0,
@@ -297,9 +301,10 @@ class Line(NamedTuple):
 
 
 def styled_frame(
-    document: dict[str, Any], view: View, width: int = 80, height: int = 24
+    document: dict[str, Any], view: View, width: int = 80, height: int = 24, stale: str = ""
 ) -> list[Line]:
-    """One screen's lines, at most ``height``, each at most ``width`` columns."""
+    """One screen's lines, at most ``height``, each at most ``width`` columns;
+    ``stale``: how old the figures are and why, where they are (the footer's first)."""
     lines = [Line(line) for line in device_lines(document, width)]
     targets = ordered(document["targets"], view.sort)
     view.selected = max(min(view.selected, len(targets) - 1), 0)
@@ -311,7 +316,8 @@ def styled_frame(
     else:
         lines += _tables(document, view, width, height - 1 - len(lines))
     lines = [line._replace(text=line.text[:width]) for line in lines]
-    footer = Line("q quit  arrows select  Enter detail  p/e/c/m sort  ? help"[:width])
+    keys = "q quit  arrows select  Enter detail  p/e/c/m sort  ? help"
+    footer = Line(f"{stale}  {keys}"[:width] if stale else keys[:width])
     return [*lines[: max(height - 1, 0)], footer]
 
 
@@ -351,20 +357,78 @@ def frame(document: dict[str, Any], view: View, width: int = 80, height: int = 2
     return [line.text for line in styled_frame(document, view, width, height)]
 
 
+class Feed:
+    """The daemon's answers, asked for in a thread of their own every ``interval`` s:
+    a slow answer (a daemon on a device under stress) or a failing one leaves the view
+    up with the last figures, saying how old they are, and the asking goes on."""
+
+    def __init__(self, fetch: Callable[[], dict[str, Any]], interval: float) -> None:
+        self._fetch = fetch
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.document = fetch()  # the first answer: none, and top says why and exits
+        self._fetched = time.monotonic()
+        self._asked: float | None = None  # when the pending ask went out
+        self._error = ""
+        self._thread = threading.Thread(target=self._run, name="edgewatt-top", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(0.0, self._fetched + self._interval - time.monotonic())):
+            with self._lock:
+                self._asked = time.monotonic()
+            try:
+                document = self._fetch()
+            except Exception as exc:  # the view stays up; the footer says what failed
+                with self._lock:
+                    self._error, self._asked = str(exc) or type(exc).__name__, None
+                self._stop.wait(self._interval)
+                continue
+            with self._lock:
+                self.document, self._fetched = document, time.monotonic()
+                self._asked, self._error = None, ""
+
+    def state(self) -> tuple[dict[str, Any], str]:
+        """The latest document, and its age and why where it is over two refreshes old
+        ("" while fresh)."""
+        with self._lock:
+            now = time.monotonic()
+            age = now - self._fetched
+            if age < 2 * self._interval:
+                return self.document, ""
+            if self._asked is not None:
+                why = f"the daemon has not answered for {now - self._asked:.0f} s"
+            else:
+                why = f"the daemon failed: {self._error}" if self._error else "asking"
+            return self.document, f"figures {age:.0f} s old ({why})"
+
+    def close(self) -> None:
+        self._stop.set()
+
+
 def run_screen(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
-    """The live view: a refresh every ``interval`` s; a key redraws at once."""
+    """The live view: a refresh every ``interval`` s (fetched apart: Feed); a key
+    redraws at once."""
     import curses  # here: only the live view needs it (--once and --json do not)
 
     def loop(screen: Any) -> None:
         curses.curs_set(0)
-        screen.timeout(int(interval * 1000))
+        # Redrawn at least every second: the age of stale figures moves on.
+        screen.timeout(int(min(interval, 1.0) * 1000))
         view = View()
-        document = fetch()
-        next_fetch = time.monotonic() + interval
+        feed = Feed(fetch, interval)
+        try:
+            show(screen, feed, view)
+        finally:
+            feed.close()
+
+    def show(screen: Any, feed: Feed, view: View) -> None:
         while True:
+            document, stale = feed.state()
             height, width = screen.getmaxyx()
             screen.erase()
-            for y, line in enumerate(styled_frame(document, view, width - 1, height)):
+            for y, line in enumerate(styled_frame(document, view, width - 1, height, stale)):
                 attribute = curses.A_REVERSE if line.selected else 0
                 if line.finished:
                     attribute |= curses.A_DIM  # finished: final figures
@@ -386,9 +450,6 @@ def run_screen(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
                 view.help = not view.help
             elif key in range(256) and chr(key) in SORTS:
                 view.sort = SORTS[chr(key)]
-            if time.monotonic() >= next_fetch:
-                document = fetch()
-                next_fetch = time.monotonic() + interval
 
     curses.wrapper(loop)
 

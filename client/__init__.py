@@ -89,13 +89,20 @@ class Backend(Protocol):
 
     def stats(self) -> dict[str, Any]: ...  # the latest sample; {} before the first
 
-    def summary(self) -> dict[str, Any]: ...  # to now: a sample is taken at the call
+    # To now: a sample is taken at the call; ``final_wait_s``: wait at most that long
+    # for the figures to be final (their power readings come after the edges).
+    def summary(self, final_wait_s: float = 0.0) -> dict[str, Any]: ...
 
     def reading(self) -> Reading | None: ...  # a monitor's input, sampled now
 
-    def start_phase(self, name: str) -> None: ...
+    # Starts it at ``depth`` (None: inside every running phase); the depth it took.
+    def start_phase(self, name: str, depth: int | None = 0) -> int: ...
 
-    def end_phase(self) -> dict[str, Any] | None: ...  # its figures; None if none ran
+    # Ends the running phases at ``depth`` and deeper (None: the innermost); the one at
+    # ``depth``'s figures, None if none ran.
+    def end_phase(
+        self, depth: int | None = None, final_wait_s: float = 0.0
+    ) -> dict[str, Any] | None: ...
 
     def helper_pids(self) -> set[int]: ...  # processes the sampling itself runs
 
@@ -119,8 +126,11 @@ class DaemonBackend:
     def stats(self) -> dict[str, Any]:
         return self._target("GET", "").get("latest") or {}
 
-    def summary(self) -> dict[str, Any]:
-        return self._target("GET", "/summary?fresh=1")
+    def summary(self, final_wait_s: float = 0.0) -> dict[str, Any]:
+        if not final_wait_s:
+            return self._target("GET", "/summary?fresh=1")
+        path = f"/v1/targets/{self.id}/summary?fresh=1&final={final_wait_s:g}"
+        return self._connection.call_ok("GET", path, timeout=_waited(final_wait_s))
 
     def reading(self) -> Reading | None:
         from edgewatt.client._readings import reading_from_api
@@ -128,11 +138,24 @@ class DaemonBackend:
         target = self._target("GET", "?fresh=1")  # sampled now, at the caller's cadence
         return reading_from_api(target, self._connection.call_ok("GET", "/v1/host"))
 
-    def start_phase(self, name: str) -> None:
-        self._target("POST", "/phase", {"name": name})
+    def start_phase(self, name: str, depth: int | None = 0) -> int:
+        body: dict[str, Any] = {"name": name}
+        if depth is None:
+            body["inside"] = True
+        elif depth:
+            body["depth"] = depth
+        started = self._target("POST", "/phase", body)
+        return int(started.get("depth") or 0)
 
-    def end_phase(self) -> dict[str, Any] | None:
-        ended = self._target("DELETE", "/phase").get("phase")
+    def end_phase(
+        self, depth: int | None = None, final_wait_s: float = 0.0
+    ) -> dict[str, Any] | None:
+        query = [f"depth={depth}"] if depth is not None else []
+        if final_wait_s:
+            query.append(f"final={final_wait_s:g}")
+        path = f"/v1/targets/{self.id}/phase" + ("?" + "&".join(query) if query else "")
+        answer = self._connection.call_ok("DELETE", path, timeout=_waited(final_wait_s))
+        ended = answer.get("phase")
         return ended if isinstance(ended, dict) else None
 
     def helper_pids(self) -> set[int]:
@@ -152,18 +175,28 @@ class DaemonBackend:
         return self._connection.call_ok(method, f"/v1/targets/{self.id}{sub}", body)
 
 
-class _Phase:
-    """Returned by Registration.phase(): the phase already runs; ``with`` ends it."""
+def _waited(final_wait_s: float) -> float | None:
+    """A request's timeout where the daemon waits up to ``final_wait_s`` for final
+    figures (None: the connection's own)."""
+    return final_wait_s + transport.REQUEST_TIMEOUT_S if final_wait_s else None
 
-    def __init__(self, registration: Registration, name: str) -> None:
+
+class _Phase:
+    """Returned by Registration.phase(): the phase already runs; ``with`` ends it, and
+    phases (and tracked calls) started inside the block run inside it."""
+
+    def __init__(self, registration: Registration, name: str, depth: int) -> None:
         self.registration = registration
         self.name = name
+        self.depth = depth
 
     def __enter__(self) -> _Phase:
+        self.registration._enter(self.depth)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.registration.end_phase()
+        self.registration._leave(self.depth)
+        self.registration.end_phase(self.depth)
 
 
 class Registration:
@@ -188,6 +221,9 @@ class Registration:
         self._backend = backend  # None: inactive
         self._lock = threading.Lock()
         self._failing: set[str] = set()  # calls whose failure was already logged
+        # The depths of the phases whose ``with`` blocks run now, outermost first: a
+        # phase started inside one runs inside it (docs/reference.md).
+        self._blocks: list[int] = []
         # When the daemon was lost (unix s), why, and what samples since ("in-process"
         # or "nothing"); None while it answers.
         self.lost: tuple[float, str, str] | None = None
@@ -230,26 +266,49 @@ class Registration:
         """The latest sample of this process (units: README, "Registration API")."""
         return self._call("stats", lambda backend: backend.stats()) or {}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, final_wait_s: float = 0.0) -> dict[str, Any]:
         """What the process consumed while registered, and per phase, to now (a
-        sample is taken at the call)."""
-        return self._call("summary", lambda backend: backend.summary()) or {}
+        sample is taken at the call). Its "final" is false while a window's device
+        energy awaits the power reading after its edge (no edge waits for one): with
+        ``final_wait_s``, the call waits at most that long for it (the end of a run)."""
+        wait = final_wait_s
+        return self._call("summary", lambda backend: backend.summary(wait)) or {}
 
     def reading(self) -> Reading | None:
         """The latest raw reading (a monitor's input), or None when there is none yet."""
         return self._call("reading", lambda backend: backend.reading())
 
     def phase(self, name: str) -> _Phase:
-        """Start a named phase (an epoch, a round); it ends when the next one starts, at
-        the end of a ``with`` block, or at :meth:`end_phase`."""
+        """Start a named phase (an epoch, a round); it ends when the next one starts at
+        its depth, at the end of its ``with`` block, or at :meth:`end_phase`. Inside
+        another phase's ``with`` block it runs inside that one, which goes on."""
         if not isinstance(name, str) or not name or len(name) > 128:
             raise ValueError("phase name must be a string of 1 to 128 characters")
-        self._call("phase", lambda backend: backend.start_phase(name))
-        return _Phase(self, name)
+        depth = self._blocks[-1] + 1 if self._blocks else 0
+        self._call("phase", lambda backend: backend.start_phase(name, depth))
+        return _Phase(self, name, depth)
 
-    def end_phase(self) -> dict[str, Any] | None:
-        """End the running phase; its figures (the summary's phase item), or None."""
-        return self._call("phase", lambda backend: backend.end_phase())
+    def end_phase(
+        self, depth: int | None = None, final_wait_s: float = 0.0
+    ) -> dict[str, Any] | None:
+        """End the running phase (the innermost, or those at ``depth`` and deeper); its
+        figures (the summary's phase item, "final" as in :meth:`summary`), or None."""
+        wait = final_wait_s
+        return self._call("phase", lambda backend: backend.end_phase(depth, wait))
+
+    def window(self, name: str) -> int | None:
+        """Start phase ``name`` inside every running one (a tracked call, an FL round:
+        they never end the phase they run in); its depth, for :meth:`end_phase`."""
+        return self._call("phase", lambda backend: backend.start_phase(name, None))
+
+    def _enter(self, depth: int) -> None:
+        with self._lock:
+            self._blocks.append(depth)
+
+    def _leave(self, depth: int) -> None:
+        with self._lock:
+            if depth in self._blocks:
+                del self._blocks[self._blocks.index(depth) :]
 
     def close(self) -> None:
         """Unregister (with a daemon) or stop the local sampler."""

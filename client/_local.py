@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -182,24 +183,36 @@ class LocalSampler:
     def stats(self) -> dict[str, Any]:
         return self.table.describe(self.target.id).get("latest") or {}
 
-    def summary(self) -> dict[str, Any]:
-        """To now: a pass first while the target runs, as the daemon's ?fresh=1."""
+    def summary(self, final_wait_s: float = 0.0) -> dict[str, Any]:
+        """To now: a pass first while the target runs, as the daemon's ?fresh=1; then,
+        with ``final_wait_s``, at most that long for final figures (?final=S)."""
         if self.table.get(self.target.id).state == "running":
             self.sampler.sample_now()
+        self._wait_final(final_wait_s)
         return self.table.summary(self.target.id, self.sampler.logical_cpus)
+
+    def _wait_final(self, timeout_s: float) -> None:
+        power = self.sampler.power
+        if timeout_s > 0 and power is not None and not self.table.final(self.target.id):
+            power.wait_settled(time.monotonic(), timeout_s)
 
     def samples(self) -> list[dict[str, Any]]:
         return self.table.samples(self.target.id)
 
-    def start_phase(self, name: str) -> None:
-        """Start a phase; its edge is a pass taken now, as the daemon does."""
-        self.table.start_phase(self.target.id, name, current_uid())
+    def start_phase(self, name: str, depth: int | None = 0) -> int:
+        """Start a phase at ``depth`` (None: inside every running one); its edge is a
+        pass taken now, as the daemon does. The depth it took."""
+        phase = self.table.start_phase(self.target.id, name, current_uid(), depth)
         self.sampler.sample_now()
+        return phase.depth
 
-    def end_phase(self) -> dict[str, Any] | None:
+    def end_phase(
+        self, depth: int | None = None, final_wait_s: float = 0.0
+    ) -> dict[str, Any] | None:
         """End the running phase with a pass now; its figures, or None if none ran."""
-        ended = self.table.end_phase(self.target.id, current_uid())
+        ended = self.table.end_phase(self.target.id, current_uid(), depth)
         if ended is None:
             return None
         self.sampler.sample_now()
+        self._wait_final(final_wait_s)
         return self.table.phase_summary(self.target.id, ended, self.sampler.logical_cpus)

@@ -1,7 +1,8 @@
 """``client.track``: energy, carbon and duration per call of a function or block.
 
-Built on the phase API (each call is one phase of this process's registration), as
-CodeCarbon's ``track_emissions`` and Zeus's measurement windows are used:
+Built on the phase API (each call is one phase of this process's registration, run
+inside whatever phase runs: it never ends that one), as CodeCarbon's
+``track_emissions`` and Zeus's measurement windows are used:
 
     @client.track("train_step")
     def train_step(batch): ...
@@ -14,9 +15,12 @@ The energy is what the daemon attributes to this process during the call (J abov
 the device's idle power, docs/attribution.md), and ``device_energy_j`` what the
 device's sensors measured over it, read at the sensor's rate and interpolated to each
 edge; carbon is present only when a grid intensity is configured. Entering and
-leaving a call each take one sample (a pass the daemon runs at once, a few ms), so a
-call shorter than the sampling interval still gets its CPU time exactly and its share
-of the device energy measured up to each edge; nothing waits for the next regular pass.
+leaving a call each take one sample (a pass the daemon runs at once, under a ms), so a
+call shorter than the sampling interval still gets its CPU time exactly; nothing waits
+for the next regular pass, nor for a power reading: where the reading after the call's
+end has not come yet (tegrastats prints once a period), the measurement says
+``final=False`` and the registration's ``summary(final_wait_s=...)`` gives the final
+figures.
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ class Measurement(NamedTuple):  # a NamedTuple: dataclasses would cost the impor
     shorter_than_sensor_period: bool | None = None
     # The device's highest power during the call (W), from every reading of its sensor.
     power_max_w: float | None = None
+    # False: device_energy_j holds the last power past the sensor's last reading (the
+    # reading after the call has not come); the summary's phase item becomes final.
+    final: bool | None = None
 
 
 class track:  # lower case: it reads as a decorator, like functools.wraps
@@ -75,6 +82,7 @@ class track:  # lower case: it reads as a decorator, like functools.wraps
         self.registration = registration
         self.measurements: deque[Measurement] = deque(maxlen=1000)
         self._started = 0.0
+        self._depth: int | None = None  # the running call's phase's
 
     @property
     def last(self) -> Measurement | None:
@@ -83,13 +91,19 @@ class track:  # lower case: it reads as a decorator, like functools.wraps
     def __enter__(self) -> track:
         if self.registration is None:
             self.registration = _shared_registration()
-        self.registration.phase(self.name)
+        self._depth = self.registration.window(self.name)
+        if self._depth is not None:  # what starts inside the call runs inside it
+            self.registration._enter(self._depth)
         self._started = time.monotonic()
         return self
 
     def __exit__(self, *exc: object) -> None:
         duration = time.monotonic() - self._started
-        phase = self.registration.end_phase() or {}  # its figures, from the closing sample
+        registration, depth = self.registration, self._depth
+        phase: dict[str, Any] = {}
+        if depth is not None:  # its figures, from the closing sample
+            registration._leave(depth)
+            phase = registration.end_phase(depth) or {}
         user, system = phase.get("cpu_user_s"), phase.get("cpu_system_s")
         measurement = Measurement(
             name=self.name,
@@ -100,6 +114,7 @@ class track:  # lower case: it reads as a decorator, like functools.wraps
             device_energy_j=phase.get("device_energy_j"),
             shorter_than_sensor_period=phase.get("shorter_than_sensor_period"),
             power_max_w=phase.get("power_max_w"),
+            final=phase.get("final"),
         )
         self.measurements.append(measurement)
         log.info(

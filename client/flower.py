@@ -91,7 +91,8 @@ class _Window:
         self.name = f"round-{self.round}/{self.kind}"
         self.received = payload_bytes(msg.content) if msg.has_content() else 0
         self.registration, self.attached = self._target()
-        self.registration.phase(self.name)
+        # Inside whatever phase the app runs (an epoch of its own): never ends it.
+        self.depth = self.registration.window(self.name)
 
     @staticmethod
     def _target() -> tuple[Registration, bool]:
@@ -111,7 +112,8 @@ class _Window:
     def close(self, reply: Message, duration: float) -> dict[str, Any]:
         """The reply's record; ``duration``: the ClientApp's own call, in seconds (the
         phase's edges include this mod's requests to the daemon)."""
-        phase = self.registration.end_phase() or {}
+        phase = self.registration.end_phase(self.depth) if self.depth is not None else None
+        phase = phase or {}
         source = self.registration.mode  # before closing: a closed one is "inactive"
         if not self.attached:
             self.registration.close()

@@ -81,6 +81,8 @@ class Sampler:
         self._relist = False  # a tree lost members or a target exited: list /proc anew
         self._errors = self._exits = self._sequence = 0
         self.logical_cpus = parts.trees.logical_cpus
+        if power is not None:  # the summaries settle their windows' edges by it
+            table.settled_energy = power.settled_energy
         self.snapshot = Snapshot(time=self._clock.time(), sequence=0, host=None)
         self._passes = Passes(self, self._clock)  # when passes run
         self.closed = False
@@ -111,13 +113,16 @@ class Sampler:
         for contributor in self._contributors:
             contributor.begin()
         host = self._host.read()
-        power = None
-        if self.power is not None:
-            power = self.power.read(started, self._window_until(started))
-        self.table.energy_period_s = power.period_s if power is not None else None
         children_of = self._trees.platform.descendants(self._take_relist)
         running = self.table.running()
         read = [s for t in running if (s := self._read(t, children_of)) is not None]
+        power = None
+        if self.power is not None:
+            # After the targets: a pull source's reading is then at or after every
+            # sample's instant, whose energy is final at once (targets/edges.py).
+            edge = self._clock.monotonic()
+            power = self.power.read(edge, self._window_until(edge))
+        self.table.energy_period_s = power.period_s if power is not None else None
         self._attribute(started, power, read)
         figures, refused = gather(self._contributors, read)
         self._errors += refused

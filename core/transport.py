@@ -283,7 +283,14 @@ class Connection:
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, Any]:
+        """``timeout``: this request's, where the daemon may wait longer (?final=S)."""
         with self._lock:
             if self._pid != os.getpid():
                 # A forked child (a DataLoader worker) gets a connection of its own:
@@ -293,28 +300,40 @@ class Connection:
                 self._pid = os.getpid()
             reused = self._conn is not None
             try:
-                return self._exchange(method, path, body)
+                return self._exchange(method, path, body, timeout)
             except OSError as exc:
                 self._close()
                 idle_closed = isinstance(exc, (_Closed, BrokenPipeError, ConnectionResetError))
                 if not (reused and idle_closed):
                     raise
             try:
-                return self._exchange(method, path, body)
+                return self._exchange(method, path, body, timeout)
             except OSError:
                 self._close()
                 raise
 
-    def _exchange(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+    def _exchange(
+        self, method: str, path: str, body: Any, timeout: float | None
+    ) -> tuple[int, Any]:
         if self._conn is None:
             self._conn = _Channel(self.socket_path, self.timeout)
+        if timeout is not None:
+            self._conn.sock.settimeout(timeout)
         status, decoded, close = _exchange(self._conn, method, path, body)
         if close:  # the daemon ends it after an error: the next request opens anew
             self._close()
+        elif timeout is not None:
+            self._conn.sock.settimeout(self.timeout)
         return status, decoded
 
-    def call_ok(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        return _ok(*self.call(method, path, body))
+    def call_ok(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        return _ok(*self.call(method, path, body, timeout))
 
     def _close(self) -> None:
         if self._conn is not None:

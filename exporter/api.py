@@ -38,6 +38,10 @@ from edgewatt.exporter.shared_answer import OncePerPass
 from edgewatt.exporter.unix_http import HttpError, Request, Response, UnixHttpServer
 
 LOOKUP_HOLD_S = 1.0  # the longest a registration over its user's lookup bound is held
+# The longest ?final=S waits for a window's power readings to come (its edges never
+# wait: docs/reference.md): above the slowest source's period (powermetrics, 1 Hz
+# tegrastats), well below a client's request timeout.
+MAX_FINAL_WAIT_S = 10.0
 
 
 @dataclass
@@ -50,6 +54,8 @@ class ApiContext:
     host: Callable[[], dict[str, Any]]  # the /v1/host document
     sample_units: dict[str, str]
     sample_now: Callable[[str | None], Any]  # a pass that starts after the call, waited for
+    # Until the power readings after now have come, at most the seconds given.
+    wait_settled: Callable[[float], None] = lambda timeout_s: None
     proc: str = "/proc"
     min_interval: float = 0.1  # seconds between fresh samples; a reload may change it
     pid_max: int = field(init=False)
@@ -167,22 +173,37 @@ def delete_target(api: ApiContext, request: Request) -> Response:
 # opens the one that starts, so adjacent phases add up.
 
 
+# Phases nest (history.py): "depth" starts one at that depth (0, the default: ending
+# every running phase), "inside": true inside every running one (a tracked call, an
+# FL round); DELETE ?depth=N ends N and deeper, without it the innermost. No edge
+# waits for a power reading: ?final=S waits at most S seconds for the figures to be
+# final (the readings after the window's edges come).
+
+
 def start_phase(api: ApiContext, request: Request) -> Response:
     target_id = request.params["id"]
     body = request.json()
-    reject_unknown(body, {"name"})
-    phase = api.table.start_phase(target_id, body.get("name"), request.peer_uid)
+    reject_unknown(body, {"name", "depth", "inside"})
+    depth = body.get("depth", 0)
+    inside = body.get("inside", False)
+    if not isinstance(depth, int) or isinstance(depth, bool) or not isinstance(inside, bool):
+        raise HttpError(400, "invalid phase depth", "depth is a count, inside true or false")
+    at = None if inside else depth
+    phase = api.table.start_phase(target_id, body.get("name"), request.peer_uid, at)
     api.sample_now(target_id)
-    return Response(201, documents.phase_started(target_id, phase.name, phase.started_at))
+    answer = documents.phase_started(target_id, phase.name, phase.started_at, phase.depth)
+    return Response(201, answer)
 
 
 def end_phase(api: ApiContext, request: Request) -> Response:
     target_id = request.params["id"]
     request.body()
-    ended = api.table.end_phase(target_id, request.peer_uid)
+    depth = _count(request, "depth")
+    ended = api.table.end_phase(target_id, request.peer_uid, depth)
     if ended is None:
         return ok(documents.phase_ended(target_id))
     api.sample_now(target_id)
+    _wait_final(api, target_id, request)
     summary = api.table.phase_summary(target_id, ended, api.logical_cpus)
     return ok(documents.phase_ended(target_id, ended.name, summary))
 
@@ -193,7 +214,33 @@ def get_summary(api: ApiContext, request: Request) -> Response:
     target_id = request.params["id"]
     if request.argument("fresh") == ["1"] and api.table.get(target_id).state == "running":
         api.sample_now(target_id)
+    _wait_final(api, target_id, request)
     return ok(api.table.summary(target_id, api.logical_cpus))
+
+
+def _wait_final(api: ApiContext, target_id: str, request: Request) -> None:
+    """?final=S: wait at most S seconds for the target's figures to be final."""
+    values = request.argument("final")
+    if not values:
+        return
+    try:
+        timeout = float(values[0])
+    except ValueError:
+        timeout = -1.0
+    if not 0 <= timeout <= MAX_FINAL_WAIT_S:  # NaN too
+        detail = f"final must be the seconds to wait, 0 to {MAX_FINAL_WAIT_S:g}"
+        raise HttpError(400, "invalid final", detail)
+    if not api.table.final(target_id):
+        api.wait_settled(timeout)
+
+
+def _count(request: Request, name: str) -> int | None:
+    values = request.argument(name)
+    if not values:
+        return None
+    if len(values) != 1 or not values[0].isdigit() or len(values[0]) > 3:
+        raise HttpError(400, f"invalid {name}", f"{name} must be one count")
+    return int(values[0])
 
 
 def get_samples(api: ApiContext, request: Request) -> Response:

@@ -202,6 +202,7 @@ class Daemon:
                 sample_units=SAMPLE_UNITS,
                 proc=self.config.proc_path,
                 sample_now=self._sample_now,
+                wait_settled=self._wait_settled,
                 min_interval=self.config.min_interval,
             )
             return ApiServer(self.config.socket, context, self.persons.of)
@@ -233,6 +234,12 @@ class Daemon:
     def _sample_now(self, target_id: str | None = None) -> Snapshot:
         """A pass on demand (the API's edges): the sampler is built after the API."""
         return self.sampler.sample_now(target_id)
+
+    def _wait_settled(self, timeout_s: float) -> None:
+        """Until the power readings after now have come (at most ``timeout_s``): a
+        caller asking for final figures (?final=S), as no edge waits."""
+        if self.sampler.power is not None:
+            self.sampler.power.wait_settled(time.monotonic(), timeout_s)
 
     def _spawn(self, name: str, target: Any, *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)

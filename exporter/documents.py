@@ -35,9 +35,9 @@ def targets(described: list[dict[str, Any]]) -> dict[str, Any]:
     return {"targets": described}
 
 
-def phase_started(target_id: str, name: str, started_at: float) -> dict[str, Any]:
-    """POST /v1/targets/{id}/phase."""
-    return {"target": target_id, "name": name, "started_at": started_at}
+def phase_started(target_id: str, name: str, started_at: float, depth: int) -> dict[str, Any]:
+    """POST /v1/targets/{id}/phase; ``depth``: how many phases it runs inside."""
+    return {"target": target_id, "name": name, "started_at": started_at, "depth": depth}
 
 
 def phase_ended(

@@ -64,6 +64,31 @@ def test_energy_at_an_instant_between_readings_is_interpolated() -> None:
     assert trace.at(30.0) == 23.0  # past the gap limit: nothing invented
 
 
+def test_an_edge_past_the_last_reading_is_final_once_the_next_comes() -> None:
+    # A push source's line at t=0 (4 W); an edge at t=0.5 holds 4 W past it, and is
+    # not final: the line at t=1 (14 W) makes the power a ramp, and the edge's energy
+    # the trapezoid up to it. Then it stays.
+    trace = Trace(5.0)
+    trace.add(0.0, 4.0)
+    assert trace.at(0.5) == pytest.approx(2.0)  # held
+    assert trace.settled_at(0.5, now=0.6) is None
+    trace.add(1.0, 14.0)
+    assert trace.settled_at(0.5, now=1.1) == pytest.approx((4.0 + 9.0) / 2 * 0.5)
+    assert trace.settled_at(1.0, now=1.1) == pytest.approx(9.0)  # a reading at the edge
+
+
+def test_an_edge_a_silent_source_never_reaches_settles_at_its_last_count() -> None:
+    # Silent beyond the gap limit: whatever comes later is not bridged to the edge, so
+    # its energy is the count at the last reading, the same before and after.
+    trace = Trace(5.0)
+    trace.add(0.0, 4.0)
+    trace.add(1.0, 4.0)
+    assert trace.settled_at(2.0, now=5.9) is None
+    assert trace.settled_at(2.0, now=6.1) == pytest.approx(4.0)
+    trace.add(7.0, 10.0)
+    assert trace.settled_at(2.0, now=7.1) == pytest.approx(4.0)
+
+
 def test_a_counter_is_linear_between_readings_and_held_after() -> None:
     trace = Trace(10.0, counter=True)
     for t, raw in ((0.0, 50.0), (1.0, 60.0), (2.0, 80.0)):

@@ -4,12 +4,15 @@ and a normal user against root's daemon."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -679,3 +682,55 @@ def test_a_row_one_column_too_wide_leaves_out_procs_before_the_id() -> None:
     assert "round-12" in line and "role=train" not in line
     wide_header, _ = table_lines([busy], 160)  # room for every column
     assert wide_header.split() == [*" ".join(COLUMNS).split()]
+
+
+class SlowDaemon:
+    """A socket answering GET /v1/top with ``document``, its ``slow``-th answer
+    ``delay_s`` late (a daemon on a device under stress)."""
+
+    def __init__(self, path: str, document: dict[str, Any], slow: int, delay_s: float) -> None:
+        self.document, self.slow, self.delay_s = document, slow, delay_s
+        self.answers = 0
+        self.server = socket.socket(socket.AF_UNIX)
+        self.server.bind(path)
+        self.server.listen(8)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                if not conn.recv(65536):
+                    continue  # a probe: whether something listens (transport.find_daemon)
+                self.answers += 1
+                if self.answers == self.slow:
+                    time.sleep(self.delay_s)
+                body = json.dumps(self.document).encode()
+                head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+                conn.sendall(head.encode() + b"\r\n" + body)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_top_stays_up_through_a_slow_answer_and_says_how_old_its_figures_are(
+    daemon: DaemonProcess, pane_factory: Any, tmp_path: Path
+) -> None:
+    document = daemon.call("GET", "/v1/top")[1]
+    slow = SlowDaemon(str(tmp_path / "slow.sock"), document, slow=2, delay_s=4.0)
+    try:
+        command = [*EDGEWATT, "top", "--socket", slow.server.getsockname(), "--interval", "0.5"]
+        pane = pane_factory(command, width=120)
+        wait_for(lambda: any(line.startswith("edgewatt top") for line in pane.capture()))
+        # The second answer is 4 s late: the view stays, with its figures' age.
+        stale = wait_for(lambda: [x for x in pane.capture() if "s old" in x], timeout=8)
+        assert "has not answered" in stale[0]
+        assert pane.alive()
+        # Then it answers again, and the view is fresh.
+        wait_for(lambda: slow.answers >= 3 and not any("s old" in x for x in pane.capture()))
+        assert pane.alive()
+    finally:
+        slow.close()

@@ -7,9 +7,11 @@ prints on its own (tegrastats, run at the same rate) hands over every line it
 printed; one with a hardware energy counter (RAPL, NVML) needs no stream and is read
 at every edge. Each signal's energy is kept in a trace (traces.py), so an edge (a
 pass, a phase edge, a ``track`` edge: :meth:`PowerMeter.read`) takes the energy up
-to its own instant, interpolated between the two readings around it: a pull source
-is read at the edge itself, and a push source's next line is waited for, within
-bounds.
+to its own instant, interpolated between the two readings around it. No edge waits
+for a reading: a pull source is read at the edge itself, and past a push source's
+last line the edge holds its last power. A window's energy at each edge is settled
+later, once the reading after the edge has come (:meth:`PowerMeter.settled_energy`):
+until then its figures say they are not final (targets/edges.py).
 
 Rates: ``sample_hz``, where not configured, is chosen on the device from the reader's
 measured cost (rate.py). While a window is young (a phase, a ``track`` call or an FL
@@ -77,11 +79,6 @@ def _rate_from_environment(name: str, lowest: float, accepted: str) -> float | N
         return default
 
 
-# An edge waits for a push source's next line at most this many of its periods (and
-# never longer than MAX_EDGE_WAIT_S): a line late beyond that is not waited for, and
-# the edge holds the last power instead.
-EDGE_WAIT_PERIODS = 1.5
-MAX_EDGE_WAIT_S = 0.25
 # At start, a push source's first line is waited for this long at most: a target
 # registered at once (the client's own, in-process) has the device's energy from its
 # first sample on, not from the second pass.
@@ -142,34 +139,15 @@ class PowerMeter:
             stream.close()
         return PythonReader(streamed, self.traces, self._pacing)
 
-    def _wait_s(self, source: PowerSource, now: float) -> float:
-        """How long an edge waits for a push source's next line: only while it prints."""
-        latest = self.traces.latest(source.name)
-        if not source.pushed or source.period_s is None or latest is None:
-            return 0.0
-        if now - latest.monotonic > EDGE_WAIT_PERIODS * source.period_s + MAX_EDGE_WAIT_S:
-            return 0.0  # silent: it restarts or died, and the log says so
-        return min(EDGE_WAIT_PERIODS * source.period_s, MAX_EDGE_WAIT_S)
-
     def read(self, now: float, window_until: float | None = None) -> PowerSnapshot | None:
-        """The snapshot at the edge ``now`` (monotonic): every source read at the edge
-        (a push source's next line waited for), energies interpolated to ``now``.
-        ``window_until``: a window is young until then (monotonic), and is read at the
-        window rate meanwhile; None: none is, and the window rate stops."""
+        """The snapshot at the edge ``now`` (monotonic): every pull source read at the
+        edge, the push sources' lines so far taken, energies interpolated to ``now``
+        (past a push source's last line, its last power held: settled_energy gives
+        the final figure later). ``window_until``: a window is young until then
+        (monotonic), and is read at the window rate meanwhile; None: none is, and the
+        window rate stops."""
         if not self.sources:
             return None
-        waited = False
-        for source in self.sources:
-            wait = self._wait_s(source, now)
-            if wait > 0:
-                # Outside the lock: the reader goes on meanwhile. Nothing is taken
-                # here: the lines stay pending for the take below.
-                source.wait_newer(now, wait)
-                waited = True
-        if waited:
-            # The edge is now, right after the line: what the caller reads next (its
-            # targets' CPU) is read at the same instant as the energy, not a wait later.
-            now = max(now, time.monotonic())
         reader = self._reader
         with self.traces.lock:
             if reader is not None:
@@ -185,6 +163,27 @@ class PowerMeter:
         if reader is not None:  # outside the lock, as the reader's threads calibrate
             reader.after_edge(now, opened)
         return snapshot
+
+    def settled_energy(self, t: float) -> float | None:
+        """The device's energy up to the past instant ``t`` (monotonic) as the traces
+        integrate it once final: the readings around ``t`` have come (a push source's
+        line after it) or the source has been silent beyond the gap limit. None: not
+        yet (or no trace). Unlike the snapshots' energy, never held monotonic: a
+        window's difference of two settled figures is the trace's integral over it."""
+        with self.traces.lock:
+            return self.traces.settled_at(t, time.monotonic())
+
+    def wait_settled(self, t: float, timeout_s: float) -> None:
+        """Until every push source has a reading measured after ``t`` (monotonic), or
+        ``timeout_s`` passed; the lines come by then are taken into the traces. For a
+        caller that asks for final figures: the edges never wait."""
+        deadline = time.monotonic() + timeout_s
+        pushed = [s for s in self.sources if s.pushed]
+        for source in pushed:
+            source.wait_newer(t, max(0.0, deadline - time.monotonic()))
+        with self.traces.lock:
+            for source in pushed:
+                self.traces.take(source)
 
     def energy_at(self, t: float) -> float | None:
         """The device's energy up to instant ``t`` (monotonic, past or now) within the

@@ -82,6 +82,22 @@ class Trace:
             self._low, self._high = _EMPTY
         return taken
 
+    def settled_at(self, t: float, now: float) -> float | None:
+        """Joules up to instant ``t`` once no reading to come can change them: a reading
+        at or after ``t`` has come (interpolated between the two around it), or the
+        signal has been silent beyond the gap limit at ``now`` (nothing will be bridged
+        to ``t``: the count at its last reading). None: not yet, or ``t`` is older than
+        the readings kept (an edge is settled within a pass or two of it)."""
+        points = self._points
+        if not points:
+            return None
+        if t < points[0][0] and len(points) == points.maxlen:
+            return None
+        t_last, _, j_last = points[-1]
+        if t_last >= t:
+            return self.at(t)
+        return j_last if now - t_last > self.max_gap_s else None
+
     def at(self, t: float) -> float:
         """Joules up to instant ``t``. After the last reading, the last power is held
         (within the gap limit): a counter's too, where its reading had one (a

@@ -169,6 +169,19 @@ class Traces:
             self._reported_at = t
             return self._host_energy
 
+    def settled_at(self, t: float, now: float) -> float | None:
+        """The contributing traces' joules up to ``t`` once final in every one of them
+        (Trace.settled_at; lock held); None while one may still change, or none yet."""
+        if not self.totals:
+            return None
+        total = 0.0
+        for trace in self.totals.values():
+            joules = trace.settled_at(t, now)
+            if joules is None:
+                return None
+            total += joules
+        return total
+
     def _energy_at(self, t: float) -> float | None:
         """The contributing traces' joules up to ``t``, summed (None: no trace yet)."""
         if not self.totals:

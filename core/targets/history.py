@@ -1,5 +1,10 @@
 """A target's history: a bounded ring of sample rows, the running figures that outlive
-the ring, and the phases (named spans) bounded by those rows."""
+the ring, and the phases (named spans) bounded by those rows.
+
+Phases nest: each has a depth (0: the outermost). A phase started at depth d ends the
+running ones at d and deeper and leaves those above it running, each with its own
+figures (an epoch holding tracked calls, a round holding its messages); ending at
+depth d ends d and deeper (docs/reference.md, "Phases and windows")."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from dataclasses import dataclass, field
 
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.labels import LabelError, validate_value
+from edgewatt.core.targets.edges import EdgeEnergy, Settle
 from edgewatt.core.targets.errors import TargetError
 from edgewatt.core.targets.row import RowRing, SampleRow
 
@@ -14,6 +20,9 @@ from edgewatt.core.targets.row import RowRing, SampleRow
 # round keeps being measured past the bound; the older ones are counted as dropped.
 MAX_PHASES = 1000
 MAX_PHASE_NAME = 128  # bytes of UTF-8
+# Phases running inside each other at most (a depth beyond is refused): bounds what
+# every pass adds each row to.
+MAX_PHASE_DEPTH = 16
 # The network rate spans the last this many intervals between rows: one is the
 # freshest, two smooth a pass on demand that came just after a scheduled one.
 RATE_INTERVALS = 2
@@ -94,11 +103,14 @@ class Phase:
     name: str
     started_at: float  # unix seconds: when, as users see it
     started_monotonic: float = 0.0  # for its age (time.monotonic)
+    depth: int = 0  # how many phases it runs inside (0: none)
     # What its samples and end make of it (none given at its start):
     first: SampleRow | None = field(default=None, init=False)
     last: SampleRow | None = field(default=None, init=False)
     ended_at: float | None = field(default=None, init=False)
     closed: bool = field(default=False, init=False)  # the sample after the end was taken
+    # The device's energy at its edges once the power trace has settled them.
+    edges: EdgeEnergy = field(default_factory=EdgeEnergy, init=False)
     memory: Memory = field(default_factory=Memory, init=False)
     # The power sensors' coarsest period over the intervals between its samples (the
     # window is flagged against it; None: no sensor, or no interval yet).
@@ -111,6 +123,18 @@ class Phase:
     @property
     def running(self) -> bool:
         return self.ended_at is None
+
+    @property
+    def final(self) -> bool:
+        """Its device energy is the trace's integral over its rows (settled), and, once
+        ended, its closing sample is taken: its figures change no more, unless it
+        runs (then they grow with its rows)."""
+        return (self.closed or self.ended_at is None) and self.edges.final(self.first, self.last)
+
+    @property
+    def done(self) -> bool:
+        """Ended, closed and final: no pass need visit it again."""
+        return self.closed and self.final
 
     def add(
         self,
@@ -156,6 +180,11 @@ class History:
     execs: int = field(default=0, init=False)
     phases: list[Phase] = field(default_factory=list, init=False)
     phases_dropped: int = field(default=0, init=False)  # the oldest, beyond MAX_PHASES
+    # The phases not final yet, oldest first: running, waiting for their closing
+    # sample, or for their edges' energy to settle (a few: the passes visit them).
+    pending: list[Phase] = field(default_factory=list, init=False)
+    # The device's energy at the first row, and at the last as a summary settles it.
+    edges: EdgeEnergy = field(default_factory=EdgeEnergy, init=False)
     # The sensors' coarsest period since the last row (passes that added none to this
     # target's history: on demand for others), and over the whole history.
     pending_period_s: float | None = field(default=None, init=False)
@@ -203,35 +232,75 @@ class History:
             self.execs = execs
             self.memory = Memory()
         self.memory.add(row)
-        # Only the last two phases can still be open: the running one, and the one
-        # that ended since the previous sample and waits for its closing sample.
-        if self.phases:
-            for phase in self.phases[-2:]:
+        if self.pending:
+            for phase in self.pending:
                 if not phase.closed:
                     phase.add(row, period, power)
+            # Without a power sensor a closed phase is final at once.
+            self.pending = [p for p in self.pending if not p.done]
+
+    def settle(self, settle: Settle, to_last: bool = False) -> None:
+        """Settle the device's energy at the edges not final yet: the first row's and
+        the pending phases' at every pass, while the trace still holds their
+        readings; ``to_last``: the last row's too (a summary's)."""
+        if self.edges.start_j is None or to_last:
+            self.edges.settle(self.first, self.last if to_last else self.first, settle)
+        if self.pending:
+            for phase in self.pending:
+                phase.edges.settle(phase.first, phase.last, settle)
+            self.pending = [p for p in self.pending if not p.done]
 
     @property
-    def running_phase(self) -> Phase | None:
-        """The phase not yet ended, if any (only the newest can be)."""
-        phases = self.phases
-        return phases[-1] if phases and phases[-1].ended_at is None else None
+    def final(self) -> bool:
+        """Every window's device energy settled up to its last row (edges.py)."""
+        return self.edges.final(self.first, self.last) and all(p.final for p in self.pending)
+
+    def settled(self, ended: bool) -> bool:
+        """Nothing left for the passes to settle: the first row's energy (where it has
+        one), every phase, and, once ``ended``, the last row's."""
+        first = self.first
+        if first is None or self.pending:
+            return False
+        if first.device_energy_j is not None and self.edges.start_j is None:
+            return False
+        return not ended or self.final
+
+    @property
+    def running_phases(self) -> list[Phase]:
+        """The phases not yet ended, outermost first."""
+        return [p for p in self.pending if p.ended_at is None]
+
+    @property
+    def depth(self) -> int:
+        """The depth a phase started inside every running one takes."""
+        running = self.running_phases
+        return running[-1].depth + 1 if running else 0
 
     def start_phase(self, phase: Phase, now: float) -> None:
-        """End the running phase at ``now`` and start ``phase``; the oldest beyond the
-        bound go (they are closed: only the last two can still take samples)."""
-        self.end_phase(now)
+        """End the running phases at ``phase``'s depth and deeper at ``now``, and start
+        ``phase``; the oldest beyond the bound go from the list (a pending one is still
+        settled)."""
+        self.end_phase(now, phase.depth)
         phases = self.phases
         phases.append(phase)
+        self.pending.append(phase)
         if len(phases) > MAX_PHASES:
             del phases[0]  # a list, not a deque: the pass slices the last few
             self.phases_dropped += 1
 
-    def end_phase(self, now: float) -> Phase | None:
-        """End the running phase at ``now``; returns it (None: none was running)."""
-        phase = self.running_phase
-        if phase is not None:
+    def end_phase(self, now: float, depth: int | None = None) -> Phase | None:
+        """End the running phases at ``depth`` and deeper (None: the innermost) at
+        ``now``; returns the one at ``depth`` (else the outermost ended; None: none
+        was running)."""
+        running = self.running_phases
+        if not running:
+            return None
+        if depth is None:
+            depth = running[-1].depth
+        ended = [p for p in running if p.depth >= depth]
+        for phase in ended:
             phase.ended_at = now
-        return phase
+        return next((p for p in ended if p.depth == depth), ended[0] if ended else None)
 
     def network_rate(self) -> dict[str, float] | None:
         """TCP bytes per second sent and received between the last row and the one
@@ -261,9 +330,10 @@ class History:
         exec'd last) counts, as no sample can miss it."""
         if rss_peak_bytes is not None:
             self.memory.exited(rss_peak_bytes)
-        for phase in self.phases:
+        for phase in self.pending:
             if phase.ended_at is None:
                 phase.ended_at = when
+            phase.closed = True  # the exit sample, their last, is taken
 
 
 def _growth(before: int | None, after: int | None) -> int | None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.snapshot import PhaseFigures
+from edgewatt.core.targets.edges import EdgeEnergy
 from edgewatt.core.targets.history import Memory, Phase, Spread
 from edgewatt.core.targets.row import SampleRow
 
@@ -48,9 +49,11 @@ def span(
     logical_cpus: int,
     carbon: CarbonIntensity | None,
     period_s: float | None = None,
+    edges: EdgeEnergy | None = None,
 ) -> dict[str, Any]:
     """Differences between two samples: what the target consumed in between;
-    ``period_s``: the power sensors' coarsest period over the span (None: unknown)."""
+    ``period_s``: the power sensors' coarsest period over the span (None: unknown);
+    ``edges``: the device's energy at the two samples as the trace settled it."""
 
     def delta(name: str) -> Any:
         if first is None or last is None:
@@ -59,7 +62,7 @@ def span(
 
     duration = 0.0 if first is None or last is None else last.monotonic - first.monotonic
     user, system, energy = delta("cpu_user_s"), delta("cpu_system_s"), delta("energy_j")
-    device = delta("device_energy_j")
+    device = (edges or EdgeEnergy()).device_energy(first, last)
     cpu = None if user is None or system is None else user + system
     per_second = duration > 0 and cpu is not None
     figures = {
@@ -120,8 +123,17 @@ def summarize_phase(
 ) -> dict[str, Any]:
     """One phase as the summary lists it; ``period_s``: the sensors' period now, for a
     phase with no interval of its own yet."""
-    item = {"name": phase.name, "started_at": phase.started_at, "ended_at": phase.ended_at}
-    item.update(span(phase.first, phase.last, logical_cpus, carbon, phase.period_s or period_s))
+    item = {
+        "name": phase.name,
+        "depth": phase.depth,
+        "started_at": phase.started_at,
+        "ended_at": phase.ended_at,
+        # False while the device's energy at an edge is the last power held (a push
+        # source's line after it not come yet), or its closing sample is not taken.
+        "final": phase.final,
+    }
+    period = phase.period_s or period_s
+    item.update(span(phase.first, phase.last, logical_cpus, carbon, period, phase.edges))
     item.update(spreads(phase.power, phase.cpu_utilization, phase.memory))
     return item
 
@@ -183,7 +195,9 @@ def summarize(
     if target.cgroup_name is not None:
         # Why it ended (its cgroup removed, or followed to one not the registrant's).
         result["end_reason"] = target.end_reason
-    result.update(span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s))
+    # Every window's device energy settled up to its last sample: what ?final waits for.
+    result["final"] = h.final
+    result.update(span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s, h.edges))
     result.update(spreads(h.power, h.cpu_utilization, h.memory))
     result["phases"] = [summarize_phase(p, logical_cpus, carbon, period_s) for p in h.phases]
     result["phases_dropped"] = h.phases_dropped

@@ -17,8 +17,9 @@ from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets import joining
 from edgewatt.core.targets.access import Limits, check_owner, hold
-from edgewatt.core.targets.errors import Conflict, NotFound
-from edgewatt.core.targets.history import History, Phase, phase_name
+from edgewatt.core.targets.edges import Settle
+from edgewatt.core.targets.errors import Conflict, NotFound, TargetError
+from edgewatt.core.targets.history import MAX_PHASE_DEPTH, History, Phase, phase_name
 from edgewatt.core.targets.persistence import StateSaver, saved
 from edgewatt.core.targets.resolve import Resolver
 from edgewatt.core.targets.row import row_of, sample_dict
@@ -77,6 +78,12 @@ class TargetTable:
         self.membership = PARENT_LINKS
         # The power sensors' period, as the sampler last saw it (None: no sensor).
         self.energy_period_s: float | None = None
+        # The device's energy up to a past instant once final (PowerMeter's, set by the
+        # sampler; None: no sensor): windows' edges are settled by it (edges.py).
+        self.settled_energy: Settle | None = None
+        # The targets whose windows' edges a pass still settles (a new target's first
+        # sample, a phase's edges, an exit): the others cost a pass nothing for it.
+        self._unsettled: set[str] = set()
         self._lock = threading.Lock()
         self._targets: dict[str, Target] = {}
         self._by_identity: dict[tuple[int, int], str] = {}
@@ -178,6 +185,7 @@ class TargetTable:
                     raise refusal
                 self._targets[new.id] = new
                 self._by_identity[key] = new.id
+                self._unsettled.add(new.id)
                 held = Held(new, True, [])
             else:
                 _discard(new)
@@ -199,25 +207,34 @@ class TargetTable:
             if target.holders == 0 and target.exited_at is None:
                 target.end(self._wall(), "last-sample", end_reason=UNREGISTERED)
                 self._by_identity.pop(target.identity.key, None)
+                self._unsettled.add(target_id)
         # The sampler owns the handle; it closes it when the target leaves its list.
         self.persist()
         return target
 
-    def start_phase(self, target_id: str, name: object, uid: int) -> Phase:
-        """Start phase ``name`` (Target.start_phase); TargetError where the name is not a
-        valid label value."""
+    def start_phase(self, target_id: str, name: object, uid: int, depth: int | None = 0) -> Phase:
+        """Start phase ``name`` at ``depth`` (None: inside every running phase), ending
+        those running at that depth and deeper (history.py); TargetError where the name
+        is not a valid label value or the depth is out of bounds."""
         valid = phase_name(name)
         with self._lock:
             target = _find(self._targets, target_id)
             check_owner(target, uid)
-            return target.start_phase(valid, self._wall(), self._monotonic())
+            at = target.history.depth if depth is None else depth
+            _check_depth(at)
+            phase = target.start_phase(valid, self._wall(), self._monotonic(), at)
+            self._unsettled.add(target_id)
+            return phase
 
-    def end_phase(self, target_id: str, uid: int) -> Phase | None:
-        """End the running phase, if any, without starting another."""
+    def end_phase(self, target_id: str, uid: int, depth: int | None = None) -> Phase | None:
+        """End the running phases at ``depth`` and deeper (None: the innermost), if any,
+        without starting another; the one at ``depth``."""
+        if depth is not None:
+            _check_depth(depth)
         with self._lock:
             target = _find(self._targets, target_id)
             check_owner(target, uid)
-            return target.history.end_phase(self._wall())
+            return target.history.end_phase(self._wall(), depth)
 
     # -- reading ------------------------------------------------------------------
 
@@ -234,7 +251,7 @@ class TargetTable:
         clock); None where none runs."""
         with self._lock:
             targets = [t for t in self._targets.values() if t.exited_at is None]
-            starts = [p.started_monotonic for t in targets if (p := t.history.running_phase)]
+            starts = [p.started_monotonic for t in targets for p in t.history.running_phases]
         return self._monotonic() - max(starts) if starts else None
 
     def describe(self, target_id: str) -> dict[str, Any]:
@@ -261,13 +278,25 @@ class TargetTable:
     def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
         with self._lock:
             target, period_s = _find(self._targets, target_id), self.energy_period_s
+            if self.settled_energy is not None:  # to its last sample: what the trace has
+                target.history.settle(self.settled_energy, to_last=True)
             return summarize(target, logical_cpus, self._carbon, self.membership, period_s)
 
     def phase_summary(self, target_id: str, phase: Phase, logical_cpus: int) -> dict[str, Any]:
         """One phase's figures, as the summary lists them."""
         with self._lock:
-            _find(self._targets, target_id)
+            target = _find(self._targets, target_id)
+            if self.settled_energy is not None:
+                target.history.settle(self.settled_energy)
             return summarize_phase(phase, logical_cpus, self._carbon, self.energy_period_s)
+
+    def final(self, target_id: str) -> bool:
+        """Whether the target's windows are settled up to their last samples."""
+        with self._lock:
+            target = _find(self._targets, target_id)
+            if self.settled_energy is not None:
+                target.history.settle(self.settled_energy, to_last=True)
+            return target.history.final
 
     def network_rate(self, target_id: str) -> dict[str, float] | None:
         """A running target's TCP bytes per second over its last intervals (History)."""
@@ -307,7 +336,22 @@ class TargetTable:
                 if target.history.phases:
                     latest = target.history.phases[-phases:]
                     recent[target.id] = tuple(phase_figures(p) for p in latest)
+            if self.settled_energy is not None:
+                self._settle(self.settled_energy)
         return recent
+
+    def _settle(self, settle: Settle) -> None:
+        """While the trace still holds the readings around them: the young edges of the
+        targets' windows, an exited one's last row too (lock held)."""
+        for target_id in list(self._unsettled):
+            target = self._targets.get(target_id)
+            if target is None:  # purged
+                self._unsettled.discard(target_id)
+                continue
+            history, exited = target.history, target.exited_at is not None
+            history.settle(settle, to_last=exited)
+            if history.settled(exited):
+                self._unsettled.discard(target_id)
 
     def mark_exited(
         self,
@@ -326,6 +370,7 @@ class TargetTable:
                 return
             target.end(when, exit_mode, rss_peak_bytes, end_reason, exit_status)
             self._by_identity.pop(target.identity.key, None)
+            self._unsettled.add(target_id)
         self.persist()
 
     def purge_exited(self, now: float) -> int:
@@ -354,6 +399,13 @@ def _instant(sample: ProcessSample, wall: float, monotonic: float) -> float:
     if sample.monotonic is not None:
         return sample.monotonic
     return monotonic - min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
+
+
+def _check_depth(depth: int) -> None:
+    if not 0 <= depth < MAX_PHASE_DEPTH:
+        raise TargetError(
+            "invalid phase depth", f"a phase runs inside 0 to {MAX_PHASE_DEPTH - 1} others"
+        )
 
 
 def _discard(target: Target) -> None:

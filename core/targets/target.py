@@ -193,12 +193,12 @@ class Target:
         if row is not None:
             self.history.add(row, sample.root_execs)
 
-    def start_phase(self, name: str, now: float, monotonic: float) -> Phase:
-        """Start phase ``name`` at ``now`` (ending the running one); Conflict where the
-        target has exited."""
+    def start_phase(self, name: str, now: float, monotonic: float, depth: int = 0) -> Phase:
+        """Start phase ``name`` at ``now`` and ``depth`` (ending the running ones at that
+        depth and deeper); Conflict where the target has exited."""
         if self.exited_at is not None:
             raise Conflict("target has exited", f"target {self.id} exited")
-        phase = Phase(name=name, started_at=now, started_monotonic=monotonic)
+        phase = Phase(name=name, started_at=now, started_monotonic=monotonic, depth=depth)
         self.history.start_phase(phase, now)
         return phase
 
