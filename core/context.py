@@ -62,6 +62,18 @@ class DeviceContext:
         names += ("devfreq_clocks", "overcurrent_events", "hottest_zone", "pi_throttled")
         return [name for name in names if getattr(self, name) is None]
 
+    def labels(self) -> dict[str, str]:
+        """edgewatt.device.info's attributes: the facts that name a run's setting."""
+        mode, pinned = self.power_mode, self.clocks_pinned
+        found = {
+            "model": self.model,
+            "l4t_release": self.l4t_release,
+            "power_mode": None if mode is None else mode.name,
+            "power_mode_id": None if mode is None or mode.id is None else str(mode.id),
+            "clocks_pinned": None if pinned is None else str(pinned).lower(),
+        }
+        return {k: v for k, v in found.items() if v is not None}
+
     def document(self) -> dict[str, Any]:
         """As the API and the summaries give it: None where absent."""
         found = asdict(self)
@@ -149,15 +161,20 @@ class ContextLog:
         return context
 
     def start(self) -> None:
+        """The first read now (the first snapshot and registration have it), then
+        one every interval on the thread."""
+        self._guarded_poll()
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.poll()
-            except Exception:  # a reader's bug must not end the thread: logged, retried
-                log.exception("reading the device context failed")
-            self._stop.wait(self.interval_s)
+        while not self._stop.wait(self.interval_s):
+            self._guarded_poll()
+
+    def _guarded_poll(self) -> None:
+        try:
+            self.poll()
+        except Exception:  # a reader's bug must not end the daemon: logged, retried
+            log.exception("reading the device context failed")
 
     def close(self) -> None:
         self._stop.set()

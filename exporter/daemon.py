@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from edgewatt.core import __version__, power
 from edgewatt.core.carbon import resolve_carbon
 from edgewatt.core.compat import name_thread
+from edgewatt.core.context import ContextLog
+from edgewatt.core.context import read as read_context
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
@@ -58,12 +60,15 @@ class Daemon:
         proc = config.proc_path
         self.carbon = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
         statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc))
+        roots = config.roots()
+        self.context = ContextLog(lambda: read_context(roots), config.context_interval)
         self.saved = SavedState(statefile)
         self.table = TargetTable(
             config.targets.limits(),
             Resolver(procfs.boot_time(proc), procfs.CLOCK_TICKS, proc),
             on_change=self.saved.save,
             carbon=self.carbon,
+            context=self.context,
         )
         resource = resource_attributes(config, machine_id() or statefile.instance_id(), self.carbon)
         self.exposition = Exposition(resource)
@@ -108,6 +113,7 @@ class Daemon:
             attribution=Attribution(config.idle_power_w, config.baseline_window),
             carbon=self.carbon,
             parts=self.collectors.parts,
+            context=lambda: self.context.latest,
         )
 
     def _on_pass(self, snapshot: Any) -> None:
@@ -198,6 +204,7 @@ class Daemon:
 
     def start(self) -> None:
         """Serve: the endpoints were bound and the parts built by the constructor."""
+        self.context.start()
         self.sampler.sample_once()  # the first scrape already has data
         self.exposition.serve()
         if self.influx is not None:
@@ -231,6 +238,7 @@ class Daemon:
         self.notifier.stopping()
         self.stop_event.set()
         self.sampler.wake()
+        self.context.close()
         self.api.close()
         self.exposition.shutdown()
         if self.pipeline is not None:

@@ -5,13 +5,19 @@ a change during a run as an event with its time."""
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from edgewatt.core import context
 from edgewatt.core.platforms import board
 from edgewatt.core.platforms.board import Clock, PowerMode, Roots, Zone
+from tests.conftest import wait_for
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures" / "context"
@@ -241,3 +247,73 @@ def test_a_mode_change_is_an_event_with_its_time(
     assert ended is not None and ended["events"] == []
     assert ended["end"]["power_mode"] == {"name": "MAXN", "id": 0}
     assert log.cost_s is not None and log.cost_s >= 0
+
+
+def jetson_setup(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """The daemon's environment on an AGX Orin-like tree (Thor's clocks and counters,
+    L4T 36.4.4, the devkit's model) with the nvpmodel stand-in on its PATH; and the
+    file whose content names the mode nvpmodel answers."""
+    sysfs = thor_tree(tmp_path / "sys")
+    write(sysfs, {"firmware/devicetree/base/model": b"NVIDIA Jetson AGX Orin Developer Kit\0"})
+    etc = write(
+        tmp_path / "etc", {"nv_tegra_release": (FIXTURES / "nv_tegra_release-r36.txt").read_text()}
+    )
+    mode = tmp_path / "mode"
+    mode.write_text("nvpmodel-maxn")
+    env = {
+        "EDGEWATT_SYSFS_PATH": str(sysfs),
+        "EDGEWATT_ETC_PATH": str(etc),
+        "EDGEWATT_CONTEXT_INTERVAL": "1",
+        "PATH": f"{stand_ins(tmp_path / 'bin', 'nvpmodel')}:{os.environ['PATH']}",
+        "FAKE_NVPMODEL_FILE": str(mode),
+    }
+    return env, mode
+
+
+def test_the_daemon_exports_the_context_and_dates_a_mode_change(
+    daemon_factory: Any, spawn: Any, tmp_path: Path
+) -> None:
+    env, mode = jetson_setup(tmp_path)
+    daemon = daemon_factory(env=env)
+    ((labels, value),) = daemon.series("edgewatt_device_info")
+    assert value == 1
+    assert {k: v for k, v in labels.items() if k != "host_name"} == {
+        "model": "NVIDIA Jetson AGX Orin Developer Kit",
+        "l4t_release": "36.4.4",
+        "power_mode": "MAXN",
+        "power_mode_id": "0",
+        "clocks_pinned": "true",
+    }
+    child = spawn("import time; time.sleep(60)")
+    target = daemon.register(child.pid)
+    before = time.time()
+    mode.write_text("nvpmodel-15w")
+    wait_for(lambda: daemon.series("edgewatt_device_info", power_mode="15W"), timeout=30)
+    status, summary = daemon.call("GET", f"/v1/targets/{target['id']}/summary")
+    assert status == 200
+    run = summary["context"]
+    assert run["start"]["power_mode"] == {"name": "MAXN", "id": 0}
+    assert run["end"]["power_mode"] == {"name": "15W", "id": 1}
+    assert run["start"]["l4t_release"] == "36.4.4"
+    assert run["start"]["overcurrent_events"] == {"oc1": 0, "oc2": 0, "oc3": 1}
+    (event,) = run["events"]
+    assert event["what"] == "power_mode"
+    assert (event["before"], event["after"]) == (
+        {"name": "MAXN", "id": 0},
+        {"name": "15W", "id": 1},
+    )
+    assert before <= event["time"] <= time.time()
+
+
+def test_doctor_says_what_was_found_and_names_what_is_absent(tmp_path: Path) -> None:
+    env, _ = jetson_setup(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "doctor", "--socket", str(tmp_path / "none.sock")],
+        capture_output=True, text=True, cwd=HERE.parent, timeout=60, env={**os.environ, **env},
+    )  # fmt: skip
+    (line,) = [line for line in result.stdout.splitlines() if "device context" in line]
+    assert line == (
+        "ok    device context: model NVIDIA Jetson AGX Orin Developer Kit; L4T 36.4.4; "
+        "power mode MAXN (0); clocks pinned; 14 CPU clocks; over-current events 1; "
+        "absent: devfreq, thermal zones, vcgencmd get_throttled"
+    )

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.context import ContextLog
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.snapshot import ProcessSample
@@ -53,11 +54,13 @@ class TargetTable:
         *,
         on_change: Callable[[list[dict[str, Any]]], None] | None = None,
         carbon: CarbonIntensity | None = None,
+        context: ContextLog | None = None,
         wall_clock: Callable[[], float] = time.time,
         monotonic_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``on_change``: handed the persistent state after every change (the state
-        file); ``carbon``: the intensity summaries convert energy with."""
+        file); ``carbon``: the intensity summaries convert energy with; ``context``:
+        the device's, which summaries give for each target's run."""
         self._limits = limits
         self._resolver = resolver
         # Per-user bounds on name lookups, registrations' and follows' (the sampler's).
@@ -67,6 +70,7 @@ class TargetTable:
         self._wall = wall_clock
         self._monotonic = monotonic_clock
         self._carbon = carbon
+        self._context = context
         self._saver = StateSaver(on_change)
         # How a target's members are learnt (sampling/membership.py): the daemon says
         # "lineage" where it hears the kernel's process events.
@@ -257,7 +261,12 @@ class TargetTable:
     def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
         with self._lock:
             target, period_s = _find(self._targets, target_id), self.energy_period_s
-            return summarize(target, logical_cpus, self._carbon, self.membership, period_s)
+            found = summarize(target, logical_cpus, self._carbon, self.membership, period_s)
+            if self._context is not None:
+                found["context"] = self._context.during(
+                    target.identity.registered_at, target.exited_at
+                )
+            return found
 
     def phase_summary(self, target_id: str, phase: Phase, logical_cpus: int) -> dict[str, Any]:
         """One phase's figures, as the summary lists them."""
