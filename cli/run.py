@@ -424,6 +424,8 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         # The run's lowest, mean and highest power, CPU use and memory, as the daemon
         # measured them.
         summary.update({k: last[k] for k in spreads.KEYS if k in last and k not in summary})
+        if last.get("context") is not None:  # the device's setting over the run
+            summary["context"] = last["context"]
         if last.get("phases"):  # whoever opened them: this process, the command's own
             summary["phases"] = last["phases"]
             summary["phases_dropped"] = last.get("phases_dropped") or 0

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from edgewatt.cli import report
 from edgewatt.core import context
 from edgewatt.core.platforms import board
 from edgewatt.core.platforms.board import Clock, PowerMode, Roots, Zone
@@ -317,3 +318,43 @@ def test_doctor_says_what_was_found_and_names_what_is_absent(tmp_path: Path) -> 
         "power mode MAXN (0); clocks pinned; 14 CPU clocks; over-current events 1; "
         "absent: devfreq, thermal zones, vcgencmd get_throttled"
     )
+
+
+def test_the_run_output_report_and_plot_title_hold_the_context(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    env, _ = jetson_setup(tmp_path)
+    daemon = daemon_factory(env=env)
+    out = tmp_path / "run.jsonl"
+    command = [sys.executable, "-m", "edgewatt.cli"]
+    result = subprocess.run(
+        [*command, "run", "--socket", daemon.socket, "--interval", "0.2", "--output", str(out),
+         "--", sys.executable, "-c", "import time; time.sleep(1)"],
+        capture_output=True, text=True, cwd=HERE.parent, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    header, samples, phases, summary = report.load(str(out))
+    assert summary is not None
+    assert summary["context"]["start"]["power_mode"] == {"name": "MAXN", "id": 0}
+    assert summary["context"]["events"] == []
+    device = "NVIDIA Jetson AGX Orin Developer Kit, power mode MAXN (0), L4T 36.4.4, clocks pinned"
+    shown = subprocess.run(
+        [*command, "report", str(out)], capture_output=True, text=True, cwd=HERE.parent, timeout=60
+    )
+    for table in (shown.stdout, result.stderr):  # report's, and the one edgewatt run prints
+        (row,) = [line for line in table.splitlines() if line.startswith("  device ")]
+        assert row.split(None, 1)[1] == device
+    assert report.layout(header, samples, phases, summary).title.splitlines()[-1] == device
+
+
+def test_the_report_names_the_changes() -> None:
+    context = {
+        "start": {"power_mode": {"name": "MAXN", "id": 0}, "clocks_pinned": False},
+        "events": [{"time": 1.0, "what": "power_mode"}, {"time": 2.0, "what": "clock_limits"}],
+    }
+    assert report.context_line(context) == (
+        "power mode MAXN (0), clocks not pinned, 2 change(s) during the run: clock_limits, "
+        "power_mode"
+    )
+    assert report.context_line(None) is None
+    assert report.context_line({"start": {}}) is None
