@@ -11,6 +11,8 @@ registration and at its end, and the changes in between as events with their tim
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import resource
 import threading
@@ -139,7 +141,10 @@ class ContextLog:
         self.latest: DeviceContext | None = None
         self.cost_s: float | None = None  # CPU of the last read, children included
         self._changes: deque[DeviceContext] = deque(maxlen=MAX_CHANGES)
-        self._hottest: deque[tuple[float, float]] = deque(maxlen=MAX_TEMPERATURES)
+        # Each read's time and hottest zone, in time order: a run's reads are found by
+        # bisection (a summary is built for every target at each `edgewatt top` refresh).
+        self._read_times: deque[float] = deque(maxlen=MAX_TEMPERATURES)
+        self._hottest_c: deque[float] = deque(maxlen=MAX_TEMPERATURES)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="edgewatt-context", daemon=True)
@@ -156,7 +161,8 @@ class ContextLog:
                     log.info("device context changed: %s", changes(last, context))
                 self._changes.append(context)
             if context.hottest_zone is not None:
-                self._hottest.append((context.time, context.hottest_zone.celsius))
+                self._read_times.append(context.time)
+                self._hottest_c.append(context.hottest_zone.celsius)
             self.latest = context
         return context
 
@@ -188,7 +194,11 @@ class ContextLog:
         with self._lock:
             kept = list(self._changes)
             latest = self.latest
-            highest = [c for t, c in self._hottest if start <= t and (end is None or t <= end)]
+            first = bisect.bisect_left(self._read_times, start)
+            last = (
+                len(self._read_times) if end is None else bisect.bisect_right(self._read_times, end)
+            )
+            highest = max(itertools.islice(self._hottest_c, first, last), default=None)
         if not kept or latest is None:
             return None
         at_start = _at(kept, start)
@@ -201,7 +211,7 @@ class ContextLog:
             "start": at_start.document(),
             "end": at_end.document(),
             "events": events,
-            "highest_temperature_c": max(highest) if highest else None,
+            "highest_temperature_c": highest,
         }
 
 

@@ -220,16 +220,20 @@ def test_a_mode_change_is_an_event_with_its_time(
     mode = tmp_path / "mode"
     mode.write_text("nvpmodel-maxn")
     monkeypatch.setenv("FAKE_NVPMODEL_FILE", str(mode))
-    roots = Roots(
-        sysfs=str(thor_tree(tmp_path / "sys")), path=stand_ins(tmp_path / "bin", "nvpmodel")
+    sysfs = thor_tree(tmp_path / "sys")
+    roots = Roots(sysfs=str(sysfs), path=stand_ins(tmp_path / "bin", "nvpmodel"))
+    temp = write(sysfs, {"class/thermal/thermal_zone0/temp": "70000\n"}) / (
+        "class/thermal/thermal_zone0/temp"
     )
     times = itertools.count(1000.0, 10.0)
     log = context.ContextLog(lambda: context.read(roots, lambda: next(times)), interval_s=10)
     assert log.during(0.0, None) is None  # nothing read yet
-    log.poll()  # 1000: MAXN
-    log.poll()  # 1010: unchanged, no event
+    log.poll()  # 1000: MAXN, 70 C
+    temp.write_text("40000\n")
+    log.poll()  # 1010: unchanged settings, no event (a temperature is none)
     mode.write_text("nvpmodel-15w")
-    log.poll()  # 1020: 15W
+    temp.write_text("55000\n")
+    log.poll()  # 1020: 15W, 55 C
     run = log.during(1005.0, None)
     assert run is not None
     assert run["start"]["power_mode"] == {"name": "MAXN", "id": 0}
@@ -243,10 +247,12 @@ def test_a_mode_change_is_an_event_with_its_time(
         }
     ]
     assert run["start"]["overcurrent_events"] == {"oc1": 0, "oc2": 0, "oc3": 1}
+    assert run["highest_temperature_c"] == 55.0  # the reads after its start
     # A run that ended before the change saw none
     ended = log.during(1000.0, 1015.0)
     assert ended is not None and ended["events"] == []
     assert ended["end"]["power_mode"] == {"name": "MAXN", "id": 0}
+    assert ended["highest_temperature_c"] == 70.0
     assert log.cost_s is not None and log.cost_s >= 0
 
 
