@@ -364,3 +364,48 @@ def test_the_report_names_the_changes() -> None:
     )
     assert report.context_line(None) is None
     assert report.context_line({"start": {}}) is None
+
+
+def test_throttling_and_clock_limits_are_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An over-current event, a capped CPU (its limits moved, so the clocks are no
+    longer pinned) and a Pi's throttled bits: each an event; the current rate, which
+    moves all the time, none."""
+    sysfs = thor_tree(tmp_path / "sys")
+    roots = Roots(sysfs=str(sysfs), path=stand_ins(tmp_path / "bin", "vcgencmd"))
+    monkeypatch.setenv("FAKE_VCGENCMD_THROTTLED", "get_throttled-0")
+    times = itertools.count(2000.0, 10.0)
+    log = context.ContextLog(lambda: context.read(roots, lambda: next(times)), interval_s=10)
+    log.poll()
+    cpu3 = sysfs / "devices/system/cpu/cpu3/cpufreq"
+    (cpu3 / "scaling_cur_freq").write_text("972000\n")
+    assert log.poll().cpu_clocks[3].cur_hz == 972_000_000  # type: ignore[index]
+    (sysfs / "class/hwmon/hwmon3/oc1_event_cnt").write_text("4\n")
+    (cpu3 / "scaling_min_freq").write_text("729600\n")  # the kernel keeps min <= max
+    (cpu3 / "scaling_max_freq").write_text("1350000\n")
+    monkeypatch.setenv("FAKE_VCGENCMD_THROTTLED", "get_throttled-50000")
+    log.poll()
+    run = log.during(2000.0, None)
+    assert run is not None
+    assert run["start"]["pi_throttled"] == {"value": "0x0", "flags": []}
+    assert run["end"]["pi_throttled"] == {
+        "value": "0x50000",
+        "flags": ["under-voltage-occurred", "throttling-occurred"],
+    }
+    assert run["events"] == [
+        {"time": 2020.0, "what": "clocks_pinned", "before": True, "after": False},
+        {
+            "time": 2020.0,
+            "what": "clock_limits",
+            "before": {"cpu3": [2_601_000_000, 2_601_000_000]},
+            "after": {"cpu3": [729_600_000, 1_350_000_000]},
+        },
+        {
+            "time": 2020.0,
+            "what": "overcurrent_events",
+            "before": {"oc1": 0, "oc2": 0, "oc3": 1},
+            "after": {"oc1": 4, "oc2": 0, "oc3": 1},
+        },
+        {"time": 2020.0, "what": "pi_throttled", "before": "0x0", "after": "0x50000"},
+    ]
