@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from edgewatt.core.platforms import board
@@ -60,9 +60,7 @@ class DeviceContext:
 
     def absent(self) -> list[str]:
         """The facts this board does not have (or this user cannot read)."""
-        names = ("model", "l4t_release", "power_mode", "clocks_pinned", "cpu_clocks")
-        names += ("devfreq_clocks", "overcurrent_events", "hottest_zone", "pi_throttled")
-        return [name for name in names if getattr(self, name) is None]
+        return [f.name for f in fields(self) if getattr(self, f.name) is None]
 
     def labels(self) -> dict[str, str]:
         """edgewatt.device.info's attributes: the facts that name a run's setting."""

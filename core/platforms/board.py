@@ -164,7 +164,8 @@ def board_model(roots: Roots) -> str | None:
     return None
 
 
-def _cpu_number(path: str) -> int:
+def _index(path: str) -> int:
+    """N of a cpuN or thermal_zoneN directory, for their order (cpu10 after cpu9)."""
     return int(re.sub(r"\D", "", os.path.basename(path)) or -1)
 
 
@@ -172,7 +173,7 @@ def cpu_clocks(roots: Roots) -> tuple[Clock, ...] | None:
     """Each online CPU's cpufreq clock (Hz); None where cpufreq is absent."""
     clocks = []
     cpus = glob.glob(f"{roots.sysfs}/devices/system/cpu/cpu[0-9]*")
-    for cpu in sorted(cpus, key=_cpu_number):
+    for cpu in sorted(cpus, key=_index):
         if _number(f"{cpu}/online") == 0:  # cpu0 often has no online file: it is on
             continue
         freq = f"{cpu}/cpufreq"
@@ -230,7 +231,7 @@ def thermal_zones(roots: Roots) -> tuple[Zone, ...] | None:
     """Every thermal zone that reads a temperature, switched-off sensors left out."""
     zones = []
     paths = glob.glob(f"{roots.sysfs}/class/thermal/thermal_zone*")
-    for zone in sorted(paths, key=_cpu_number):
+    for zone in sorted(paths, key=_index):
         milli = _number(f"{zone}/temp")
         kind = _read(f"{zone}/type", 64)
         name = kind.decode("utf-8", "replace").strip() if kind else os.path.basename(zone)
