@@ -296,6 +296,8 @@ def test_the_daemon_exports_the_context_and_dates_a_mode_change(
     before = time.time()
     mode.write_text("nvpmodel-15w")
     wait_for(lambda: daemon.series("edgewatt_device_info", power_mode="15W"), timeout=30)
+    host = daemon.call("GET", "/v1/host")[1]
+    assert host["context"]["power_mode"] == {"name": "15W", "id": 1}
     status, summary = daemon.call("GET", f"/v1/targets/{target['id']}/summary")
     assert status == 200
     run = summary["context"]
