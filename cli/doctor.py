@@ -138,6 +138,44 @@ def power_sources(ctx: Context) -> tuple[str, str]:
     )
 
 
+# Where each fact of the device's context is read, as doctor names an absent one
+# (clocks_pinned is derived from the clocks).
+CONTEXT_SOURCES = {
+    "model": "device-tree model",
+    "l4t_release": "nv_tegra_release",
+    "power_mode": "nvpmodel",
+    "cpu_clocks": "cpufreq",
+    "devfreq_clocks": "devfreq",
+    "overcurrent_events": "over-current counters",
+    "hottest_zone": "thermal zones",
+    "pi_throttled": "vcgencmd get_throttled",
+}
+
+
+def device_context(ctx: Context) -> tuple[str, str]:
+    """What the summaries will say of the board's setting, read as this user reads it
+    (the configured roots, this PATH's nvpmodel and vcgencmd)."""
+    from edgewatt.core import context
+
+    found = context.read(ctx.config.roots())
+    mode, pinned, zone = found.power_mode, found.clocks_pinned, found.hottest_zone
+    parts = [
+        found.model and f"model {found.model}",
+        found.l4t_release and f"L4T {found.l4t_release}",
+        mode and f"power mode {mode.name}" + ("" if mode.id is None else f" ({mode.id})"),
+        pinned is not None and ("clocks pinned" if pinned else "clocks not pinned"),
+        found.cpu_clocks and f"{len(found.cpu_clocks)} CPU clocks",
+        found.devfreq_clocks and "devfreq " + ", ".join(c.name for c in found.devfreq_clocks),
+        found.overcurrent_events is not None
+        and f"over-current events {sum(found.overcurrent_events.values())}",
+        zone and f"hottest zone {zone.name} {zone.celsius:g} C",
+        found.pi_throttled is not None and f"throttled {hex(found.pi_throttled)}",
+    ]
+    shown = "; ".join(p for p in parts if p) or "nothing"
+    absent = ", ".join(CONTEXT_SOURCES[k] for k in found.absent() if k in CONTEXT_SOURCES)
+    return "ok", f"device context: {shown}; absent: {absent or 'none'}"
+
+
 def metrics_port(ctx: Context) -> tuple[str, str]:
     config = ctx.config
     host, port = config.listen
@@ -243,6 +281,7 @@ CHECKS: tuple[Check, ...] = (
     run_placement,
     other_users_visible,
     power_sources,
+    device_context,
     metrics_port,
     otlp_endpoint,
     carbon_intensity,

@@ -38,6 +38,9 @@ def summary_table(
     the summary has no energy ("present", "none", "off": the monitor's power metric was
     off; None: not known)."""
     rows: list[tuple[str, str]] = []
+    device = context_line(summary.get("context"))
+    if device:
+        rows.append(("device", device))
     if "duration_s" in summary:
         rows.append(("duration", f"{summary['duration_s']:.1f} s"))
     if "cpu_time_s" in summary:
@@ -102,6 +105,29 @@ def summary_table(
     return "\n".join(
         [*lines, *phase_table(phases or [], dropped=summary.get("phases_dropped") or 0)]
     )
+
+
+def context_line(context: Any) -> str | None:
+    """The device's setting over a run, from a summary's ``context`` (docs/reference.md,
+    The run's context): model, power mode, release, clocks, and what changed."""
+    if not isinstance(context, dict) or not isinstance(context.get("start"), dict):
+        return None
+    start, parts = context["start"], []
+    if start.get("model"):
+        parts.append(str(start["model"]))
+    mode = start.get("power_mode")
+    if isinstance(mode, dict) and mode.get("name"):
+        number = "" if mode.get("id") is None else f" ({mode['id']})"
+        parts.append(f"power mode {mode['name']}{number}")
+    if start.get("l4t_release"):
+        parts.append(f"L4T {start['l4t_release']}")
+    if start.get("clocks_pinned") is not None:
+        parts.append("clocks pinned" if start["clocks_pinned"] else "clocks not pinned")
+    events = [e for e in context.get("events") or () if isinstance(e, dict)]
+    if events:
+        what = sorted({str(e.get("what")) for e in events})
+        parts.append(f"{len(events)} change(s) during the run: {', '.join(what)}")
+    return ", ".join(parts) or None
 
 
 def _energy_unknown(summary: dict[str, Any], power: str | None) -> str:
@@ -495,6 +521,9 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
             lines.append(figure)
         else:
             lines[-1] += ("" if lines[-1].endswith(":") else ",") + " " + figure
+    device = context_line(summary.get("context"))
+    if device:  # the setting the figures were measured in
+        lines.append(printable(device))
     return "\n".join(lines)
 
 

@@ -429,6 +429,8 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         summary.update({k: last[k] for k in spreads.KEYS if k in last and k not in summary})
         if "final" in last:  # the phases' energy settled (it was waited for)
             summary["final"] = last["final"]
+        if last.get("context") is not None:  # the device's setting over the run
+            summary["context"] = last["context"]
         if last.get("phases"):  # whoever opened them: this process, the command's own
             summary["phases"] = last["phases"]
             summary["phases_dropped"] = last.get("phases_dropped") or 0

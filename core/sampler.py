@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.context import DeviceContext
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution, PassInputs, TargetUse, gpu_totals
 from edgewatt.core.power.meter import WINDOW_BOOST_S, PowerMeter, PowerSnapshot
@@ -63,7 +64,10 @@ class Sampler:
         attribution: Attribution | None = None,
         carbon: CarbonIntensity | None = None,
         parts: Parts | None = None,
+        context: Callable[[], DeviceContext | None] | None = None,
     ) -> None:
+        """``context``: the device's latest context read (core/context.py: its own
+        thread reads it, never a pass), put in each snapshot."""
         parts = parts or Parts(ProcessTrees(LinuxPlatform()))
         self.table = table
         self.interval = interval
@@ -72,6 +76,7 @@ class Sampler:
         self.attribution = attribution or Attribution(None, 3600.0)
         self.carbon = carbon
         self._on_pass = on_pass
+        self._context = context
         self._trees = parts.trees
         self._contributors: tuple[Contributor, ...] = (parts.trees, *parts.contributors)
         self._clock = parts.clock
@@ -171,6 +176,7 @@ class Sampler:
             carbon=self.carbon,
             host_name=self.host_name,
             figures_since={s.target.id: s.figures_since for s in read},
+            context=self._context() if self._context is not None else None,
             stats=SamplerStats(
                 duration_s=self._clock.monotonic() - started,
                 overruns=self._passes.overruns,

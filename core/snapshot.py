@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.context import DeviceContext
 from edgewatt.core.power.values import PowerSnapshot
 from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
 
@@ -167,3 +168,4 @@ class Snapshot:
     # sample): a renderer that kept its lines from that pass on need not look again.
     # Absent: not known (look).
     figures_since: Mapping[str, int] = field(default_factory=dict)
+    context: DeviceContext | None = None  # the device's latest read (None: not read yet)

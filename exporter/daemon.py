@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from edgewatt.core import __version__, power
 from edgewatt.core.carbon import resolve_carbon
 from edgewatt.core.compat import name_thread
+from edgewatt.core.context import ContextLog
+from edgewatt.core.context import read as read_context
 from edgewatt.core.lookups import Lookups
 from edgewatt.core.persons import Persons
 from edgewatt.core.platforms.linux import LinuxPlatform
@@ -62,6 +64,8 @@ class Daemon:
         self.carbon = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
         budget = WriteBudget(config.state_write_budget)
         statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc), budget)
+        roots = config.roots()
+        self.context = ContextLog(lambda: read_context(roots), config.context_interval)
         self.saved = SavedState(statefile)
         # Every per-user share (targets, API and /metrics connections) is a person's.
         self.persons = Persons(config.subuid_path)
@@ -76,6 +80,7 @@ class Daemon:
             on_change=self.saved.save,
             carbon=self.carbon,
             person=self.persons.of,
+            context=self.context,
         )
         resource = resource_attributes(config, machine_id() or statefile.instance_id(), self.carbon)
         self.exposition = Exposition(resource)
@@ -120,6 +125,7 @@ class Daemon:
             attribution=Attribution(config.idle_power_w, config.baseline_window),
             carbon=self.carbon,
             parts=self.collectors.parts,
+            context=lambda: self.context.latest,
         )
 
     def _on_pass(self, snapshot: Any) -> None:
@@ -212,6 +218,7 @@ class Daemon:
 
     def start(self) -> None:
         """Serve: the endpoints were bound and the parts built by the constructor."""
+        self.context.start()
         self.sampler.sample_once()  # the first scrape already has data
         self.exposition.serve()
         if self.influx is not None:
@@ -253,6 +260,7 @@ class Daemon:
         self.stop_event.set()
         self.sampler.wake()
         self.saved.wake()
+        self.context.close()
         self.api.close()
         self.exposition.shutdown()
         if self.pipeline is not None:

@@ -136,6 +136,8 @@ def host(
                 for g in power.gpus
             ],
         },
+        # The device's setting as last read (core/context.py); null before the first read.
+        "context": None if snapshot.context is None else snapshot.context.document(),
     }
     carbon = snapshot.carbon
     if carbon is not None:  # absent, not null, when no intensity is configured

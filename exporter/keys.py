@@ -21,6 +21,7 @@ from edgewatt.core import options as opt
 from edgewatt.core.carbon import CarbonOptions
 from edgewatt.core.options import Flag, Option, Variable, option
 from edgewatt.core.persons import SUBUID
+from edgewatt.core.platforms.board import Roots
 from edgewatt.core.power.source import PowerOptions
 from edgewatt.core.targets.access import Limits
 from edgewatt.core.text import shown
@@ -210,6 +211,22 @@ class DaemonOptions:
         "counts in her shares (connections, targets), as she may run as any of them in a user "
         "namespace of her own; re-read when it changes; a file that is not there: none",
     )
+    etc_path: str = option(
+        "etc_path",
+        "/etc",
+        opt.path,
+        "where /etc is read (nv_tegra_release: the Jetson's L4T release), e.g. a host's "
+        "/etc mounted in a container",
+    )
+    context_interval: float = option(
+        "context_interval",
+        10.0,
+        opt.seconds(1, 3600),
+        "seconds between reads of the device's context (power mode, clocks and their "
+        "limits, throttling, temperature; a read runs nvpmodel or vcgencmd where they "
+        "are on the daemon's PATH): a change is an event in the summaries of the targets "
+        "running then, dated to within this",
+    )
     log_level: str = option(
         "log_level",
         "info",
@@ -373,6 +390,11 @@ class Config:
             component, name = WHERE[key]
             changes.setdefault(component, {})[name] = value
         return replace(self, **{c: replace(getattr(self, c), **kw) for c, kw in changes.items()})
+
+    def roots(self) -> Roots:
+        """Where the device's context is read (core/context.py): the configured trees,
+        the executables on this process's PATH."""
+        return Roots(sysfs=self.sysfs_path, proc=self.proc_path, etc=self.etc_path)
 
     def resolved(self) -> Config:
         return self.with_values(

@@ -236,6 +236,11 @@ def _temperatures(power: PowerSnapshot) -> Points:
         yield celsius, {"hw.id": f"{source}:{name}", "hw.name": name, "hw.type": "temperature"}
 
 
+def _device_info(snapshot: Snapshot) -> Points:
+    if snapshot.context is not None:
+        yield 1, snapshot.context.labels()
+
+
 def _computed() -> Mapping[str, Callable[[Snapshot], Points]]:
     """Observers of the rows that name no sample field (core/metrics.py): the device's
     figures, and what is computed from more than one target's field."""
@@ -252,6 +257,7 @@ def _computed() -> Mapping[str, Callable[[Snapshot], Points]]:
         "hw.temperature": _power(_temperatures),
         "edgewatt.host.idle_power": _one(lambda s: s.idle_power_w),
         "edgewatt.host.energy.accounted": _energy_parts,
+        "edgewatt.device.info": _device_info,
         "system.cpu.time": _host(_host_cpu_time),
         "system.cpu.utilization": _host(_one(lambda s: s.host.cpu_utilization)),  # type: ignore[union-attr],
         "edgewatt.host.logical_cpus": _host(_one(lambda s: s.host.cpu.logical_cpus)),  # type: ignore[union-attr],

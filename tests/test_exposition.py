@@ -28,7 +28,9 @@ from prometheus_client.utils import floatToGoString
 
 from edgewatt.core import compat
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.context import DeviceContext
 from edgewatt.core.metrics import BY_NAME, TABLE
+from edgewatt.core.platforms.board import PowerMode
 from edgewatt.core.sampling import system
 from edgewatt.core.snapshot import HostSample, SamplerStats, Snapshot
 from edgewatt.exporter.exposition import (
@@ -166,6 +168,7 @@ def every_figure(**changes: Any) -> Snapshot:
         energy_parts_j={"attributed": 12.5, "idle": 40.0, "unattributed": 0.75},
         carbon=CARBON,
         stats=SamplerStats(0.01, 0, 0, overflows={"taskstats": 0, "tcp_destroy": 0}),
+        context=DeviceContext(0.0, "NVIDIA Jetson AGX Orin", "36.4.4", PowerMode("MAXN", 0), True),
     )
     return dataclasses.replace(snapshot, **changes)
 

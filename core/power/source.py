@@ -97,7 +97,8 @@ class PowerOptions:
         "sysfs_path",
         "/sys",
         opt.path,
-        "sysfs mount point (INA3221/INA238 monitors, RAPL)",
+        "sysfs mount point (INA3221/INA238 monitors, RAPL; the device context: the device "
+        "tree's model, cpufreq, devfreq, over-current counters, thermal zones)",
     )
     # Not a daemon key: EDGEWATT_POWERMETRICS is read by in-process sampling on macOS.
     powermetrics_path: str = "/usr/bin/powermetrics"

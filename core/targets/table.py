@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.context import ContextLog
 from edgewatt.core.persons import alone
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import ProcHandle
@@ -55,13 +56,15 @@ class TargetTable:
         *,
         on_change: Callable[[list[dict[str, Any]]], None] | None = None,
         carbon: CarbonIntensity | None = None,
+        context: ContextLog | None = None,
         wall_clock: Callable[[], float] = time.time,
         monotonic_clock: Callable[[], float] = time.monotonic,
         person: Callable[[int], int] = alone,
     ) -> None:
         """``on_change``: handed the persistent state after every change (the state
         file); ``carbon``: the intensity summaries convert energy with; ``person``: the
-        person a uid is, whose share its targets count in (core/persons.py)."""
+        person a uid is, whose share its targets count in (core/persons.py); ``context``:
+        the device's, which summaries give for each target's run."""
         self._limits = limits
         self._person = person
         self._resolver = resolver
@@ -72,6 +75,7 @@ class TargetTable:
         self._wall = wall_clock
         self._monotonic = monotonic_clock
         self._carbon = carbon
+        self._context = context
         self._saver = StateSaver(on_change)
         # How a target's members are learnt (sampling/membership.py): the daemon says
         # "lineage" where it hears the kernel's process events.
@@ -280,7 +284,12 @@ class TargetTable:
             target, period_s = _find(self._targets, target_id), self.energy_period_s
             if self.settled_energy is not None:  # to its last sample: what the trace has
                 target.history.settle(self.settled_energy, to_last=True)
-            return summarize(target, logical_cpus, self._carbon, self.membership, period_s)
+            found = summarize(target, logical_cpus, self._carbon, self.membership, period_s)
+            if self._context is not None:
+                found["context"] = self._context.during(
+                    target.identity.registered_at, target.exited_at
+                )
+            return found
 
     def phase_summary(self, target_id: str, phase: Phase, logical_cpus: int) -> dict[str, Any]:
         """One phase's figures, as the summary lists them."""
