@@ -95,6 +95,9 @@ def summary_table(
         )
     if energy is None:
         rows.append(("energy", _energy_unknown(summary, power)))
+    provenance = summary.get("energy_provenance") or summary.get("device_energy_provenance")
+    if isinstance(provenance, dict):  # where the energy comes from (docs/attribution.md)
+        rows.append(("energy from", printable(energy_source(provenance))))
     rows.append(("samples", str(summary.get("samples", 0))))
     if summary.get("final") is False:  # waited for, and still not come
         rows.append(("not final", "the power reading after the last edge never came"))
@@ -128,6 +131,23 @@ def context_line(context: Any) -> str | None:
         what = sorted({str(e.get("what")) for e in events})
         parts.append(f"{len(events)} change(s) during the run: {', '.join(what)}")
     return ", ".join(parts) or None
+
+
+def energy_source(provenance: dict[str, Any]) -> str:
+    """A summary's provenance of an energy figure (core/power/provenance.py) as one line:
+    "measured by tegrastats VDD_IN at 10 Hz; attributed by ...", or "unknown: why"."""
+    if provenance.get("method") == "unknown":
+        return f"unknown: {provenance.get('reason')}"
+    sensors = " and ".join(
+        f"{s.get('source')} {s.get('rail')} "
+        + ("counter" if s.get("rate_hz") is None else f"at {s['rate_hz']:g} Hz")
+        for s in provenance.get("sensors") or ()
+        if isinstance(s, dict)
+    )
+    line = f"measured by {sensors or 'an unnamed sensor'}"
+    if provenance.get("method") == "attributed":
+        line += f"; attributed by {provenance.get('rule')} (docs/attribution.md)"
+    return line
 
 
 def _energy_unknown(summary: dict[str, Any], power: str | None) -> str:

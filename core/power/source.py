@@ -152,6 +152,9 @@ class PowerReading:
     total_energy_j: float | None = None
     gpus: tuple[Gpu, ...] = ()
     temperatures_c: Mapping[str, float] = field(default_factory=dict)
+    # The rails the total is, where not all of them (nor a board's input rail): what
+    # an energy figure's provenance names (provenance.py).
+    total_of: tuple[str, ...] = ()
 
 
 class PowerSource(Protocol):
