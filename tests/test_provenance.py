@@ -122,9 +122,10 @@ def test_run_output_and_report_say_where_the_energy_comes_from(
         f"{RULE} (docs/attribution.md)"
     )
     assert line in ran.stderr
-    (summary,) = [r for r in map(json.loads, out.read_text().splitlines()) if "summary" in r]
-    assert summary["summary"]["energy_provenance"] == attributed(THOR_SENSORS)
-    assert summary["summary"]["device_energy_provenance"] == measured(THOR_SENSORS)
+    summary = json.loads(out.read_text().splitlines()[-1])
+    assert summary["type"] == "summary"
+    assert summary["energy_provenance"] == attributed(THOR_SENSORS)
+    assert summary["device_energy_provenance"] == measured(THOR_SENSORS)
     report = subprocess.run(
         [*EDGEWATT, "report", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
