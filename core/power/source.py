@@ -113,6 +113,11 @@ class NoData(Exception):
     """This source has nothing on this machine (no such hardware, no permission)."""
 
 
+class CannotMeasure(NoData):
+    """This source loads but cannot measure here (NVML on a Tegra board answers "not
+    supported" for power): it steps aside for the next, and says so where looked at."""
+
+
 @dataclass(frozen=True, **SLOTS)
 class Rail:
     id: str  # stable hw.id, "<source>:<name>"
