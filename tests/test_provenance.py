@@ -34,11 +34,12 @@ def attributed(sensors: list[dict[str, Any]]) -> dict[str, Any]:
 def summary_with_energy(daemon: DaemonProcess, tid: str) -> dict[str, Any]:
     """The target's summary once its energy figures are there."""
     return wait_for(
-        lambda: (s := daemon.call("GET", f"/v1/targets/{tid}/summary")[1])["energy_j"]
-        is not None
-        and s["phases"]
-        and s["phases"][0]["energy_j"] is not None
-        and s
+        lambda: (
+            (s := daemon.call("GET", f"/v1/targets/{tid}/summary")[1])["energy_j"] is not None
+            and s["phases"]
+            and s["phases"][0]["energy_j"] is not None
+            and s
+        )
     )
 
 
@@ -109,13 +110,10 @@ def test_run_output_and_report_say_where_the_energy_comes_from(
     out = tmp_path / "run.jsonl"
     work = "import time\nend = time.process_time() + 0.8\nwhile time.process_time() < end: pass"
     ran = subprocess.run(
-        [*EDGEWATT, "run", "--socket", daemon.socket, "--interval", "0.2", "--output", str(out)]
-        + ["--", sys.executable, "-c", work],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+        [*EDGEWATT, "run", "--socket", daemon.socket, "--interval", "0.2", "--output", str(out),
+         "--", sys.executable, "-c", work],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     line = (
         "energy from        measured by tegrastats VIN at 10 Hz; attributed by "
