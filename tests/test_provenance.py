@@ -59,6 +59,16 @@ def test_push_source_names_tegrastats_its_input_rail_and_rate(
     (phase,) = summary["phases"]
     assert phase["device_energy_provenance"] == measured(THOR_SENSORS)
     assert phase["energy_provenance"] == attributed(THOR_SENSORS)
+    ((labels, value),) = daemon.series("edgewatt_energy_source_info")
+    assert value == 1
+    assert {k: v for k, v in labels.items() if k != "host_name"} == {
+        "method": "measured",
+        "source": "tegrastats",
+        "rail": "VIN",
+        "read": "printed",
+        "rate_hz": "10",
+        "rule": RULE,
+    }
 
 
 def test_pull_source_names_the_monitors_input_rail_and_the_readers_rate(
@@ -97,6 +107,12 @@ def test_no_source_says_unknown_and_why(daemon_factory: Any, spawn: Any, tmp_pat
     assert summary["energy_provenance"] == none
     assert summary["device_energy_provenance"] == none
     assert summary["phases"][0]["energy_provenance"] == none
+    ((labels, value),) = daemon.series("edgewatt_energy_source_info")
+    assert value == 1
+    assert {k: v for k, v in labels.items() if k != "host_name"} == {
+        "method": "unknown",
+        "reason": NO_SOURCE,
+    }
 
 
 def test_run_output_and_report_say_where_the_energy_comes_from(

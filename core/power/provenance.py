@@ -56,6 +56,21 @@ class Provenance:
         }
 
 
+def info_labels(provenance: Provenance) -> list[dict[str, str]]:
+    """edgewatt.energy.source.info's attributes: one set per sensor (the device's energy
+    measured by it, a target's attributed from it by ``rule``), or the reason where
+    unknown; a label is absent where it has no value (a counter's rate)."""
+    if provenance.method == UNKNOWN:
+        return [{"method": UNKNOWN, "reason": provenance.reason or ""}]
+    found = []
+    for s in provenance.sensors:
+        labels = {"method": MEASURED, "source": s.source, "rail": s.rail, "read": s.read}
+        if s.rate_hz is not None:
+            labels["rate_hz"] = f"{s.rate_hz:g}"
+        found.append({**labels, "rule": ATTRIBUTION_RULE})
+    return found
+
+
 def unknown(reason: str) -> Provenance:
     return Provenance(UNKNOWN, reason=reason)
 
