@@ -13,6 +13,7 @@ from typing import Any
 
 from edgewatt.core.power.provenance import NO_SOURCE
 from tests.conftest import ROOT, DaemonProcess, wait_for
+from tests.test_otlp import Received, http_receiver  # noqa: F401 - a fixture
 from tests.test_power_sources import ORIN_HWMON, write
 
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
@@ -145,3 +146,26 @@ def test_run_output_and_report_say_where_the_energy_comes_from(
     )
     assert report.returncode == 0, report.stderr
     assert line in report.stdout
+
+
+def test_otlp_carries_the_energy_source_as_attributes(daemon_factory: Any, request: Any) -> None:
+    received: Received
+    endpoint, received = request.getfixturevalue("http_receiver")
+    daemon_factory(
+        interval=0.2,
+        extra_args=["--tegrastats", STAND_IN, "--otlp-endpoint", endpoint],
+        env={
+            "FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor",
+            "EDGEWATT_POWER_SOURCES": "tegrastats",
+            "OTEL_METRIC_EXPORT_INTERVAL": "500",
+        },
+    )
+    points = wait_for(lambda: received.points("edgewatt.energy.source.info"), timeout=20)
+    assert points[-1][0] == {  # an int gauge's 1, as edgewatt.device.info's
+        "method": "measured",
+        "source": "tegrastats",
+        "rail": "VIN",
+        "read": "printed",
+        "rate_hz": "10",
+        "rule": RULE,
+    }
