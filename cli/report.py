@@ -138,16 +138,22 @@ def energy_source(provenance: dict[str, Any]) -> str:
     "measured by tegrastats VDD_IN at 10 Hz; attributed by ...", or "unknown: why"."""
     if provenance.get("method") == "unknown":
         return f"unknown: {provenance.get('reason')}"
-    sensors = " and ".join(
+    line = f"measured by {measured_by(provenance) or 'an unnamed sensor'}"
+    if provenance.get("method") == "attributed":
+        line += f"; attributed by {provenance.get('rule')} (docs/attribution.md)"
+    return line
+
+
+def measured_by(provenance: Any) -> str:
+    """The sensors of a provenance, compactly: "tegrastats VIN at 10 Hz" ("": none)."""
+    if not isinstance(provenance, dict):
+        return ""
+    return " and ".join(
         f"{s.get('source')} {s.get('rail')} "
         + ("counter" if s.get("rate_hz") is None else f"at {s['rate_hz']:g} Hz")
         for s in provenance.get("sensors") or ()
         if isinstance(s, dict)
     )
-    line = f"measured by {sensors or 'an unnamed sensor'}"
-    if provenance.get("method") == "attributed":
-        line += f"; attributed by {provenance.get('rule')} (docs/attribution.md)"
-    return line
 
 
 def _energy_unknown(summary: dict[str, Any], power: str | None) -> str:

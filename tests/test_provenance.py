@@ -70,6 +70,12 @@ def test_push_source_names_tegrastats_its_input_rail_and_rate(
         "rate_hz": "10",
         "rule": RULE,
     }
+    once = subprocess.run(
+        [*EDGEWATT, "top", "--once", "--socket", daemon.socket],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert once.returncode == 0, once.stderr
+    assert once.stdout.splitlines()[1].endswith(" J since start; tegrastats VIN at 10 Hz")
 
 
 def test_pull_source_names_the_monitors_input_rail_and_the_readers_rate(
