@@ -21,6 +21,7 @@ from edgewatt.cli.rounds import (
 )
 from edgewatt.cli.spreads import KEYS, spread_rows
 from edgewatt.cli.status import human_bytes
+from edgewatt.core.energy_source import line as energy_source
 from edgewatt.core.text import printable
 
 # What a process target's TCP figures miss (a cgroup target's counters do not).
@@ -131,29 +132,6 @@ def context_line(context: Any) -> str | None:
         what = sorted({str(e.get("what")) for e in events})
         parts.append(f"{len(events)} change(s) during the run: {', '.join(what)}")
     return ", ".join(parts) or None
-
-
-def energy_source(provenance: dict[str, Any]) -> str:
-    """A summary's provenance of an energy figure (core/power/provenance.py) as one line:
-    "measured by tegrastats VDD_IN at 10 Hz; attributed by ...", or "unknown: why"."""
-    if provenance.get("method") == "unknown":
-        return f"unknown: {provenance.get('reason')}"
-    line = f"measured by {measured_by(provenance) or 'an unnamed sensor'}"
-    if provenance.get("method") == "attributed":
-        line += f"; attributed by {provenance.get('rule')} (docs/attribution.md)"
-    return line
-
-
-def measured_by(provenance: Any) -> str:
-    """The sensors of a provenance, compactly: "tegrastats VIN at 10 Hz" ("": none)."""
-    if not isinstance(provenance, dict):
-        return ""
-    return " and ".join(
-        f"{s.get('source')} {s.get('rail')} "
-        + ("counter" if s.get("rate_hz") is None else f"at {s['rate_hz']:g} Hz")
-        for s in provenance.get("sensors") or ()
-        if isinstance(s, dict)
-    )
 
 
 def _energy_unknown(summary: dict[str, Any], power: str | None) -> str:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from edgewatt.cli.phases import PEAK_POWER
-from edgewatt.cli.report import measured_by
 from edgewatt.cli.status import FINISHED_SHOWN, finished_rows, human_bytes
+from edgewatt.core.energy_source import sensors as measured_by
 from edgewatt.core.text import printable
 
 # How long the live view waits for one answer before asking again: a daemon on a
