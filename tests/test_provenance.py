@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from edgewatt.client.fl_record import client_figures
+from edgewatt.core import energy_source
 from edgewatt.core.power.provenance import NO_SOURCE
 from tests.conftest import ROOT, DaemonProcess, wait_for
 from tests.test_otlp import Received, http_receiver  # noqa: F401 - a fixture
@@ -175,3 +177,27 @@ def test_otlp_carries_the_energy_source_as_attributes(daemon_factory: Any, reque
         "rate_hz": "10",
         "rule": RULE,
     }
+
+
+def test_each_kind_as_one_line_and_in_a_flower_round_record() -> None:
+    pull = [{"source": "ina3221", "rail": "VDD_IN", "read": "stream", "rate_hz": 50.0}]
+    counters = [
+        {"source": "rapl", "rail": "package-0+dram", "read": "counter", "rate_hz": None},
+        {"source": "nvml", "rail": "GPU 0 NVIDIA H200", "read": "counter", "rate_hz": None},
+    ]
+    none = {"method": "unknown", "sensors": [], "rule": None, "reason": NO_SOURCE}
+    lines = {
+        "push": energy_source.line(attributed(THOR_SENSORS)),
+        "pull": energy_source.line(measured(pull)),
+        "counters": energy_source.line(measured(counters)),
+        "none": energy_source.line(none),
+    }
+    assert lines == {
+        "push": f"measured by tegrastats VIN at 10 Hz; attributed by {RULE} (docs/attribution.md)",
+        "pull": "measured by ina3221 VDD_IN at 50 Hz",
+        "counters": "measured by rapl package-0+dram counter and nvml GPU 0 NVIDIA H200 counter",
+        "none": f"unknown: {NO_SOURCE}",
+    }
+    # The mod's record (client/flower.py) carries them as text: the server keeps them.
+    record = {"energy_provenance": lines["push"], "device_energy_provenance": lines["none"]}
+    assert client_figures(record) == (record, [])
