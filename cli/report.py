@@ -97,7 +97,7 @@ def summary_table(
     if energy is None:
         rows.append(("energy", _energy_unknown(summary, power)))
     provenance = summary.get("energy_provenance") or summary.get("device_energy_provenance")
-    if isinstance(provenance, dict):  # where the energy comes from (docs/attribution.md)
+    if energy is not None and isinstance(provenance, dict):  # unknown: the row above says
         rows.append(("energy from", printable(energy_source(provenance))))
     rows.append(("samples", str(summary.get("samples", 0))))
     if summary.get("final") is False:  # waited for, and still not come
