@@ -81,3 +81,22 @@ def test_the_daemon_measures_with_the_next_and_doctor_says_nvml_stepped_aside(
         f"ok    power sources (the daemon's): tegrastats; nvml steps aside: {REASON}"
         in doctor.stdout.splitlines()
     )
+
+
+def test_doctor_without_a_daemon_says_nvml_steps_aside(tmp_path: Path) -> None:
+    path = os.pathsep.join(p for p in (NVML_TEGRA, os.environ.get("PYTHONPATH")) if p)
+    env = {
+        **os.environ,
+        "PYTHONPATH": path,
+        "FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor",
+        "EDGEWATT_POWER_SOURCES": "nvml,tegrastats",
+        "EDGEWATT_TEGRASTATS": STAND_IN,
+    }
+    doctor = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "doctor", "--socket", str(tmp_path / "none")],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, env=env,
+    )  # fmt: skip
+    assert (
+        "ok    power sources (none running; as this user): tegrastats; device total from "
+        f"tegrastats; nvml steps aside: {REASON}" in doctor.stdout.splitlines()
+    ), doctor.stdout
