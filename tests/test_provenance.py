@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from edgewatt.cli.rounds import rounds_table
 from edgewatt.client.fl_record import client_figures
 from edgewatt.core import energy_source
 from edgewatt.core.power.provenance import NO_SOURCE
@@ -201,3 +202,6 @@ def test_each_kind_as_one_line_and_in_a_flower_round_record() -> None:
     # The mod's record (client/flower.py) carries them as text: the server keeps them.
     record = {"energy_provenance": lines["push"], "device_energy_provenance": lines["none"]}
     assert client_figures(record) == (record, [])
+    # ... and `edgewatt report` of the round file says it under the table.
+    rounds = [{"round": 1, "kind": "train", "node_id": n, **record} for n in (1, 2)]
+    assert rounds_table(rounds, "t").splitlines()[-1] == f"  energy: {lines['push']}"
