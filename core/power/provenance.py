@@ -1,7 +1,8 @@
 """Where an energy figure comes from, carried beside it: measured by which sensor and
 rail at what rate, attributed to a process by which rule (docs/attribution.md), or
-unknown and why. Built where the figure is made (the power reader's, meter.py; the
-attribution's, the sampler) and shown wherever the figure is: never a silent constant.
+unknown and why. The device's is built where its energy is (meter.py, at every edge),
+a target's from it beside its figures (targets/summary.py), and each is shown wherever
+its figure is (core/energy_source.py words it): never a silent constant.
 """
 
 from __future__ import annotations
