@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,11 @@ REASON = "NVML answers 'Not Supported' for the power and energy of Orin (nvgpu)"
 
 
 @pytest.fixture
-def tegra_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+def tegra_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.syspath_prepend(NVML_TEGRA)
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    yield
+    sys.modules.pop("pynvml", None)  # the stand-in, imported: never another test's pynvml
 
 
 def test_nvml_answering_not_supported_is_no_source(tegra_nvml: None, tmp_path: Path) -> None:
