@@ -111,15 +111,17 @@ def power_sources(ctx: Context) -> tuple[str, str]:
                 f"the daemon does not read this {pi}'s PMIC (it runs vcgencmd pmic_read_adc "
                 f"from its PATH, which opens /dev/vcio): {VIDEO_GROUP_FIX}"
             )
+        stepped = _aside(ctx.health.get("power_sources_aside") or {})
         if daemon:
-            return "ok", f"power sources (the daemon's): {', '.join(daemon)}"
+            return "ok", f"power sources (the daemon's): {', '.join(daemon)}{stepped}"
         return "warn", (
             "the daemon found no power source: on Jetson check /sys/bus/i2c/drivers/ina3221* "
             "or the tegrastats path in its config; on x86 RAPL needs root; NVIDIA GPUs need "
-            "pip install 'edgewatt[nvidia]' in the daemon's environment"
+            f"pip install 'edgewatt[nvidia]' in the daemon's environment{stepped}"
         )
     config = ctx.config
-    found = power.discover(config.power)
+    aside: dict[str, str] = {}
+    found = power.discover(config.power, aside)
     for source in found:
         source.close()
     if pi is not None and not any(s.name == "pi5" for s in found):
@@ -129,13 +131,18 @@ def power_sources(ctx: Context) -> tuple[str, str]:
         return "warn", (
             "no power source: on Jetson check /sys/bus/i2c/drivers/ina3221* or "
             f"{config.tegrastats}; on x86 RAPL needs root; NVIDIA GPUs need "
-            "pip install 'edgewatt[nvidia]'"
+            f"pip install 'edgewatt[nvidia]'{_aside(aside)}"
         )
     total = next((s.name for s in found if s.board), None) or " + ".join(s.name for s in found)
     return "ok", (
         f"power sources (none running; as this user): {', '.join(s.name for s in found)}; "
-        f"device total from {total}"
+        f"device total from {total}{_aside(aside)}"
     )
+
+
+def _aside(aside: dict[str, str]) -> str:
+    """The sources that loaded but cannot measure, and why (the next were used)."""
+    return "".join(f"; {name} steps aside: {why}" for name, why in sorted(aside.items()))
 
 
 # Where each fact of the device's context is read, as doctor names an absent one

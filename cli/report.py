@@ -21,6 +21,7 @@ from edgewatt.cli.rounds import (
 )
 from edgewatt.cli.spreads import KEYS, spread_rows
 from edgewatt.cli.status import human_bytes
+from edgewatt.core.energy_source import line as energy_source
 from edgewatt.core.text import printable
 
 # What a process target's TCP figures miss (a cgroup target's counters do not).
@@ -95,6 +96,9 @@ def summary_table(
         )
     if energy is None:
         rows.append(("energy", _energy_unknown(summary, power)))
+    provenance = summary.get("energy_provenance") or summary.get("device_energy_provenance")
+    if energy is not None and isinstance(provenance, dict):  # unknown: the row above says
+        rows.append(("energy from", printable(energy_source(provenance))))
     rows.append(("samples", str(summary.get("samples", 0))))
     if summary.get("final") is False:  # waited for, and still not come
         rows.append(("not final", "the power reading after the last edge never came"))

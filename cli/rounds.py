@@ -101,6 +101,9 @@ def rounds_table(records: list[dict[str, Any]], title: str) -> str:
     sources = {r.get("bytes_source") for r in records if r.get("bytes_source")}
     if sources:
         lines.append(f"  bytes: {', '.join(sorted(sources))}")
+    # Where the clients' energy comes from, as each said (client/flower.py).
+    for line in sorted({r["energy_provenance"] for r in records if r.get("energy_provenance")}):
+        lines.append(f"  energy: {line}")
     return "\n".join(printable(line.rstrip()) for line in lines)
 
 

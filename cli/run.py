@@ -429,6 +429,9 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         summary.update({k: last[k] for k in spreads.KEYS if k in last and k not in summary})
         if "final" in last:  # the phases' energy settled (it was waited for)
             summary["final"] = last["final"]
+        for key in ("energy_provenance", "device_energy_provenance"):
+            if key in sampled:  # where the energy comes from, or why it is unknown
+                summary[key] = sampled[key]
         if last.get("context") is not None:  # the device's setting over the run
             summary["context"] = last["context"]
         if last.get("phases"):  # whoever opened them: this process, the command's own

@@ -14,6 +14,7 @@ from typing import Any, Callable, NamedTuple
 
 from edgewatt.cli.phases import PEAK_POWER
 from edgewatt.cli.status import FINISHED_SHOWN, finished_rows, human_bytes
+from edgewatt.core.energy_source import sensors as measured_by
 from edgewatt.core.text import printable
 
 # How long the live view waits for one answer before asking again: a daemon on a
@@ -103,14 +104,17 @@ def device_lines(document: dict[str, Any], width: int) -> list[str]:
     cpus = device.get("logical_cpus")
     used, total = device.get("memory_used_bytes"), device.get("memory_total_bytes")
     hz = health.get("power_sample_hz")
+    # Each sensor with its rail and rate (a daemon before provenance: the reader's rate).
+    sensors = measured_by(power.get("provenance")) or (
+        f"{','.join(power.get('sources') or [])} at {'-' if hz is None else f'{hz:g}'} Hz"
+    )
     lines = [
         f"edgewatt top  {time.strftime('%H:%M:%S', time.localtime(device['time']))}"
         f"  {cpus} cores {_cpu(device.get('cpu_utilization'), 1)}% busy"
         f"  mem {human_bytes(used)}/{human_bytes(total)}",
         f"power {_w(power.get('host_power_w'))} W, {_w(power.get('host_power_avg_w'))} W"
         f" avg {power.get('avg_window_s', 0):.0f} s, {_j(power.get('host_energy_j'))} J"
-        f" since start; {','.join(power.get('sources') or [])}"
-        f" at {'-' if hz is None else f'{hz:g}'} Hz"
+        f" since start; {sensors}"
         if power.get("sources")
         else "power: no power source on this device (edgewatt doctor says why)",
     ]

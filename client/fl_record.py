@@ -18,7 +18,9 @@ MAX_BYTES = 1 << 50  # 1 PiB in one round
 _SECONDS = ("duration_s", "cpu_s")
 _JOULES = ("energy_j", "device_energy_j")
 _BYTES = ("bytes_received", "bytes_sent", "rss_peak_bytes")
-_TEXT = ("phase", "bytes_source", "host_name", "source", "target")
+# The *_provenance: where each energy figure comes from, as a line (core/energy_source.py).
+_TEXT = ("phase", "bytes_source", "host_name", "source", "target", "energy_provenance",
+         "device_energy_provenance")  # fmt: skip
 _FLAGS = ("exact", "shorter_than_sensor_period")
 # Set by the server from its own knowledge: a client's value is never used.
 SERVER_FIELDS = ("type", "round", "kind", "node_id")

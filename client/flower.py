@@ -40,8 +40,8 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from edgewatt.client import DaemonBackend, Options, Registration, register
-from edgewatt.client.fl_record import KIND, client_figures
-from edgewatt.core import transport
+from edgewatt.client.fl_record import KIND, MAX_TEXT, client_figures
+from edgewatt.core import energy_source, transport
 from edgewatt.core.text import shown
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,9 @@ class _Window:
             figures["energy_j"] = phase["energy_j"]
         if phase.get("device_energy_j") is not None:  # the whole device, at the sensor's rate
             figures["device_energy_j"] = phase["device_energy_j"]
+        for key in ("energy_provenance", "device_energy_provenance"):
+            if isinstance(phase.get(key), dict):  # what measured it, or why it is unknown
+                figures[key] = energy_source.line(phase[key])[:MAX_TEXT]
         if phase.get("shorter_than_sensor_period") is not None:  # None: period unknown
             figures["shorter_than_sensor_period"] = phase["shorter_than_sensor_period"]
         if phase.get("memory_rss_peak_bytes") is not None:

@@ -331,6 +331,17 @@ TABLE: tuple[Metric, ...] = (
         _H,
     ),
     Metric(
+        "edgewatt.energy.source.info",
+        "gauge",
+        "1",
+        "1 per sensor the device's energy is measured by (core/power/provenance.py): its "
+        "source, rail, how it is read (stream, printed, counter) and rate_hz (absent for a "
+        "counter), and the rule the targets' energy is attributed by (docs/attribution.md); "
+        "with no measurement, one series with method unknown and the reason",
+        ("method", "source", "rail", "read", "rate_hz", "rule", "reason"),
+        _H,
+    ),
+    Metric(
         "system.cpu.time",
         "counter",
         "s",

@@ -128,6 +128,8 @@ class Sampler:
             edge = self._clock.monotonic()
             power = self.power.read(edge, self._window_until(edge))
         self.table.energy_period_s = power.period_s if power is not None else None
+        if power is not None and power.provenance is not None:
+            self.table.energy_provenance = power.provenance
         self._attribute(started, power, read)
         figures, refused = gather(self._contributors, read)
         self._errors += refused

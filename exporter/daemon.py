@@ -106,6 +106,8 @@ class Daemon:
         self.platform = LinuxPlatform(proc)
         self.notifier = Notifier()
         self.recent_power = RecentPower()
+        # Power sources that loaded but cannot measure here, and why (/healthz, doctor).
+        self.power_aside: dict[str, str] = {}
         self._threads: list[threading.Thread] = []
         self._started = time.time()
         self._may_join_namespaces = procfs.may_join_namespaces()  # a container's own
@@ -172,11 +174,12 @@ class Daemon:
             state_error=self.saved.error,
             state_deferred=self.saved.statefile.deferred,
             influx=self.influx.status() if self.influx is not None else None,
+            power_aside=self.power_aside,
         )
 
     def _start_power(self) -> PowerMeter | None:
         options = self.config.power
-        sources = power.discover(options)
+        sources = power.discover(options, self.power_aside)
         if sources:
             # A sensor silent for five intervals (at least 5 s) is no longer trusted.
             gap = max(5 * self.config.interval, 5.0)

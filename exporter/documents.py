@@ -112,6 +112,8 @@ def host(
             "avg_window_s": round(span, 3),
             "idle_power_w": snapshot.idle_power_w,
             "sources": list(power.sources),
+            # What the device's energy is measured by (core/power/provenance.py).
+            "provenance": None if power.provenance is None else power.provenance.as_dict(),
             "rails": {
                 r.name: {
                     "id": r.id,

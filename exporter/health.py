@@ -4,6 +4,7 @@ collectors could start, the table's membership and the state file's last error."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from edgewatt.core import __version__
@@ -28,6 +29,7 @@ def document(
     state_error: str | None,
     influx: dict[str, Any] | None,
     state_deferred: int = 0,
+    power_aside: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """GET /healthz at ``now`` (epoch seconds) for a daemon started at ``started``;
     ``power`` is ``PowerStatus()`` where no power source runs, ``influx`` None where
@@ -49,6 +51,8 @@ def document(
         "logical_cpus": logical_cpus,
         "power_sources": speaking,
         "power_sources_silent": silent,
+        # Sources that loaded but cannot measure here, and why: the next were used.
+        "power_sources_aside": dict(power_aside or {}),
         # The power reader's rate now (chosen on the device unless configured), and
         # what a reading costs its thread in CPU, wake included (None: not yet known).
         "power_sample_hz": power.sample_hz,

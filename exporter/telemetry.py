@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.metrics import HOST_HW_ID, TABLE, Metric
+from edgewatt.core.power.provenance import NO_SOURCE, info_labels, unknown
 from edgewatt.core.power.source import Gpu
 from edgewatt.core.power.values import PowerSnapshot, RailState
 from edgewatt.core.snapshot import PhaseFigures, ProcessSample, Snapshot
@@ -241,6 +242,13 @@ def _device_info(snapshot: Snapshot) -> Points:
         yield 1, snapshot.context.labels()
 
 
+def _energy_source_info(snapshot: Snapshot) -> Points:
+    power = snapshot.power
+    found = power.provenance if power is not None else None
+    for labels in info_labels(found or unknown(NO_SOURCE)):
+        yield 1, labels
+
+
 def _computed() -> Mapping[str, Callable[[Snapshot], Points]]:
     """Observers of the rows that name no sample field (core/metrics.py): the device's
     figures, and what is computed from more than one target's field."""
@@ -258,6 +266,7 @@ def _computed() -> Mapping[str, Callable[[Snapshot], Points]]:
         "edgewatt.host.idle_power": _one(lambda s: s.idle_power_w),
         "edgewatt.host.energy.accounted": _energy_parts,
         "edgewatt.device.info": _device_info,
+        "edgewatt.energy.source.info": _energy_source_info,
         "system.cpu.time": _host(_host_cpu_time),
         "system.cpu.utilization": _host(_one(lambda s: s.host.cpu_utilization)),  # type: ignore[union-attr],
         "edgewatt.host.logical_cpus": _host(_one(lambda s: s.host.cpu.logical_cpus)),  # type: ignore[union-attr],

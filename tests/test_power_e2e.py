@@ -74,6 +74,7 @@ def test_health_says_how_power_is_read_and_names_a_source_gone_silent(
     assert power == {
         "power_sources": ["tegrastats"],
         "power_sources_silent": [],
+        "power_sources_aside": {},
         "power_sample_hz": 50.0,
         "power_reader": "none",
         "power_reader_priority": None,

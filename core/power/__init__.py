@@ -5,10 +5,10 @@ with a ``discover(options)`` that returns a source or raises NoData, and one lin
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 
 from edgewatt.core.power import ina3221, nvml, pi5, powermetrics, rapl, tegra_gpu, tegrastats
-from edgewatt.core.power.source import NoData, PowerOptions, PowerSource
+from edgewatt.core.power.source import CannotMeasure, NoData, PowerOptions, PowerSource
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +27,12 @@ SOURCES: dict[str, Callable[[PowerOptions], PowerSource]] = {
 }
 
 
-def discover(options: PowerOptions) -> list[PowerSource]:
-    """The sources present here; absent hardware is normal and only logged at info."""
+def discover(
+    options: PowerOptions, aside: MutableMapping[str, str] | None = None
+) -> list[PowerSource]:
+    """The sources present here; absent hardware is normal and only logged at info. A
+    source that loads but cannot measure steps aside with a warning, and its reason
+    goes into ``aside`` (for /healthz and doctor)."""
     automatic = options.sources is None
     found: list[PowerSource] = []
     for name in options.sources or tuple(SOURCES):
@@ -38,6 +42,11 @@ def discover(options: PowerOptions) -> list[PowerSource]:
             continue
         try:
             source = SOURCES[name](options)
+        except CannotMeasure as exc:
+            log.warning("power source %s: loads but cannot measure, stepping aside: %s", name, exc)
+            if aside is not None:
+                aside[name] = str(exc)
+            continue
         except NoData as exc:
             log.info("power source %s: not used (%s)", name, exc)
             continue

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from edgewatt.core import options
 from edgewatt.core.power import native
 from edgewatt.core.power.allowance import WindowAllowance
+from edgewatt.core.power.provenance import COUNTER, PRINTED, STREAM, Sensor, total_rail
 from edgewatt.core.power.python_reader import PythonReader
 from edgewatt.core.power.rate import CALIBRATION_S, RateController
 from edgewatt.core.power.reader import Pacing, StreamReader
@@ -157,7 +158,7 @@ class PowerMeter:
             # The stream's period since the last edge: the window rate's where it was
             # read all along, from that edge or before.
             fine = self.windows.fine_since(self._last_edge)
-            snapshot = self.traces.snapshot(now, self._period(fine))
+            snapshot = self.traces.snapshot(now, self._period(fine), self._sensors())
             self._last_edge = now
             opened = reader is not None and self._pacing.open(now, window_until)
         if reader is not None:  # outside the lock, as the reader's threads calibrate
@@ -210,6 +211,25 @@ class PowerMeter:
             if period is not None:
                 periods.append(period)
         return max(periods) if periods else None
+
+    def _sensors(self) -> tuple[Sensor, ...]:
+        """What the device's energy is measured by, at the steady rate (lock held; a
+        young window's faster rate is not the run's)."""
+        sensors = []
+        for source in self.sources:
+            latest = self.traces.latest(source.name)
+            if source.name not in self.traces.contributing or latest is None:
+                continue
+            if source.name in self.traces.streamed:
+                # Read faster than the monitors convert, a reading repeats the last.
+                slowest = 1.0 / source.period_s if source.period_s else self.rate.hz
+                read, hz = STREAM, round(min(self.rate.hz, slowest), 3)
+            elif source.pushed:
+                read, hz = PRINTED, (round(1.0 / source.period_s, 3) if source.period_s else None)
+            else:
+                read, hz = COUNTER, None
+            sensors.append(Sensor(source.name, total_rail(latest), read, hz))
+        return tuple(sensors)
 
     @property
     def sample_hz(self) -> float:

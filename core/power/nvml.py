@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from edgewatt.core.power.source import (
+    CannotMeasure,
     Gpu,
     GpuProcess,
     NoData,
@@ -119,6 +120,23 @@ class NvmlSource(PullSource):
             temperatures_c=temps,
         )
 
+    def refusal(self) -> str | None:
+        """Why no GPU here measures (every one refusing both its power and its energy
+        counter: a Tegra board's integrated GPU answers NVML_ERROR_NOT_SUPPORTED), or
+        None where one does."""
+        refused = []
+        for handle in self.handles:
+            for call in (
+                self.nvml.nvmlDeviceGetPowerUsage,
+                self.nvml.nvmlDeviceGetTotalEnergyConsumption,
+            ):
+                try:
+                    call(handle)
+                    return None
+                except self.nvml.NVMLError as exc:
+                    refused.append(str(exc))
+        return ", ".join(sorted(set(refused)))
+
     def close(self) -> None:
         self._try(self.nvml.nvmlShutdown)
 
@@ -140,4 +158,9 @@ def discover(options: PowerOptions) -> NvmlSource:
     if not source.handles:
         source.close()
         raise NoData("NVML found no GPU")
+    refused = source.refusal()
+    if refused is not None:
+        source.close()
+        names = ", ".join(source.names)
+        raise CannotMeasure(f"NVML answers {refused!r} for the power and energy of {names}")
     return source

@@ -88,6 +88,7 @@ class RaplSource(PullSource):
             ),
             total_w=None if None in powers else sum(p for p in powers if p is not None),
             total_energy_j=sum(z.energy_j for z in counted),
+            total_of=tuple(z.rail_name for z in counted),
         )
 
 

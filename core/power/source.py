@@ -113,6 +113,11 @@ class NoData(Exception):
     """This source has nothing on this machine (no such hardware, no permission)."""
 
 
+class CannotMeasure(NoData):
+    """This source loads but cannot measure here (NVML on a Tegra board answers "not
+    supported" for power): it steps aside for the next, and says so where looked at."""
+
+
 @dataclass(frozen=True, **SLOTS)
 class Rail:
     id: str  # stable hw.id, "<source>:<name>"
@@ -152,6 +157,9 @@ class PowerReading:
     total_energy_j: float | None = None
     gpus: tuple[Gpu, ...] = ()
     temperatures_c: Mapping[str, float] = field(default_factory=dict)
+    # The rails the total is, where not all of them (nor a board's input rail): what
+    # an energy figure's provenance names (provenance.py).
+    total_of: tuple[str, ...] = ()
 
 
 class PowerSource(Protocol):

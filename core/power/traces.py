@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
+from edgewatt.core.power.provenance import MEASURED, Provenance, Sensor, unknown
 from edgewatt.core.power.source import Gpu, PowerReading, PowerSource
 from edgewatt.core.power.trace import Trace
 from edgewatt.core.power.values import PowerSnapshot, RailState
@@ -96,8 +97,11 @@ class Traces:
             self.totals[source.name].add(total[0], total[1])
             self.readings += 1
 
-    def snapshot(self, now: float, period_s: float | None) -> PowerSnapshot:
-        """The device at ``now`` (lock held), energies interpolated to it."""
+    def snapshot(
+        self, now: float, period_s: float | None, sensors: tuple[Sensor, ...]
+    ) -> PowerSnapshot:
+        """The device at ``now`` (lock held), energies interpolated to it; ``sensors``:
+        what the device's energy is measured by (its provenance)."""
         # A source whose last read failed, or silent beyond the gap, is left out.
         fresh = [
             (s, r)
@@ -143,6 +147,9 @@ class Traces:
             period_s=period_s,
             power_min_w=low if complete else None,
             power_max_w=high if complete else None,
+            provenance=Provenance(MEASURED, sensors)
+            if host_energy is not None
+            else unknown(f"no reading from {', '.join(sorted(self.contributing))} yet"),
         )
 
     def _power_range(self) -> tuple[float | None, float | None]:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.power.provenance import Provenance
 from edgewatt.core.power.source import Gpu
 
 
@@ -39,6 +40,8 @@ class PowerSnapshot:
     # between two passes is in them. None: not measured.
     power_min_w: float | None = None
     power_max_w: float | None = None
+    # Where host_energy_j comes from: the sensors, rails and rates, or why unknown.
+    provenance: Provenance | None = None
 
 
 @dataclass(frozen=True, **SLOTS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.power.provenance import UNKNOWN, Provenance, unknown
 from edgewatt.core.snapshot import PhaseFigures
 from edgewatt.core.targets.edges import EdgeEnergy
 from edgewatt.core.targets.history import Memory, Phase, Spread
@@ -209,3 +210,18 @@ def summarize(
         result["carbon_intensity_g_per_kwh"] = carbon.g_per_kwh
         result["carbon_intensity_source"] = carbon.source
     return result
+
+
+def with_provenance(item: dict[str, Any], measured: Provenance) -> dict[str, Any]:
+    """Each energy figure's provenance beside it (power/provenance.py), in a summary or
+    a phase and in its phases: the device's as measured, the target's attributed from
+    it; a figure absent while the sensors measure says why."""
+    for window in (item, *item.get("phases", ())):
+        for key, provenance in (
+            ("energy_j", measured.attributed()),
+            ("device_energy_j", measured),
+        ):
+            if window.get(key) is None and provenance.method != UNKNOWN:
+                provenance = unknown("no sample with the device's energy in this window yet")
+            window[key.replace("_j", "_provenance")] = provenance.as_dict()
+    return item

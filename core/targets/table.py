@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.context import ContextLog
 from edgewatt.core.persons import alone
+from edgewatt.core.power.provenance import NO_SOURCE, Provenance, unknown
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.snapshot import ProcessSample
@@ -24,7 +25,13 @@ from edgewatt.core.targets.history import MAX_PHASE_DEPTH, History, Phase, phase
 from edgewatt.core.targets.persistence import StateSaver, saved
 from edgewatt.core.targets.resolve import Resolver
 from edgewatt.core.targets.row import row_of, sample_dict
-from edgewatt.core.targets.summary import PhaseFigures, phase_figures, summarize, summarize_phase
+from edgewatt.core.targets.summary import (
+    PhaseFigures,
+    phase_figures,
+    summarize,
+    summarize_phase,
+    with_provenance,
+)
 from edgewatt.core.targets.target import UNREGISTERED, Identity, Observed, Target
 
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
@@ -82,6 +89,8 @@ class TargetTable:
         self.membership = PARENT_LINKS
         # The power sensors' period, as the sampler last saw it (None: no sensor).
         self.energy_period_s: float | None = None
+        # Where the device's energy comes from, as the sampler last saw it.
+        self.energy_provenance: Provenance = unknown(NO_SOURCE)
         # The device's energy up to a past instant once final (PowerMeter's, set by the
         # sampler; None: no sensor): windows' edges are settled by it (edges.py).
         self.settled_energy: Settle | None = None
@@ -285,6 +294,7 @@ class TargetTable:
             if self.settled_energy is not None:  # to its last sample: what the trace has
                 target.history.settle(self.settled_energy, to_last=True)
             found = summarize(target, logical_cpus, self._carbon, self.membership, period_s)
+            with_provenance(found, self.energy_provenance)
             if self._context is not None:
                 found["context"] = self._context.during(
                     target.identity.registered_at, target.exited_at
@@ -297,7 +307,8 @@ class TargetTable:
             target = _find(self._targets, target_id)
             if self.settled_energy is not None:
                 target.history.settle(self.settled_energy)
-            return summarize_phase(phase, logical_cpus, self._carbon, self.energy_period_s)
+            item = summarize_phase(phase, logical_cpus, self._carbon, self.energy_period_s)
+            return with_provenance(item, self.energy_provenance)
 
     def final(self, target_id: str) -> bool:
         """Whether the target's windows are settled up to their last samples."""
