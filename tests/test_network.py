@@ -96,18 +96,18 @@ def test_exact_bytes_per_process_also_after_close(
         rid = daemon.register(receiver.pid)["id"]
         sid = daemon.register(sender.pid)["id"]
         wait_for(lambda: io(daemon, sid) and io(daemon, rid))
-        time.sleep(daemon.interval * 2)  # the connection is seen before any byte
+        daemon.wait_passes(sid, 2)  # the connection is seen before any byte
         sender.stdin.write("go\n")
         sender.stdin.flush()
         assert sender.stdout.readline() == "sent\n"
         assert int(receiver.stdout.readline()) == N
-        time.sleep(daemon.interval * 3)
+        daemon.wait_passes(sid, 3)
         check(daemon, sid, rid, "while open")
         for proc in (sender, receiver):
             proc.stdin.write("close\n")
             proc.stdin.flush()
             assert proc.stdout.readline() == "closed\n"
-        time.sleep(daemon.interval * 4)
+        daemon.wait_passes(sid, 4)
         check(daemon, sid, rid, "after close")
         summary = daemon.call("GET", f"/v1/targets/{sid}/summary")[1]
         assert summary["network_transmit_bytes"] <= N * 1.01
@@ -145,7 +145,7 @@ def test_child_connection_counted_in_registered_parent(daemon: DaemonProcess, sp
         parent.stdin.write(port + "\n")
         parent.stdin.flush()
         assert parent.stdout is not None and parent.stdout.readline() == "child done\n"
-        time.sleep(daemon.interval * 3)
+        daemon.wait_passes(pid, 3)
         assert N <= io(daemon, pid)["transmit"] <= N * 1.01
     finally:
         for p in (receiver, parent):
@@ -165,7 +165,7 @@ def test_unregistered_traffic_is_not_counted(daemon: DaemonProcess, spawn: Any) 
         sender.stdin.write("go\n")
         sender.stdin.flush()
         assert sender.stdout.readline() == "sent\n"
-        time.sleep(daemon.interval * 3)
+        daemon.wait_passes(tid, 3)
         assert io(daemon, tid) == {"transmit": 0.0, "receive": 0.0}
         sender.kill()
         sender.wait()
@@ -228,7 +228,7 @@ def test_many_short_connections_loss_bound(
         sender.stdin.write("go\n")
         sender.stdin.flush()
         assert sender.stdout.readline() == "done\n"
-        time.sleep(daemon.interval * 3)
+        daemon.wait_passes(tid, 3)
         counted = io(daemon, tid)["transmit"]
         expected = count * size
         assert counted <= expected * 1.01  # never more than was sent
