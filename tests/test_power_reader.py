@@ -124,7 +124,7 @@ def test_the_python_reader_says_how_late_each_reading_came(
     monkeypatch.setenv("EDGEWATT_NATIVE_READER", "0")
     source = ina3221.discover(PowerOptions(sysfs_path=str(board[0])))
     meter = PowerMeter([source], max_gap_s=5.0, sample_hz=100.0).start()
-    time.sleep(0.3)
+    wait_for(lambda: meter.readings >= 10)  # streamed ones, beside the start's
     meter.close()
     late = meter.reader_lateness()
     # One figure per streamed reading (the start's own reading is not the stream's),
