@@ -172,9 +172,9 @@ class DaemonProcess:
     def wait_passes(self, target_id: str, n: int = 1, timeout: float = 20.0) -> None:
         """Until ``n`` passes that started after this call have ended with a sample of
         ``target_id``, the last one published (/metrics and every reader show it): what
-        ``time.sleep(interval * n)`` hoped for, known on a busy machine. A pass under
-        way at the call counts for nothing, and a pass records its rows before it
-        publishes, so the row of the pass after the n-th shows it done."""
+        a sleep of n intervals hoped for, known on a busy machine. A pass under way at
+        the call counts for nothing, and a pass records its rows before it publishes,
+        so the row of the pass after the n-th shows it done."""
         goal = self.samples_taken(target_id) + n + 2
         wait_for(lambda: self.samples_taken(target_id) >= goal, timeout=timeout)
 
