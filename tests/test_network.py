@@ -357,21 +357,25 @@ def exchange(sock, n):
         got += len(chunk)
     sender.join()
     assert got == n, got
-outside = int(sys.argv[1])
+outside, cues = int(sys.argv[1]), sys.argv[2]
+def told(name):  # the test's cue, once the daemon's passes have seen what it says
+    print(name, flush=True)
+    while not os.path.exists(os.path.join(cues, name)):
+        time.sleep(0.01)
 sys.stdin.readline()  # registered
 srv = socket.create_server(("127.0.0.1", 0))
 if os.fork() == 0:
     inner = socket.create_connection(srv.getsockname())
-    time.sleep(0.6)  # both ends seen by a pass before a byte flows
+    told("inner")  # both ends seen by a pass before a byte flows
     exchange(inner, 6_000_000)
     inner.close()
     out = socket.create_connection(("127.0.0.1", outside))
-    time.sleep(0.6)  # a process target sees a connection that lives through a pass
+    told("outside")  # a process target sees a connection that lives through a pass
     exchange(out, 3_000_000)
     out.close()
     os._exit(0)
 conn, _ = srv.accept()
-time.sleep(0.6)
+told("accepted")
 exchange(conn, 6_000_000)
 conn.close()
 os.wait()
@@ -395,7 +399,7 @@ print(got, flush=True)
 
 
 def test_a_target_talking_to_itself_counts_only_what_crosses_its_boundary(
-    daemon_factory: Any,
+    daemon_factory: Any, tmp_path: Path
 ) -> None:
     daemon = daemon_factory(interval=0.2)
     outside = start(OUTSIDE)
@@ -403,11 +407,18 @@ def test_a_target_talking_to_itself_counts_only_what_crosses_its_boundary(
     try:
         assert outside.stdout is not None
         port = outside.stdout.readline().strip()
-        inside = start(INSIDE_OUT, port)
+        inside = start(INSIDE_OUT, port, str(tmp_path))
         assert inside.stdin is not None and inside.stdout is not None
         tid = daemon.register(inside.pid)["id"]
         inside.stdin.write("go\n")
         inside.stdin.flush()
+        # Each of its connections is seen by a pass (after both ends are held) before
+        # a byte flows on it: cued once the daemon has taken one.
+        for waiting in ({"inner", "accepted"}, {"outside"}):
+            assert {inside.stdout.readline().strip() for _ in waiting} == waiting
+            daemon.wait_passes(tid)
+            for name in waiting:
+                (tmp_path / name).touch()
         assert inside.stdout.readline() == "done\n"
         assert int(outside.stdout.readline()) == 3_000_000  # what the peer really received
         inside.stdin.close()
