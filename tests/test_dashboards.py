@@ -128,6 +128,12 @@ def label_values(url: str, label: str, match: str) -> list[str]:
 NEEDS_ABSENT_HARDWARE: set[str] = set()
 
 
+def hosts_missing(url: str) -> list[str]:
+    """The two devices' host names not yet among the targets' series at ``url``."""
+    stored = label_values(url, "host_name", "edgewatt_targets")
+    return [host for host in ("jetson-a", "jetson-b") if host not in stored]
+
+
 def filled(empties: Any, timeout: float = 60) -> None:
     """Until ``empties()`` (lists of panels without data) are all empty, or ``timeout``
     has passed: the assertions after it say which are not."""
@@ -180,11 +186,11 @@ def test_every_panel_returns_data_from_a_real_prometheus(
     wait_for(
         lambda: len(query(url, "edgewatt_process_phase_energy_joules")) >= 4, timeout=30, step=0.5
     )
-    # Until enough scrapes for rate() and increase() over their windows (a minute at
-    # most; what still has none is named below).
+    # Until both devices are stored and enough scrapes for rate() and increase() over
+    # their windows (a minute at most; what still has none is named below).
     every = {"device": ".*", "run": "dash", "target": "|".join(tids), "carbon": ".*"}
     one = {"device": "jetson-b", "run": "dash", "target": tids[1], "carbon": "jetson-b"}
-    filled(lambda: [panels_without_data(url, values) for values in (every, one)])
+    filled(lambda: [hosts_missing(url), *(panels_without_data(url, v) for v in (every, one))])
     # A device is its host name, on this path as on the push paths.
     assert label_values(url, "host_name", "edgewatt_targets") == ["jetson-a", "jetson-b"]
     assert label_values(url, "run", 'process_cpu_time_seconds_total{host_name=~"jetson-a"}') == [
@@ -215,9 +221,13 @@ def test_every_panel_returns_data_when_devices_push_through_vmagent(
         wait_for(
             lambda s=store: query(s, "edgewatt_process_phase_energy_joules"), timeout=60, step=1
         )
-    # Until enough pushes for rate() and increase() over their windows.
+    # Until both devices are stored and enough pushes for rate() and increase() over
+    # their windows, in each store.
+    stores = (push_path.victoria, push_path.prometheus)
     filled(
-        lambda: [panels_without_data(s, values) for s in (push_path.victoria, push_path.prometheus)]
+        lambda: (
+            [hosts_missing(s) for s in stores] + [panels_without_data(s, values) for s in stores]
+        )
     )
     for store in (push_path.victoria, push_path.prometheus):
         assert label_values(store, "host_name", "edgewatt_targets") == ["jetson-a", "jetson-b"]
