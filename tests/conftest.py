@@ -94,6 +94,18 @@ def wait_for(predicate: Any, timeout: float = 10.0, step: float = 0.05) -> Any:
         time.sleep(step)
 
 
+def rounded_quotient(numerator: float, denominator: float, digits: int = 3) -> tuple[float, float]:
+    """Where n / d lies for figures shown as ``numerator`` and ``denominator``, each
+    rounded to ``digits`` decimals (both positive): a quotient exact by design is
+    compared with this, not with a percentage."""
+    half = 0.5 * 10.0**-digits
+    slack = 1e-12 * (abs(numerator) + 1)  # the decimal's nearest double
+    return (
+        (numerator - half - slack) / (denominator + half),
+        (numerator + half + slack) / (denominator - half),
+    )
+
+
 @dataclass
 class DaemonProcess:
     """A running `edgewatt serve` with helpers to talk to it as a user would."""
@@ -168,6 +180,20 @@ class DaemonProcess:
         status, data = self.call("POST", "/v1/targets", {"pid": pid, **body})
         assert status in (200, 201), (status, data)
         return data
+
+    def samples_taken(self, target_id: str) -> int:
+        """The passes that have recorded ``target_id`` so far (its summary's count; a
+        summary read without ``fresh`` takes none)."""
+        return self.call("GET", f"/v1/targets/{target_id}/summary")[1]["samples"]
+
+    def wait_passes(self, target_id: str, n: int = 1, timeout: float = 20.0) -> None:
+        """Until ``n`` passes that started after this call have ended with a sample of
+        ``target_id``, the last one published (/metrics and every reader show it): what
+        a sleep of n intervals hoped for, known on a busy machine. A pass under way at
+        the call counts for nothing, and a pass records its rows before it publishes,
+        so the row of the pass after the n-th shows it done."""
+        goal = self.samples_taken(target_id) + n + 2
+        wait_for(lambda: self.samples_taken(target_id) >= goal, timeout=timeout)
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:

@@ -158,9 +158,9 @@ def test_list_get_delete_summary_samples_phase(daemon: DaemonProcess, spawn: Any
     child = spawn("import time; time.sleep(60)")
     target = daemon.register(child.pid, labels={"run": "r1"})
     tid = target["id"]
-    time.sleep(daemon.interval * 3)
+    daemon.wait_passes(tid, 3)
     assert daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "epoch-1"})[0] == 201
-    time.sleep(daemon.interval * 3)
+    daemon.wait_passes(tid, 3)
     status, listing = daemon.call("GET", "/v1/targets")
     assert status == 200 and [t["id"] for t in listing["targets"]] == [tid]
     status, one = daemon.call("GET", f"/v1/targets/{tid}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
@@ -73,7 +72,7 @@ def test_carbon_equals_intensity_times_energy(daemon_factory: Any, spawn: Any) -
     assert 'edgewatt_carbon_intensity_source="configured (carbon_intensity_g_per_kwh)"' in info
     # Per phase in the summary, and the host document for clients.
     assert daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "train"})[0] == 201
-    time.sleep(0.6)
+    daemon.wait_passes(tid, 6)
     summary = daemon.call("GET", f"/v1/targets/{tid}/summary")[1]
     assert summary["carbon_intensity_g_per_kwh"] == INTENSITY
     assert summary["carbon_g"] == pytest.approx(summary["energy_j"] * INTENSITY / 3.6e6, rel=1e-9)
@@ -93,7 +92,7 @@ def test_nothing_carbon_related_without_an_intensity(daemon_factory: Any, spawn:
     tid = daemon.register(burner.pid)["id"]
     wait_for(lambda: daemon.value("edgewatt_process_energy_joules_total", edgewatt_target_id=tid))
     assert daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "train"})[0] == 201
-    time.sleep(0.3)
+    daemon.wait_passes(tid, 3)
     assert "carbon" not in daemon.metrics_text()
     assert "carbon" not in json.dumps(daemon.call("GET", f"/v1/targets/{tid}/summary")[1])
     assert "carbon" not in json.dumps(daemon.call("GET", "/v1/host")[1])

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +152,7 @@ def test_a_namespace_the_daemon_may_not_enter_is_counted_by_its_interfaces(
         sender.stdin.flush()
         assert sender.stdout.readline() == "done\n"
         wait_for(lambda: sum(received) == 40 * 20000, timeout=10)
-        time.sleep(1.0)  # a pass after the last frame
+        daemon.wait_passes(target["id"])  # a pass after the last frame
         summary = daemon.call("GET", f"/v1/targets/{target['id']}/summary?fresh=1")[1]
         info = daemon.call("GET", f"/v1/targets/{target['id']}")[1]["cgroup"]
         sent, packets = summary["network_transmit_bytes"], info["network_transmit_packets"]

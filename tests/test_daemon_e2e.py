@@ -90,7 +90,7 @@ def test_rss_of_a_200_mb_child_within_5_percent(daemon: DaemonProcess, spawn: An
     assert child.stdout is not None and child.stdout.readline() == "ready\n"
     tid = daemon.register(child.pid)["id"]
     wait_for(lambda: daemon.value("process_memory_usage_bytes", edgewatt_target_id=tid))
-    time.sleep(daemon.interval * 2)
+    daemon.wait_passes(tid, 2)
     exported = daemon.value("process_memory_usage_bytes", edgewatt_target_id=tid)
     assert exported == pytest.approx(rss_bytes(child.pid), rel=0.05)
     assert exported > 200 * 1024 * 1024
@@ -136,7 +136,7 @@ def test_forked_grandchild_cpu_counted_in_ancestor_and_kept_after_exit(
             break
         time.sleep(0.1)
     assert parent.stdout.readline() == "reaped\n"
-    time.sleep(daemon.interval * 3)
+    daemon.wait_passes(tid, 3)
     final = cpu_total(daemon, tid)
     seen.append(final)  # type: ignore[arg-type]
     assert seen == sorted(seen), "the counter went backwards"
@@ -184,7 +184,7 @@ def test_counters_never_go_backwards_when_a_descendant_leaves_the_tree(
             seen.append(value)
         assert time.monotonic() < deadline, seen
     assert parent.stdout.readline() == "done\n"
-    time.sleep(daemon.interval * 3)
+    daemon.wait_passes(tid, 3)
     seen.append(cpu_total(daemon, tid))
     assert len(seen) > 5 and seen == sorted(seen)
     # What the orphan spent while it was a descendant is kept on top of the parent's
@@ -332,8 +332,7 @@ def test_children_false_counts_only_the_process(daemon: DaemonProcess, spawn: An
     burner = int(parent.stdout.readline())
     try:
         alone = daemon.register(parent.pid, children=False)["id"]
-        time.sleep(1.0)
-        wait_for(lambda: cpu_total(daemon, alone) is not None)
+        daemon.wait_passes(alone, 5)  # a second of passes: counted, the burner would show
         assert cpu_total(daemon, alone) < 0.3
         assert daemon.value("edgewatt_process_members", edgewatt_target_id=alone) == 1
     finally:
@@ -343,7 +342,7 @@ def test_children_false_counts_only_the_process(daemon: DaemonProcess, spawn: An
 def test_status_command_prints_a_table_and_json(daemon: DaemonProcess, spawn: Any) -> None:
     child = spawn("import time; time.sleep(60)")
     tid = daemon.register(child.pid, labels={"run": "table"})["id"]
-    time.sleep(daemon.interval * 3)
+    daemon.wait_passes(tid, 3)
     cmd = [sys.executable, "-m", "edgewatt.cli", "status", "--socket", daemon.socket]
     table = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True).stdout
     header, row = table.splitlines()[:2]

@@ -3,12 +3,12 @@ Prometheus scraping the real daemon (Grafana itself cannot be installed here).""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -128,6 +128,19 @@ def label_values(url: str, label: str, match: str) -> list[str]:
 NEEDS_ABSENT_HARDWARE: set[str] = set()
 
 
+def hosts_missing(url: str) -> list[str]:
+    """The two devices' host names not yet among the targets' series at ``url``."""
+    stored = label_values(url, "host_name", "edgewatt_targets")
+    return [host for host in ("jetson-a", "jetson-b") if host not in stored]
+
+
+def filled(empties: Any, timeout: float = 60) -> None:
+    """Until ``empties()`` (lists of panels without data) are all empty, or ``timeout``
+    has passed: the assertions after it say which are not."""
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: not any(empties()), timeout=timeout, step=1)
+
+
 def panels_without_data(url: str, values: dict[str, str]) -> list[str]:
     """Every dashboard query, variables put in as Grafana does, that returns nothing."""
     empty = []
@@ -152,7 +165,7 @@ def start_run(daemon: DaemonProcess, spawn: Any) -> str:
     names a client's rounds, the second still running; returns its target id."""
     tid = daemon.register(spawn(WORK).pid, labels={"run": "dash"})["id"]
     daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "round-1/train"})
-    time.sleep(1)
+    daemon.wait_passes(tid)  # the first round has figures of its own
     daemon.call("POST", f"/v1/targets/{tid}/phase", {"name": "round-2/train"})
     return tid
 
@@ -173,15 +186,17 @@ def test_every_panel_returns_data_from_a_real_prometheus(
     wait_for(
         lambda: len(query(url, "edgewatt_process_phase_energy_joules")) >= 4, timeout=30, step=0.5
     )
-    time.sleep(8)  # enough scrapes for rate() and increase() over their windows
+    # Until both devices are stored and enough scrapes for rate() and increase() over
+    # their windows (a minute at most; what still has none is named below).
+    every = {"device": ".*", "run": "dash", "target": "|".join(tids), "carbon": ".*"}
+    one = {"device": "jetson-b", "run": "dash", "target": tids[1], "carbon": "jetson-b"}
+    filled(lambda: [hosts_missing(url), *(panels_without_data(url, v) for v in (every, one))])
     # A device is its host name, on this path as on the push paths.
     assert label_values(url, "host_name", "edgewatt_targets") == ["jetson-a", "jetson-b"]
     assert label_values(url, "run", 'process_cpu_time_seconds_total{host_name=~"jetson-a"}') == [
         "dash"
     ]
     # Grafana puts the selected value into the regex matcher as it is: "All" is .*.
-    every = {"device": ".*", "run": "dash", "target": "|".join(tids), "carbon": ".*"}
-    one = {"device": "jetson-b", "run": "dash", "target": tids[1], "carbon": "jetson-b"}
     for values in (every, one):
         empty = panels_without_data(url, values)
         assert not empty, f"{values}: panels without data:\n" + "\n".join(empty)
@@ -206,7 +221,14 @@ def test_every_panel_returns_data_when_devices_push_through_vmagent(
         wait_for(
             lambda s=store: query(s, "edgewatt_process_phase_energy_joules"), timeout=60, step=1
         )
-    time.sleep(8)  # enough pushes for rate() and increase() over their windows
+    # Until both devices are stored and enough pushes for rate() and increase() over
+    # their windows, in each store.
+    stores = (push_path.victoria, push_path.prometheus)
+    filled(
+        lambda: (
+            [hosts_missing(s) for s in stores] + [panels_without_data(s, values) for s in stores]
+        )
+    )
     for store in (push_path.victoria, push_path.prometheus):
         assert label_values(store, "host_name", "edgewatt_targets") == ["jetson-a", "jetson-b"]
         assert label_values(store, "instance", "edgewatt_targets") == []

@@ -10,12 +10,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from edgewatt.core.sampling import sockets, taskstats
 from edgewatt.core.sampling.netlink import drain
 from edgewatt.core.sampling.sockets import DestroyListener, SockDiag, cookie
+from tests.conftest import wait_for
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="taskstats needs CAP_NET_ADMIN")
 
@@ -86,10 +88,16 @@ def test_the_fixed_offset_reading_of_a_record_is_the_full_parse() -> None:
     time.sleep(0.01)
     pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
     os.waitpid(pid, 0)
-    time.sleep(0.05)
-    datagrams, overflowed = drain(source._sock)
-    mine = [d for d in datagrams if any(r.tgid == pid for r in taskstats.parse(d))]
-    assert len(mine) == 1 and not overflowed
+    mine: list[bytes] = []
+
+    def heard() -> bool:
+        datagrams, overflowed = drain(source._sock)
+        assert not overflowed
+        mine.extend(d for d in datagrams if any(r.tgid == pid for r in taskstats.parse(d)))
+        return bool(mine)
+
+    wait_for(heard)
+    assert len(mine) == 1
     # Padding after the message sends the same datagram down the attribute walk.
     assert taskstats.parse(mine[0]) == taskstats.parse(mine[0] + bytes(4))
     (record,) = taskstats.parse(mine[0])
@@ -118,10 +126,18 @@ def test_the_destroy_listener_hears_only_the_sockets_it_follows() -> None:
     listener.listen({cookie(mine)})
     for s in (followed, other, followed_peer, other_peer):
         s.close()
-    time.sleep(0.1)
+    found: list[Any] = []
+
+    def heard() -> bool:
+        more, overflowed = listener.drain({cookie(mine), cookie(theirs)})
+        assert not overflowed
+        found.extend(more)
+        # Both destroyed: the other's notification, had the filter let it through, is
+        # queued by now too.
+        return bool(found) and not diag.dump({mine.inode, theirs.inode})
+
+    wait_for(heard)
     # Asked for both cookies, the kernel's filter let only the followed one through.
-    found, overflowed = listener.drain({cookie(mine), cookie(theirs)})
-    assert not overflowed
     assert [cookie(s) for s in found] == [cookie(mine)]
     assert found[0].bytes_acked == 5000 + 2  # the payload, the SYN and the FIN
     listener.listen(set())

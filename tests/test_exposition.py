@@ -4,12 +4,14 @@ text for the same snapshot, line for line."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import gzip
 import re
 import socket
+import struct
 import subprocess
+import termios
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -42,6 +44,7 @@ from edgewatt.exporter.exposition import (
 )
 from edgewatt.exporter.scrape_server import Answer, ScrapeServer, accepts_gzip
 from edgewatt.exporter.telemetry import METRICS, OtelPipeline
+from tests.conftest import wait_for
 from tests.semconv import REQUIRED_1_44
 from tests.snapshots import POWER, process
 
@@ -587,6 +590,11 @@ def test_semantic_convention_metrics_carry_their_required_attributes_on_every_po
             assert sample.value == value
 
 
+def unread(sock: socket.socket) -> int:
+    """Bytes waiting in ``sock``'s receive queue (FIONREAD)."""
+    return struct.unpack("i", fcntl.ioctl(sock, termios.FIONREAD, b"\0" * 4))[0]
+
+
 def test_an_answer_larger_than_the_socket_takes_reaches_a_slow_reader_whole() -> None:
     """Head and body go out with one sendmsg, never copied into one buffer; what the
     socket does not take waits for it to drain, and a slow reader holds no one else."""
@@ -598,7 +606,7 @@ def test_an_answer_larger_than_the_socket_takes_reaches_a_slow_reader_whole() ->
         slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         slow.connect(("127.0.0.1", server.port))
         slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        time.sleep(0.2)  # its answer waits, part sent
+        wait_for(lambda: unread(slow) > 0)  # its answer waits, part sent
         url = f"http://127.0.0.1:{server.port}/metrics"
         assert urllib.request.urlopen(url, timeout=10).read() == body  # another, meanwhile
         received = bytearray()

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -355,7 +354,7 @@ def test_a_killed_run_leaves_no_cgroup_and_no_target(daemon_factory: Any) -> Non
     assert len(members) == 1
     run.send_signal(signal.SIGKILL)
     run.wait()
-    time.sleep(0.5)  # passes while the command still runs: the target goes on
+    daemon.wait_passes(target["id"], 2)  # passes while the command still runs: it goes on
     assert summary(daemon, target["id"])["state"] == "running"
     os.kill(int(members[0]), signal.SIGKILL)  # the command ends too
     ended = wait_for(lambda: (s := summary(daemon, target["id"]))["state"] == "exited" and s)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -167,7 +166,8 @@ def test_sigterm_stops_within_five_seconds_whatever_the_server_does(
     # A write may take up to 60 s; a stop may not.
     daemon = influx_daemon(daemon_factory, server.url, EDGEWATT_INFLUX_TIMEOUT="60")
     wait_for(lambda: server.requests, timeout=10)
-    time.sleep(0.5)  # the write is waiting for its answer
+    # The write is waiting for its answer, as health says.
+    wait_for(lambda: (influx_status(daemon)["writing_s"] or 0) > 0, timeout=10)
     took = daemon.stop()  # SIGTERM; the helper kills at 10 s
     closed.set()
     assert took < 6.0, took  # 5 s for the stop's last write, and the interpreter's exit

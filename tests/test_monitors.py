@@ -113,7 +113,7 @@ def test_disabled_metrics_are_empty_and_monitors_coexist(tmp_path: Path) -> None
     b.set_metrics(cpu=False, network=False)
     a.start()
     b.start()
-    time.sleep(0.6)
+    wait_for(lambda: a.stats()["cpu_usage"] and b.stats()["memory_usage"])
     a.stop()
     b.stop()
     # heflwr's seven keys always: a metric that is off has an empty list, a 0 total.
@@ -127,7 +127,7 @@ def test_disabled_metrics_are_empty_and_monitors_coexist(tmp_path: Path) -> None
     rich.socket = str(tmp_path / "x")
     rich.set_metrics(cpu=False, network=False)
     rich.start()
-    time.sleep(0.3)
+    wait_for(lambda: rich.stats().get("memory_usage"))
     rich.stop()
     assert set(rich.stats()) == {
         "timestamp",
@@ -151,7 +151,7 @@ def test_unwritable_path_fails_at_start(variant: Any, tmp_path: Path) -> None:
 def test_disk_full_mid_run_warns_and_goes_on(caplog: Any, tmp_path: Path) -> None:
     monitor = thread_monitor.FileMonitor("/dev/full", 0.1, socket=str(tmp_path / "x"))
     monitor.start()
-    time.sleep(0.5)
+    wait_for(lambda: len(monitor.stats()["cpu_usage"]) >= 3)
     monitor.stop()
     assert len(monitor.stats()["cpu_usage"]) >= 3
     warnings = [r.message for r in caplog.records if "/dev/full" in r.message]
@@ -209,7 +209,7 @@ def test_remote_monitor_speaks_heflwr_simple_log(
     )
     monitor.socket = str(tmp_path / "none.sock")
     monitor.start()
-    time.sleep(1.0)
+    wait_for(lambda: len(receiver.forms()) >= 3)
     monitor.stop()
     forms = receiver.forms()
     assert len(forms) >= 3
@@ -224,7 +224,7 @@ def test_remote_monitor_full_log_records(receiver: Receiver, tmp_path: Path) -> 
     monitor = thread_monitor.RemoteMonitor(f"127.0.0.1:{receiver.port}", 0.2, "id", simple=False)
     monitor.socket = str(tmp_path / "none.sock")
     monitor.start()
-    time.sleep(0.7)
+    wait_for(receiver.forms)
     monitor.stop()
     form = receiver.forms()[0]
     assert {p for p, _, _ in receiver.posts} == {"/log"}
@@ -241,10 +241,11 @@ def test_outage_at_start_samples_arrive_in_order_later(tmp_path: Path) -> None:
     monitor = thread_monitor.RemoteMonitor(f"127.0.0.1:{port}", interval=0.1, identifier="late")
     monitor.socket = str(tmp_path / "none.sock")
     monitor.start()
-    time.sleep(1.0)  # nobody listens: samples wait in the buffer
+    # Nobody listens: samples wait in the buffer.
+    wait_for(lambda: len(monitor.stats()["cpu_usage"]) >= 10)
     receiver = Receiver(port)
     try:
-        time.sleep(0.5)
+        wait_for(lambda: len(receiver.forms()) >= 10)  # the buffer delivered, stop() aside
         monitor.stop()
         messages = receiver.forms()
         assert len(messages) == len(monitor.stats()["cpu_usage"]) >= 10
@@ -262,7 +263,7 @@ def test_buffer_is_bounded_oldest_dropped(tmp_path: Path, caplog: Any) -> None:
     monitor = thread_monitor.RemoteMonitor(f"127.0.0.1:{free_port()}", 0.05, "x", buffer=5)
     monitor.socket = str(tmp_path / "none.sock")
     monitor.start()
-    time.sleep(0.8)
+    wait_for(lambda: any("oldest samples dropped" in r.message for r in caplog.records))
     monitor.stop()
     assert any("oldest samples dropped" in r.message for r in caplog.records)
     assert any("samples not delivered" in r.message for r in caplog.records)
@@ -307,7 +308,7 @@ def test_remote_monitor_follows_no_redirect(tmp_path: Path, caplog: Any) -> None
         monitor = thread_monitor.RemoteMonitor(f"127.0.0.1:{port}", 0.2, "x")
         monitor.socket = str(tmp_path / "none.sock")
         monitor.start()
-        time.sleep(0.7)
+        wait_for(lambda: len(posts) >= 2)
         monitor.stop()
     finally:
         for server in (other, redirecting):
@@ -327,13 +328,14 @@ def test_remote_monitor_stops_in_time_with_a_trickling_server(tmp_path: Path, ca
     # never ends. stop() waits at most its 5 s flush for the buffer, then cuts the post
     # short (it waited 5 s and then 3 s more, the post still running after).
     listener = socket.create_server(("127.0.0.1", 0))
-    stop_serving = threading.Event()
+    stop_serving, posting = threading.Event(), threading.Event()
 
     def trickle() -> None:
         with contextlib.suppress(OSError):
             while not stop_serving.is_set():
                 connection, _ = listener.accept()
                 connection.recv(65536)
+                posting.set()
                 for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10_000:
                     if stop_serving.wait(0.2):
                         break
@@ -345,7 +347,7 @@ def test_remote_monitor_stops_in_time_with_a_trickling_server(tmp_path: Path, ca
         monitor = thread_monitor.RemoteMonitor(f"127.0.0.1:{listener.getsockname()[1]}", 0.2, "x")
         monitor.socket = str(tmp_path / "none.sock")
         monitor.start()
-        time.sleep(0.5)
+        wait_for(posting.is_set)  # a post under way, its answer trickling
         began = time.monotonic()
         monitor.stop()
         stopped_s = time.monotonic() - began
@@ -419,12 +421,12 @@ def test_monitor_goes_on_when_the_daemon_disappears(daemon_factory: Any, tmp_pat
     monitor = thread_monitor.FileMonitor(str(tmp_path / "m.txt"), 0.2, socket=daemon.socket)
     monitor.start()
     assert monitor.source == "daemon"
-    time.sleep(0.8)
+    wait_for(lambda: len(monitor.stats()["cpu_usage"]) >= 3)
     before = len(monitor.stats()["cpu_usage"])
     assert daemon.proc is not None
     daemon.proc.kill()
     daemon.proc.wait()
-    time.sleep(1.2)
+    wait_for(lambda: len(monitor.stats()["cpu_usage"]) >= before + 4)
     monitor.stop()
     assert len(monitor.stats()["cpu_usage"]) >= before + 4  # sampling in-process since
 
@@ -440,7 +442,7 @@ def test_a_monitor_keeps_its_own_interval_with_a_slow_daemon(
         file=str(path), interval=0.5, records="edgewatt", socket=daemon.socket
     )
     monitor.start()
-    time.sleep(2.6)
+    wait_for(lambda: len(monitor.stats().get("timestamp", [])) >= 5)
     monitor.stop()
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert lines[0]["source"] == "daemon" and lines[0]["interval_s"] == 0.5
@@ -461,7 +463,7 @@ def test_the_daemons_minimum_interval_bounds_a_monitor(daemon_factory: Any, tmp_
     )
     monitor.start()
     assert monitor.interval == 0.3  # the interval really used, as the header says
-    time.sleep(1.0)
+    wait_for(lambda: monitor.stats().get("timestamp"))
     monitor.stop()
     header = json.loads(path.read_text().splitlines()[0])
     assert header["interval_s"] == 0.3
@@ -550,7 +552,7 @@ def test_heflwr_keys_always_also_before_start(variant: Any, tmp_path: Path) -> N
     # power source the rails read [] and their totals 0 (heflwr's own sampler dies).
     monitor.set_metrics(network=False, power=True)
     monitor.start()
-    time.sleep(0.5)
+    wait_for(lambda: len(monitor.stats()["cpu_usage"]) >= 2)  # typed figures to check
     monitor.stop()
     stats, summary = monitor.stats(), monitor.summary()
     assert list(stats) == list(HEFLWR_STATS) and list(summary) == list(HEFLWR_SUMMARY)
@@ -599,8 +601,9 @@ def test_file_monitor_writes_heflwrs_text_appending_at_each_start(
     monitor = variant.FileMonitor(file=str(path), interval=0.2)
     monitor.socket = str(tmp_path / "none.sock")
     for _ in range(2):
+        taken = len(monitor.stats()["cpu_usage"])
         monitor.start()
-        time.sleep(0.5)
+        wait_for(lambda: len(monitor.stats()["cpu_usage"]) >= taken + 2)  # noqa: B023
         monitor.stop()
     lines = path.read_text().splitlines()
     dates = [
@@ -642,7 +645,7 @@ def test_remote_log_record_is_heflwrs_and_echoed_on_stdout(
     monitor = variant.RemoteMonitor(f"127.0.0.1:{receiver.port}", 0.2, "id-9", simple=False)
     monitor.socket = str(tmp_path / "none.sock")
     monitor.start()
-    time.sleep(0.7)
+    wait_for(receiver.forms)
     monitor.stop()
     forms = receiver.forms()
     form = forms[0]
@@ -694,7 +697,9 @@ def test_network_bytes_are_the_processs_own_loopback_included(
             got = 0
             while got < received:
                 got += len(conn.recv(1 << 20))
-            time.sleep(0.6)  # a pass sees the connection after the transfer
+            # A sample of the connection after the transfer (one under way aside).
+            taken = len(monitor.stats()["cpu_usage"])
+            wait_for(lambda: len(monitor.stats()["cpu_usage"]) >= taken + 2)
         monitor.stop()
     finally:
         peer.stdout.read()  # end of file: the server has exited
@@ -716,7 +721,7 @@ def test_process_variant_leaves_its_helper_out_of_memory(tmp_path: Path) -> None
         for child in psutil.Process().children()
         if "edgewatt.client._helper" in child.cmdline()
     ]
-    time.sleep(0.8)
+    wait_for(lambda: len(monitor.stats()["memory_usage"]) >= 2)
     helper_rss = helper.memory_info().rss
     own_rss = psutil.Process().memory_info().rss
     monitor.stop()
@@ -733,7 +738,7 @@ def test_a_stop_just_after_a_sample_extends_it(tmp_path: Path) -> None:
     monitor = thread_monitor.FileMonitor(str(tmp_path / "log.txt"), 2.0)
     monitor.socket = str(tmp_path / "none.sock")
     monitor.start()
-    time.sleep(2.1)
+    wait_for(lambda: monitor.stats()["cpu_usage"], timeout=10, step=0.02)  # the one at 2 s
     monitor.stop()
     stats = monitor.stats()
     assert len(stats["cpu_usage"]) == len(stats["memory_usage"]) == 1, stats

@@ -96,18 +96,18 @@ def test_exact_bytes_per_process_also_after_close(
         rid = daemon.register(receiver.pid)["id"]
         sid = daemon.register(sender.pid)["id"]
         wait_for(lambda: io(daemon, sid) and io(daemon, rid))
-        time.sleep(daemon.interval * 2)  # the connection is seen before any byte
+        daemon.wait_passes(sid, 2)  # the connection is seen before any byte
         sender.stdin.write("go\n")
         sender.stdin.flush()
         assert sender.stdout.readline() == "sent\n"
         assert int(receiver.stdout.readline()) == N
-        time.sleep(daemon.interval * 3)
+        daemon.wait_passes(sid, 3)
         check(daemon, sid, rid, "while open")
         for proc in (sender, receiver):
             proc.stdin.write("close\n")
             proc.stdin.flush()
             assert proc.stdout.readline() == "closed\n"
-        time.sleep(daemon.interval * 4)
+        daemon.wait_passes(sid, 4)
         check(daemon, sid, rid, "after close")
         summary = daemon.call("GET", f"/v1/targets/{sid}/summary")[1]
         assert summary["network_transmit_bytes"] <= N * 1.01
@@ -145,7 +145,7 @@ def test_child_connection_counted_in_registered_parent(daemon: DaemonProcess, sp
         parent.stdin.write(port + "\n")
         parent.stdin.flush()
         assert parent.stdout is not None and parent.stdout.readline() == "child done\n"
-        time.sleep(daemon.interval * 3)
+        daemon.wait_passes(pid, 3)
         assert N <= io(daemon, pid)["transmit"] <= N * 1.01
     finally:
         for p in (receiver, parent):
@@ -165,7 +165,7 @@ def test_unregistered_traffic_is_not_counted(daemon: DaemonProcess, spawn: Any) 
         sender.stdin.write("go\n")
         sender.stdin.flush()
         assert sender.stdout.readline() == "sent\n"
-        time.sleep(daemon.interval * 3)
+        daemon.wait_passes(tid, 3)
         assert io(daemon, tid) == {"transmit": 0.0, "receive": 0.0}
         sender.kill()
         sender.wait()
@@ -228,7 +228,7 @@ def test_many_short_connections_loss_bound(
         sender.stdin.write("go\n")
         sender.stdin.flush()
         assert sender.stdout.readline() == "done\n"
-        time.sleep(daemon.interval * 3)
+        daemon.wait_passes(tid, 3)
         counted = io(daemon, tid)["transmit"]
         expected = count * size
         assert counted <= expected * 1.01  # never more than was sent
@@ -357,21 +357,25 @@ def exchange(sock, n):
         got += len(chunk)
     sender.join()
     assert got == n, got
-outside = int(sys.argv[1])
+outside, cues = int(sys.argv[1]), sys.argv[2]
+def told(name):  # the test's cue, once the daemon's passes have seen what it says
+    os.write(1, name.encode() + b"\\n")  # one write: two processes print these
+    while not os.path.exists(os.path.join(cues, name)):
+        time.sleep(0.01)
 sys.stdin.readline()  # registered
 srv = socket.create_server(("127.0.0.1", 0))
 if os.fork() == 0:
     inner = socket.create_connection(srv.getsockname())
-    time.sleep(0.6)  # both ends seen by a pass before a byte flows
+    told("inner")  # both ends seen by a pass before a byte flows
     exchange(inner, 6_000_000)
     inner.close()
     out = socket.create_connection(("127.0.0.1", outside))
-    time.sleep(0.6)  # a process target sees a connection that lives through a pass
+    told("outside")  # a process target sees a connection that lives through a pass
     exchange(out, 3_000_000)
     out.close()
     os._exit(0)
 conn, _ = srv.accept()
-time.sleep(0.6)
+told("accepted")
 exchange(conn, 6_000_000)
 conn.close()
 os.wait()
@@ -395,7 +399,7 @@ print(got, flush=True)
 
 
 def test_a_target_talking_to_itself_counts_only_what_crosses_its_boundary(
-    daemon_factory: Any,
+    daemon_factory: Any, tmp_path: Path
 ) -> None:
     daemon = daemon_factory(interval=0.2)
     outside = start(OUTSIDE)
@@ -403,11 +407,18 @@ def test_a_target_talking_to_itself_counts_only_what_crosses_its_boundary(
     try:
         assert outside.stdout is not None
         port = outside.stdout.readline().strip()
-        inside = start(INSIDE_OUT, port)
+        inside = start(INSIDE_OUT, port, str(tmp_path))
         assert inside.stdin is not None and inside.stdout is not None
         tid = daemon.register(inside.pid)["id"]
         inside.stdin.write("go\n")
         inside.stdin.flush()
+        # Each of its connections is seen by a pass (after both ends are held) before
+        # a byte flows on it: cued once the daemon has taken one.
+        for waiting in ({"inner", "accepted"}, {"outside"}):
+            assert {inside.stdout.readline().strip() for _ in waiting} == waiting
+            daemon.wait_passes(tid)
+            for name in waiting:
+                (tmp_path / name).touch()
         assert inside.stdout.readline() == "done\n"
         assert int(outside.stdout.readline()) == 3_000_000  # what the peer really received
         inside.stdin.close()

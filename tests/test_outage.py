@@ -41,6 +41,12 @@ def samples_once_caught_up(
     return raw_samples(push_path.victoria, selector)
 
 
+def stored_before(push_path: PushPath, selector: str, pushes: int = 3) -> None:
+    """Until VictoriaMetrics holds ``pushes`` samples of ``selector``: the seconds before
+    an outage, against which a hole would show."""
+    wait_for(lambda: len(raw_samples(push_path.victoria, selector)) >= pushes, timeout=30, step=0.5)
+
+
 def pushing_daemon(daemon_factory: Any, push_path: PushPath, spawn: Any) -> tuple[Any, str]:
     daemon: DaemonProcess = daemon_factory(
         interval=0.5,
@@ -61,7 +67,7 @@ def test_a_store_down_for_60_s_behind_vmagent_leaves_no_gap(
     push_path: PushPath, daemon_factory: Any, spawn: Any
 ) -> None:
     _, selector = pushing_daemon(daemon_factory, push_path, spawn)
-    time.sleep(3)
+    stored_before(push_path, selector)
     push_path.stop("victoria-metrics")
     down = time.time()
     time.sleep(60)
@@ -85,7 +91,7 @@ def test_a_gateway_down_costs_resolution_only_and_one_log_line_each_way(
     is dropped (OTel SDK, after the export timeout), and the cumulative counters carry
     the work done meanwhile into the first push after it."""
     daemon, selector = pushing_daemon(daemon_factory, push_path, spawn)
-    time.sleep(3)
+    stored_before(push_path, selector)
     push_path.stop("vmagent")
     down = time.time()
     latencies = []

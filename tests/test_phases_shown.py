@@ -18,7 +18,7 @@ import pytest
 from edgewatt.cli.phases import PEAK_POWER
 from edgewatt.cli.report import layout, load
 from edgewatt.cli.status import human_bytes
-from tests.conftest import ROOT, DaemonProcess, free_port
+from tests.conftest import ROOT, DaemonProcess, free_port, rounded_quotient, wait_for
 
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
 STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
@@ -76,6 +76,9 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         extra_args=["--tegrastats", STAND_IN],
         env={"FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor", "EDGEWATT_IDLE_POWER_W": "4"},
     ).start()
+    # The sensor read before the run registers: every figure of its energy is then
+    # the constant line's over a time the sensor covered (exact to its rounding).
+    wait_for(lambda: daemon.call("GET", "/healthz")[1]["power_sources"] == ["tegrastats"])
     script = tmp / "train.py"
     script.write_text(SCRIPT)
     label = f"phases-{os.getpid()}"
@@ -151,7 +154,11 @@ def test_the_daemons_phase_figures_are_what_the_kernel_and_the_sensor_counted(
     assert 40 * 2**20 <= first["memory_pss_peak_bytes"] <= first["memory_rss_peak_bytes"]
     assert 120 * 2**20 <= second["memory_pss_peak_bytes"] <= second["memory_rss_peak_bytes"]
     for item in (first, second):
-        assert item["device_energy_j"] / item["duration_s"] == pytest.approx(WATTS, abs=0.05)
+        # The constant line over the phase's own time, each figure rounded (to the mJ,
+        # the ms, the mW): as exact as those roundings allow.
+        low, high = rounded_quotient(item["device_energy_j"], item["duration_s"])
+        assert low <= WATTS <= high, item
+        assert item["device_power_avg_w"] == WATTS, item
         assert 0 < item["energy_j"] < item["device_energy_j"]
 
 
@@ -249,7 +256,7 @@ def test_the_run_level_min_mean_and_max_are_in_each_table(real_run: Run) -> None
     # What was measured: the stand-in's one VDD_IN line, the phases' CPU burnt and
     # buffers held (120 MiB at the end), and a mean between the lowest and highest.
     assert final["power_min_w"] == final["power_max_w"] == WATTS
-    assert final["device_power_avg_w"] == pytest.approx(WATTS, abs=0.01)
+    assert final["device_power_avg_w"] == WATTS
     assert 0 <= final["cpu_utilization_min"] < final["cpu_avg_utilization"]
     assert final["cpu_avg_utilization"] < final["cpu_utilization_max"] <= 1
     # At least a Python interpreter's, never the 0 B of the pass that found the command

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,33 @@ from tests.power_standin import Waveform, build_tree, start_writer
 from tests.test_native_reader import thread_priority_allowed
 
 STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
+
+
+def why_no_extension_builds() -> str | None:
+    """Why this interpreter cannot build a C extension here (None: it can): its own
+    compiler, asked to compile what every extension starts with, as setuptools would."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()
+    if shutil.which(compiler[0]) is None:
+        return f"no C compiler: {compiler[0]} is not on PATH"
+    include = sysconfig.get_paths()["include"]
+    asked = subprocess.run(
+        [*compiler, "-fsyntax-only", "-I", include, "-x", "c", "-"],
+        input="#include <Python.h>\n", capture_output=True, text=True,
+    )  # fmt: skip
+    if asked.returncode != 0:
+        return f"{compiler[0]} cannot compile against {include}/Python.h: {asked.stderr[:300]}"
+    return None
+
+
+def test_the_native_reader_is_built_where_the_machine_can_build_it() -> None:
+    # An install without a compiler or Python's headers falls back to the Python reader
+    # (the extension is optional); where both are, a build that broke must not pass as
+    # that fallback.
+    why = why_no_extension_builds()
+    if why is not None:
+        pytest.skip(f"the native reader cannot be built here: {why}")
+    assert native._stream is not None, "the compiler works, yet _stream.c was not built"
+    assert native.available() == (os.environ.get("EDGEWATT_NATIVE_READER", "1") != "0")
 
 
 @pytest.fixture
@@ -95,7 +124,7 @@ def test_the_python_reader_says_how_late_each_reading_came(
     monkeypatch.setenv("EDGEWATT_NATIVE_READER", "0")
     source = ina3221.discover(PowerOptions(sysfs_path=str(board[0])))
     meter = PowerMeter([source], max_gap_s=5.0, sample_hz=100.0).start()
-    time.sleep(0.3)
+    wait_for(lambda: meter.readings >= 10)  # streamed ones, beside the start's
     meter.close()
     late = meter.reader_lateness()
     # One figure per streamed reading (the start's own reading is not the stream's),

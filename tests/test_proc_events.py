@@ -3,10 +3,10 @@ membership applied from them in order."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import subprocess
-import time
 
 import pytest
 
@@ -25,6 +25,7 @@ from edgewatt.core.sampling.proc_events import (
 from edgewatt.core.sampling.process import ProcessTree
 from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
+from tests.conftest import wait_for
 
 
 def message(what: int, body: bytes, idx: int = CN_IDX_PROC) -> bytes:
@@ -74,8 +75,19 @@ def test_the_real_socket_hears_a_double_fork() -> None:
             os._exit(0)
         os.waitpid(middle, 0)
         worker = int(os.read(read, 32))
-        time.sleep(0.2)
-        seen = [e for e in events.drain()[0] if middle in (e.pid, e.parent)]
+        expected = {
+            ProcEvent("fork", middle, os.getpid()),
+            ProcEvent("fork", worker, middle),
+            ProcEvent("exit", middle, os.getpid()),
+        }
+        seen: list[ProcEvent] = []
+
+        def arrived() -> bool:
+            seen.extend(e for e in events.drain()[0] if middle in (e.pid, e.parent))
+            return expected <= set(seen)
+
+        with contextlib.suppress(AssertionError):  # what is missing, said below
+            wait_for(arrived, timeout=5)
     finally:
         events.close()
     assert ProcEvent("fork", middle, os.getpid()) in seen

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +64,7 @@ def test_a_forked_trees_pss_is_what_smaps_rollup_says_not_the_rss_sum(
     members = [parent.pid, *children]
     tid = daemon.register(parent.pid)["id"]
     wait_for(lambda: daemon.value("edgewatt_process_members", edgewatt_target_id=tid) == 4)
-    time.sleep(daemon.interval * 3)  # a pass with all four, read whole
+    daemon.wait_passes(tid, 3)  # a pass with all four, read whole
     pss = daemon.value("edgewatt_process_memory_pss_bytes", edgewatt_target_id=tid)
     largest = daemon.value("edgewatt_process_memory_rss_largest_bytes", edgewatt_target_id=tid)
     summed = daemon.value("process_memory_usage_bytes", edgewatt_target_id=tid)

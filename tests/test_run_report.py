@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,7 +25,7 @@ from edgewatt.cli.report import (
     summary_from_samples,
     summary_table,
 )
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
 STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
@@ -103,10 +104,21 @@ def test_signals_are_forwarded_and_exit_status_follows(tmp_path: Path) -> None:
         text=True,
         cwd=ROOT,
     )
-    time.sleep(1.0)
+    wait_for(lambda: _running(sleeper.pid, "sleep"))  # its command runs, released
     sleeper.send_signal(signal.SIGINT)
     assert sleeper.wait(timeout=20) == 128 + signal.SIGINT  # the shell's convention
     assert sleeper.stderr is not None and "exit status 130" in sleeper.stderr.read()
+
+
+def _running(pid: int, name: str) -> bool:
+    """Whether a child of ``pid`` runs ``name`` (exec'd: edgewatt run holds its fork
+    until the command is registered, and forwards signals from then on)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    names = []
+    for child in children:
+        with contextlib.suppress(FileNotFoundError):
+            names.append(Path(f"/proc/{child}/comm").read_text().strip())
+    return name in names
 
 
 def test_command_not_found_is_127(tmp_path: Path) -> None:
@@ -252,7 +264,7 @@ def test_a_monitors_device_energy_is_one_figure(daemon_factory: Any, tmp_path: P
     monitor = FileMonitor(str(tmp_path / "m.jsonl"), 0.2, records="edgewatt", socket=daemon.socket)
     monitor.set_metrics(power=True)
     monitor.start()
-    time.sleep(1.5)
+    wait_for(lambda: len(monitor.stats().get("energy_j", [])) >= 3)  # samples with energy
     monitor.stop()
     summary = monitor.summary()
     assert summary["energy_j"] > 0

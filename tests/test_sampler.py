@@ -21,7 +21,7 @@ from edgewatt.core.sampling.exits import final_cpu
 from edgewatt.core.sampling.tracked import TargetState
 from edgewatt.core.sampling.trees import ProcessTrees
 from edgewatt.core.snapshot import Snapshot
-from tests.conftest import kernel_cpu_seconds, table_with
+from tests.conftest import kernel_cpu_seconds, table_with, wait_for
 
 
 def test_a_target_is_called_exited_only_once_the_exporters_have_dropped_it(
@@ -299,9 +299,10 @@ def test_a_waiting_target_s_sample_is_its_last_dated_anew_until_a_figure_moves(
     assert third.network_counts == "second"
     assert moved.figures_since[target_id] == moved.sequence
     assert child.stdin is not None
+    ran_before = kernel_cpu_seconds(child.pid)
     child.stdin.write(b"run\n")  # it runs 50 ms of CPU, then waits again
     child.stdin.flush()
-    time.sleep(0.1)
+    wait_for(lambda: kernel_cpu_seconds(child.pid) >= ran_before + 0.04)
     _settled(child.pid)
     after_run = sampler.sample_once()
     (ran,) = after_run.processes

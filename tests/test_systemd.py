@@ -191,13 +191,12 @@ def test_notify_protocol_with_the_real_daemon(
             extra_args=["--config", str(config)],
             env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1000000"},
         )
-        time.sleep(0.3)
-        ready = listener.with_key("READY")
-        assert ready and ready[0][1]["STATUS"] == "0 targets"
+        ready = wait_for(lambda: listener.with_key("READY"))
+        assert ready[0][1]["STATUS"] == "0 targets"
         child = spawn("import time; time.sleep(60)")
         daemon.register(child.pid)
-        time.sleep(3.0)
-        assert any(m.get("STATUS") == "1 target" for _, m in listener.messages)
+        wait_for(lambda: any(m.get("STATUS") == "1 target" for _, m in listener.messages))
+        wait_for(lambda: len(listener.with_key("WATCHDOG")) >= 5)
         pings = [t for t, _ in listener.with_key("WATCHDOG")]
         gaps = [b - a for a, b in zip(pings, pings[1:])]
         assert len(pings) >= 5 and max(gaps) < 1.0  # every half period (0.5 s) or so
@@ -205,13 +204,16 @@ def test_notify_protocol_with_the_real_daemon(
         assert daemon.proc is not None
         before = len(listener.messages)
         daemon.proc.send_signal(signal.SIGHUP)
-        time.sleep(1.0)
-        after = [m for _, m in listener.messages[before:]]
-        kinds = [k for m in after for k in ("RELOADING", "READY") if k in m]
-        assert kinds[:2] == ["RELOADING", "READY"]
+
+        def kinds() -> list[str]:
+            after = [m for _, m in listener.messages[before:]]
+            return [k for m in after for k in ("RELOADING", "READY") if k in m]
+
+        wait_for(lambda: len(kinds()) >= 2)
+        assert kinds()[:2] == ["RELOADING", "READY"]
         assert "configuration reloaded" in daemon.log()
         daemon.stop()
-        time.sleep(0.3)
+        wait_for(lambda: listener.with_key("STOPPING"))  # sent before it exited
         assert listener.messages[-1][1].get("STOPPING") == "1" or any(
             "STOPPING" in m for _, m in listener.messages[-3:]
         )
@@ -227,7 +229,11 @@ class StallableTable(TargetTable):
         self.release = threading.Event()
         self.release.set()
 
+        self.stalled = threading.Event()  # set once a pass waits for the release
+
     def running(self) -> list[Any]:
+        if not self.release.is_set():
+            self.stalled.set()
         self.release.wait()
         return super().running()
 
@@ -239,21 +245,30 @@ def test_a_stalled_sampler_stops_the_watchdog_pings(tmp_path: Path) -> None:
         Limits(max_targets=5, history_samples=10, exited_retention_s=10),
         Resolver(procfs.boot_time(), procfs.CLOCK_TICKS),
     )
+    pinged: list[dict[str, Any]] = []  # the pings sent
+    send = notifier.send
+
+    def counted(**fields: Any) -> None:
+        send(**fields)
+        pinged.append(fields)
+
+    notifier.send = counted  # type: ignore[method-assign]
     sampler = Sampler(table, interval=0.05, host_name="h", on_pass=lambda s: notifier.watchdog())
     stop = threading.Event()
     thread = threading.Thread(target=sampler.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        time.sleep(0.6)
-        assert len(listener.with_key("WATCHDOG")) >= 4
+        wait_for(lambda: len(listener.with_key("WATCHDOG")) >= 4)
         table.release.clear()  # the sampler blocks in its next pass
-        time.sleep(0.2)
-        stalled_from = len(listener.with_key("WATCHDOG"))
-        time.sleep(0.8)
+        wait_for(table.stalled.is_set)
+        # Every ping sent before the stall, received.
+        stalled_from = wait_for(
+            lambda: len(listener.with_key("WATCHDOG")) == len(pinged) and len(pinged)
+        )
+        time.sleep(0.8)  # the stall: 4 watchdog periods without a pass
         assert len(listener.with_key("WATCHDOG")) == stalled_from
         table.release.set()
-        time.sleep(0.4)
-        assert len(listener.with_key("WATCHDOG")) > stalled_from
+        wait_for(lambda: len(listener.with_key("WATCHDOG")) > stalled_from)
     finally:
         table.release.set()
         stop.set()
