@@ -17,11 +17,13 @@ figures are the last ones read, of the same members.
 What a read costs is the target's to decide: 60,000 small mappings make one ~5-12 ms
 (the kernel walks every one), and a target whose memory moves is due every pass (20
 of them made a pass 77-119 ms instead of 1.1 ms, at Nice -10: issue 56). So the reads
-of a pass share a budget, ``PASS_BUDGET_S`` of CPU on average, and a target whose
-read costs more than ``TARGET_BUDGET_S`` waits as many passes as its cost is
-multiples of it: a dearer target is read less often. Due targets are read longest
-waiting first (none waits for ever); one not read keeps its last figures, and
-``memory_pss_read_at`` (the reading's time when they were read) says how old they are.
+of a pass share a budget, ``PASS_BUDGET_S`` of CPU on average (a pass spends at most
+that plus one target's read; what it overspends, later passes do not), and a target
+whose read costs more than ``TARGET_BUDGET_S`` waits at least as many passes as its
+cost is multiples of it. Due targets are read by their wait over that spacing,
+highest first: under a full budget a target twice as dear waits twice as long, and
+none for ever. One not read keeps its last figures, and ``memory_pss_read_at`` (the
+reading's time when they were read) says how old they are.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ class ProportionalMemory:
 
     def contribute(self, states: Sequence[TargetState]) -> Figures:
         figures = {}
-        due: list[tuple[int, str, TargetState]] = []
+        due: list[tuple[float, str, TargetState]] = []  # by priority (_read_due)
         for state in states:
             reading = state.reading
             if reading is None:
@@ -146,7 +148,7 @@ class ProportionalMemory:
             target_id = state.target.id
             kept = self._kept.get(target_id)
             if kept is None:
-                due.append((REFRESH_EVERY + 1, target_id, state))  # never read: first
+                due.append((float("inf"), target_id, state))  # never read: first
                 continue
             if (  # a waiting target's reading, given back as it was: kept (most targets)
                 kept.members is reading.pids
@@ -155,24 +157,24 @@ class ProportionalMemory:
             ) or not self._stale(kept, reading.pids, reading.rss_bytes):
                 kept.passes += 1
             else:
-                due.append((kept.passes, target_id, state))
+                spacing = max(1.0, kept.cost / TARGET_BUDGET_S)
+                due.append(((kept.passes + 1) / spacing, target_id, state))
                 continue
             figures[target_id] = kept.figures
         if due:
             figures.update(self._read_due(due))
         return figures
 
-    def _read_due(self, due: list[tuple[int, str, TargetState]]) -> dict[str, dict]:
-        """Read the due targets, longest waiting first, while the budget lasts; the
+    def _read_due(self, due: list[tuple[float, str, TargetState]]) -> dict[str, dict]:
+        """Read the due targets, highest priority first (their wait in passes over
+        the spacing their cost sets: under 1, not yet), while the budget lasts; the
         others keep their figures one pass more."""
         self._allowance = min(self._allowance + PASS_BUDGET_S, PASS_BUDGET_S)
         figures = {}
         due.sort(key=lambda d: d[0], reverse=True)
-        for _, target_id, state in due:
+        for priority, target_id, state in due:
             kept = self._kept.get(target_id)
-            if self._allowance <= 0 or (
-                kept is not None and kept.passes + 1 < kept.cost / TARGET_BUDGET_S
-            ):
+            if self._allowance <= 0 or priority < 1:
                 if kept is not None:
                     kept.passes += 1
                     figures[target_id] = kept.figures
