@@ -85,6 +85,9 @@ def test_a_forked_trees_pss_is_what_smaps_rollup_says_not_the_rss_sum(
     assert summary["memory_rss_peak_bytes"] == pytest.approx(kernel_rss, rel=0.02)
     latest = daemon.call("GET", f"/v1/targets/{tid}")[1]["latest"]
     assert latest["memory_pss_bytes"] == pytest.approx(kernel_pss, rel=0.02)
+    # How old the figures are (a dear read waits: tests/test_budgets.py), in both.
+    assert 0 <= latest["memory_pss_age_s"] <= latest["time"] - latest["memory_pss_read_at"] + 1e-3
+    assert 0 <= summary["memory_pss_age_s"] < 30 * daemon.interval + 1
 
 
 def _row(rss: int, pss: int | None = None, largest: int | None = None, n: int = 1) -> SampleRow:

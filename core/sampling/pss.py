@@ -20,7 +20,7 @@ of them made a pass 77-119 ms instead of 1.1 ms, at Nice -10: issue 56). So the 
 of a pass share a budget, ``PASS_BUDGET_S`` of CPU on average (a pass spends at most
 that plus one target's read; what it overspends, later passes do not), and a target
 whose read costs more than ``TARGET_BUDGET_S`` waits at least as many passes as its
-cost is multiples of it. Due targets are read by their wait over that spacing,
+cost is multiples of it. Due targets are read by their wait over their cost,
 highest first: under a full budget a target twice as dear waits twice as long, and
 none for ever. One not read keeps its last figures, and ``memory_pss_read_at`` (the
 reading's time when they were read) says how old they are.
@@ -48,8 +48,9 @@ REFRESH_EVERY = 30
 # plus one read (what is overspent waits in later passes), 0.5 % of a core at 1 s.
 PASS_BUDGET_S = 0.005
 # A target whose read costs more than this waits cost/TARGET_BUDGET_S passes between
-# reads: a 100 MiB process (~2 ms) every other pass at most, 60,000 mappings every 12.
-TARGET_BUDGET_S = 0.001
+# reads: a 100 MiB process (1-2.7 ms) every pass or two, 1 GiB (12-14 ms) or 60,000
+# mappings (5-12 ms) every 2-6 passes at most.
+TARGET_BUDGET_S = 0.0025
 
 
 class Rollup(NamedTuple):
@@ -157,8 +158,9 @@ class ProportionalMemory:
             ) or not self._stale(kept, reading.pids, reading.rss_bytes):
                 kept.passes += 1
             else:
-                spacing = max(1.0, kept.cost / TARGET_BUDGET_S)
-                due.append(((kept.passes + 1) / spacing, target_id, state))
+                # Its wait in passes per read cost (in TARGET_BUDGET_S): a cheap one first.
+                priority = (kept.passes + 1) * TARGET_BUDGET_S / max(kept.cost, 1e-6)
+                due.append((priority, target_id, state))
                 continue
             figures[target_id] = kept.figures
         if due:
@@ -167,8 +169,8 @@ class ProportionalMemory:
 
     def _read_due(self, due: list[tuple[float, str, TargetState]]) -> dict[str, dict]:
         """Read the due targets, highest priority first (their wait in passes over
-        the spacing their cost sets: under 1, not yet), while the budget lasts; the
-        others keep their figures one pass more."""
+        their cost: under 1, not yet), while the budget lasts; the others keep their
+        figures one pass more."""
         self._allowance = min(self._allowance + PASS_BUDGET_S, PASS_BUDGET_S)
         figures = {}
         due.sort(key=lambda d: d[0], reverse=True)
