@@ -213,13 +213,15 @@ class _Handler(socketserver.BaseRequestHandler):
                 while self._one_request():
                     pass
                 return
+            charged = 0.0  # the thread's CPU since it started (its setup included)
             while True:
                 budget.wait(person)  # her request waits in the socket, unread
-                started = time.thread_time()
                 try:
                     more = self._one_request()
                 finally:
-                    budget.charge(person, time.thread_time() - started)
+                    spent = time.thread_time()
+                    budget.charge(person, spent - charged)
+                    charged = spent
                 if not more:
                     return
 
