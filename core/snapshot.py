@@ -78,6 +78,9 @@ class ProcessSample:
     # work holds) and the largest member's RSS; None where not read (sampling/pss.py).
     memory_pss_bytes: int | None = None
     memory_rss_largest_bytes: int | None = None
+    # The unix time those two were read at (``time`` then): a target whose reads cost
+    # more is read less often (sampling/pss.py). None where not read.
+    memory_pss_read_at: float | None = None
     root_execs: int = 0  # 1 once its first process, a held fork, exec'd (held_fork.py)
     # ``time`` on the monotonic clock (None: not known): the instant its device energy
     # is at, from which its history's durations come.

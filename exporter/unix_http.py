@@ -10,9 +10,10 @@ but ``RESERVED_CONNECTIONS`` of them, which only root and the daemon's own uid m
 take: a flood of users' connections never keeps the administrator out. One person (a
 user and her subordinate uids: core/persons.py; the uid from SO_PEERCRED) holds at
 most ``MAX_CONNECTIONS_PER_PERSON``, so one user cannot take the others' share; more
-are answered 429 at once. Every failure is a JSON ``{"error", "detail"}`` with a 4xx
-status; an unexpected exception is logged with its traceback here and answered with a
-500 that carries no traceback.
+are answered 429 at once. Her requests' CPU has a budget too (cpu_budget.py: 5 % of
+a core): past it her connections are read later, root's and others' at once. Every
+failure is a JSON ``{"error", "detail"}`` with a 4xx status; an unexpected exception
+is logged with its traceback here and answered with a 500 that carries no traceback.
 
 Requests are read and answers written here (heads parsed by ``http_head``), not by
 ``http.server``, whose import costs the daemon ~7 MiB of RSS (``http.client``, ``ssl``,
@@ -47,6 +48,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from edgewatt.core.transport import directory_problem, peer_credentials
 from edgewatt.exporter import documents
+from edgewatt.exporter.cpu_budget import CpuBudget
 from edgewatt.exporter.http_head import BadHead, Head, parse_fields, parse_request_line
 from edgewatt.exporter.shared_answer import Encoded
 
@@ -200,13 +202,28 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def setup(self) -> None:
         self.peer_pid, self.peer_uid, _ = credentials(self.request)
+        self._person: int | None = self.client_address[0]  # None: an administrator's
         self._reader = DeadlineReader(self.request)
         self._rfile = io.BufferedReader(self._reader)
 
     def handle(self) -> None:
+        person, budget = self._person, self.server.budget
         with contextlib.suppress(*TIMEOUTS, ConnectionError):  # the connection just ends
-            while self._one_request():
-                pass
+            if person is None:
+                while self._one_request():
+                    pass
+                return
+            charged = 0.0  # the thread's CPU since it started (its setup included)
+            while True:
+                budget.wait(person)  # her request waits in the socket, unread
+                try:
+                    more = self._one_request()
+                finally:
+                    spent = time.thread_time()
+                    budget.charge(person, spent - charged)
+                    charged = spent
+                if not more:
+                    return
 
     def _one_request(self) -> bool:
         """Read, dispatch and answer one request; whether the connection stays open."""
@@ -323,6 +340,7 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
         """``person``: the person a peer's uid is, whose share its connections take."""
         self.application = application
         self._person = person
+        self.budget = CpuBudget()  # the CPU each person's requests may take
         self._administrators = frozenset({0, os.geteuid()})  # held to the total alone
         # Connections being served, by person; the administrators' under None.
         self._open: Counter[int | None] = Counter()
@@ -379,9 +397,9 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
         super().process_request(request, (share, client_address))
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        share, address = client_address
-        try:
-            super().process_request_thread(request, address)
+        share, _ = client_address
+        try:  # the handler finds its person in client_address
+            super().process_request_thread(request, client_address)
         finally:
             with self._open_lock:
                 self._open[share] -= 1

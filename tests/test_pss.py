@@ -84,6 +84,9 @@ def test_a_forked_trees_pss_is_what_smaps_rollup_says_not_the_rss_sum(
     assert summary["memory_rss_peak_bytes"] == pytest.approx(kernel_rss, rel=0.02)
     latest = daemon.call("GET", f"/v1/targets/{tid}")[1]["latest"]
     assert latest["memory_pss_bytes"] == pytest.approx(kernel_pss, rel=0.02)
+    # How old the figures are (a dear read waits: tests/test_budgets.py), in both.
+    assert 0 <= latest["memory_pss_age_s"] <= latest["time"] - latest["memory_pss_read_at"] + 1e-3
+    assert 0 <= summary["memory_pss_age_s"] < 30 * daemon.interval + 1
 
 
 def _row(rss: int, pss: int | None = None, largest: int | None = None, n: int = 1) -> SampleRow:
@@ -144,9 +147,9 @@ def test_an_exec_between_passes_is_seen_at_the_exit(tmp_path: Path) -> None:
 
 
 class _State:
-    def __init__(self, tid: str, pids: tuple[int, ...], rss: int) -> None:
+    def __init__(self, tid: str, pids: tuple[int, ...], rss: int, at: float = 0.0) -> None:
         self.target = type("T", (), {"id": tid})()
-        self.reading = type("R", (), {"pids": pids, "rss_bytes": rss})()
+        self.reading = type("R", (), {"pids": pids, "rss_bytes": rss, "time": at})()
 
 
 def test_smaps_rollup_is_read_again_only_when_the_tree_moved(tmp_path: Path) -> None:
@@ -160,7 +163,13 @@ def test_smaps_rollup_is_read_again_only_when_the_tree_moved(tmp_path: Path) -> 
         )
     memory = ProportionalMemory(str(proc))
     first = memory.contribute([_State("t", (11, 12), 23_000_000)])
-    assert first == {"t": {"memory_pss_bytes": 2300 * 1024, "memory_rss_largest_bytes": 12_288_000}}
+    assert first == {
+        "t": {
+            "memory_pss_bytes": 2300 * 1024,
+            "memory_rss_largest_bytes": 12_288_000,
+            "memory_pss_read_at": 0.0,
+        }
+    }
     assert memory.reads == 2
     memory.contribute([_State("t", (11, 12), 23_400_000)])  # moved 1.7 %: kept
     assert memory.reads == 2

@@ -220,7 +220,7 @@ def _history_of(rows: list[SampleRow], capacity: int) -> History:
     return history
 
 
-def test_a_full_history_keeps_its_last_rows_exactly_in_170_bytes_a_row() -> None:
+def test_a_full_history_keeps_its_last_rows_exactly_in_178_bytes_a_row() -> None:
     # Every row's figures are new objects, as a target that runs makes them: the ring
     # must hold their values, not the objects (issue 45: 200 targets' full rings).
     rows = [
@@ -263,7 +263,7 @@ def test_a_full_history_keeps_its_last_rows_exactly_in_170_bytes_a_row() -> None
             tracemalloc.stop()
         assert len(held.rows) == 300
         del held
-    assert min(readings) <= 170, f"{min(readings):.0f} B a row ({readings})"
+    assert min(readings) <= 178, f"{min(readings):.0f} B a row ({readings})"
 
 
 def _read_back(row: SampleRow) -> SampleRow:

@@ -13,11 +13,23 @@ again only when something it could change did: its members, or their RSS summed 
 more than ``RSS_MOVE`` of it), or at every ``REFRESH_EVERY``-th pass (pages shared
 with processes outside the target change their share unseen). Between rereads the
 figures are the last ones read, of the same members.
+
+What a read costs is the target's to decide: 60,000 small mappings make one ~5-12 ms
+(the kernel walks every one), and a target whose memory moves is due every pass (20
+of them made a pass 77-119 ms instead of 1.1 ms, at Nice -10: issue 56). So the reads
+of a pass share a budget, ``PASS_BUDGET_S`` of CPU on average (a pass spends at most
+that plus one target's read; what it overspends, later passes do not), and a target
+whose read costs more than ``TARGET_BUDGET_S`` waits at least as many passes as its
+cost is multiples of it. Due targets are read by their wait over their cost,
+highest first: under a full budget a target twice as dear waits twice as long, and
+none for ever. One not read keeps its last figures, and ``memory_pss_read_at`` (the
+reading's time when they were read) says how old they are.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -32,6 +44,13 @@ RSS_MOVE = 0.02
 # process outside the target changes its share unseen; at 10, the reads of waiting
 # targets were 13-19 % of a pass over 200 of them: docs/performance.md).
 REFRESH_EVERY = 30
+# The CPU the reads of a pass take on average: a pass that reads spends at most this
+# plus one read (what is overspent waits in later passes), 0.5 % of a core at 1 s.
+PASS_BUDGET_S = 0.005
+# A target whose read costs more than this waits cost/TARGET_BUDGET_S passes between
+# reads: a 100 MiB process (1-2.7 ms) every pass or two, 1 GiB (12-14 ms) or 60,000
+# mappings (5-12 ms) every 2-6 passes at most.
+TARGET_BUDGET_S = 0.0025
 
 
 class Rollup(NamedTuple):
@@ -81,21 +100,33 @@ class _Kept:
     every pass until the next read, so the sampler sees at once that they did not
     change (no per-target allocation on the passes between reads)."""
 
-    __slots__ = ("figures", "members", "passes", "rss_sum")
+    __slots__ = ("cost", "figures", "members", "passes", "rss_sum")
 
     def __init__(
-        self, members: tuple[int, ...], rss_sum: int, pss: int | None, largest: int | None
+        self,
+        members: tuple[int, ...],
+        rss_sum: int,
+        pss: int | None,
+        largest: int | None,
+        read_at: float,
+        cost: float,
     ) -> None:
         self.members = members
         self.rss_sum = rss_sum  # the reading's RSS summed when the rollups were read
         self.passes = 0  # passes since
-        self.figures = {"memory_pss_bytes": pss, "memory_rss_largest_bytes": largest}
+        self.cost = cost  # CPU seconds the read took
+        self.figures = {
+            "memory_pss_bytes": pss,
+            "memory_rss_largest_bytes": largest,
+            "memory_pss_read_at": read_at,
+        }
 
 
 class ProportionalMemory:
     """Contributor: ``memory_pss_bytes`` (PSS summed over the live members) and
     ``memory_rss_largest_bytes`` (the largest member's RSS) of each target; None
-    where no member's smaps_rollup could be read (never 0)."""
+    where no member's smaps_rollup could be read (never 0); ``memory_pss_read_at``,
+    the unix time they were read at."""
 
     name = "reading smaps_rollup"
 
@@ -103,29 +134,57 @@ class ProportionalMemory:
         self.proc = proc
         self._kept: dict[str, _Kept] = {}
         self.reads = 0  # smaps_rollup files read since start (tests, benchmarks)
+        self._allowance = PASS_BUDGET_S  # CPU seconds the reads may take (< 0: overspent)
 
     def begin(self) -> None:
         pass
 
     def contribute(self, states: Sequence[TargetState]) -> Figures:
         figures = {}
+        due: list[tuple[float, str, TargetState]] = []  # by priority (_read_due)
         for state in states:
             reading = state.reading
             if reading is None:
                 continue
             target_id = state.target.id
             kept = self._kept.get(target_id)
+            if kept is None:
+                due.append((float("inf"), target_id, state))  # never read: first
+                continue
             if (  # a waiting target's reading, given back as it was: kept (most targets)
-                kept is not None
-                and kept.members is reading.pids
+                kept.members is reading.pids
                 and kept.rss_sum == reading.rss_bytes
                 and kept.passes + 1 < REFRESH_EVERY
-            ):
+            ) or not self._stale(kept, reading.pids, reading.rss_bytes):
                 kept.passes += 1
-            elif kept is None or self._stale(kept, reading.pids, reading.rss_bytes):
-                kept = self._kept[target_id] = self._read(reading.pids, reading.rss_bytes)
             else:
-                kept.passes += 1
+                # Its wait in passes per read cost (in TARGET_BUDGET_S): a cheap one first.
+                priority = (kept.passes + 1) * TARGET_BUDGET_S / max(kept.cost, 1e-6)
+                due.append((priority, target_id, state))
+                continue
+            figures[target_id] = kept.figures
+        if due:
+            figures.update(self._read_due(due))
+        return figures
+
+    def _read_due(self, due: list[tuple[float, str, TargetState]]) -> dict[str, dict]:
+        """Read the due targets, highest priority first (their wait in passes over
+        their cost: under 1, not yet), while the budget lasts; the others keep their
+        figures one pass more."""
+        self._allowance = min(self._allowance + PASS_BUDGET_S, PASS_BUDGET_S)
+        figures = {}
+        due.sort(key=lambda d: d[0], reverse=True)
+        for priority, target_id, state in due:
+            kept = self._kept.get(target_id)
+            if self._allowance <= 0 or priority < 1:
+                if kept is not None:
+                    kept.passes += 1
+                    figures[target_id] = kept.figures
+                continue
+            reading = state.reading
+            assert reading is not None
+            kept = self._kept[target_id] = self._read(reading.pids, reading.rss_bytes, reading.time)
+            self._allowance -= kept.cost
             figures[target_id] = kept.figures
         return figures
 
@@ -135,7 +194,8 @@ class ProportionalMemory:
             return True
         return abs(rss_sum - kept.rss_sum) > RSS_MOVE * max(kept.rss_sum, 1)
 
-    def _read(self, members: tuple[int, ...], rss_sum: int) -> _Kept:
+    def _read(self, members: tuple[int, ...], rss_sum: int, at: float) -> _Kept:
+        started = time.thread_time()
         pss = largest = None
         for pid in members:
             rollup = read_rollup(pid, self.proc)
@@ -144,7 +204,7 @@ class ProportionalMemory:
                 continue
             pss = (pss or 0) + rollup.pss
             largest = max(largest or 0, rollup.rss)
-        return _Kept(members, rss_sum, pss, largest)
+        return _Kept(members, rss_sum, pss, largest, at, time.thread_time() - started)
 
     def forget(self, target_id: str) -> None:
         self._kept.pop(target_id, None)

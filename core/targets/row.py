@@ -33,6 +33,7 @@ class SampleRow(NamedTuple):
     device_energy_j: float | None
     memory_pss_bytes: int | None
     memory_rss_largest_bytes: int | None
+    memory_pss_read_at: float | None  # unix seconds: when the two above were read
     # Not a figure users read: time.monotonic at record (less the sample's age), from
     # which durations come, as no NTP step moves it.
     monotonic: float
@@ -62,6 +63,8 @@ SAMPLE_UNITS = {
     "the sensor saw in it)",
     "memory_pss_bytes": "bytes",  # PSS summed (sampling/pss.py); null where not read
     "memory_rss_largest_bytes": "bytes",  # the largest process's RSS; null where not read
+    "memory_pss_read_at": "unix seconds the PSS figures were read at (a dear read waits)",
+    "memory_pss_age_s": "seconds between the PSS figures' read and this sample",
 }
 
 _figures = operator.attrgetter(*SAMPLE_FIELDS)
@@ -76,8 +79,17 @@ def row_of(sample: ProcessSample, monotonic: float) -> SampleRow:
 
 
 def sample_dict(row: SampleRow) -> dict[str, Any]:
-    """The row as users read it: every figure by name, the monotonic time left out."""
-    return dict(zip(SAMPLE_FIELDS, row))
+    """The row as users read it: every figure by name, the monotonic time left out, and
+    how old its PSS figures are (null where not read)."""
+    figures = dict(zip(SAMPLE_FIELDS, row))
+    figures["memory_pss_age_s"] = pss_age(row)
+    return figures
+
+
+def pss_age(row: SampleRow) -> float | None:
+    """Seconds from the read of the row's PSS figures to the row (None: not read)."""
+    read_at = row.memory_pss_read_at
+    return None if read_at is None else round(max(0.0, row.time - read_at), 3)
 
 
 # Columns whose figures are counts or bytes (SampleRow's ints): read back as ints.
@@ -92,7 +104,7 @@ _DEVICE = SampleRow._fields.index("device_energy_j")
 _figures_of = operator.itemgetter(
     *range(1, _DEVICE), *range(_DEVICE + 1, len(SampleRow._fields) - 1)
 )
-_FIGURES = struct.Struct(f"={len(SampleRow._fields) - 3}d")  # 16 doubles, 128 B
+_FIGURES = struct.Struct(f"={len(SampleRow._fields) - 3}d")  # 17 doubles, 136 B
 _RECORD = struct.Struct("=3d")  # time, device_energy_j, monotonic: 24 B, and a slot: 4 B
 _RECORD_SIZE, _FIGURES_SIZE = _RECORD.size, _FIGURES.size
 _BLANK = bytes(_FIGURES_SIZE)
@@ -100,7 +112,7 @@ _BLANK = bytes(_FIGURES_SIZE)
 
 class RowRing:
     """The last ``capacity`` rows, oldest first: per row a 28 B record (its times, the
-    device's energy, the slot of its figures), and the target's figures (128 B) once per
+    device's energy, the slot of its figures), and the target's figures (136 B) once per
     run of rows that repeat them, where a deque of tuples cost ~300 B a row for every
     target at every pass (issue 45). A None figure is kept as NaN, so a NaN figure reads
     back as None (JSON has no NaN); a count or byte figure reads back as an int, exact

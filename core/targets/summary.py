@@ -10,7 +10,7 @@ from edgewatt.core.power.provenance import UNKNOWN, Provenance, unknown
 from edgewatt.core.snapshot import PhaseFigures
 from edgewatt.core.targets.edges import EdgeEnergy
 from edgewatt.core.targets.history import Memory, Phase, Spread
-from edgewatt.core.targets.row import SampleRow
+from edgewatt.core.targets.row import SampleRow, pss_age
 
 if TYPE_CHECKING:
     from edgewatt.core.targets.target import Target
@@ -200,6 +200,8 @@ def summarize(
     result["final"] = h.final
     result.update(span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s, h.edges))
     result.update(spreads(h.power, h.cpu_utilization, h.memory))
+    # How old the last PSS figure is at the last sample: a dear read waits (pss.py).
+    result["memory_pss_age_s"] = None if h.last is None else pss_age(h.last)
     result["phases"] = [summarize_phase(p, logical_cpus, carbon, period_s) for p in h.phases]
     result["phases_dropped"] = h.phases_dropped
     if target.cgroup_name is not None:
