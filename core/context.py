@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-import resource
+import os
 import threading
 import time
 from collections import deque
@@ -227,5 +227,5 @@ def _at(kept: list[DeviceContext], instant: float) -> DeviceContext:
 def _cpu() -> float:
     """This thread's CPU and the reaped children's (the spawned tools; other threads'
     children too, where they reap meanwhile: an upper bound)."""
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.thread_time() + children.ru_utime + children.ru_stime
+    times = os.times()  # not resource's: the client loads this module on Windows too
+    return time.thread_time() + times.children_user + times.children_system

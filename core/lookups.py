@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.persons import alone
+from edgewatt.core.uids import alone
 
 
 class LookupRefused(Exception):

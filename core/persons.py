@@ -81,11 +81,6 @@ def owner(ranges: list[Range], starts: list[int], uid: int) -> int | None:
     return None
 
 
-def alone(uid: int) -> int:
-    """The person of ``uid`` where no subuid file is read: ``uid`` itself."""
-    return uid
-
-
 def _signature(path: str) -> tuple[int, int, int] | None:
     try:
         st = os.stat(path)

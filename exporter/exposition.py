@@ -29,9 +29,9 @@ from math import copysign
 from operator import attrgetter
 from typing import Any
 
-from edgewatt.core.persons import alone
 from edgewatt.core.snapshot import ProcessSample, Snapshot
 from edgewatt.core.text import shown
+from edgewatt.core.uids import alone
 from edgewatt.exporter.scrape_server import Answer, Request, ScrapeServer, accepts_gzip
 from edgewatt.exporter.telemetry import METRICS, MetricSpec
 

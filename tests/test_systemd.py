@@ -291,7 +291,7 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
     )  # fmt: skip
     assert missing.returncode == 1
     lines = missing.stdout.splitlines()
-    assert len(lines) == 11
+    assert len(lines) == 12
     assert lines[0] == (
         f"FAIL  no daemon answering; looked at {tmp_path / 'none.sock'} (given): no such "
         "socket; start it: sudo systemctl start edgewatt, or edgewatt serve"
@@ -303,8 +303,10 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
     assert lines[4] == (
         "ok    edgewatt run: its command gets a cgroup of its own, every connection counted"
     )
-    assert lines[9].startswith("ok    no carbon intensity configured: no gCO2e figures")
-    assert lines[10].startswith("ok    clock ")
+    # What this VM has of a board's context: nothing, each part named.
+    assert lines[7].startswith("ok    device context: nothing; absent: device-tree model")
+    assert lines[10].startswith("ok    no carbon intensity configured: no gCO2e figures")
+    assert lines[11].startswith("ok    clock ")
     daemon = daemon_factory(extra_args=["--tegrastats", str(ROOT / "tests" / "bin" / "tegrastats")])
     wait_for(lambda: daemon.call("GET", "/healthz")[1]["power_sources"] == ["tegrastats"])
     found = subprocess.run(
@@ -329,5 +331,6 @@ def test_doctor_on_this_machine(daemon_factory: Any, tmp_path: Path) -> None:
         "ok    edgewatt run: its command gets a cgroup of its own, every connection counted"
     )
     assert lines[6] == "ok    power sources (the daemon's): tegrastats"
-    assert lines[7] == f"ok    port {daemon.port} serves edgewatt's /metrics"
-    assert lines[9].startswith("ok    carbon intensity 365.477 gCO2e/kWh, Germany 2021 average")
+    assert lines[7].startswith("ok    device context: nothing; absent: device-tree model")
+    assert lines[8] == f"ok    port {daemon.port} serves edgewatt's /metrics"
+    assert lines[10].startswith("ok    carbon intensity 365.477 gCO2e/kWh, Germany 2021 average")

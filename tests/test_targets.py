@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgewatt.core.carbon import CarbonIntensity
-from edgewatt.core.persons import alone
 from edgewatt.core.targets import (
     Conflict,
     Forbidden,
@@ -30,6 +29,7 @@ from edgewatt.core.targets import (
 )
 from edgewatt.core.targets.row import _WHOLE, RowRing, SampleRow, row_of, sample_dict
 from edgewatt.core.targets.summary import span
+from edgewatt.core.uids import alone
 from edgewatt.exporter.unix_http import Request
 from tests.conftest import table_with
 from tests.snapshots import process

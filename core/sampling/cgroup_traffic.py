@@ -41,11 +41,11 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from edgewatt.core.persons import alone
 from edgewatt.core.sampling.cgroup_rules import Spec
 from edgewatt.core.sampling.nftables import Nft, NftError
 from edgewatt.core.sampling.traffic_counts import Counts, interface_counts
 from edgewatt.core.sampling.traffic_tables import TrafficTables
+from edgewatt.core.uids import alone
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
-from edgewatt.core.context import ContextLog
-from edgewatt.core.persons import alone
 from edgewatt.core.power.provenance import NO_SOURCE, Provenance, unknown
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import ProcHandle
@@ -33,8 +31,12 @@ from edgewatt.core.targets.summary import (
     with_provenance,
 )
 from edgewatt.core.targets.target import UNREGISTERED, Identity, Observed, Target
+from edgewatt.core.uids import alone
 
-if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
+if (
+    TYPE_CHECKING
+):  # cgroups and the device's context are the daemon's, on Linux: the client never loads them
+    from edgewatt.core.context import ContextLog
     from edgewatt.core.sampling.cgroup_names import CgroupName
 
 # A sample's age at record, measured on the wall clock, is taken as at most this (an
@@ -295,10 +297,12 @@ class TargetTable:
                 target.history.settle(self.settled_energy, to_last=True)
             found = summarize(target, logical_cpus, self._carbon, self.membership, period_s)
             with_provenance(found, self.energy_provenance)
-            if self._context is not None:
-                found["context"] = self._context.during(
-                    target.identity.registered_at, target.exited_at
-                )
+            # None where nothing reads the device's context (in-process monitoring).
+            found["context"] = (
+                None
+                if self._context is None
+                else self._context.during(target.identity.registered_at, target.exited_at)
+            )
             return found
 
     def phase_summary(self, target_id: str, phase: Phase, logical_cpus: int) -> dict[str, Any]:
