@@ -1,0 +1,188 @@
+"""Exit accounting, unit by unit: what a departed member leaves in its target's counters,
+each mode and channel checked on its own with exact figures (an end-to-end exit test
+checks CPU as the sum the kernel counted; a swap of user and system keeps that sum).
+
+Members are laid out as a pass reads them: ticks (``CLOCK_TICKS`` a second) and bytes;
+the exit records come through the real TaskExits from a stand-in socket.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from edgewatt.core.sampling.departures import Departures
+from edgewatt.core.sampling.member_counters import ZERO, Member, Vec, add
+from edgewatt.core.sampling.procfs import CLOCK_TICKS, Stat
+from edgewatt.core.sampling.taskstats import TICK_S, TaskExit, TaskExits, unix_start
+from edgewatt.core.sampling.tree_walk import Departed, Walked
+
+ROOT, CHILD, OUTSIDE = 1000, 1001, 1  # OUTSIDE: a reaper not in the target
+# Now, in /proc's start ticks: the members started after the exit listener.
+START_TICKS = int(time.clock_gettime(time.CLOCK_BOOTTIME) / TICK_S)
+
+
+class Handle:
+    """What Departures asks of a member's ProcHandle: its start, and its identity."""
+
+    start_ticks = START_TICKS
+
+
+class Records:
+    """The taskstats socket, replayed: the records handed to the next drain."""
+
+    registered_at = time.time() - 60
+
+    def __init__(self) -> None:
+        self.queued: list[TaskExit] = []
+
+    def drain(self) -> tuple[list[TaskExit], bool]:
+        records, self.queued = self.queued, []
+        return records, False
+
+    def close(self) -> None:
+        pass
+
+
+class Target:
+    """One Departures and its passes: each pass's live members and departures."""
+
+    def __init__(self, *, own_cpu: bool) -> None:
+        self.own_cpu = own_cpu
+        self.records = Records()
+        self.exits = TaskExits(self.records, keep_s=60)  # type: ignore[arg-type]
+        self.departures = Departures(ROOT, self.exits, own_cpu=own_cpu)
+        self.handles = {ROOT: Handle(), CHILD: Handle()}
+        self.members: dict[int, Member] = {}
+        self.passes = 0
+
+    def member(
+        self, pid: int, ppid: int, own: Vec, reaped: Vec = ZERO, *, zombie: bool = False
+    ) -> Member:
+        """A member as MemberReader reads it: ``own`` (utime, stime, read, write: io
+        counts reaped children's bytes too) and ``reaped`` (cutime, cstime, ...)."""
+        user, system, read, write = own
+        if self.own_cpu:
+            totals, kept = (user, system, read, write), (0, 0, read, write)
+        else:
+            totals = (user + reaped[0], system + reaped[1], read, write)
+            kept = (reaped[0], reaped[1], read, write)
+        member = Member(
+            self.handles[pid], ppid, totals, kept, (read, write), 3, None, False, 0, zombie
+        )
+        member.reaped_cpu = reaped[0] + reaped[1]
+        return member
+
+    def exit(
+        self, pid: int, ppid: int, user_us: int, system_us: int, read: int, write: int
+    ) -> None:
+        """The kernel's exit record of ``pid`` (one thread), drained at the next pass."""
+        start = unix_start(START_TICKS)
+        self.records.queued.append(
+            TaskExit(pid, pid, ppid, start, 2_000_000, user_us, system_us, read, write, 1 << 20)
+        )
+
+    def sample(self, live: list[Member], departed: list[Departed] | None = None) -> Vec:
+        """One pass: ``live`` members read, ``departed`` gone since; the target's counters."""
+        self.exits.update()
+        stat = Stat("x", "S", 0, 0, 0, 0, 0, 1, START_TICKS, 0, 0, 0)
+        now = {self._pid(m): (m, stat) for m in live}
+        walked = Walked(now, departed or [], [], set())
+        before, first = self.members, self.passes == 0
+        self.departures.settle(walked, before, set(), set(now), first=first)
+        self.members = {pid: m for pid, (m, _) in now.items()}
+        self.passes += 1
+        total = ZERO
+        for m in live:
+            total = add(total, m.totals)
+        return self.departures.total(total)
+
+    def _pid(self, member: Member) -> int:
+        return next(pid for pid, h in self.handles.items() if h is member.handle)
+
+
+@pytest.mark.parametrize("own_cpu", [False, True], ids=["by-reaper", "by-owner"])
+def test_a_lone_target_exits_with_user_system_and_read_bytes_each_its_records(
+    own_cpu: bool,
+) -> None:
+    """Since its last pass the root ran 25 ticks of user time and 50 of system time,
+    read 6,000 bytes and wrote 1,000: each figure at exit is the record's own."""
+    t = Target(own_cpu=own_cpu)
+    last = t.member(ROOT, OUTSIDE, (100, 25, 2_000, 3_000))
+    assert t.sample([last]) == (100, 25, 2_000, 3_000)
+    t.exit(ROOT, OUTSIDE, user_us=1_250_000, system_us=750_000, read=8_000, write=4_000)
+    assert t.sample([], [(ROOT, last, OUTSIDE)]) == (125, 75, 8_000, 4_000)
+    end = t.departures.end(read_at=time.time(), alone=True)
+    assert (end.cpu_user_s, end.cpu_system_s) == (125 / CLOCK_TICKS, 75 / CLOCK_TICKS)
+    assert (end.read_bytes, end.write_bytes) == (8_000, 4_000)
+    assert end.rss_peak_bytes == 1 << 20
+    assert t.departures.exact
+
+
+def test_cpu_time_never_goes_backwards_when_a_reaper_shows_its_child_in_whole_ticks() -> None:
+    """By reaper, a child's record (in microseconds) is pending on its parent until the
+    parent's counters show it, truncated to ticks: less than a tick lower. CPU time is
+    held where it was reported, and grows from there."""
+    t = Target(own_cpu=False)
+    child = t.member(CHILD, ROOT, (140, 20, 0, 0))
+    assert t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0)), child]) == (150, 25, 0, 0)
+    # 97/64 s of user time: 151.5625 ticks, exact in binary.
+    t.exit(CHILD, ROOT, user_us=1_515_625, system_us=250_000, read=0, write=0)
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0))
+    assert t.sample([root], [(CHILD, child, ROOT)]) == (161.5625, 30, 0, 0)
+    # Reaped: /proc shows 151 ticks of it; the 0.5625 left is that rounding.
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0), (151, 25, 0, 0))
+    assert t.sample([root]) == (161.5625, 30, 0, 0)
+    assert t.departures.quiet  # nothing pending: held, not counted twice
+    root = t.member(ROOT, OUTSIDE, (11, 5, 0, 0), (151, 25, 0, 0))
+    assert t.sample([root]) == (162, 30, 0, 0)
+
+
+def test_the_exit_guard_holds_cpu_reported_above_the_last_figures() -> None:
+    """The figures carried at exit below what was reported (the rounding above, at the
+    root's exit): the exit's CPU time is what was reported."""
+    t = Target(own_cpu=False)
+    child = t.member(CHILD, ROOT, (140, 20, 0, 0))
+    t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0)), child])
+    t.exit(CHILD, ROOT, user_us=1_515_625, system_us=250_000, read=0, write=0)
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0))
+    t.sample([root], [(CHILD, child, ROOT)])
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0), (151, 25, 0, 0))
+    assert t.sample([root]) == (161.5625, 30, 0, 0)
+    t.exit(ROOT, OUTSIDE, user_us=93_750, system_us=46_875, read=0, write=0)
+    assert t.sample([], [(ROOT, root, OUTSIDE)]) == (161.5625, 30, 0, 0)
+    end = t.departures.end(read_at=time.time(), alone=False)
+    assert (end.cpu_user_s, end.cpu_system_s) == (161.5625 / CLOCK_TICKS, 30 / CLOCK_TICKS)
+
+
+def test_a_record_below_what_proc_showed_keeps_the_reading_and_adds_what_follows() -> None:
+    """A departed member's record may count less than /proc last showed of it: its
+    reading stands, and what the live members run afterwards adds to it."""
+    t = Target(own_cpu=False)
+    child = t.member(CHILD, ROOT, (200, 50, 0, 0))
+    assert t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0)), child]) == (210, 55, 0, 0)
+    t.exit(CHILD, OUTSIDE, user_us=1_500_000, system_us=250_000, read=0, write=0)
+    root = t.member(ROOT, OUTSIDE, (20, 5, 0, 0))  # reaped outside: carried
+    assert t.sample([root], [(CHILD, child, OUTSIDE)]) == (220, 55, 0, 0)
+
+
+@pytest.mark.parametrize("own_cpu", [False, True], ids=["by-reaper", "by-owner"])
+def test_an_exited_child_counts_while_its_parent_has_not_reaped_it(own_cpu: bool) -> None:
+    """A child exits; its parent (the root) reaps it two passes later. In between, its
+    record counts in the target (the parent's counters do not show it yet); once they
+    do, it counts there, once."""
+    t = Target(own_cpu=own_cpu)
+    child = t.member(CHILD, ROOT, (40, 10, 100, 200))
+    assert t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0)), child]) == (50, 15, 100, 200)
+    t.exit(CHILD, ROOT, user_us=750_000, system_us=250_000, read=300, write=400)
+    departed = [(CHILD, child, ROOT)]
+    assert t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0))], departed) == (85, 30, 300, 400)
+    assert not t.departures.quiet
+    assert t.sample([t.member(ROOT, OUTSIDE, (12, 5, 0, 0))]) == (87, 30, 300, 400)
+    # Reaped: the parent's counters show the child's (its io counts the child's bytes).
+    reaping = t.member(ROOT, OUTSIDE, (12, 5, 300, 400), (75, 25, 300, 400))
+    assert t.sample([reaping]) == (87, 30, 300, 400)
+    assert t.departures.quiet
+    later = t.member(ROOT, OUTSIDE, (13, 5, 300, 400), (75, 25, 300, 400))
+    assert t.sample([later]) == (88, 30, 300, 400)
