@@ -165,3 +165,29 @@ def test_a_silent_source_drops_out() -> None:
     meter = PowerMeter([stale], max_gap_s=5.0)
     assert meter.read(1.0).host_power_w == 5.0  # type: ignore[union-attr]
     assert meter.read(10.0).host_power_w is None  # type: ignore[union-attr]
+
+
+def test_the_device_energy_never_goes_back_after_a_held_power_overshoots() -> None:
+    """Past its last reading a board's power is held (10 W): the edge at 2 s reports
+    20 J. The next line, dated 1.8 s, says 0 W: the trace counts 14 J up to 2.5 s, below
+    what was reported. The device's energy stays at 20 J (a counter that went back reads
+    as a reset in Prometheus) until the trace passes it."""
+    board = FakeSource(
+        "tegrastats",
+        True,
+        [
+            reading("tegrastats", 0.0, 10.0),
+            reading("tegrastats", 1.0, 10.0),
+            reading("tegrastats", 1.0, 10.0),  # no new line by the edge at 2 s
+            reading("tegrastats", 1.8, 0.0),
+            reading("tegrastats", 3.0, 20.0),
+        ],
+    )
+    meter = PowerMeter([board], max_gap_s=5.0)
+    energies = []
+    for edge in (0.0, 1.0, 2.0, 2.5, 3.0):
+        snapshot = meter.read(edge)
+        assert snapshot is not None
+        energies.append(snapshot.host_energy_j)
+    # 10 J by 1 s, 4 J over the 0.8 s to 0 W, 12 J over the 1.2 s to 20 W.
+    assert energies == [0.0, 10.0, 20.0, 20.0, 26.0]
