@@ -1,0 +1,59 @@
+"""The mutation check's score per module, from mutmut's cache (``mutmut junitxml``),
+and each surviving mutant's change, for docs/mutation.md.
+
+    .venv/bin/python tests/mutation/score.py [MODULE ...]   (default: every one run)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+MUTMUT = Path(sys.executable).parent / "mutmut"
+
+
+def _changed(diff: str) -> str:
+    """The diff's removed and added lines, stripped: what the mutant changed."""
+    lines = diff.splitlines()[2:]  # below the ---/+++ header
+    return " / ".join(
+        line[0] + " " + line[1:].strip() for line in lines if line[:1] in "-+" and line[1:].strip()
+    )
+
+
+def main(modules: list[str]) -> int:
+    xml = subprocess.run([MUTMUT, "junitxml"], capture_output=True, text=True, check=True)
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    survivors: dict[str, list[str]] = defaultdict(list)
+    for case in ET.fromstring(xml.stdout).iter("testcase"):
+        module = case.get("file", "")
+        if modules and module not in modules:
+            continue
+        failure, skipped = case.find("failure"), case.find("skipped")
+        if skipped is not None:
+            counts[module]["equivalent"] += 1  # annotations only (mutmut_config.py)
+        elif failure is None:
+            counts[module]["killed"] += 1
+        elif failure.get("message") == "bad_timeout":
+            counts[module]["killed"] += 1  # the tests did not finish: a user would see it
+        else:
+            counts[module]["survived"] += 1
+            number = case.get("name", "").rsplit("#", 1)[-1]
+            change = _changed(failure.text or "")
+            survivors[module].append(f"  #{number} line {case.get('line')}: {change}")
+    print(f"{'module':36} {'mutants':>7} {'equiv.':>6} {'killed':>6} {'survived':>8} {'score':>6}")
+    for module, c in sorted(counts.items()):
+        run = c["killed"] + c["survived"]
+        score = f"{100 * c['killed'] / run:.1f}%" if run else "-"
+        total, equivalent = run + c["equivalent"], c["equivalent"]
+        print(f"{module:36} {total:7} {equivalent:6} {c['killed']:6} {c['survived']:8} {score:>6}")
+    for module, lines in sorted(survivors.items()):
+        print(f"\n{module}: survived")
+        print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
