@@ -310,3 +310,41 @@ def test_by_owner_a_reaper_gone_outside_with_children_unread_leaves_teardowns_un
     end = t.end([(ROOT, root, OUTSIDE)], alone=True)
     assert (end.cpu_user_s, end.cpu_system_s) == (87.5 / CLOCK_TICKS, 25 / CLOCK_TICKS)
     assert not end.teardowns_counted
+
+
+@pytest.mark.parametrize("parent_first", [False, True])
+def test_a_parent_and_child_leaving_in_one_pass_count_once_in_either_order(
+    parent_first: bool,
+) -> None:
+    t = Target(own_cpu=False)
+    child = t.member(CHILD, ROOT, (40, 10, 100, 0))
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0))
+    assert t.sample([root, child]) == (50, 15, 100, 0)
+    t.exit(CHILD, ROOT, user_us=500_000, system_us=125_000, read=100, write=0)
+    t.exit(ROOT, OUTSIDE, user_us=125_000, system_us=62_500, read=0, write=0)
+    gone = [(CHILD, child, ROOT), (ROOT, root, OUTSIDE)]
+    end = t.end(gone[::-1] if parent_first else gone, alone=False)
+    assert (end.cpu_user_s, end.cpu_system_s) == (62.5 / CLOCK_TICKS, 18.75 / CLOCK_TICKS)
+    assert end.read_bytes == 100
+
+
+def test_a_child_never_read_reaped_by_a_member_new_this_pass_counts() -> None:
+    t = Target(own_cpu=False)
+    assert t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0))]) == (10, 5, 0, 0)
+    t.exit(GRANDCHILD, CHILD, user_us=250_000, system_us=125_000, read=0, write=64)
+    live = [t.member(ROOT, OUTSIDE, (10, 5, 0, 0)), t.member(CHILD, ROOT, (1, 0, 0, 0))]
+    assert t.sample(live, never_seen=[(GRANDCHILD, None, CHILD)]) == (36, 17.5, 0, 64)
+
+
+def test_a_second_child_still_to_be_reaped_stays_counted_past_the_rounding() -> None:
+    """Two children pending on the root; it reaps the first: 1.5625 ticks of the second
+    stay pending (more than one tick is no rounding), and the root's own time adds."""
+    t = Target(own_cpu=False)
+    first, second = t.member(CHILD, ROOT, (40, 10, 0, 0)), t.member(GRANDCHILD, ROOT, (1, 0, 0, 0))
+    assert t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0)), first, second]) == (51, 15, 0, 0)
+    t.exit(CHILD, ROOT, user_us=750_000, system_us=250_000, read=0, write=0)
+    t.exit(GRANDCHILD, ROOT, user_us=15_625, system_us=0, read=0, write=0)
+    gone = [(CHILD, first, ROOT), (GRANDCHILD, second, ROOT)]
+    assert t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0))], gone) == (86.5625, 30, 0, 0)
+    reaped_one = t.member(ROOT, OUTSIDE, (11, 5, 0, 0), (75, 25, 0, 0))
+    assert t.sample([reaped_one]) == (87.5625, 30, 0, 0)
