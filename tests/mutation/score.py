@@ -1,5 +1,6 @@
-"""The mutation check's score per module, from mutmut's cache (``mutmut junitxml``),
-and each surviving mutant's change, for docs/mutation.md.
+"""The mutation check's score per module, from the results tests/bin/mutate keeps
+(.mutmut/MODULE.xml, mutmut's JUnit XML), and each surviving mutant's change, for
+docs/mutation.md.
 
 A survivor that changes nothing but a variable's annotation (mutmut 2 mutates those:
 ``x: int | None = None`` made ``x: int & None = None``) is counted as equivalent: every
@@ -7,19 +8,21 @@ module checked has ``from __future__ import annotations``, so an annotation is a
 that nothing evaluates (a dataclass reads only the field's name from it).
 
     .venv/bin/python tests/mutation/score.py [MODULE ...]   (default: every one run)
+
+A mutant that made the tests run past ten times their time unmutated (mutmut's timeout)
+is counted as killed, and listed: an endless loop, or a machine too busy to tell.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-MUTMUT = Path(sys.executable).parent / "mutmut"
+RESULTS = Path(".mutmut")
 
 
 def _changed(diff: str) -> str:
@@ -64,33 +67,42 @@ def _annotation_only(module: str, diff: str) -> bool:
 
 
 def main(modules: list[str]) -> int:
-    xml = subprocess.run([MUTMUT, "junitxml"], capture_output=True, text=True, check=True)
+    # tests/bin/mutate names each module's results after its path, dots for slashes.
+    names = [m.replace("/", ".") for m in modules]
+    files = [RESULTS / f"{n}.xml" for n in names] if modules else sorted(RESULTS.glob("*.xml"))
+    for path in [p for p in files if not p.exists()]:
+        print(f"{path}: not run", file=sys.stderr)
+        files.remove(path)
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    survivors: dict[str, list[str]] = defaultdict(list)
-    for case in ET.fromstring(xml.stdout).iter("testcase"):
-        module = case.get("file", "")
-        if modules and module not in modules:
-            continue
-        failure = case.find("failure")
-        if failure is None:
-            counts[module]["killed"] += 1
-        elif failure.get("message") == "bad_timeout":
-            counts[module]["killed"] += 1  # the tests did not finish: a user would see it
-        elif _annotation_only(module, failure.text or ""):
-            counts[module]["equivalent"] += 1
-        else:
-            counts[module]["survived"] += 1
-            number = case.get("name", "").rsplit("#", 1)[-1]
-            change = _changed(failure.text or "")
-            survivors[module].append(f"  #{number} line {case.get('line')}: {change}")
+    listed: dict[str, list[str]] = defaultdict(list)
+    for path in files:
+        for case in ET.parse(path).iter("testcase"):
+            module = case.get("file", "")
+            failure = case.find("failure")
+            if failure is None:
+                counts[module]["killed"] += 1
+                continue
+            diff = failure.text or ""
+            if failure.get("message") == "bad_timeout":
+                kind = "timeout"
+            elif _annotation_only(module, diff):
+                kind = "equivalent"
+            else:
+                kind = "survived"
+            counts[module]["killed" if kind == "timeout" else kind] += 1
+            if kind != "equivalent":
+                number = case.get("name", "").rsplit("#", 1)[-1]
+                listed[module].append(
+                    f"  {kind} #{number} line {case.get('line')}: {_changed(diff)}"
+                )
     print(f"{'module':36} {'mutants':>7} {'equiv.':>6} {'killed':>6} {'survived':>8} {'score':>6}")
     for module, c in sorted(counts.items()):
         run = c["killed"] + c["survived"]
         score = f"{100 * c['killed'] / run:.1f}%" if run else "-"
         total, equivalent = run + c["equivalent"], c["equivalent"]
         print(f"{module:36} {total:7} {equivalent:6} {c['killed']:6} {c['survived']:8} {score:>6}")
-    for module, lines in sorted(survivors.items()):
-        print(f"\n{module}: survived")
+    for module, lines in sorted(listed.items()):
+        print(f"\n{module}:")
         print("\n".join(lines))
     return 0
 
