@@ -191,3 +191,49 @@ def test_the_device_energy_never_goes_back_after_a_held_power_overshoots() -> No
         energies.append(snapshot.host_energy_j)
     # 10 J by 1 s, 4 J over the 0.8 s to 0 W, 12 J over the 1.2 s to 20 W.
     assert energies == [0.0, 10.0, 20.0, 20.0, 26.0]
+
+
+def test_a_reading_is_taken_once_and_says_so() -> None:
+    power, counter = Trace(10.0), Trace(10.0, counter=True)
+    assert power.add(0.0, 4.0) and not power.add(0.0, 4.0) and not power.add(-1.0, 4.0)
+    assert not power.add(1.0, None)  # no power: nothing to integrate
+    assert counter.add(0.0, None, 50.0) and not counter.add(1.0, 3.0, None)
+    assert counter.add(1.0, None, 50.0)
+    # The same raw count again: nothing added (a count that went back restarted).
+    assert counter.joules == 0.0
+
+
+def test_a_gap_of_exactly_the_limit_is_bridged_and_held_across() -> None:
+    power = Trace(5.0)
+    power.add(0.0, 10.0)
+    power.add(5.0, 10.0)
+    assert power.joules == 50.0
+    assert power.at(2.5) == 25.0  # linear inside an interval of exactly the limit
+    assert power.at(10.0) == 100.0  # the last power held for exactly the limit
+    assert power.at(10.5) == 50.0  # past it: nothing invented
+    counter = Trace(5.0, counter=True)
+    counter.add(0.0, None, 0.0)
+    counter.add(5.0, None, 20.0)
+    assert counter.take_range() == (4.0, 4.0)  # its interval's mean power
+
+
+def test_a_counter_is_interpolated_over_intervals_of_any_length() -> None:
+    counter = Trace(10.0, counter=True)
+    for t, raw in ((0.0, 0.0), (2.0, 20.0), (6.0, 100.0)):
+        counter.add(t, None, raw)
+    assert (counter.at(1.0), counter.at(4.0)) == (10.0, 60.0)
+    assert counter.take_range() == (10.0, 20.0)  # the intervals' mean powers
+    assert counter.take_range() is None  # begun anew, empty: no interval since
+
+
+def test_a_power_range_begins_anew_at_the_last_reading() -> None:
+    power = Trace(10.0)
+    assert power.take_range() is None
+    power.add(0.0, 7.0)
+    assert power.take_range() == (7.0, 7.0)
+    for t, watts in ((1.0, 9.0), (2.0, 3.0)):
+        power.add(t, watts)
+    assert power.take_range() == (3.0, 9.0)
+    assert power.take_range() == (3.0, 3.0)  # the power at the edge is in both
+    power.add(3.0, 4.0)
+    assert power.take_range() == (3.0, 4.0)
