@@ -164,7 +164,15 @@ def test_without_records_the_last_reading_stands_and_the_target_is_not_exact() -
     assert (end.cpu_user_s, end.cpu_system_s) == (100 / CLOCK_TICKS, 20 / CLOCK_TICKS)
     assert (end.read_bytes, end.write_bytes) == (2_000, 3_000)
     assert (end.time, end.rss_peak_bytes, end.exit_status) == (READ_AT, None, None)
-    assert not t.departures.exact
+    assert t.departures.exact is False
+
+
+def test_without_records_a_child_never_read_is_its_reapers_to_count() -> None:
+    t = Target(own_cpu=False, records=False)
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0))
+    assert t.sample([root]) == (10, 5, 0, 0)
+    assert t.sample([root], never_seen=[(CHILD, None, ROOT)]) == (10, 5, 0, 0)
+    assert t.departures.exact is True  # its parent's counters will show it
 
 
 @pytest.mark.parametrize("own_cpu", [False, True], ids=["by-reaper", "by-owner"])
@@ -178,7 +186,7 @@ def test_a_child_born_and_gone_between_passes_counts_its_record(own_cpu: bool) -
     assert t.departures.exact
     # One with no record (lost): by owner its time is lost, and the target says so.
     t.sample([root], never_seen=[(GRANDCHILD, None, ROOT)])
-    assert t.departures.exact is not own_cpu
+    assert t.departures.exact is (not own_cpu)
 
 
 def test_a_child_that_reaped_its_own_children_leaves_them_with_its_record() -> None:
@@ -336,15 +344,37 @@ def test_a_child_never_read_reaped_by_a_member_new_this_pass_counts() -> None:
     assert t.sample(live, never_seen=[(GRANDCHILD, None, CHILD)]) == (36, 17.5, 0, 64)
 
 
-def test_a_second_child_still_to_be_reaped_stays_counted_past_the_rounding() -> None:
-    """Two children pending on the root; it reaps the first: 1.5625 ticks of the second
-    stay pending (more than one tick is no rounding), and the root's own time adds."""
+@pytest.mark.parametrize(("user_us", "system_us"), [(15_625, 0), (10_000, 0), (0, 10_000)])
+def test_a_second_child_still_to_be_reaped_stays_counted_past_the_rounding(
+    user_us: int, system_us: int
+) -> None:
+    """Two children pending on the root; it reaps the first: the second's ticks (one or
+    more of a mode is no rounding) stay pending, and the root's own time adds."""
     t = Target(own_cpu=False)
-    first, second = t.member(CHILD, ROOT, (40, 10, 0, 0)), t.member(GRANDCHILD, ROOT, (1, 0, 0, 0))
-    assert t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0)), first, second]) == (51, 15, 0, 0)
+    first, second = t.member(CHILD, ROOT, (40, 10, 0, 0)), t.member(GRANDCHILD, ROOT, ZERO)
+    assert t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0)), first, second]) == (50, 15, 0, 0)
     t.exit(CHILD, ROOT, user_us=750_000, system_us=250_000, read=0, write=0)
-    t.exit(GRANDCHILD, ROOT, user_us=15_625, system_us=0, read=0, write=0)
+    t.exit(GRANDCHILD, ROOT, user_us=user_us, system_us=system_us, read=0, write=0)
+    user, system = user_us / 10_000, system_us / 10_000  # its ticks, exact here
     gone = [(CHILD, first, ROOT), (GRANDCHILD, second, ROOT)]
-    assert t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0))], gone) == (86.5625, 30, 0, 0)
+    total = t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0))], gone)
+    assert total == (85 + user, 30 + system, 0, 0)
     reaped_one = t.member(ROOT, OUTSIDE, (11, 5, 0, 0), (75, 25, 0, 0))
-    assert t.sample([reaped_one]) == (87.5625, 30, 0, 0)
+    assert t.sample([reaped_one]) == (86 + user, 30 + system, 0, 0)
+
+
+def test_by_owner_a_zombie_reaped_outside_shows_the_teardowns_it_reaped_late() -> None:
+    """The child reaps the grandchild after its last live reading, exits, is read as a
+    zombie and is reaped outside the target: the zombie's counters (32 ticks reaped
+    against the grandchild's 31.25 recorded) are the only place its teardown shows."""
+    t = Target(own_cpu=True)
+    child = t.member(CHILD, ROOT, (40, 10, 0, 0))
+    grandchild = t.member(GRANDCHILD, CHILD, (20, 5, 0, 0))
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0))
+    t.sample([root, child, grandchild])
+    t.exit(GRANDCHILD, CHILD, user_us=250_000, system_us=62_500, read=0, write=0)
+    assert t.sample([root, child], [(GRANDCHILD, grandchild, CHILD)]) == (75, 21.25, 0, 0)
+    zombie = t.member(CHILD, ROOT, (40, 10, 0, 0), (25, 7, 0, 0), zombie=True)
+    t.exit(CHILD, OUTSIDE, user_us=400_000, system_us=100_000, read=0, write=0)
+    assert t.sample([root], [(CHILD, zombie, OUTSIDE)]) == (75, 21.25 + 0.75, 0, 0)
+    assert t.departures.exact
