@@ -8,7 +8,7 @@ import pytest
 
 from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.power.source import PowerReading, PullSource, Rail
-from edgewatt.core.power.trace import Trace
+from edgewatt.core.power.trace import KEEP_POINTS, Trace
 
 
 def integrate(trace: list[tuple[float, float]], max_gap_s: float = 10.0) -> float:
@@ -218,12 +218,21 @@ def test_a_gap_of_exactly_the_limit_is_bridged_and_held_across() -> None:
 
 
 def test_a_counter_is_interpolated_over_intervals_of_any_length() -> None:
+    """On the monotonic clock (long since boot); its range is of its intervals' mean
+    powers, but for one longer than the gap limit."""
     counter = Trace(10.0, counter=True)
-    for t, raw in ((0.0, 0.0), (2.0, 20.0), (6.0, 100.0)):
+    for t, raw in ((1000.0, 0.0), (1002.0, 20.0), (1006.0, 100.0), (1026.0, 700.0)):
         counter.add(t, None, raw)
-    assert (counter.at(1.0), counter.at(4.0)) == (10.0, 60.0)
-    assert counter.take_range() == (10.0, 20.0)  # the intervals' mean powers
+    assert (counter.at(1001.0), counter.at(1004.0)) == (10.0, 60.0)
+    assert counter.take_range() == (10.0, 20.0)
     assert counter.take_range() is None  # begun anew, empty: no interval since
+
+
+def test_before_the_oldest_reading_kept_the_oldest_count_stands() -> None:
+    power = Trace(10.0)
+    for t in range(KEEP_POINTS + 5):  # 1 W: a joule a second
+        power.add(float(t), 1.0)
+    assert power.at(0.0) == 5.0  # the oldest kept: 5 s
 
 
 def test_a_power_range_begins_anew_at_the_last_reading() -> None:
