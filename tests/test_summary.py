@@ -1,0 +1,38 @@
+"""A phase's exported figures (PhaseFigures, every pass) and a span's changes where one
+end lacks a figure, to the rounding users read."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from edgewatt.core.targets.history import Phase
+from edgewatt.core.targets.row import row_of
+from edgewatt.core.targets.summary import phase_figures, span
+from tests.snapshots import process
+
+
+def test_a_phase_without_samples_is_running_until_ended_and_nothing_else() -> None:
+    phase = Phase("warmup", 1_700_000_000.0)
+    assert tuple(phase_figures(phase)) == ("warmup", True, None, 0.0, None)
+    phase.ended_at = 1_700_000_001.0
+    assert tuple(phase_figures(phase)) == ("warmup", False, None, 0.0, None)
+
+
+def test_a_phases_figures_are_rounded_to_the_millisecond_and_millijoule() -> None:
+    phase = Phase("train", 1_700_000_000.0)
+    sample = process(0)
+    phase.add(row_of(dataclasses.replace(sample, energy_j=1.0), 100.0))
+    phase.add(
+        row_of(dataclasses.replace(sample, energy_j=3.4567891), 101.2345678), None, (2.5, 9.8765432)
+    )
+    assert tuple(phase_figures(phase)) == ("train", True, 2.457, 1.235, 9.877)
+    phase.ended_at = 1_700_000_002.0
+    assert phase_figures(phase).running is False
+
+
+def test_a_figure_unknown_at_one_end_has_no_change() -> None:
+    sample = process(0)
+    first = row_of(dataclasses.replace(sample, disk_write_bytes=None), 100.0)
+    last = row_of(dataclasses.replace(sample, disk_write_bytes=4096), 101.0)
+    assert span(first, last, 2, None)["disk_write_bytes"] is None
+    assert span(last, first, 2, None)["disk_write_bytes"] is None
