@@ -124,9 +124,14 @@ def run(module: str, tests: list[str]) -> None:
             "line": mid.line_number + 1,
             "change": _change(source, mutated),
         }
-        RESULTS.mkdir(exist_ok=True)
-        results_path.write_text(json.dumps(results, indent=1))
+        _save(results_path, results)  # a run stopped midway keeps what it found
+    _save(results_path, results)
     score([module])
+
+
+def _save(path: Path, results: dict[str, Any]) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
 
 
 def score(modules: list[str]) -> None:
