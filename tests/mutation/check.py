@@ -9,7 +9,8 @@ exit status 2 (a mutant that cannot be imported) as surviving. Here each mutant 
 written into the tree in place (the editable install imports it), its module's tests
 run in a child process killed at ten times their unmutated time (then: a timeout), and
 the original written back, whatever happens. Results are kept per module in
-.mutmut/MODULE.json: a killed mutant is not run again, the others are on each run.
+.mutmut/MODULE.json: a killed (or timed out) mutant is not run again, the others are on
+each run.
 
 A mutant that changes nothing but a variable's annotation (``x: int | None = None``
 made ``x: int & None = None``) is not run: every module checked has
@@ -105,7 +106,7 @@ def run(module: str, tests: list[str]) -> None:
     print(f"== {module}: {len(ids)} mutants, against {' '.join(tests)}", flush=True)
     for mid in ids:
         key = f"{mid.line_number + 1}:{mid.index}:{mid.line}"
-        if old.get(key, {}).get("status") == "killed":
+        if old.get(key, {}).get("status") in ("killed", "timeout"):
             results[key] = old[key]
             continue
         mutated, _ = mutate(Context(source=source, mutation_id=mid, filename=module))
