@@ -96,7 +96,7 @@ def test_a_source_without_a_counter_is_streamed_between_the_edges() -> None:
         "ina3221",
         True,
         [reading("ina3221", 1000.0, 4.0), reading("ina3221", 1001.0, 8.0)],
-        totals=[(1000.5, 6.0), None, OSError("gone")],
+        totals=[(1000.5, 10.0), None, OSError("gone")],
     )
     counter = Source("rapl", False, [reading("rapl", 1000.0, 3.0, 0.0)])
     pushed = Pushed("tegrastats", False, lines=[reading("tegrastats", 1000.0, 1.0)])
@@ -107,7 +107,8 @@ def test_a_source_without_a_counter_is_streamed_between_the_edges() -> None:
     traces.stream(board)  # none: a whole reading
     traces.stream(board)  # failed: nothing, the next edge logs it
     assert traces.readings == 5
-    assert traces.totals["ina3221"].at(1001.0) == pytest.approx(2.5 + 3.5)
+    # 4 W, then 10 W at 1000.5 s (streamed), then 8 W at 1001 s (the whole reading).
+    assert traces.totals["ina3221"].at(1001.0) == 3.5 + 4.5
 
 
 def test_a_reading_exactly_the_gap_old_is_fresh_and_an_older_one_is_not() -> None:
