@@ -56,6 +56,7 @@ class Target:
         self.departures = Departures(ROOT, self.exits, own_cpu=own_cpu)
         self.handles = {ROOT: Handle(), CHILD: Handle(), GRANDCHILD: Handle()}
         self.members: dict[int, Member] = {}
+        self.unseen: set[int] = set()
         self.passes = 0
 
     def member(
@@ -96,10 +97,12 @@ class Target:
         live: list[Member],
         departed: list[Departed] | None = None,
         never_seen: list[Departed] | None = None,
+        unseen: set[int] | None = None,
     ) -> Vec:
         """One pass: ``live`` members read, ``departed`` gone since (``never_seen``:
-        born and gone between two passes); the target's counters."""
-        self._settle(live, departed, never_seen)
+        born and gone between two passes; ``unseen``: gone before this pass could read
+        them, their exit events to come); the target's counters."""
+        self._settle(live, departed, never_seen, unseen or set())
         total = ZERO
         for m in live:
             total = add(total, m.totals)
@@ -108,20 +111,25 @@ class Target:
     def end(self, departed: list[Departed], *, alone: bool) -> ExitFigures:
         """The pass that finds no member live, as ProcessTree runs it: settled, then
         ended (no total in between)."""
-        self._settle([], departed, None)
+        self._settle([], departed, None, set())
         return self.departures.end(read_at=READ_AT, alone=alone)
 
     def _settle(
-        self, live: list[Member], departed: list[Departed] | None, never_seen: list[Departed] | None
+        self,
+        live: list[Member],
+        departed: list[Departed] | None,
+        never_seen: list[Departed] | None,
+        unseen: set[int],
     ) -> None:
         if self.exits is not None:
             self.exits.update()
         stat = Stat("x", "S", 0, 0, 0, 0, 0, 1, START_TICKS, 0, 0, 0)
         now = {self._pid(m): (m, stat) for m in live}
-        walked = Walked(now, departed or [], never_seen or [], set())
+        walked = Walked(now, departed or [], never_seen or [], unseen)
         before, first = self.members, self.passes == 0
-        self.departures.settle(walked, before, set(), set(now), first=first)
-        self.members = {pid: m for pid, (m, _) in now.items()}
+        # As ProcessTree: the unseen of the pass before; every member still in.
+        self.departures.settle(walked, before, self.unseen, set(now) | unseen, first=first)
+        self.members, self.unseen = {pid: m for pid, (m, _) in now.items()}, unseen
         self.passes += 1
 
     def _pid(self, member: Member) -> int:
@@ -378,3 +386,37 @@ def test_by_owner_a_zombie_reaped_outside_shows_the_teardowns_it_reaped_late() -
     t.exit(CHILD, OUTSIDE, user_us=400_000, system_us=100_000, read=0, write=0)
     assert t.sample([root], [(CHILD, zombie, OUTSIDE)]) == (75, 21.25 + 0.75, 0, 0)
     assert t.departures.exact
+
+
+def test_by_owner_a_child_reaped_unseen_then_its_reaper_gone_outside_counts_once() -> None:
+    """The grandchild is born, exits and is reaped by the child before any pass reads
+    it: the child's counters show its 31 ticks at once. Its record comes the pass the
+    child leaves, reaped outside the target: what the child's counters showed was
+    expected of it, so nothing is counted twice and the teardowns are all counted."""
+    t = Target(own_cpu=True)
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0))
+    t.sample([root, t.member(CHILD, ROOT, (40, 10, 0, 0))])
+    child = t.member(CHILD, ROOT, (40, 10, 0, 0), (25, 6, 0, 0))
+    t.sample([root, child], unseen={GRANDCHILD})
+    t.exit(GRANDCHILD, CHILD, user_us=250_000, system_us=62_500, read=0, write=0)
+    t.exit(CHILD, OUTSIDE, user_us=400_000, system_us=100_000, read=0, write=0)
+    gone = [(CHILD, child, OUTSIDE)]
+    assert t.sample([root], gone, [(GRANDCHILD, None, CHILD)]) == (75, 21.25, 0, 0)
+    t.exit(ROOT, OUTSIDE, user_us=100_000, system_us=50_000, read=0, write=0)
+    assert t.end([(ROOT, root, OUTSIDE)], alone=False).teardowns_counted
+
+
+def test_by_owner_a_child_reaped_after_its_reapers_last_reading_leaves_it_uncounted() -> None:
+    """As above, but the child reaps the grandchild after the pass read it, then
+    leaves reaped outside: that teardown is in no counter read, and the exit says so."""
+    t = Target(own_cpu=True)
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0))
+    t.sample([root, t.member(CHILD, ROOT, (40, 10, 0, 0))])
+    child = t.member(CHILD, ROOT, (40, 10, 0, 0))
+    t.sample([root, child])
+    t.exit(GRANDCHILD, CHILD, user_us=250_000, system_us=62_500, read=0, write=0)
+    t.exit(CHILD, OUTSIDE, user_us=400_000, system_us=100_000, read=0, write=0)
+    gone = [(CHILD, child, OUTSIDE)]
+    assert t.sample([root], gone, [(GRANDCHILD, None, CHILD)]) == (75, 21.25, 0, 0)
+    t.exit(ROOT, OUTSIDE, user_us=100_000, system_us=50_000, read=0, write=0)
+    assert not t.end([(ROOT, root, OUTSIDE)], alone=False).teardowns_counted
