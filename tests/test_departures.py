@@ -420,3 +420,21 @@ def test_by_owner_a_child_reaped_after_its_reapers_last_reading_leaves_it_uncoun
     assert t.sample([root], gone, [(GRANDCHILD, None, CHILD)]) == (75, 21.25, 0, 0)
     t.exit(ROOT, OUTSIDE, user_us=100_000, system_us=50_000, read=0, write=0)
     assert not t.end([(ROOT, root, OUTSIDE)], alone=False).teardowns_counted
+
+
+def test_by_owner_a_zombie_reaped_outside_with_its_childs_record_in_the_same_pass() -> None:
+    """The grandchild's record and its zombie reaper's departure come in one pass:
+    what the zombie's counters show (32 ticks) is weighed against the grandchild's
+    31.25, not counted again."""
+    t = Target(own_cpu=True)
+    child = t.member(CHILD, ROOT, (40, 10, 0, 0))
+    grandchild = t.member(GRANDCHILD, CHILD, (20, 5, 0, 0))
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0))
+    t.sample([root, child, grandchild])
+    zombie = t.member(CHILD, ROOT, (40, 10, 0, 0), (25, 7, 0, 0), zombie=True)
+    t.exit(GRANDCHILD, CHILD, user_us=250_000, system_us=62_500, read=0, write=0)
+    t.exit(CHILD, OUTSIDE, user_us=400_000, system_us=100_000, read=0, write=0)
+    gone = [(GRANDCHILD, grandchild, CHILD), (CHILD, zombie, OUTSIDE)]
+    assert t.sample([root], gone) == (75, 21.25 + 0.75, 0, 0)
+    t.exit(ROOT, OUTSIDE, user_us=100_000, system_us=50_000, read=0, write=0)
+    assert t.end([(ROOT, root, OUTSIDE)], alone=False).teardowns_counted
