@@ -36,3 +36,17 @@ def test_a_figure_unknown_at_one_end_has_no_change() -> None:
     last = row_of(dataclasses.replace(sample, disk_write_bytes=4096), 101.0)
     assert span(first, last, 2, None)["disk_write_bytes"] is None
     assert span(last, first, 2, None)["disk_write_bytes"] is None
+
+
+def test_a_spans_figures_are_rounded_and_rates_need_a_duration() -> None:
+    sample = process(0)
+    first = row_of(dataclasses.replace(sample, cpu_user_s=1.0, cpu_system_s=0.5), 100.0)
+    last = row_of(
+        dataclasses.replace(sample, cpu_user_s=1.1234567, cpu_system_s=0.6234567), 100.4567891
+    )
+    figures = span(first, last, 2, None)
+    names = ("duration_s", "cpu_user_s", "cpu_system_s", "cpu_avg_cores", "cpu_avg_utilization")
+    assert [figures[n] for n in names] == [0.457, 0.123, 0.123, 0.5405, 0.2703]
+    # No time between the two rows: no rate.
+    still = span(first, first, 2, None)
+    assert [still[n] for n in names] == [0.0, 0.0, 0.0, None, None]
