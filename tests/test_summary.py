@@ -40,13 +40,17 @@ def test_a_figure_unknown_at_one_end_has_no_change() -> None:
 
 def test_a_spans_figures_are_rounded_and_rates_need_a_duration() -> None:
     sample = process(0)
-    first = row_of(dataclasses.replace(sample, cpu_user_s=1.0, cpu_system_s=0.5), 100.0)
-    last = row_of(
-        dataclasses.replace(sample, cpu_user_s=1.1234567, cpu_system_s=0.6234567), 100.4567891
-    )
+    at = {"cpu_user_s": 1.0, "cpu_system_s": 0.5, "energy_j": 2.0, "device_energy_j": 10.0}
+    first = row_of(dataclasses.replace(sample, **at), 100.0)
+    later = {"cpu_user_s": 1.1234567, "cpu_system_s": 0.6234567}
+    later.update(energy_j=3.2345678, device_energy_j=15.8765432)
+    last = row_of(dataclasses.replace(sample, **later), 100.4567891)
     figures = span(first, last, 2, None)
     names = ("duration_s", "cpu_user_s", "cpu_system_s", "cpu_avg_cores", "cpu_avg_utilization")
+    power = ("energy_j", "power_avg_w", "device_energy_j", "device_power_avg_w")
     assert [figures[n] for n in names] == [0.457, 0.123, 0.123, 0.5405, 0.2703]
+    assert [figures[n] for n in power] == [1.235, 2.703, 5.877, 12.865]
     # No time between the two rows: no rate.
     still = span(first, first, 2, None)
     assert [still[n] for n in names] == [0.0, 0.0, 0.0, None, None]
+    assert [still[n] for n in power] == [0.0, None, 0.0, None]
