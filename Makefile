@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint format dashboards clean
+.PHONY: run test lint format dashboards clean mutate
 
 # `make run` installs what the daemon needs; `make test` adds the test extras.
 $(VENV)/.runtime: pyproject.toml core/power/_stream.c
@@ -38,6 +38,11 @@ test: $(VENV)/.test
 	$(BIN)/pytest
 	EDGEWATT_CLIENT_BACKEND=psutil $(BIN)/pytest $(CLIENT_TESTS)
 	tests/bin/other-pythons 3.8 3.13
+
+# The mutation check of the modules that compute figures (tests/mutation/targets.txt,
+# docs/mutation.md): slow, so neither in `make test` nor in .ci/run. MODULES= picks some.
+mutate: $(VENV)/.test
+	tests/bin/mutate $(MODULES)
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check .

@@ -8,7 +8,7 @@ import pytest
 
 from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.power.source import PowerReading, PullSource, Rail
-from edgewatt.core.power.trace import Trace
+from edgewatt.core.power.trace import KEEP_POINTS, Trace
 
 
 def integrate(trace: list[tuple[float, float]], max_gap_s: float = 10.0) -> float:
@@ -190,3 +190,84 @@ def test_a_silent_source_drops_out() -> None:
     meter = PowerMeter([stale], max_gap_s=5.0)
     assert meter.read(1.0).host_power_w == 5.0  # type: ignore[union-attr]
     assert meter.read(10.0).host_power_w is None  # type: ignore[union-attr]
+
+
+def test_the_device_energy_never_goes_back_after_a_held_power_overshoots() -> None:
+    """Past its last reading a board's power is held (10 W): the edge at 2 s reports
+    20 J. The next line, dated 1.8 s, says 0 W: the trace counts 14 J up to 2.5 s, below
+    what was reported. The device's energy stays at 20 J (a counter that went back reads
+    as a reset in Prometheus) until the trace passes it."""
+    board = FakeSource(
+        "tegrastats",
+        True,
+        [
+            reading("tegrastats", 0.0, 10.0),
+            reading("tegrastats", 1.0, 10.0),
+            reading("tegrastats", 1.0, 10.0),  # no new line by the edge at 2 s
+            reading("tegrastats", 1.8, 0.0),
+            reading("tegrastats", 3.0, 20.0),
+        ],
+    )
+    meter = PowerMeter([board], max_gap_s=5.0)
+    energies = []
+    for edge in (0.0, 1.0, 2.0, 2.5, 3.0):
+        snapshot = meter.read(edge)
+        assert snapshot is not None
+        energies.append(snapshot.host_energy_j)
+    # 10 J by 1 s, 4 J over the 0.8 s to 0 W, 12 J over the 1.2 s to 20 W.
+    assert energies == [0.0, 10.0, 20.0, 20.0, 26.0]
+
+
+def test_a_reading_is_taken_once_and_says_so() -> None:
+    power, counter = Trace(10.0), Trace(10.0, counter=True)
+    assert power.add(0.0, 4.0) and not power.add(0.0, 4.0) and not power.add(-1.0, 4.0)
+    assert not power.add(1.0, None)  # no power: nothing to integrate
+    assert counter.add(0.0, None, 50.0) and not counter.add(1.0, 3.0, None)
+    assert counter.add(1.0, None, 50.0)
+    # The same raw count again: nothing added (a count that went back restarted).
+    assert counter.joules == 0.0
+
+
+def test_a_gap_of_exactly_the_limit_is_bridged_and_held_across() -> None:
+    power = Trace(5.0)
+    power.add(0.0, 10.0)
+    power.add(5.0, 10.0)
+    assert power.joules == 50.0
+    assert power.at(2.5) == 25.0  # linear inside an interval of exactly the limit
+    assert power.at(10.0) == 100.0  # the last power held for exactly the limit
+    assert power.at(10.5) == 50.0  # past it: nothing invented
+    counter = Trace(5.0, counter=True)
+    counter.add(0.0, None, 0.0)
+    counter.add(5.0, None, 20.0)
+    assert counter.take_range() == (4.0, 4.0)  # its interval's mean power
+
+
+def test_a_counter_is_interpolated_over_intervals_of_any_length() -> None:
+    """On the monotonic clock (long since boot); its range is of its intervals' mean
+    powers, but for one longer than the gap limit."""
+    counter = Trace(10.0, counter=True)
+    for t, raw in ((1000.0, 0.0), (1002.0, 20.0), (1006.0, 100.0), (1026.0, 700.0)):
+        counter.add(t, None, raw)
+    assert (counter.at(1001.0), counter.at(1004.0)) == (10.0, 60.0)
+    assert counter.take_range() == (10.0, 20.0)
+    assert counter.take_range() is None  # begun anew, empty: no interval since
+
+
+def test_before_the_oldest_reading_kept_the_oldest_count_stands() -> None:
+    power = Trace(10.0)
+    for t in range(KEEP_POINTS + 5):  # 1 W: a joule a second
+        power.add(float(t), 1.0)
+    assert power.at(0.0) == 5.0  # the oldest kept: 5 s
+
+
+def test_a_power_range_begins_anew_at_the_last_reading() -> None:
+    power = Trace(10.0)
+    assert power.take_range() is None
+    power.add(0.0, 7.0)
+    assert power.take_range() == (7.0, 7.0)
+    for t, watts in ((1.0, 9.0), (2.0, 3.0)):
+        power.add(t, watts)
+    assert power.take_range() == (3.0, 9.0)
+    assert power.take_range() == (3.0, 3.0)  # the power at the edge is in both
+    power.add(3.0, 4.0)
+    assert power.take_range() == (3.0, 4.0)

@@ -124,6 +124,32 @@ def test_a_coarse_pass_for_another_target_inside_a_window_counts() -> None:
     assert summary["phases"][0]["duration_s"] == 0.15
 
 
+def test_a_window_read_at_two_rates_is_flagged_against_the_coarser() -> None:
+    """A 150 ms window whose first interval was read at 5 Hz and its last at 200 Hz:
+    not resolved throughout, whichever rate came last. The same for the whole history."""
+    table, clocks = _table(os.getpid())
+    (target,) = table.running()
+    uid = os.getuid()
+    _pass(table, clocks, 0.005, 0.0)
+    table.start_phase(target.id, "window", uid)
+    _pass(table, clocks, 0.2, 1.0, {target.id})
+    _pass(table, clocks, 0.2, 1.05, {target.id})
+    _pass(table, clocks, 0.005, 1.1, {target.id})
+    table.end_phase(target.id, uid)
+    _pass(table, clocks, 0.005, 1.15, {target.id})
+    summary = table.summary(target.id, 2)
+    assert [(p["duration_s"], p["shorter_than_sensor_period"]) for p in summary["phases"]] == [
+        (0.15, True)
+    ]
+    # A whole history of 150 ms: its first interval read at 5 Hz.
+    table, clocks = _table(os.getpid())
+    (target,) = table.running()
+    for period_s, at in [(0.005, 0.0), (0.2, 0.05), (0.005, 0.1), (0.005, 0.15)]:
+        _pass(table, clocks, period_s, at)
+    summary = table.summary(target.id, 2)
+    assert (summary["duration_s"], summary["shorter_than_sensor_period"]) == (0.15, True)
+
+
 def test_a_fresh_read_ages_the_latest_sample_on_the_monotonic_clock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -37,10 +37,6 @@ class Trace:
         # intervals' mean powers. Empty (low above high) until a reading comes.
         self._low, self._high = _EMPTY
 
-    @property
-    def last_time(self) -> float | None:
-        return self._points[-1][0] if self._points else None
-
     def add(self, t: float, watts: float | None, raw_joules: float | None = None) -> bool:
         """One reading (power, or the counter's raw joules); False when it is not newer
         than the last one (the same reading again) and was not taken."""
