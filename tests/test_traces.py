@@ -57,7 +57,7 @@ def edge(traces: Traces, now: float) -> PowerSnapshot:
     with traces.lock:
         for source in traces.sources:
             traces.take(source)
-        return traces.snapshot(now, None)
+        return traces.snapshot(now, None, ())
 
 
 def test_the_first_board_alone_is_the_device() -> None:
@@ -165,7 +165,7 @@ def test_several_sources_range_as_the_sums_of_their_lows_and_highs() -> None:
         for _ in range(2):
             traces.take(rapl)
             traces.take(gpu)
-        snapshot = traces.snapshot(1002.0, None)
+        snapshot = traces.snapshot(1002.0, None, ())
     assert (snapshot.power_min_w, snapshot.power_max_w) == (80.0, 130.0)  # 20 + 60, 30 + 100
     # One source without an interval since: no range rather than half of one.
     lone = Source("rapl", False, [reading("rapl", 1000.0, 0, 0.0)])
