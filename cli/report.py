@@ -32,11 +32,14 @@ def summary_table(
     title: str,
     power: str | None = None,
     phases: list[dict[str, Any]] | None = None,
+    host_network: bool = True,
 ) -> str:
     """The figures of a run, one line each with its unit, then a table of ``phases``
     (items with the daemon's keys). ``power``: what is known of the power source where
     the summary has no energy ("present", "none", "off": the monitor's power metric was
-    off; None: not known)."""
+    off; None: not known). ``host_network``: whether the summary's total network bytes
+    are the host's (a monitor's samples), shown apart under "host", or the process's own
+    (the heflwr drop-ins' process scope)."""
     rows: list[tuple[str, str]] = []
     device = context_line(summary.get("context"))
     if device:
@@ -53,28 +56,8 @@ def summary_table(
         if summary.get("cpu_source"):  # which count it is (edgewatt run's larger of two)
             rows.append(("counted by", printable(str(summary["cpu_source"]))))
     rows += memory_rows(summary)
-    if "total_network_bytes_sent" in summary:
-        sent = human_bytes(summary["total_network_bytes_sent"])
-        recv = human_bytes(summary["total_network_bytes_recv"])
-        rows.append(("network", f"sent {sent}, received {recv} (host-wide, loopback excluded)"))
-    if summary.get("network_unknown"):
-        rows.append(("IP", f"sent and received unknown: {summary['network_unknown']}"))
-    elif summary.get("network_transmit_bytes") is not None:
-        sent = human_bytes(summary["network_transmit_bytes"])
-        recv = human_bytes(summary.get("network_receive_bytes") or 0)
-        counts = summary.get("network_counts")
-        if counts == "ip-bytes":  # a cgroup's nftables counters
-            what = "IP bytes of every connection, headers included"
-            rows.append(("IP", f"sent {sent}, received {recv} ({what}, across its boundary)"))
-        elif counts == "interface-bytes":  # a network namespace's interfaces
-            what = "frames on its network namespace's interfaces"
-            rows.append(("network", f"sent {sent}, received {recv} ({what})"))
-        elif counts == "ip-bytes+interface-bytes":  # both, for namespaces of both kinds
-            what = "IP bytes, and the frames of a namespace it may not enter"
-            rows.append(("IP", f"sent {sent}, received {recv} ({what})"))
-        else:
-            what = f"the command's, across its boundary; {ESCAPES}"
-            rows.append(("TCP", f"sent {sent}, received {recv} ({what})"))
+    rows += disk_rows(summary)
+    rows += network_rows(summary, host_network)
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
         line = f"{energy:.1f} J ({energy / 3600:.4f} Wh)"
@@ -101,10 +84,67 @@ def summary_table(
     rows += spread_rows(summary)
     width = max(len(k) for k, _ in rows)
     lines = [title, *(f"  {k.ljust(width)}  {v}" for k, v in rows)]
+    host = [k for k in HOST_KEYS if k in summary] or (
+        list(TOTAL_KEYS) if host_network and TOTAL_KEYS[0] in summary else []
+    )
+    if host:
+        # The device's, never in a row of the command's (issue 52 item 1).
+        sent, recv = (human_bytes(summary.get(k)) for k in host)
+        lines += [
+            "  host (every process on the device, not the command's figures):",
+            f"    network  sent {sent}, received {recv} (every interface but loopback)",
+        ]
     lines = [printable(line) for line in lines]  # the title quotes a command line
     return "\n".join(
         [*lines, *phase_table(phases or [], dropped=summary.get("phases_dropped") or 0)]
     )
+
+
+# A monitor's network bytes (its samples'), and edgewatt run's name for them: host-wide.
+TOTAL_KEYS = ("total_network_bytes_sent", "total_network_bytes_recv")
+HOST_KEYS = ("host_network_bytes_sent", "host_network_bytes_recv")
+
+# What the command's bytes count, by the daemon's network_counts: one name, "network".
+NETWORK_COUNTS = {
+    "ip-bytes": "IP bytes of every connection, headers included, across its boundary",
+    "interface-bytes": "frames on its network namespace's interfaces",
+    "ip-bytes+interface-bytes": "IP bytes, and the frames of a namespace it may not enter",
+    "process": "the process tree's TCP bytes, loopback to other processes included",
+}
+
+
+def network_rows(summary: dict[str, Any], host_network: bool) -> list[tuple[str, str]]:
+    """The command's own bytes, under one name with what they count; a monitor's
+    totals only where they are the process's (else they are the host's: apart)."""
+    if summary.get("network_unknown"):
+        return [("network", f"sent and received unknown: {summary['network_unknown']}")]
+    if summary.get("network_transmit_bytes") is not None:
+        sent = human_bytes(summary["network_transmit_bytes"])
+        recv = human_bytes(summary.get("network_receive_bytes") or 0)
+        counts = summary.get("network_counts")
+        what = NETWORK_COUNTS.get(
+            str(counts), f"TCP bytes, the command's, across its boundary; {ESCAPES}"
+        )
+        return [("network", f"sent {sent}, received {recv} ({what})")]
+    if "total_network_bytes_sent" in summary and not host_network:
+        sent = human_bytes(summary["total_network_bytes_sent"])
+        recv = human_bytes(summary["total_network_bytes_recv"])
+        return [("network", f"sent {sent}, received {recv} ({NETWORK_COUNTS['process']})")]
+    if any(k in summary for k in HOST_KEYS):  # edgewatt run sampled by itself
+        return [("network", "not measured: the daemon counts a command's own bytes")]
+    return []
+
+
+def disk_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Bytes read from and written to storage (/proc/PID/io's read_bytes and
+    write_bytes: what reached the block layer, not reads served from the page cache)."""
+    if summary.get("disk_read_bytes") is None and summary.get("disk_write_bytes") is None:
+        return []
+    read, written = (human_bytes(summary.get(k)) for k in ("disk_read_bytes", "disk_write_bytes"))
+    line = f"read {read}, written {written} (to and from storage, not the page cache)"
+    if summary.get("disk_source"):
+        line += f"; counted by {summary['disk_source']}"
+    return [("disk", line)]
 
 
 def context_line(context: Any) -> str | None:
@@ -183,7 +223,8 @@ SUMMARY_NUMBERS = (
     "total_network_bytes_sent", "total_network_bytes_recv",
     "energy_j", "energy_vdd_in_j", "avg_power_w", "process_energy_j", "total_carbon_g",
     "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
-    "phases_dropped", *KEYS,
+    "phases_dropped", "disk_read_bytes", "disk_write_bytes", "host_network_bytes_sent",
+    "host_network_bytes_recv", *KEYS,
 )  # fmt: skip
 
 
@@ -306,6 +347,8 @@ def layout(
         begin = times[i - 1] if i else (segments[0] if segments else t)
         begins.append(max([begin, *(b for b in segments if b < t)]))
     panels = _panels(samples, times, begins, _network(header))
+    # The host's bytes apart, below the command's figures (issue 52 item 1).
+    panels.sort(key=lambda panel: panel[0].startswith(HOST_NETWORK))
     # The summary's peaks on the memory axis, each named as its line is.
     levels = []
     drawn = {name for label, lines in panels if label == RSS for name, _, _ in lines}
@@ -474,11 +517,14 @@ def _mean_power(
     return xs, ys
 
 
+HOST_NETWORK = "host network"
+
+
 def _network(header: dict[str, Any]) -> str:
     """What a file's network bytes are: a monitor's are the host's unless its header's
     units say the process's."""
     scope = (header.get("units") or {}).get("network_bytes_sent", "")
-    return "host network" if "host-wide" in scope else "network"
+    return HOST_NETWORK if "host-wide" in scope else "network"
 
 
 def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -499,13 +545,14 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
         figures.append(f"peak PSS {human_bytes(summary['memory_pss_peak_bytes'])}")
     elif summary.get("memory_rss_peak_bytes") is not None:
         figures.append(f"peak RSS summed {human_bytes(summary['memory_rss_peak_bytes'])}")
-    if "total_network_bytes_sent" in summary:
-        sent, recv = summary["total_network_bytes_sent"], summary["total_network_bytes_recv"]
-        figures.append(
-            f"{_network(header)} sent {human_bytes(sent)}, received {human_bytes(recv)}"
-            if sent or recv
-            else "no network traffic"
-        )
+    # The command's own bytes (edgewatt run's, the daemon's count), else a process
+    # scope's; the host's never (a whole device's bytes are not the command's).
+    own = ("network_transmit_bytes", "network_receive_bytes")
+    if _network(header) != HOST_NETWORK:
+        own = ("total_network_bytes_sent", "total_network_bytes_recv")
+    if summary.get(own[0]) is not None:
+        sent, recv = summary[own[0]], summary.get(own[1]) or 0
+        figures.append(f"network sent {human_bytes(sent)}, received {human_bytes(recv)}")
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
         average = summary.get("avg_power_w")
@@ -591,7 +638,7 @@ def report(path: str, plot_to: str | None) -> str:
     metrics = header.get("metrics") or {}
     power = summary.get("power_source") or ("off" if metrics.get("power") is False else None)
     items = phase_figures(phases, samples, header.get("started_at"))
-    text = summary_table(summary, title, power, items)
+    text = summary_table(summary, title, power, items, _network(header) == HOST_NETWORK)
     if plot_to:
         if not samples:
             raise ValueError(f"{path}: a summary but no samples: nothing to plot")

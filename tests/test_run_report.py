@@ -308,7 +308,8 @@ def test_plot_of_a_run_file_without_phases_or_power(tmp_path: Path) -> None:
         assert [name for name, _, _ in lines] == ["sent", "received"]
     else:
         assert _labels(drawn) == ["CPU (% of one core)", "memory (MiB)"]
-        assert "no network traffic" in drawn.title
+    # The host's bytes are not the command's, and nothing sampled the command's own.
+    assert "network" not in drawn.title
     assert drawn.phases == []
     assert min(_all_times(drawn)) >= 0 and 0.5 < drawn.end_s < 1.5
 
@@ -339,7 +340,8 @@ def test_plot_of_a_file_with_device_power(daemon_factory: Any, tmp_path: Path) -
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     drawn = _drawn(out, tmp_path)
-    assert _labels(drawn)[-1] == "device power (W)"
+    # The last of the run's panels (the host's bytes, where any, apart below).
+    assert [x for x in _labels(drawn) if "host" not in x][-1] == "device power (W)"
     name, xs, watts = dict(drawn.panels)["device power (W)"][0]
     assert name == "mean power of each interval" and watts
     # Its area is the file's energy, its mean over time the title's average: the stand-in's
@@ -367,12 +369,16 @@ def test_plot_of_a_killed_run_without_a_summary(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("counts", "label", "what"),
     [
-        ("tcp-payload", "TCP", f"the command's, across its boundary; {ESCAPES}"),
-        ("ip-bytes", "IP", "IP bytes of every connection, headers included, across its boundary"),
+        ("tcp-payload", "network", f"TCP bytes, the command's, across its boundary; {ESCAPES}"),
+        (
+            "ip-bytes",
+            "network",
+            "IP bytes of every connection, headers included, across its boundary",
+        ),
         ("interface-bytes", "network", "frames on its network namespace's interfaces"),
         (
             "ip-bytes+interface-bytes",
-            "IP",
+            "network",
             "IP bytes, and the frames of a namespace it may not enter",
         ),
     ],
@@ -707,7 +713,8 @@ def test_the_network_panel_and_title_say_whose_bytes_they_are(scope: str) -> Non
     assert [label for label, _ in drawn.panels] == ["CPU (% of one core)", f"{whose} (KiB/s)"]
     [(_, _, sent), (_, _, received)] = dict(drawn.panels)[f"{whose} (KiB/s)"]
     assert (sent, received) == ([2.0, 4.0], [1.0, 1.0])
-    assert f", {whose} sent 6.0 KiB, received 2.0 KiB" in drawn.title
+    # The host's bytes are not the command's: never in the title.
+    assert ("network sent 6.0 KiB, received 2.0 KiB" in drawn.title) == (scope == "process")
 
 
 # Fills the filesystem it is given, then works on for ~30 samples (more than the
