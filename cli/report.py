@@ -372,10 +372,14 @@ def _spans(phases: list[dict[str, Any]], end: float) -> list[tuple[dict[str, Any
 
 
 def phase_figures(
-    phases: list[dict[str, Any]], samples: list[dict[str, Any]], started_at: float | None
+    phases: list[dict[str, Any]],
+    samples: list[dict[str, Any]],
+    started_at: float | None,
+    host_network: bool = True,
 ) -> list[dict[str, Any]]:
     """Each phase's figures: a measured phase's own, a mark's from the file's samples
-    (edged by samples, as the daemon's phases are)."""
+    (edged by samples, as the daemon's phases are; a monitor takes a reading at each
+    mark). ``host_network``: the samples' bytes are the host's, no phase's figure."""
     times = [s["timestamp"] for s in samples]
     begins = [started_at if started_at is not None else (times[0] if times else 0.0), *times]
     items = []
@@ -398,9 +402,14 @@ def phase_figures(
                 "device_energy_j": figures.get("energy_j"),
                 "memory_rss_peak_bytes": figures.get("memory_rss_peak_bytes"),
                 "memory_pss_peak_bytes": figures.get("memory_pss_peak_bytes"),
-                "network_transmit_bytes": figures.get("total_network_bytes_sent"),
-                "network_receive_bytes": figures.get("total_network_bytes_recv"),
-                "network_counts": "host",  # a monitor's samples: host-wide
+                **(
+                    {}
+                    if host_network
+                    else {
+                        "network_transmit_bytes": figures.get("total_network_bytes_sent"),
+                        "network_receive_bytes": figures.get("total_network_bytes_recv"),
+                    }
+                ),
             }
         )
     return items
@@ -637,8 +646,9 @@ def report(path: str, plot_to: str | None) -> str:
     )
     metrics = header.get("metrics") or {}
     power = summary.get("power_source") or ("off" if metrics.get("power") is False else None)
-    items = phase_figures(phases, samples, header.get("started_at"))
-    text = summary_table(summary, title, power, items, _network(header) == HOST_NETWORK)
+    host = _network(header) == HOST_NETWORK
+    items = phase_figures(phases, samples, header.get("started_at"), host)
+    text = summary_table(summary, title, power, items, host)
     if plot_to:
         if not samples:
             raise ValueError(f"{path}: a summary but no samples: nothing to plot")
