@@ -316,11 +316,42 @@ class Layout:
     # (axis label, value, text): a level the title states (a peak), drawn dashed; the
     # axis holds it.
     levels: list[tuple[str, float, str]] = field(default_factory=list)
+    # What each phase cost, in the phases' order: the key under the panels.
+    costs: list[Cost] = field(default_factory=list)
+    # Too few samples for curves (a short run): each phase's cost drawn as bars instead.
+    bars: bool = False
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A phase's figures as the plot's key shows them (None: not measured)."""
+
+    name: str
+    seconds: float | None
+    cpu_s: float | None
+    device_j: float | None
+    attributed_j: float | None
+
+    @classmethod
+    def of(cls, item: dict[str, Any]) -> Cost:
+        user, system = item.get("cpu_user_s"), item.get("cpu_system_s")
+        cpu = item.get("cpu_time_s") if user is None or system is None else user + system
+        return cls(
+            str(item.get("name", "?")),
+            item.get("duration_s"),
+            cpu,
+            item.get("device_energy_j"),
+            item.get("energy_j"),
+        )
 
 
 POWER = "device power (W)"
 MAX_NAMED = 10  # phase names a plot writes (fontsize 7 across 9 inches)
+MAX_KEYED = 40  # phases the key lists, the newest (a tracked step is a phase)
+MIN_POINTS = 2  # samples under which curves say nothing: bars of each phase's cost
 RSS = "memory (MiB)"
+GOLDEN = (5**0.5 - 1) / 2  # no two multiples alike modulo 1: a new colour for each phase
+COST_COLUMNS = ("", "phase", "seconds", "CPU (s)", "device (J)", "attributed (J)")
 
 
 def layout(
@@ -356,7 +387,33 @@ def layout(
         peak = summary.get(key)
         if peak is not None and name in drawn:
             levels.append((RSS, peak / 2**20, f"{name} peak {human_bytes(peak)}"))
-    return Layout(_title(header, summary), panels, spans, end, levels)
+    host = _network(header) == HOST_NETWORK
+    items = phase_figures(phases, samples, header.get("started_at"), host)
+    costs = [Cost.of(item) for item in items]
+    if not costs:  # a run without phases: its whole as one
+        device = summary.get("energy_j", summary.get("energy_vdd_in_j"))
+        mine = summary.get("process_energy_j")
+        cpu = summary.get("cpu_time_s")
+        costs = [Cost("whole run", summary.get("duration_s"), cpu, device, mine)]
+    bars = len(samples) < MIN_POINTS
+    return Layout(_title(header, summary), panels, spans, end, levels, costs, bars)
+
+
+def phase_colours(count: int) -> list[Any]:
+    """A distinct colour per phase: tab10 or tab20 where they suffice, else along a
+    perceptual map by the golden ratio's steps (never a cycle: the 11th phase is not the
+    1st's colour, and neighbours are far apart on the map)."""
+    from matplotlib import colormaps
+
+    if count <= 10:
+        return [colormaps["tab10"](i) for i in range(count)]
+    if count <= 20:
+        return [colormaps["tab20"](i) for i in range(count)]
+    return [colormaps["turbo"](0.05 + 0.9 * (i * GOLDEN % 1.0)) for i in range(count)]
+
+
+def _figure(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _spans(phases: list[dict[str, Any]], end: float) -> list[tuple[dict[str, Any], float, float]]:
@@ -416,12 +473,61 @@ def phase_figures(
 
 
 def draw(drawn: Layout) -> Any:
-    """The figure: CPU, memory, network and power over time, phases shaded, titled with
-    what ran where and when (needs edgewatt[plot])."""
+    """The figure: CPU, memory, network and power over time, phases shaded in distinct
+    colours, then each phase's cost (seconds, CPU, device and attributed joules) keyed
+    by its colour; a short run's costs as bars. Titled with what ran where and when
+    (needs edgewatt[plot])."""
     plt = pyplot()
-    rows = max(1, len(drawn.panels))
-    fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(9, 1.2 + 2.0 * rows), squeeze=False)
-    for ax, (label, lines) in zip(axes[:, 0], drawn.panels):
+    keyed = drawn.costs[-MAX_KEYED:]
+    rows = 2 if drawn.bars else max(1, len(drawn.panels))
+    key_in = 0.3 + 0.17 * (len(keyed) + 1)
+    fig = plt.figure(figsize=(9, 1.2 + 2.0 * rows + key_in))
+    grid = fig.add_gridspec(rows + 1, 1, height_ratios=[2.0] * rows + [key_in])
+    colours = phase_colours(len(drawn.costs))
+    if drawn.bars:
+        _draw_bars(fig, grid, drawn.costs, colours)
+    else:
+        _draw_curves(fig, grid, drawn, colours)
+    key = fig.add_subplot(grid[rows, 0])
+    key.axis("off")
+    cells = [
+        ["", c.name, _figure(c.seconds, 3), _figure(c.cpu_s, 3), _figure(c.device_j, 2),
+         _figure(c.attributed_j, 2)]
+        for c in keyed
+    ]  # fmt: skip
+    if cells:
+        table = key.table(
+            cellText=cells,
+            colLabels=COST_COLUMNS,
+            cellColours=[[colour] + ["w"] * 5 for colour in colours[len(colours) - len(keyed) :]],
+            loc="upper center",
+            cellLoc="right",
+            colWidths=[0.03, 0.37, 0.12, 0.12, 0.12, 0.14],
+        )
+        table.auto_set_font_size(False)
+        table.set_fontsize(7)
+        for (_, column), cell in table.get_celld().items():
+            cell.set_height(1 / (len(cells) + 1))
+            cell.set_linewidth(0.3)
+            if column == 1:
+                cell.get_text().set_ha("left")
+        what = "each phase's cost" if drawn.phases else "the run's cost"
+        older = len(drawn.costs) - len(keyed)
+        if older:
+            what += f", the newest {len(keyed)} of {len(drawn.costs)} (the table has every one)"
+        key.set_title(what + ": attributed is its share of the device energy above idle",
+                      fontsize=8, loc="left")  # fmt: skip
+    fig.suptitle(drawn.title, fontsize=10, x=0.01, ha="left")
+    fig.tight_layout()
+    return fig
+
+
+def _draw_curves(fig: Any, grid: Any, drawn: Layout, colours: list[Any]) -> None:
+    """The panels over time, sharing their time axis, each phase shaded in its colour."""
+    axes: list[Any] = []
+    for row, (label, lines) in enumerate(drawn.panels or [("", [])]):
+        ax = fig.add_subplot(grid[row, 0], sharex=axes[0] if axes else None)
+        axes.append(ax)
         top = 0.0
         for name, xs, ys in lines:
             # One point is drawn as a point (a line needs two), whole at the axes' edge.
@@ -443,18 +549,43 @@ def draw(drawn: Layout) -> Any:
         ax.grid(alpha=0.3)
         if len(lines) > 1 or label == RSS:  # a memory line always says which memory
             ax.legend(fontsize=7, loc="upper right")
-        # Every phase shaded; at most MAX_NAMED named, evenly (a tracked step is a
-        # phase: a thousand names would be one black smear).
+        # Every phase shaded in its own colour (the key below names each); at most
+        # MAX_NAMED named on the plot, evenly, and only where the name has room.
         every = -(-len(drawn.phases) // MAX_NAMED)
+        room = max(drawn.end_s, 1e-3) / MAX_NAMED
         for i, (name, start, stop) in enumerate(drawn.phases):
-            ax.axvspan(start, stop, alpha=0.12, color=f"C{i % 10}")
-            if ax is axes[0, 0] and i % every == 0:
+            ax.axvspan(start, stop, alpha=0.18, color=colours[i])
+            if ax is axes[0] and i % every == 0 and stop - start >= room:
                 ax.text(start, ax.get_ylim()[1], f" {name}", fontsize=7, va="top")
-    axes[0, 0].set_xlim(left=0, right=max(drawn.end_s, 1e-3))
-    axes[-1, 0].set_xlabel("time since start (s)")
-    fig.suptitle(drawn.title, fontsize=10, x=0.01, ha="left")
-    fig.tight_layout()
-    return fig
+    for ax in axes[:-1]:
+        ax.tick_params(labelbottom=False)
+    axes[0].set_xlim(left=0, right=max(drawn.end_s, 1e-3))
+    axes[-1].set_xlabel("time since start (s)")
+
+
+def _draw_bars(fig: Any, grid: Any, costs: list[Cost], colours: list[Any]) -> None:
+    """A short run: too few samples for curves, each phase's CPU and energy as bars."""
+    names = [c.name for c in costs]
+    spots = list(range(len(costs)))
+    cpu = fig.add_subplot(grid[0, 0])
+    cpu.bar(spots, [c.cpu_s or 0.0 for c in costs], color=colours)
+    cpu.set_ylabel("CPU (s)", fontsize=8)
+    energy = fig.add_subplot(grid[1, 0], sharex=cpu)
+    width = 0.4
+    energy.bar([x - width / 2 for x in spots], [c.device_j or 0.0 for c in costs], width,
+               color=colours, label="device")  # fmt: skip
+    energy.bar([x + width / 2 for x in spots], [c.attributed_j or 0.0 for c in costs], width,
+               color=colours, hatch="//", alpha=0.6, label="attributed")  # fmt: skip
+    energy.set_ylabel("energy (J)", fontsize=8)
+    energy.legend(fontsize=7, loc="upper right")
+    for ax in (cpu, energy):
+        ax.grid(alpha=0.3, axis="y")
+    cpu.tick_params(labelbottom=False)
+    cpu.set_xlim(-0.75, max(len(costs), 3) - 0.25)  # one bar is not a wall
+    energy.set_xticks(spots)
+    energy.set_xticklabels(names, fontsize=7, rotation=30 if len(costs) > 6 else 0, ha="right"
+                           if len(costs) > 6 else "center")  # fmt: skip
+    cpu.set_title("too few samples for curves: each phase's cost", fontsize=8, loc="left")
 
 
 def plot(drawn: Layout, out: str) -> None:
