@@ -190,9 +190,11 @@ def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     processes sharing them: what the work holds), the largest process's RSS, and the
     RSS summed over the processes (a shared page once per process: more than held)."""
     rows = []
+    # Never a bare "not measured": edgewatt run says why (a run no pass saw alive).
+    unmeasured = "not measured: " + str(summary.get("memory_unmeasured") or "no reading")
     if "memory_pss_peak_bytes" in summary:
         pss = summary["memory_pss_peak_bytes"]
-        rows.append(("peak PSS", "not measured"
+        rows.append(("peak PSS", unmeasured
                      if pss is None else f"{human_bytes(pss)} (what the processes held, "
                      "shared pages split among them)"))  # fmt: skip
     if summary.get("memory_rss_largest_peak_bytes") is not None:
@@ -203,9 +205,13 @@ def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
                 "(of the largest process)",
             )
         )
+    if summary.get("memory_cgroup_peak_bytes") is not None:
+        peak = human_bytes(summary["memory_cgroup_peak_bytes"])
+        rows.append(("cgroup peak", f"{peak} (the kernel's high-water mark of its cgroup's "
+                     "memory, page cache included)"))  # fmt: skip
     if "memory_rss_peak_bytes" in summary:
         peak = summary["memory_rss_peak_bytes"]
-        rows.append(("RSS sum", "-" if peak is None else f"peak {human_bytes(peak)} "
+        rows.append(("RSS sum", unmeasured if peak is None else f"peak {human_bytes(peak)} "
                      "(over the processes: a shared page counted once per process)"))  # fmt: skip
     return rows
 
@@ -224,6 +230,7 @@ SUMMARY_NUMBERS = (
     "energy_j", "energy_vdd_in_j", "avg_power_w", "process_energy_j", "total_carbon_g",
     "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
     "phases_dropped", "disk_read_bytes", "disk_write_bytes", "host_network_bytes_sent",
+    "memory_cgroup_peak_bytes",
     "host_network_bytes_recv", *KEYS,
 )  # fmt: skip
 

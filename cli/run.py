@@ -433,6 +433,13 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         for key in MEMORY_KEYS:
             if key in sampled:
                 summary[key] = sampled[key]
+        cgroup = (api or {}).get("cgroup") or {}
+        if cgroup.get("memory_peak_bytes") is not None:  # the kernel's, however short
+            summary["memory_cgroup_peak_bytes"] = cgroup["memory_peak_bytes"]
+        if any(key in summary and summary[key] is None for key in MEMORY_KEYS):
+            summary["memory_unmeasured"] = _memory_unmeasured(
+                api or last, wall_s, "memory_cgroup_peak_bytes" in summary
+            )
         # The run's lowest, mean and highest power, CPU use and memory, as the daemon
         # measured them.
         summary.update({k: last[k] for k in spreads.KEYS if k in last and k not in summary})
@@ -483,6 +490,20 @@ def _disk(api: dict[str, Any] | None, usage: dict | None) -> dict[str, Any]:
         read, written = daemon
         source = "daemon"
     return {"disk_read_bytes": read, "disk_write_bytes": written, "disk_source": source}
+
+
+def _memory_unmeasured(api: dict[str, Any], wall_s: float, cgroup_peak: bool) -> str:
+    """Why a memory figure is absent: memory is read by the daemon's passes (smaps for
+    PSS), and none saw a process of the command alive; the kernel keeps no PSS, and a
+    process's peak RSS at its exit only where the target was that one process (a
+    cgroup's members are not read at their exit: its own peak stands for them where the
+    kernel keeps one, memory.peak on cgroup v2)."""
+    why = f"no pass saw a process of it alive (it ran {wall_s:.2f} s)"
+    if cgroup_peak:
+        return f"{why}; the kernel's peak of its cgroup is below"
+    if api.get("kind") == "cgroup":
+        return f"{why}; its cgroup has no memory.peak (a v1 memory controller, a kernel < 5.19)"
+    return f"{why}; the kernel keeps no PSS, its exit record only a process's peak RSS"
 
 
 def _daemon_last(registration: Any, api: dict[str, Any] | None) -> dict[str, Any]:

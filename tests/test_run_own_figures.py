@@ -162,3 +162,22 @@ def test_a_monitors_host_bytes_are_never_in_the_commands_rows() -> None:
     ]
     alone = summary_table({"host_network_bytes_sent": 1, "host_network_bytes_recv": 2}, "t")
     assert "  network  not measured: the daemon counts a command's own bytes" in alone
+
+
+def test_a_memory_figure_not_measured_says_why(daemon_factory: Any, tmp_path: Path) -> None:
+    """A command no pass saw alive (/bin/true): its memory rows are a figure or "not
+    measured" with the reason, never bare (issue 52 item 3); a process target's peak
+    RSS is the kernel's exit record's."""
+    daemon = daemon_factory(interval=1.0)
+    for mode in ([], ["--no-cgroup"]):
+        result = _run([*mode, "--socket", daemon.socket, "--", "/bin/true"])
+        assert result.returncode == 0, result.stderr
+        rows = _rows(result.stderr)
+        for label in ("peak PSS", "RSS sum"):
+            shown = rows.get(label, "")
+            assert not re.fullmatch(r"-|not measured", shown), result.stderr
+            if shown.startswith("not measured"):
+                assert shown.startswith("not measured: no pass saw a process of it alive (it "
+                                        "ran "), result.stderr  # fmt: skip
+        if mode:  # the exit record's peak RSS of its one process
+            assert re.match(r"peak RSS [\d.]+ (KiB|MiB) \(of the largest", rows["largest"])
