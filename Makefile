@@ -17,7 +17,7 @@ $(VENV)/.test: $(VENV)/.runtime
 	touch $@
 
 run: $(VENV)/.runtime
-	$(BIN)/edgewatt serve
+	$(BIN)/edgewatt serve $(ARGS)
 
 # The client tests run a second time on the psutil backend (macOS, Windows, BSD).
 CLIENT_TESTS := tests/test_client.py tests/test_monitors.py tests/test_run_report.py tests/test_backends.py

@@ -80,15 +80,13 @@ def phase_table(phases: list[dict[str, Any]], indent: str = "  ", dropped: int =
         )
         for row in rows
     ]
-    # A monitor's marks take host-wide bytes from its samples; the daemon's phases the
-    # target's own, counted as its TCP or IP line says.
-    host = any(item.get("network_counts") == "host" for item in phases)
+    # The target's own bytes, counted as its network line says (a monitor's marks have
+    # none where its samples' bytes are the host's).
     notes = [
         "CPU: user + system time; attributed: its share of the device energy above idle;",
         "avg power: device energy / duration; peak PSS: the memory it held (shared pages",
-        "split among the processes sharing them); network: "
-        + ("host-wide, loopback excluded" if host else "the target's own, as counted above")
-        + "; -: not measured",
+        "split among the processes sharing them); network: the target's own, as counted "
+        "above; -: not measured",
     ]
     older = len(phases) - len(shown) + dropped
     if older:

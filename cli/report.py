@@ -33,11 +33,14 @@ def summary_table(
     title: str,
     power: str | None = None,
     phases: list[dict[str, Any]] | None = None,
+    host_network: bool = True,
 ) -> str:
     """The figures of a run, one line each with its unit, then a table of ``phases``
     (items with the daemon's keys). ``power``: what is known of the power source where
     the summary has no energy ("present", "none", "off": the monitor's power metric was
-    off; None: not known)."""
+    off; None: not known). ``host_network``: whether the summary's total network bytes
+    are the host's (a monitor's samples), shown apart under "host", or the process's own
+    (the heflwr drop-ins' process scope)."""
     rows: list[tuple[str, str]] = []
     device = context_line(summary.get("context"))
     if device:
@@ -54,28 +57,8 @@ def summary_table(
         if summary.get("cpu_source"):  # which count it is (edgewatt run's larger of two)
             rows.append(("counted by", printable(str(summary["cpu_source"]))))
     rows += memory_rows(summary)
-    if "total_network_bytes_sent" in summary:
-        sent = human_bytes(summary["total_network_bytes_sent"])
-        recv = human_bytes(summary["total_network_bytes_recv"])
-        rows.append(("network", f"sent {sent}, received {recv} (host-wide, loopback excluded)"))
-    if summary.get("network_unknown"):
-        rows.append(("IP", f"sent and received unknown: {summary['network_unknown']}"))
-    elif summary.get("network_transmit_bytes") is not None:
-        sent = human_bytes(summary["network_transmit_bytes"])
-        recv = human_bytes(summary.get("network_receive_bytes") or 0)
-        counts = summary.get("network_counts")
-        if counts == "ip-bytes":  # a cgroup's nftables counters
-            what = "IP bytes of every connection, headers included"
-            rows.append(("IP", f"sent {sent}, received {recv} ({what}, across its boundary)"))
-        elif counts == "interface-bytes":  # a network namespace's interfaces
-            what = "frames on its network namespace's interfaces"
-            rows.append(("network", f"sent {sent}, received {recv} ({what})"))
-        elif counts == "ip-bytes+interface-bytes":  # both, for namespaces of both kinds
-            what = "IP bytes, and the frames of a namespace it may not enter"
-            rows.append(("IP", f"sent {sent}, received {recv} ({what})"))
-        else:
-            what = f"the command's, across its boundary; {ESCAPES}"
-            rows.append(("TCP", f"sent {sent}, received {recv} ({what})"))
+    rows += disk_rows(summary)
+    rows += network_rows(summary, host_network)
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
         line = f"{energy:.1f} J ({energy / 3600:.4f} Wh)"
@@ -105,10 +88,67 @@ def summary_table(
     rows += spread_rows(summary)
     width = max(len(k) for k, _ in rows)
     lines = [title, *(f"  {k.ljust(width)}  {v}" for k, v in rows)]
+    host = [k for k in HOST_KEYS if k in summary] or (
+        list(TOTAL_KEYS) if host_network and TOTAL_KEYS[0] in summary else []
+    )
+    if host:
+        # The device's, never in a row of the command's (issue 52 item 1).
+        sent, recv = (human_bytes(summary.get(k)) for k in host)
+        lines += [
+            "  host (every process on the device, not the command's figures):",
+            f"    network  sent {sent}, received {recv} (every interface but loopback)",
+        ]
     lines = [printable(line) for line in lines]  # the title quotes a command line
     return "\n".join(
         [*lines, *phase_table(phases or [], dropped=summary.get("phases_dropped") or 0)]
     )
+
+
+# A monitor's network bytes (its samples'), and edgewatt run's name for them: host-wide.
+TOTAL_KEYS = ("total_network_bytes_sent", "total_network_bytes_recv")
+HOST_KEYS = ("host_network_bytes_sent", "host_network_bytes_recv")
+
+# What the command's bytes count, by the daemon's network_counts: one name, "network".
+NETWORK_COUNTS = {
+    "ip-bytes": "IP bytes of every connection, headers included, across its boundary",
+    "interface-bytes": "frames on its network namespace's interfaces",
+    "ip-bytes+interface-bytes": "IP bytes, and the frames of a namespace it may not enter",
+    "process": "the process tree's TCP bytes, loopback to other processes included",
+}
+
+
+def network_rows(summary: dict[str, Any], host_network: bool) -> list[tuple[str, str]]:
+    """The command's own bytes, under one name with what they count; a monitor's
+    totals only where they are the process's (else they are the host's: apart)."""
+    if summary.get("network_unknown"):
+        return [("network", f"sent and received unknown: {summary['network_unknown']}")]
+    if summary.get("network_transmit_bytes") is not None:
+        sent = human_bytes(summary["network_transmit_bytes"])
+        recv = human_bytes(summary.get("network_receive_bytes") or 0)
+        counts = summary.get("network_counts")
+        what = NETWORK_COUNTS.get(
+            str(counts), f"TCP bytes, the command's, across its boundary; {ESCAPES}"
+        )
+        return [("network", f"sent {sent}, received {recv} ({what})")]
+    if "total_network_bytes_sent" in summary and not host_network:
+        sent = human_bytes(summary["total_network_bytes_sent"])
+        recv = human_bytes(summary["total_network_bytes_recv"])
+        return [("network", f"sent {sent}, received {recv} ({NETWORK_COUNTS['process']})")]
+    if any(k in summary for k in HOST_KEYS):  # edgewatt run sampled by itself
+        return [("network", "not measured: the daemon counts a command's own bytes")]
+    return []
+
+
+def disk_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Bytes read from and written to storage (/proc/PID/io's read_bytes and
+    write_bytes: what reached the block layer, not reads served from the page cache)."""
+    if summary.get("disk_read_bytes") is None and summary.get("disk_write_bytes") is None:
+        return []
+    read, written = (human_bytes(summary.get(k)) for k in ("disk_read_bytes", "disk_write_bytes"))
+    line = f"read {read}, written {written} (to and from storage, not the page cache)"
+    if summary.get("disk_source"):
+        line += f"; counted by {summary['disk_source']}"
+    return [("disk", line)]
 
 
 def context_line(context: Any) -> str | None:
@@ -154,9 +194,11 @@ def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     processes sharing them: what the work holds), the largest process's RSS, and the
     RSS summed over the processes (a shared page once per process: more than held)."""
     rows = []
+    # Never a bare "not measured": edgewatt run says why (a run no pass saw alive).
+    unmeasured = "not measured: " + str(summary.get("memory_unmeasured") or "no reading")
     if "memory_pss_peak_bytes" in summary:
         pss = summary["memory_pss_peak_bytes"]
-        rows.append(("peak PSS", "not measured"
+        rows.append(("peak PSS", unmeasured
                      if pss is None else f"{human_bytes(pss)} (what the processes held, "
                      "shared pages split among them)"))  # fmt: skip
     if summary.get("memory_rss_largest_peak_bytes") is not None:
@@ -167,9 +209,13 @@ def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
                 "(of the largest process)",
             )
         )
+    if summary.get("memory_cgroup_peak_bytes") is not None:
+        peak = human_bytes(summary["memory_cgroup_peak_bytes"])
+        rows.append(("cgroup peak", f"{peak} (the kernel's high-water mark of its cgroup's "
+                     "memory, page cache included)"))  # fmt: skip
     if "memory_rss_peak_bytes" in summary:
         peak = summary["memory_rss_peak_bytes"]
-        rows.append(("RSS sum", "-" if peak is None else f"peak {human_bytes(peak)} "
+        rows.append(("RSS sum", unmeasured if peak is None else f"peak {human_bytes(peak)} "
                      "(over the processes: a shared page counted once per process)"))  # fmt: skip
     return rows
 
@@ -187,7 +233,9 @@ SUMMARY_NUMBERS = (
     "total_network_bytes_sent", "total_network_bytes_recv",
     "energy_j", "energy_vdd_in_j", "avg_power_w", "process_energy_j", "total_carbon_g",
     "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
-    "phases_dropped", *KEYS,
+    "phases_dropped", "disk_read_bytes", "disk_write_bytes", "host_network_bytes_sent",
+    "memory_cgroup_peak_bytes",
+    "host_network_bytes_recv", *KEYS,
 )  # fmt: skip
 
 
@@ -279,11 +327,42 @@ class Layout:
     # (axis label, value, text): a level the title states (a peak), drawn dashed; the
     # axis holds it.
     levels: list[tuple[str, float, str]] = field(default_factory=list)
+    # What each phase cost, in the phases' order: the key under the panels.
+    costs: list[Cost] = field(default_factory=list)
+    # Too few samples for curves (a short run): each phase's cost drawn as bars instead.
+    bars: bool = False
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A phase's figures as the plot's key shows them (None: not measured)."""
+
+    name: str
+    seconds: float | None
+    cpu_s: float | None
+    device_j: float | None
+    attributed_j: float | None
+
+    @classmethod
+    def of(cls, item: dict[str, Any]) -> Cost:
+        user, system = item.get("cpu_user_s"), item.get("cpu_system_s")
+        cpu = item.get("cpu_time_s") if user is None or system is None else user + system
+        return cls(
+            str(item.get("name", "?")),
+            item.get("duration_s"),
+            cpu,
+            item.get("device_energy_j"),
+            item.get("energy_j"),
+        )
 
 
 POWER = "device power (W)"
 MAX_NAMED = 10  # phase names a plot writes (fontsize 7 across 9 inches)
+MAX_KEYED = 40  # phases the key lists, the newest (a tracked step is a phase)
+MIN_POINTS = 2  # samples under which curves say nothing: bars of each phase's cost
 RSS = "memory (MiB)"
+GOLDEN = (5**0.5 - 1) / 2  # no two multiples alike modulo 1: a new colour for each phase
+COST_COLUMNS = ("", "phase", "seconds", "CPU (s)", "device (J)", "attributed (J)")
 
 
 def layout(
@@ -310,6 +389,8 @@ def layout(
         begin = times[i - 1] if i else (segments[0] if segments else t)
         begins.append(max([begin, *(b for b in segments if b < t)]))
     panels = _panels(samples, times, begins, _network(header))
+    # The host's bytes apart, below the command's figures (issue 52 item 1).
+    panels.sort(key=lambda panel: panel[0].startswith(HOST_NETWORK))
     # The summary's peaks on the memory axis, each named as its line is.
     levels = []
     drawn = {name for label, lines in panels if label == RSS for name, _, _ in lines}
@@ -317,7 +398,33 @@ def layout(
         peak = summary.get(key)
         if peak is not None and name in drawn:
             levels.append((RSS, peak / 2**20, f"{name} peak {human_bytes(peak)}"))
-    return Layout(_title(header, summary), panels, spans, end, levels)
+    host = _network(header) == HOST_NETWORK
+    items = phase_figures(phases, samples, header.get("started_at"), host)
+    costs = [Cost.of(item) for item in items]
+    if not costs:  # a run without phases: its whole as one
+        device = summary.get("energy_j", summary.get("energy_vdd_in_j"))
+        mine = summary.get("process_energy_j")
+        cpu = summary.get("cpu_time_s")
+        costs = [Cost("whole run", summary.get("duration_s"), cpu, device, mine)]
+    bars = len(samples) < MIN_POINTS
+    return Layout(_title(header, summary), panels, spans, end, levels, costs, bars)
+
+
+def phase_colours(count: int) -> list[Any]:
+    """A distinct colour per phase: tab10 or tab20 where they suffice, else along a
+    perceptual map by the golden ratio's steps (never a cycle: the 11th phase is not the
+    1st's colour, and neighbours are far apart on the map)."""
+    from matplotlib import colormaps
+
+    if count <= 10:
+        return [colormaps["tab10"](i) for i in range(count)]
+    if count <= 20:
+        return [colormaps["tab20"](i) for i in range(count)]
+    return [colormaps["turbo"](0.05 + 0.9 * (i * GOLDEN % 1.0)) for i in range(count)]
+
+
+def _figure(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _spans(phases: list[dict[str, Any]], end: float) -> list[tuple[dict[str, Any], float, float]]:
@@ -333,10 +440,14 @@ def _spans(phases: list[dict[str, Any]], end: float) -> list[tuple[dict[str, Any
 
 
 def phase_figures(
-    phases: list[dict[str, Any]], samples: list[dict[str, Any]], started_at: float | None
+    phases: list[dict[str, Any]],
+    samples: list[dict[str, Any]],
+    started_at: float | None,
+    host_network: bool = True,
 ) -> list[dict[str, Any]]:
     """Each phase's figures: a measured phase's own, a mark's from the file's samples
-    (edged by samples, as the daemon's phases are)."""
+    (edged by samples, as the daemon's phases are; a monitor takes a reading at each
+    mark). ``host_network``: the samples' bytes are the host's, no phase's figure."""
     times = [s["timestamp"] for s in samples]
     begins = [started_at if started_at is not None else (times[0] if times else 0.0), *times]
     items = []
@@ -359,21 +470,75 @@ def phase_figures(
                 "device_energy_j": figures.get("energy_j"),
                 "memory_rss_peak_bytes": figures.get("memory_rss_peak_bytes"),
                 "memory_pss_peak_bytes": figures.get("memory_pss_peak_bytes"),
-                "network_transmit_bytes": figures.get("total_network_bytes_sent"),
-                "network_receive_bytes": figures.get("total_network_bytes_recv"),
-                "network_counts": "host",  # a monitor's samples: host-wide
+                **(
+                    {}
+                    if host_network
+                    else {
+                        "network_transmit_bytes": figures.get("total_network_bytes_sent"),
+                        "network_receive_bytes": figures.get("total_network_bytes_recv"),
+                    }
+                ),
             }
         )
     return items
 
 
 def draw(drawn: Layout) -> Any:
-    """The figure: CPU, memory, network and power over time, phases shaded, titled with
-    what ran where and when (needs edgewatt[plot])."""
+    """The figure: CPU, memory, network and power over time, phases shaded in distinct
+    colours, then each phase's cost (seconds, CPU, device and attributed joules) keyed
+    by its colour; a short run's costs as bars. Titled with what ran where and when
+    (needs edgewatt[plot])."""
     plt = pyplot()
-    rows = max(1, len(drawn.panels))
-    fig, axes = plt.subplots(rows, 1, sharex=True, figsize=(9, 1.2 + 2.0 * rows), squeeze=False)
-    for ax, (label, lines) in zip(axes[:, 0], drawn.panels):
+    keyed = drawn.costs[-MAX_KEYED:]
+    rows = 2 if drawn.bars else max(1, len(drawn.panels))
+    key_in = 0.3 + 0.17 * (len(keyed) + 1)
+    fig = plt.figure(figsize=(9, 1.2 + 2.0 * rows + key_in))
+    grid = fig.add_gridspec(rows + 1, 1, height_ratios=[2.0] * rows + [key_in])
+    colours = phase_colours(len(drawn.costs))
+    if drawn.bars:
+        _draw_bars(fig, grid, drawn.costs, colours)
+    else:
+        _draw_curves(fig, grid, drawn, colours)
+    key = fig.add_subplot(grid[rows, 0])
+    key.axis("off")
+    cells = [
+        ["", c.name, _figure(c.seconds, 3), _figure(c.cpu_s, 3), _figure(c.device_j, 2),
+         _figure(c.attributed_j, 2)]
+        for c in keyed
+    ]  # fmt: skip
+    if cells:
+        table = key.table(
+            cellText=cells,
+            colLabels=COST_COLUMNS,
+            cellColours=[[colour] + ["w"] * 5 for colour in colours[len(colours) - len(keyed) :]],
+            loc="upper center",
+            cellLoc="right",
+            colWidths=[0.03, 0.37, 0.12, 0.12, 0.12, 0.14],
+        )
+        table.auto_set_font_size(False)
+        table.set_fontsize(7)
+        for (_, column), cell in table.get_celld().items():
+            cell.set_height(1 / (len(cells) + 1))
+            cell.set_linewidth(0.3)
+            if column == 1:
+                cell.get_text().set_ha("left")
+        what = "each phase's cost" if drawn.phases else "the run's cost"
+        older = len(drawn.costs) - len(keyed)
+        if older:
+            what += f", the newest {len(keyed)} of {len(drawn.costs)} (the table has every one)"
+        key.set_title(what + ": attributed is its share of the device energy above idle",
+                      fontsize=8, loc="left")  # fmt: skip
+    fig.suptitle(drawn.title, fontsize=10, x=0.01, ha="left")
+    fig.tight_layout()
+    return fig
+
+
+def _draw_curves(fig: Any, grid: Any, drawn: Layout, colours: list[Any]) -> None:
+    """The panels over time, sharing their time axis, each phase shaded in its colour."""
+    axes: list[Any] = []
+    for row, (label, lines) in enumerate(drawn.panels or [("", [])]):
+        ax = fig.add_subplot(grid[row, 0], sharex=axes[0] if axes else None)
+        axes.append(ax)
         top = 0.0
         for name, xs, ys in lines:
             # One point is drawn as a point (a line needs two), whole at the axes' edge.
@@ -395,18 +560,43 @@ def draw(drawn: Layout) -> Any:
         ax.grid(alpha=0.3)
         if len(lines) > 1 or label == RSS:  # a memory line always says which memory
             ax.legend(fontsize=7, loc="upper right")
-        # Every phase shaded; at most MAX_NAMED named, evenly (a tracked step is a
-        # phase: a thousand names would be one black smear).
+        # Every phase shaded in its own colour (the key below names each); at most
+        # MAX_NAMED named on the plot, evenly, and only where the name has room.
         every = -(-len(drawn.phases) // MAX_NAMED)
+        room = max(drawn.end_s, 1e-3) / MAX_NAMED
         for i, (name, start, stop) in enumerate(drawn.phases):
-            ax.axvspan(start, stop, alpha=0.12, color=f"C{i % 10}")
-            if ax is axes[0, 0] and i % every == 0:
+            ax.axvspan(start, stop, alpha=0.18, color=colours[i])
+            if ax is axes[0] and i % every == 0 and stop - start >= room:
                 ax.text(start, ax.get_ylim()[1], f" {name}", fontsize=7, va="top")
-    axes[0, 0].set_xlim(left=0, right=max(drawn.end_s, 1e-3))
-    axes[-1, 0].set_xlabel("time since start (s)")
-    fig.suptitle(drawn.title, fontsize=10, x=0.01, ha="left")
-    fig.tight_layout()
-    return fig
+    for ax in axes[:-1]:
+        ax.tick_params(labelbottom=False)
+    axes[0].set_xlim(left=0, right=max(drawn.end_s, 1e-3))
+    axes[-1].set_xlabel("time since start (s)")
+
+
+def _draw_bars(fig: Any, grid: Any, costs: list[Cost], colours: list[Any]) -> None:
+    """A short run: too few samples for curves, each phase's CPU and energy as bars."""
+    names = [c.name for c in costs]
+    spots = list(range(len(costs)))
+    cpu = fig.add_subplot(grid[0, 0])
+    cpu.bar(spots, [c.cpu_s or 0.0 for c in costs], color=colours)
+    cpu.set_ylabel("CPU (s)", fontsize=8)
+    energy = fig.add_subplot(grid[1, 0], sharex=cpu)
+    width = 0.4
+    energy.bar([x - width / 2 for x in spots], [c.device_j or 0.0 for c in costs], width,
+               color=colours, label="device")  # fmt: skip
+    energy.bar([x + width / 2 for x in spots], [c.attributed_j or 0.0 for c in costs], width,
+               color=colours, hatch="//", alpha=0.6, label="attributed")  # fmt: skip
+    energy.set_ylabel("energy (J)", fontsize=8)
+    energy.legend(fontsize=7, loc="upper right")
+    for ax in (cpu, energy):
+        ax.grid(alpha=0.3, axis="y")
+    cpu.tick_params(labelbottom=False)
+    cpu.set_xlim(-0.75, max(len(costs), 3) - 0.25)  # one bar is not a wall
+    energy.set_xticks(spots)
+    energy.set_xticklabels(names, fontsize=7, rotation=30 if len(costs) > 6 else 0, ha="right"
+                           if len(costs) > 6 else "center")  # fmt: skip
+    cpu.set_title("too few samples for curves: each phase's cost", fontsize=8, loc="left")
 
 
 def plot(drawn: Layout, out: str) -> None:
@@ -478,11 +668,14 @@ def _mean_power(
     return xs, ys
 
 
+HOST_NETWORK = "host network"
+
+
 def _network(header: dict[str, Any]) -> str:
     """What a file's network bytes are: a monitor's are the host's unless its header's
     units say the process's."""
     scope = (header.get("units") or {}).get("network_bytes_sent", "")
-    return "host network" if "host-wide" in scope else "network"
+    return HOST_NETWORK if "host-wide" in scope else "network"
 
 
 def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -503,13 +696,14 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
         figures.append(f"peak PSS {human_bytes(summary['memory_pss_peak_bytes'])}")
     elif summary.get("memory_rss_peak_bytes") is not None:
         figures.append(f"peak RSS summed {human_bytes(summary['memory_rss_peak_bytes'])}")
-    if "total_network_bytes_sent" in summary:
-        sent, recv = summary["total_network_bytes_sent"], summary["total_network_bytes_recv"]
-        figures.append(
-            f"{_network(header)} sent {human_bytes(sent)}, received {human_bytes(recv)}"
-            if sent or recv
-            else "no network traffic"
-        )
+    # The command's own bytes (edgewatt run's, the daemon's count), else a process
+    # scope's; the host's never (a whole device's bytes are not the command's).
+    own = ("network_transmit_bytes", "network_receive_bytes")
+    if _network(header) != HOST_NETWORK:
+        own = ("total_network_bytes_sent", "total_network_bytes_recv")
+    if summary.get(own[0]) is not None:
+        sent, recv = summary[own[0]], summary.get(own[1]) or 0
+        figures.append(f"network sent {human_bytes(sent)}, received {human_bytes(recv)}")
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
         average = summary.get("avg_power_w")
@@ -594,8 +788,9 @@ def report(path: str, plot_to: str | None) -> str:
     )
     metrics = header.get("metrics") or {}
     power = summary.get("power_source") or ("off" if metrics.get("power") is False else None)
-    items = phase_figures(phases, samples, header.get("started_at"))
-    text = summary_table(summary, title, power, items)
+    host = _network(header) == HOST_NETWORK
+    items = phase_figures(phases, samples, header.get("started_at"), host)
+    text = summary_table(summary, title, power, items, host)
     if plot_to:
         if not samples:
             raise ValueError(f"{path}: a summary but no samples: nothing to plot")

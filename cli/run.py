@@ -32,7 +32,7 @@ import time
 from typing import Any, Callable
 
 from edgewatt.cli import run_cgroup, spreads
-from edgewatt.cli.report import summary_table
+from edgewatt.cli.report import HOST_KEYS, TOTAL_KEYS, summary_table
 from edgewatt.client._monitor import FileMonitor
 from edgewatt.client._sinks import measured_phases
 from edgewatt.core import compat, transport
@@ -391,8 +391,14 @@ def _wait_all(
 
 
 def _difference(after: resource.struct_rusage, before: resource.struct_rusage) -> dict:
-    # Not ru_maxrss: it counts this process's fork before the command's exec.
-    return {"cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
+    # Not ru_maxrss: it counts this process's fork before the command's exec. The block
+    # counts are /proc/PID/io's read_bytes and write_bytes (less cancelled writes) of
+    # every reaped process, in 512-byte units: exact however short the run.
+    return {
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "disk_read_bytes": (after.ru_inblock - before.ru_inblock) * 512,
+        "disk_write_bytes": (after.ru_oublock - before.ru_oublock) * 512,
+    }
 
 
 def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
@@ -404,6 +410,9 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
 
     def final(recorded: dict[str, Any], registration: Any) -> dict[str, Any]:
         summary = {**recorded, "duration_s": wall_s}
+        for total, host in zip(TOTAL_KEYS, HOST_KEYS):  # the samples' bytes: the host's
+            if total in summary:
+                summary[host] = summary.pop(total)
         if power is not None:
             summary["power_source"] = power
         api = _daemon_summary(registration)
@@ -424,6 +433,13 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         for key in MEMORY_KEYS:
             if key in sampled:
                 summary[key] = sampled[key]
+        cgroup = (api or {}).get("cgroup") or {}
+        if cgroup.get("memory_peak_bytes") is not None:  # the kernel's, however short
+            summary["memory_cgroup_peak_bytes"] = cgroup["memory_peak_bytes"]
+        if any(key in summary and summary[key] is None for key in MEMORY_KEYS):
+            summary["memory_unmeasured"] = _memory_unmeasured(
+                api or last, wall_s, "memory_cgroup_peak_bytes" in summary
+            )
         # The run's lowest, mean and highest power, CPU use and memory, as the daemon
         # measured them.
         summary.update({k: last[k] for k in spreads.KEYS if k in last and k not in summary})
@@ -437,6 +453,7 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         if last.get("phases"):  # whoever opened them: this process, the command's own
             summary["phases"] = last["phases"]
             summary["phases_dropped"] = last.get("phases_dropped") or 0
+        summary.update(_disk(api, usage))
         if usage is not None:
             kernel = summary["cpu_wait4_s"] = usage["cpu_s"]
         if daemon is not None and (kernel is None or daemon >= kernel):
@@ -460,6 +477,36 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         return summary
 
     return final
+
+
+def _disk(api: dict[str, Any] | None, usage: dict | None) -> dict[str, Any]:
+    """The larger of the daemon's disk bytes of the target and wait4's of the reaped
+    tree (a cgroup v1 target's has none: no io.stat), and which counted them."""
+    daemon = None if api is None else (api.get("disk_read_bytes"), api.get("disk_write_bytes"))
+    kernel = None if usage is None else (usage["disk_read_bytes"], usage["disk_write_bytes"])
+    if daemon is None or None in daemon or (kernel is not None and sum(kernel) > sum(daemon)):
+        if kernel is None:
+            return {}
+        read, written = kernel
+        source = "kernel (wait4 of every process the command started)"
+    else:
+        read, written = daemon
+        source = "daemon"
+    return {"disk_read_bytes": read, "disk_write_bytes": written, "disk_source": source}
+
+
+def _memory_unmeasured(api: dict[str, Any], wall_s: float, cgroup_peak: bool) -> str:
+    """Why a memory figure is absent: memory is read by the daemon's passes (smaps for
+    PSS), and none saw a process of the command alive; the kernel keeps no PSS, and a
+    process's peak RSS at its exit only where the target was that one process (a
+    cgroup's members are not read at their exit: its own peak stands for them where the
+    kernel keeps one, memory.peak on cgroup v2)."""
+    why = f"no pass saw a process of it alive (it ran {wall_s:.2f} s)"
+    if cgroup_peak:
+        return f"{why}; the kernel's peak of its cgroup is below"
+    if api.get("kind") == "cgroup":
+        return f"{why}; its cgroup has no memory.peak (a v1 memory controller, a kernel < 5.19)"
+    return f"{why}; the kernel keeps no PSS, its exit record only a process's peak RSS"
 
 
 def _daemon_last(registration: Any, api: dict[str, Any] | None) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 
-from edgewatt.client._monitor import sampling_loop
+from edgewatt.client._monitor import Mark, edges, sampling_loop
 from edgewatt.client._samples import Reading
 
 
@@ -65,14 +65,18 @@ def main() -> int:
 
     shared: dict = {}
 
+    wake, marks = edges(shared)
+
     def read_input() -> None:
-        # Phase marks, one JSON line each, until end of input: then stop.
+        # Phase marks, one JSON line each, until end of input: then stop. Each is
+        # answered once the loop's reading at its edge is in (the caller waits for it).
         for line in sys.stdin:
             mark = json.loads(line)
-            sink = shared.get("sink")
-            if hasattr(sink, "phase"):
-                sink.phase(mark["phase"], mark["at"])
+            at = mark["at"]
+            marks.put(Mark(mark["phase"], at, lambda at=at: send({"marked": at})))
+            wake.set()
         stop.set()
+        wake.set()
 
     threading.Thread(target=read_input, daemon=True).start()
     try:

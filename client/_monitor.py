@@ -21,12 +21,14 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from edgewatt.client import _heflwr
@@ -44,6 +46,9 @@ log = logging.getLogger(__name__)
 
 METRICS = ("cpu", "memory", "network", "power")
 RECORDS = ("heflwr", "edgewatt")
+# How long phase() waits, beyond an interval, for the reading at its edge (a daemon's
+# pass on a busy machine).
+EDGE_WAIT_S = 2.0
 
 
 def make_sink(kind: str, options: dict[str, Any]) -> Any:
@@ -127,16 +132,28 @@ def sampling_loop(
     ready(None, {"port": getattr(sink, "port", None), "source": source.mode, "interval": interval})
     deadline = time.monotonic()
     last = False
+    wake, marks = edges(shared)
+    taken: list[Mark] = []
     while True:
         if reading is not None:
-            sample = recorder.observe(reading)
+            # A phase's first reading is an edge: never merged into the sample before
+            # it, so a phase's samples hold its whole CPU and energy (issue 52 item 10).
+            sample = recorder.observe(reading, edge=bool(taken))
             emit(reading)
             if sample is not None:
                 sink.sample(sample, reading)
+        for mark in taken:  # after the sample that ends at it
+            if hasattr(sink, "phase"):
+                sink.phase(mark.name, mark.at)
+            mark.done()
         if last:
             break
+        if taken:  # the next interval a whole one from the edge
+            deadline = time.monotonic()
         deadline += interval
-        stop.wait(max(0.0, deadline - time.monotonic()))
+        wake.wait(max(0.0, deadline - time.monotonic()))
+        wake.clear()
+        taken = _pending(marks)
         # A last reading that starts after stop(), however soon after the previous one:
         # the summary then ends at the call (a short one is merged into the previous
         # sample). Checked before the read: stop() during a slow pass (the caller's
@@ -148,6 +165,31 @@ def sampling_loop(
         summary = shared["summary"] = shared["final"](summary, source)
     sink.stop(summary)
     source.close()
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A phase's start, for the sampling loop: ``done`` once its edge reading is in."""
+
+    name: str
+    at: float
+    done: Callable[[], None]
+
+
+def edges(shared: dict[str, Any] | None) -> tuple[threading.Event, queue.SimpleQueue[Mark]]:
+    """The loop's wake-up (a phase mark, stop()) and its queue of marks, kept in
+    ``shared`` for the threads that mark phases."""
+    holder = shared if shared is not None else {}
+    wake = holder.setdefault("wake", threading.Event())
+    return wake, holder.setdefault("marks", queue.SimpleQueue())
+
+
+def _pending(marks: queue.SimpleQueue[Mark]) -> list[Mark]:
+    taken = []
+    with contextlib.suppress(queue.Empty):
+        while True:
+            taken.append(marks.get_nowait())
+    return taken
 
 
 class Monitor:
@@ -195,6 +237,7 @@ class Monitor:
         self.thread: threading.Thread | None = None
         self.monitor_process: subprocess.Popen[str] | None = None
         self._process: Any = None  # psutil's, made on first use (psutil is optional)
+        self._marked: dict[float, threading.Event] = {}  # the helper's phase marks, by time
 
     def _sink_options(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -352,7 +395,13 @@ class Monitor:
     def _read_helper(self, helper: subprocess.Popen[str]) -> None:
         assert helper.stdout is not None
         for line in helper.stdout:
-            self._observe(Reading(**json.loads(line)))
+            message = json.loads(line)
+            if "marked" in message:  # a phase's edge reading is in
+                done = self._marked.get(message["marked"])
+                if done is not None:
+                    done.set()
+                continue
+            self._observe(Reading(**message))
 
     def _started(self, worker: Any, error: str | None, info: dict[str, Any]) -> None:
         if error is not None:
@@ -385,6 +434,7 @@ class Monitor:
             self._reader.join(timeout=5)
         else:
             self._stop.set()
+            edges(self._shared)[0].set()
             if self._worker is not threading.current_thread():  # a script's update_metrics()
                 self._worker.join(timeout=15)
         self._worker = None
@@ -404,14 +454,24 @@ class Monitor:
         self._recorder.phases.append({"name": name, "started_at": at})
         if not self.running:
             return
+        # The caller waits for the reading at the edge: what it runs next is the new
+        # phase's, what it ran before the previous one's, to the clock tick.
+        done = threading.Event()
         try:
             if isinstance(self._worker, subprocess.Popen):
+                self._marked[at] = done
                 self._worker.stdin.write(json.dumps({"phase": name, "at": at}) + "\n")
                 self._worker.stdin.flush()
-            elif hasattr(self._shared.get("sink"), "phase"):
-                self._shared["sink"].phase(name, at)
+            else:
+                wake, marks = edges(self._shared)
+                marks.put(Mark(name, at, done.set))
+                wake.set()
         except OSError as exc:
             log.warning("edgewatt: marking phase %r failed: %s", name, exc)
+            return
+        if not done.wait(EDGE_WAIT_S + self.interval):
+            log.warning("edgewatt: phase %r: no reading at its start; it starts later", name)
+        self._marked.pop(at, None)
 
     def stats(self) -> dict[str, list[Any]]:
         """One entry per sample over every start()/stop(): heflwr's seven keys, each a

@@ -176,9 +176,10 @@ class Recorder:
     def last(self) -> Reading | None:
         return self.segments[-1].last if self.segments and self._open else None
 
-    def observe(self, reading: Reading) -> dict[str, Any] | None:
+    def observe(self, reading: Reading, edge: bool = False) -> dict[str, Any] | None:
         """The new sample, or None (a baseline, a reading not newer than the last, or
-        one merged into the previous sample)."""
+        one merged into the previous sample). ``edge``: the reading at a phase's start,
+        never merged, nor merged into after (a sample ends at it)."""
         if not self._open:
             self.segments.append(Segment(reading, reading))
             self._open = True
@@ -188,11 +189,12 @@ class Recorder:
         if reading.time == previous.time or reading.instant <= previous.instant:
             return None  # the daemon has not sampled again yet
         segment.last = reading
-        if segment.samples and segment.base and reading.instant - previous.instant < self.short_s:
+        short = reading.instant - previous.instant < self.short_s
+        if segment.samples and segment.base and short and not edge:
             segment.samples[-1] = sample_from(segment.base, reading, self.metrics, self.network)
             segment.instants[-1] = reading.instant
             return None
-        segment.base = previous
+        segment.base = None if edge else previous
         sample = sample_from(previous, reading, self.metrics, self.network)
         segment.samples.append(sample)
         segment.instants.append(reading.instant)

@@ -316,7 +316,7 @@ def test_run_cgroup_counts_a_connection_shorter_than_one_interval(
     assert 6_000_000 < final["network_transmit_bytes"] < 6_000_000 * 1.1
     made = re.search(r"\), cgroup (/edgewatt/run-\d+)$", done.stderr, re.M)
     assert made, done.stderr
-    shown = re.search(r"IP +sent ([\d.]+) MiB", done.stderr)
+    shown = re.search(r"^  network +sent ([\d.]+) MiB", done.stderr, re.M)
     assert shown and float(shown[1]) == round(final["network_transmit_bytes"] / 2**20, 1)
     # The larger of the cgroup's counters and wait4: the same processes, teardowns in both.
     assert final["cpu_source"].startswith(("daemon (the cgroup's own accounts)", "kernel (wait4"))

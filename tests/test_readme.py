@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, free_port, wait_for
+from tests.conftest import ROOT, fetched, free_port, wait_for
 from tests.test_containers import AVAILABLE as CONTAINERS
 from tests.test_containers import IMAGE, LIMITS, build_image, podman
 
@@ -27,6 +27,7 @@ COVERED_ELSEWHERE = {
     "pip install /path/to/edgewatt": "tests/test_layers.py installs the wheel in a fresh venv",
     "pipx install /path/to/edgewatt": "deploy/systemd/container-check.sh (pipx, pipx --global)",
     "make test": "this very run",
+    'make run ARGS="--tegrastats tests/bin/tegrastats"': "run below, the stand-in's power read",
     'sudo "$(command -v edgewatt)" install-service': "container-check.sh, tests/test_systemd.py",
     "edgewatt status": "run in the ```sh block below it, against a daemon",
 }
@@ -151,8 +152,10 @@ def picture_is_informative(path: Path) -> None:
     assert len(samples) >= 15
 
 
-def test_make_run_serves_on_its_embedded_defaults(tmp_path: Path) -> None:
-    # As written, in the checkout; only where it listens is moved out of the way.
+@pytest.mark.parametrize("args", ["", "--tegrastats tests/bin/tegrastats"])
+def test_make_run_serves_on_its_embedded_defaults(args: str, tmp_path: Path) -> None:
+    # As written, in the checkout; only where it listens is moved out of the way. With
+    # the stand-in, the quick start's power on a machine without a sensor.
     socket = tmp_path / "ew.sock"
     port = free_port()
     env = {
@@ -162,7 +165,8 @@ def test_make_run_serves_on_its_embedded_defaults(tmp_path: Path) -> None:
         "EDGEWATT_STATE_DIR": str(tmp_path / "state"),
     }
     make = subprocess.Popen(
-        ["make", "run"], cwd=ROOT, env=env, start_new_session=True,
+        ["make", "run", *([f"ARGS={args}"] if args else [])], cwd=ROOT, env=env,
+        start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -173,10 +177,17 @@ def test_make_run_serves_on_its_embedded_defaults(tmp_path: Path) -> None:
         assert health["status"] == "ok"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             assert b'service_name="edgewatt"' in r.read()
+        if args:  # the device's power, from the stand-in's replayed lines
+            wait_for(lambda: _power(port), timeout=30)
     finally:
         os.killpg(make.pid, signal.SIGTERM)
         make.communicate(timeout=30)
     assert not socket.exists()  # nothing left behind: the socket goes with the daemon
+
+
+def _power(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return re.search(rb"^hw_host_power_watts\{.*\} [1-9]", r.read(), re.M) is not None
 
 
 def _health(transport: Any, path: str) -> Any:
@@ -209,3 +220,25 @@ def test_the_container_commands_run_as_written(daemon: Any, tmp_path: Path) -> N
     assert ran.returncode == 0, ran.stderr
     assert ", cgroup /edgewatt/run-" in ran.stderr
     assert re.search(r"CPU time +[\d.]+ s", ran.stderr)
+
+
+def test_the_heflwr_imports_are_heflwrs_with_edgewatt_client_for_heflwr_monitor() -> None:
+    """Issue 52 item 9: each import the README gives heflwr users runs, and together they
+    name every monitor module of the real heflwr 0.1.91 with its classes (a reader once
+    imported `thread_monitor` from `process_monitor`)."""
+    fetched(ROOT / ".cache" / "heflwr", "bin/python", "heflwr 0.1.91", "fetch-heflwr")
+    [package] = (ROOT / ".cache" / "heflwr" / "lib").glob("python*/site-packages/heflwr/monitor")
+    theirs = {
+        module.parent.name: sorted(re.findall(r"import (\w+Monitor)$", module.read_text(), re.M))
+        for module in package.glob("*/__init__.py")
+        if "Monitor" in module.read_text()
+    }
+    paragraph = README[README.index("heflwr users:") :].split("\n\n")[0]
+    imports = re.findall(r"`(from edgewatt\.client\.(\w+) import ([\w, ]+))`", paragraph)
+    for line, _, _ in imports:
+        subprocess.run([sys.executable, "-c", line], check=True, cwd=ROOT)
+    named = {module: sorted(names.split(", ")) for _, module, names in imports}
+    for module in theirs:  # "or the same from edgewatt.client.thread_monitor"
+        named.setdefault(module, next(iter(named.values())))
+        assert f"edgewatt.client.{module}" in paragraph
+    assert named == theirs

@@ -215,7 +215,7 @@ def test_without_delegation_one_line_says_what_the_process_target_costs(
         f"{own} is not delegated to you (owned by uid 0), and no "
         f"systemd user manager answers to delegate one): {COST}; --no-cgroup says you know"
     ], done.stderr
-    assert re.search(rf"TCP +sent .*; {ESCAPES}\)$", done.stderr, re.M), done.stderr
+    assert re.search(rf"network +sent .*; {ESCAPES}\)$", done.stderr, re.M), done.stderr
     summary = the_run_target(daemon)
     assert summary["membership"] != "cgroup" and summary["network_counts"] == "tcp-payload"
 

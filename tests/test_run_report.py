@@ -320,7 +320,8 @@ def test_plot_of_a_run_file_without_phases_or_power(tmp_path: Path) -> None:
         assert [name for name, _, _ in lines] == ["sent", "received"]
     else:
         assert _labels(drawn) == ["CPU (% of one core)", "memory (MiB)"]
-        assert "no network traffic" in drawn.title
+    # The host's bytes are not the command's, and nothing sampled the command's own.
+    assert "network" not in drawn.title
     assert drawn.phases == []
     assert min(_all_times(drawn)) >= 0 and 0.5 < drawn.end_s < 1.5
 
@@ -351,7 +352,8 @@ def test_plot_of_a_file_with_device_power(daemon_factory: Any, tmp_path: Path) -
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     drawn = _drawn(out, tmp_path)
-    assert _labels(drawn)[-1] == "device power (W)"
+    # The last of the run's panels (the host's bytes, where any, apart below).
+    assert [x for x in _labels(drawn) if "host" not in x][-1] == "device power (W)"
     name, xs, watts = dict(drawn.panels)["device power (W)"][0]
     assert name == "mean power of each interval" and watts
     # Its area is the file's energy, its mean over time the title's average: the stand-in's
@@ -379,12 +381,16 @@ def test_plot_of_a_killed_run_without_a_summary(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("counts", "label", "what"),
     [
-        ("tcp-payload", "TCP", f"the command's, across its boundary; {ESCAPES}"),
-        ("ip-bytes", "IP", "IP bytes of every connection, headers included, across its boundary"),
+        ("tcp-payload", "network", f"TCP bytes, the command's, across its boundary; {ESCAPES}"),
+        (
+            "ip-bytes",
+            "network",
+            "IP bytes of every connection, headers included, across its boundary",
+        ),
         ("interface-bytes", "network", "frames on its network namespace's interfaces"),
         (
             "ip-bytes+interface-bytes",
-            "IP",
+            "network",
             "IP bytes, and the frames of a namespace it may not enter",
         ),
     ],
@@ -610,16 +616,14 @@ def test_a_single_sample_is_drawn_as_a_point_and_the_axes_hold_the_peaks(
     assert len(samples) == 1
     drawn = _drawn(out, tmp_path)
     figure = draw(drawn)
-    for axes, (label, _) in zip(figure.axes, drawn.panels):
-        for line in axes.lines:
-            if len(line.get_xdata()) == 1:
-                assert line.get_marker() == "o", label  # drawn, not an empty panel
-    # The title's peak RSS (the kernel's count of the largest process) is on the axis.
-    assert summary is not None
+    # One point per curve says nothing: the run's cost as bars (issue 52 item 2), its
+    # CPU the kernel's count.
+    assert summary is not None and drawn.bars
+    assert [p.get_height() for p in figure.axes[0].patches] == [summary["cpu_time_s"]]
+    assert drawn.costs[0].cpu_s == summary["cpu_time_s"]
+    # The title's peak RSS (the kernel's count of the largest process) is a level.
     peak = summary["memory_rss_peak_bytes"] / 2**20
     assert ("memory (MiB)", peak, f"RSS summed peak {peak:.1f} MiB") in drawn.levels
-    rss_axes = figure.axes[[label for label, _ in drawn.panels].index("memory (MiB)")]
-    assert rss_axes.get_ylim()[1] >= peak
     # A file whose summary peak is above every sample: the axis still holds it.
     path = _write(tmp_path / "peak.jsonl", [
         HEADER,
@@ -691,14 +695,52 @@ def test_a_thousand_phases_keep_the_table_and_the_plot_readable(tmp_path: Path) 
     from edgewatt.cli.report import draw
 
     figure = draw(drawn)
-    names = [t.get_text().strip() for t in figure.axes[0].texts]
-    assert names == [f"step-{i}" for i in range(0, 1000, 100)]  # 10, evenly
+    # No name written over a phase too narrow for it; the key names the newest 40.
+    assert [t.get_text() for t in figure.axes[0].texts] == []
     assert len(figure.axes[0].patches) == 1000  # every phase shaded
+    cells = figure.axes[-1].tables[0].get_celld().values()
+    keyed = [c.get_text().get_text() for c in cells if c.get_text().get_text().startswith("step")]
+    assert keyed == [f"step-{i}" for i in range(960, 1000)]
     # One memory line still says which memory it is.
     memory = figure.axes[[label for label, _ in drawn.panels].index("memory (MiB)")]
     assert [t.get_text() for t in memory.get_legend().get_texts()] == ["RSS summed"]
     if os.environ.get("EDGEWATT_TEST_PLOTS"):
         figure.savefig(f"{os.environ['EDGEWATT_TEST_PLOTS']}/thousand-phases.png", dpi=100)
+
+
+def test_the_picture_says_what_each_phase_cost(tmp_path: Path) -> None:
+    """30 phases (issue 52 item 2): each shaded in a colour of its own and keyed below
+    with its seconds, CPU and joules (device and attributed), as the table has them."""
+    from edgewatt.cli.report import draw
+
+    records: list[dict[str, Any]] = [HEADER]
+    for i in range(30):
+        records.append({"type": "phase", "name": f"round-{i}", "timestamp": 1000.0 + 2 * i,
+                        "ended_at": 1002.0 + 2 * i, "duration_s": 2.0, "cpu_user_s": i / 10,
+                        "cpu_system_s": 0.05, "device_energy_j": 20.0 + i,
+                        "energy_j": i / 4})  # fmt: skip
+    for t in range(61):
+        records.append(_sample(1000.0 + t, cpu_usage=50.0, energy_j=10.0))
+    path = _write(tmp_path / "rounds.jsonl", records)
+    drawn = _drawn(path, tmp_path)
+    assert [c.name for c in drawn.costs] == [f"round-{i}" for i in range(30)]
+    figure = draw(drawn)
+    shaded = [tuple(p.get_facecolor()[:3]) for p in figure.axes[0].patches]
+    assert len(shaded) == 30 and len(set(shaded)) == 30  # no colour cycles
+    rows: dict[str, list[str]] = {}
+    for (row, column), cell in figure.axes[-1].tables[0].get_celld().items():
+        rows.setdefault(str(row), [""] * 6)[column] = cell.get_text().get_text()
+    keyed = {r[1]: r[2:] for r in rows.values() if r[1].startswith("round-")}
+    assert keyed == {
+        f"round-{i}": [f"{2.0:.3f}", f"{i / 10 + 0.05:.3f}", f"{20.0 + i:.2f}", f"{i / 4:.2f}"]
+        for i in range(30)
+    }
+    # The key's swatch is the colour its phase is shaded in.
+    cells = sorted(figure.axes[-1].tables[0].get_celld().items())
+    swatches = [tuple(c.get_facecolor()[:3]) for (r, col), c in cells if col == 0 and r > 0]
+    assert swatches == shaded
+    if os.environ.get("EDGEWATT_TEST_PLOTS"):
+        figure.savefig(f"{os.environ['EDGEWATT_TEST_PLOTS']}/thirty-phases.png", dpi=100)
 
 
 @pytest.mark.parametrize("scope", ["host", "process"])
@@ -719,7 +761,8 @@ def test_the_network_panel_and_title_say_whose_bytes_they_are(scope: str) -> Non
     assert [label for label, _ in drawn.panels] == ["CPU (% of one core)", f"{whose} (KiB/s)"]
     [(_, _, sent), (_, _, received)] = dict(drawn.panels)[f"{whose} (KiB/s)"]
     assert (sent, received) == ([2.0, 4.0], [1.0, 1.0])
-    assert f", {whose} sent 6.0 KiB, received 2.0 KiB" in drawn.title
+    # The host's bytes are not the command's: never in the title.
+    assert ("network sent 6.0 KiB, received 2.0 KiB" in drawn.title) == (scope == "process")
 
 
 # Fills the filesystem it is given, then works on for ~30 samples (more than the
