@@ -63,6 +63,12 @@ def span(
     duration = 0.0 if first is None or last is None else last.monotonic - first.monotonic
     user, system, energy = delta("cpu_user_s"), delta("cpu_system_s"), delta("energy_j")
     device = (edges or EdgeEnergy()).device_energy(first, last)
+    if energy is not None and device is not None:
+        # Each pass shares out the energy its edge saw, past a push source's last line
+        # its last power held; the window's settled device energy can come out lower
+        # (the power fell before the next line). A target never gets more than the
+        # device measured over the same span (docs/attribution.md).
+        energy = min(energy, max(0.0, device))
     cpu = None if user is None or system is None else user + system
     per_second = duration > 0 and cpu is not None
     figures = {
