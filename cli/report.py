@@ -43,6 +43,9 @@ def summary_table(
         rows.append(("device", device))
     if "duration_s" in summary:
         rows.append(("duration", f"{summary['duration_s']:.1f} s"))
+    covered = summary.get("covers")
+    if isinstance(covered, dict) and covered.get("whole") is False:
+        rows.append(("covers", covers_line(covered)))  # part of the run: which part
     if "cpu_time_s" in summary:
         rows.append(
             (
@@ -105,6 +108,21 @@ def summary_table(
     return "\n".join(
         [*lines, *phase_table(phases or [], dropped=summary.get("phases_dropped") or 0)]
     )
+
+
+def covers_line(covers: dict[str, Any]) -> str:
+    """What part of the run a summary's figures cover ("covers" where not "whole")."""
+
+    def at(t: Any) -> str:
+        return time.strftime("%H:%M:%S", time.gmtime(t)) if isinstance(t, (int, float)) else "?"
+
+    parts = ["PART of the run"]
+    if covers.get("from") is not None:
+        parts.append(f"from {at(covers['from'])} UTC")
+    gaps = covers.get("uncounted") or []
+    if gaps:
+        parts.append("not " + ", ".join(f"{at(a)}-{at(b)}" for a, b in gaps) + " UTC")
+    return printable(" ".join(parts) + f": {covers.get('why') or 'unknown why'}")
 
 
 def context_line(context: Any) -> str | None:

@@ -227,6 +227,7 @@ class Registration:
         # When the daemon was lost (unix s), why, and what samples since ("in-process"
         # or "nothing"); None while it answers.
         self.lost: tuple[float, str, str] | None = None
+        self.registered_at = time.time()
 
     @property
     def pid(self) -> int:
@@ -272,7 +273,12 @@ class Registration:
         energy awaits the power reading after its edge (no edge waits for one): with
         ``final_wait_s``, the call waits at most that long for it (the end of a run)."""
         wait = final_wait_s
-        return self._call("summary", lambda backend: backend.summary(wait)) or {}
+        found = self._call("summary", lambda backend: backend.summary(wait)) or {}
+        if found and self.lost is not None:
+            found["covers"] = covers_since_lost(self.lost, self.registered_at)
+        elif found:
+            found.setdefault("covers", {"whole": True})  # in-process from the start
+        return found
 
     def reading(self) -> Reading | None:
         """The latest raw reading (a monitor's input), or None when there is none yet."""
@@ -396,6 +402,20 @@ class Registration:
                 return
         if why is not None:  # None: fallback="always" asked for this, nothing to warn about
             log.warning("edgewatt: %s; monitoring pid %d in-process", why, self.pid)
+
+
+def covers_since_lost(lost: tuple[float, str, str], registered_at: float) -> dict[str, Any]:
+    """A summary's "covers" once the daemon was lost (``lost``: when, why, what samples
+    since): the figures are the in-process sampler's, from then on only."""
+    at, why, then = lost
+    when = time.strftime("%H:%M:%S", time.gmtime(at))
+    return {
+        "whole": False,
+        "from": round(at, 3),
+        "registered_at": round(registered_at, 3),
+        "why": f"the daemon {why} at {when} UTC: the figures cover the time since, "
+        f"sampled {then}; the daemon's figures before are lost with it",
+    }
 
 
 def register(

@@ -165,6 +165,22 @@ def _network_counts(target: Target) -> str | None:
     return target.observed.network_counts or "ip-bytes"
 
 
+def covers(target: Target) -> dict[str, Any]:
+    """Which part of the target's run its figures cover: all of it since registration,
+    or, where the daemon restarted meanwhile, only the time since it restored the
+    registration (what ran while it was down was counted by no one)."""
+    if target.restored_at is None:
+        return {"whole": True}
+    first = target.history.first
+    return {
+        "whole": False,
+        "from": round(first.time if first is not None else target.restored_at, 3),
+        "registered_at": round(target.identity.registered_at, 3),
+        "why": "the daemon restarted: the figures cover the time since it restored the "
+        "registration, not the time it was down",
+    }
+
+
 def summarize(
     target: Target,
     logical_cpus: int,
@@ -203,6 +219,7 @@ def summarize(
         result["end_reason"] = target.end_reason
     # Every window's device energy settled up to its last sample: what ?final waits for.
     result["final"] = h.final
+    result["covers"] = covers(target)
     result.update(span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s, h.edges))
     result.update(spreads(h.power, h.cpu_utilization, h.memory))
     result["phases"] = [summarize_phase(p, logical_cpus, carbon, period_s) for p in h.phases]

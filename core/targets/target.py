@@ -96,6 +96,9 @@ class Target:
     end_reason: str | None = None
     # Its process's exit code, or -N for signal N, where the kernel's exit record said.
     exit_status: int | None = None
+    # When a restarted daemon took it again from the state file (unix s): its history,
+    # and so every figure, covers only the time since (None: since its registration).
+    restored_at: float | None = None
     # identity.id, which never changes (a join replaces the identity, not its id): an
     # attribute, not a property, as the sampler reads it many times per target per pass.
     id: str = field(init=False)
