@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from edgewatt.cli.phases import PEAK_POWER
-from edgewatt.cli.status import FINISHED_SHOWN, finished_rows, human_bytes
+from edgewatt.cli.status import FINISHED_SHOWN, finished_rows, human_bytes, name_of
 from edgewatt.core.text import printable
 
 # How long the live view waits for one answer before asking again: a daemon on a
@@ -157,8 +157,10 @@ COLUMNS = (
 )
 # Dropped in this order while a row is wider than the screen (80 columns keep the rest):
 # the ID last, as it names a target for `edgewatt summary ID` (a busy target's "100.0"
-# and a 3-digit J once made an 80-column row one too wide, and the ID went first).
-_DROP = ("LABELS", "TX/RX per s", "PROCS", "ID")
+# and a 3-digit J once made an 80-column row one too wide, and the ID went first); the
+# labels before it, but after the phase's joules: they tell two runs of one script
+# apart (the detail view has the phase's figures).
+_DROP = ("TX/RX per s", "PROCS", "PHASE J", "LABELS", "ID")
 _CAP = {"NAME": 16, "PHASE": 12, "LABELS": 40}
 
 
@@ -181,7 +183,7 @@ def target_rows(document: dict[str, Any], sort: str) -> list[tuple[str, ...]]:
         rows.append(
             (
                 t["id"],
-                t.get("executable") or "-",
+                name_of(t),
                 _w(latest.get("power_w")),
                 _j(summary.get("energy_j")),
                 _cpu(latest.get("cpu_utilization"), cpus),
@@ -236,7 +238,7 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
     labels = ", ".join(f"{k}={v}" for k, v in sorted(target.get("labels", {}).items()))
     lines = [
         f"target {target['id']}  {target.get('kind')} pid {target.get('pid')}"
-        f"  {target.get('executable') or ''}  {target.get('state')}{_end(target, summary)}",
+        f"  {name_of(target)}  {target.get('state')}{_end(target, summary)}",
         f"registered {time.strftime('%H:%M:%S', time.localtime(target['registered_at']))}"
         f"  labels: {labels or '-'}",
         f"total {_j(summary.get('energy_j'))} J  CPU {_cpu_s(summary):.2f} s"
