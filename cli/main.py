@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -42,6 +43,15 @@ def unknown_flags(extra: list[str], sub: argparse.ArgumentParser) -> str:
             hint = close[0] if close else None
         parts.append(f"unknown flag {flag}" + (f" (did you mean {hint}?)" if hint else ""))
     return "; ".join(parts)
+
+
+def unknown_command(command: str, known: list[str]) -> str:
+    """What to say about a subcommand edgewatt lacks: its closest, and the list."""
+    import difflib
+
+    close = difflib.get_close_matches(command, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown command {command!r}{hint}; the commands: {', '.join(known)}"
 
 
 def _parser(
@@ -334,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # daemon's config, and with it `serve`'s flags, is loaded only for `serve`.
     command = next((a for a in given if not a.startswith("-")), None)
     parser, subcommands = _parser(serve_flags=command == "serve")
+    if command is not None and command not in subcommands:
+        parser.error(unknown_command(command, list(subcommands)))
     args, extra = parser.parse_known_args(given)
     if extra:  # the subcommand's usage, not the top level's
         subcommands[args.command].error(unknown_flags(extra, subcommands[args.command]))
@@ -351,4 +363,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config": _config,
         "doctor": _doctor,
     }
-    return handlers[args.command](args)
+    try:
+        code = handlers[args.command](args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the exit
+    except BrokenPipeError:
+        # A reader that stopped early (`edgewatt summary ID | head`): no traceback for
+        # what it did not want; the shell's status for a write to a closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    return code

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from edgewatt.cli import run_cgroup, spreads
 from edgewatt.cli.report import summary_table
+from edgewatt.client import NO_DAEMON_SAID
 from edgewatt.client._monitor import FileMonitor
 from edgewatt.client._sinks import measured_phases
 from edgewatt.core import compat, transport
@@ -161,7 +162,8 @@ def run(
     try:
         # The command's own clients (a training script's register(), a Flower mod) find
         # the daemon that measures it.
-        failure = child.release(monitor.daemon_socket)
+        said = getattr(monitor.registration, "no_daemon_at", None)
+        failure = child.release(monitor.daemon_socket, said)
         last_pass = _last_pass(monitor)
         code = _wait_all(child, subreaper, monitor.helper_pids, last_pass)
         # Whether the device has a power source, asked before the target is closed.
@@ -253,7 +255,9 @@ class _Held:
                 while chunk := os.read(hold, 4096):  # until the parent closes its end
                     told += chunk
                 os.close(hold)
-                if told:
+                if told.startswith(b"\0"):  # no daemon answered there: said already
+                    os.environ[NO_DAEMON_SAID] = os.fsdecode(told[1:])
+                elif told:
                     os.environ["EDGEWATT_SOCKET"] = os.fsdecode(told)
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as Popen restores them
                     signal.signal(sig, signal.SIG_DFL)
@@ -266,11 +270,14 @@ class _Held:
         os.close(report)
         self.returncode: int | None = None
 
-    def release(self, socket: str | None = None) -> int | None:
-        """Let the command run, with ``EDGEWATT_SOCKET`` set to ``socket`` where given;
-        the errno its exec failed with, or None once it runs."""
+    def release(self, socket: str | None = None, no_daemon_at: str | None = None) -> int | None:
+        """Let the command run, with ``EDGEWATT_SOCKET`` set to ``socket`` where given,
+        else NO_DAEMON_SAID to ``no_daemon_at`` (where none answered, as this process
+        said); the errno its exec failed with, or None once it runs."""
         if socket:
             os.write(self._release, os.fsencode(socket))
+        elif no_daemon_at:
+            os.write(self._release, b"\0" + os.fsencode(no_daemon_at))
         os.close(self._release)
         with os.fdopen(self._errors, "rb") as errors:
             failure = errors.read()  # end of file at the exec (close-on-exec)

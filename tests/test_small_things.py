@@ -1,0 +1,76 @@
+"""The small things a user meets (issue 52 item 11): doctor's port check as the
+daemon binds, each message once, no traceback on a closed pipe, "did you mean"."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from edgewatt.cli.doctor import metrics_port
+from tests.conftest import ROOT, wait_for
+
+EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
+
+
+def test_doctor_passes_a_port_whose_last_connection_is_in_time_wait() -> None:
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    peer = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()  # the server's side closes first: it waits in TIME-WAIT
+    peer.recv(1)
+    peer.close()
+    listener.close()  # a stopped daemon: nothing listens
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # what doctor did: refused for the TIME-WAIT
+    verdict, text = metrics_port(
+        SimpleNamespace(config=SimpleNamespace(listen=("127.0.0.1", port)))
+    )
+    assert verdict == "ok", text
+    assert text == f"port {port} is free for /metrics"
+
+
+def test_a_mistyped_command_gets_its_closest() -> None:
+    result = subprocess.run(
+        [*EDGEWATT, "sumary", "abc"], capture_output=True, text=True, cwd=ROOT, timeout=30
+    )
+    assert result.returncode == 2
+    assert "unknown command 'sumary' (did you mean summary?)" in result.stderr
+    assert "invalid choice" not in result.stderr
+
+
+def test_a_closed_pipe_is_no_traceback(daemon: Any, spawn: Any) -> None:
+    sleeper = spawn("import time; time.sleep(60)")
+    target = daemon.register(sleeper.pid)["id"]
+    wait_for(lambda: daemon.call("GET", f"/v1/targets/{target}/summary")[1]["samples"] >= 1)
+    reader = subprocess.Popen(
+        [*EDGEWATT, "summary", "--socket", daemon.socket, target],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert reader.stdout is not None and reader.stderr is not None
+    reader.stdout.close()  # `| head` that read nothing yet: every write meets a closed pipe
+    errors = reader.stderr.read()
+    assert reader.wait(timeout=30) == 141  # 128 + SIGPIPE, as a shell's own
+    assert errors == ""
+
+
+def test_edgewatt_run_says_no_daemon_once(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("from edgewatt import client\nprint(client.register().mode)\n")
+    result = subprocess.run(
+        [*EDGEWATT, "run", "--", sys.executable, str(script)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "EDGEWATT_SOCKET": str(tmp_path / "none.sock")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "local\n"  # the script's own register() found none either
+    assert result.stderr.count("no daemon answering") == 1, result.stderr
