@@ -74,3 +74,33 @@ def test_edgewatt_run_says_no_daemon_once(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout == "local\n"  # the script's own register() found none either
     assert result.stderr.count("no daemon answering") == 1, result.stderr
+
+
+def test_tops_detail_fits_80x24_whole_words_and_scrolls_its_phases() -> None:
+    from edgewatt.cli.top import View, frame
+
+    phases = [
+        {"name": f"epoch-{n}", "duration_s": 1.0, "cpu_user_s": 0.5, "cpu_system_s": 0.1,
+         "energy_j": 2.0, "power_avg_w": 2.0, "ended_at": 1.0}
+        for n in range(22)
+    ]  # fmt: skip
+    target = {
+        "id": "8f769edb0869", "kind": "process", "pid": 4242, "state": "running",
+        "executable": "python3.11", "command": "python train.py", "labels": {"run": "r1"},
+        "registered_at": 0.0, "latest": {"processes": 1}, "members": list(range(1000, 1030)),
+        "member_count": 30, "summary": {"phases": phases},
+    }  # fmt: skip
+    document = {"device": {"time": 0.0, "logical_cpus": 2}, "targets": [target]}
+    view = View(detail=True)
+    lines = frame(document, view, 80, 24)
+    assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
+    # No sentence cut: the network line (92 characters) goes on in the next line.
+    text = " ".join(line.strip() for line in lines)
+    assert "a running target whose bytes are counted)" in text
+    assert "1029" in text  # the members' last pid, on a line of its own
+    marker = next(line for line in lines if line.startswith("phases ") and "scroll" in line)
+    assert marker.endswith("of 22: up/down scroll") and "epoch-0 " in text
+    view.scroll = 100  # past the end: held at the last rows
+    lines = frame(document, view, 80, 24)
+    assert any(line.startswith("epoch-21 ") for line in lines)
+    assert any(line.startswith("phases ") and "-22 of 22" in line for line in lines)
