@@ -137,11 +137,12 @@ def render(s: dict[str, Any]) -> str:
         "interface-bytes": "frames on its network namespace's interfaces",
         "ip-bytes+interface-bytes": "IP bytes, and frames of a namespace it may not enter",
     }.get(s.get("network_counts") or "", f"TCP; {ESCAPES}")
+    least = "at least " if s.get("network_lower_bound") else ""  # short connections escape
     network = (
         f"unknown: {s['network_unknown']}"
         if s.get("network_unknown")
-        else f"sent {value('network_transmit_bytes', 'bytes')}, "
-        f"received {value('network_receive_bytes', 'bytes')} ({counts})"
+        else f"sent {least}{value('network_transmit_bytes', 'bytes')}, "
+        f"received {least}{value('network_receive_bytes', 'bytes')} ({counts})"
     )
     lines = [
         f"target {s['id']}: {name} ({s['state']}, {s['membership']})",

@@ -77,7 +77,8 @@ def summary_table(
             rows.append(("IP", f"sent {sent}, received {recv} ({what})"))
         else:
             what = f"the command's, across its boundary; {ESCAPES}"
-            rows.append(("TCP", f"sent {sent}, received {recv} ({what})"))
+            least = "at least " if summary.get("network_lower_bound") else ""
+            rows.append(("TCP", f"sent {least}{sent}, received {least}{recv} ({what})"))
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
         line = f"{energy:.1f} J ({energy / 3600:.4f} Wh)"

@@ -421,6 +421,7 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
                 if api.get(key) is not None:  # what crossed the target's boundary
                     summary[key] = api[key]
                     summary["network_counts"] = api.get("network_counts")
+                    summary["network_lower_bound"] = api.get("network_lower_bound")
             if api.get("network_unknown"):  # absent, never 0: and why
                 summary["network_unknown"] = api["network_unknown"]
         last = _daemon_last(registration, api)

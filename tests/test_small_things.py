@@ -3,6 +3,7 @@ daemon binds, each message once, no traceback on a closed pipe, "did you mean"."
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -104,3 +105,44 @@ def test_tops_detail_fits_80x24_whole_words_and_scrolls_its_phases() -> None:
     lines = frame(document, view, 80, 24)
     assert any(line.startswith("epoch-21 ") for line in lines)
     assert any(line.startswith("phases ") and "-22 of 22" in line for line in lines)
+
+
+def test_a_process_targets_tcp_bytes_say_they_are_a_lower_bound(daemon_factory: Any) -> None:
+    # Opened, used and closed within ms, between two passes 2 s apart (as a rule: a
+    # busy machine may run one meanwhile): what such a socket carried can escape.
+    daemon = daemon_factory(interval=2.0)
+    code = (
+        "import socket, sys, threading\n"
+        "server = socket.create_server(('127.0.0.1', 0))\n"
+        "def sink():\n"
+        "    peer, _ = server.accept()\n"
+        "    while peer.recv(65536): pass\n"
+        "threading.Thread(target=sink, daemon=True).start()\n"
+        "print('up', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "with socket.create_connection(server.getsockname()) as c: c.sendall(b'x' * 6_000_000)\n"
+        "print('sent', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    run = subprocess.Popen(
+        [*EDGEWATT, "run", "--socket", daemon.socket, "--interval", "2", "--no-cgroup",
+         "--", sys.executable, "-c", code],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+    )  # fmt: skip
+    assert run.stdin is not None and run.stdout is not None
+    assert run.stdout.readline() == "up\n"
+    run.stdin.write("\n")
+    run.stdin.flush()
+    assert run.stdout.readline() == "sent\n"
+    (target,) = daemon.call("GET", "/v1/targets")[1]["targets"]
+    summary = daemon.call("GET", f"/v1/targets/{target['id']}/summary")[1]
+    assert summary["network_counts"] == "tcp-payload" and summary["network_lower_bound"] is True
+    shown = subprocess.run(
+        [*EDGEWATT, "summary", "--socket", daemon.socket, target["id"]],
+        capture_output=True, text=True, cwd=ROOT, timeout=30,
+    )  # fmt: skip
+    assert "network    sent at least " in shown.stdout, shown.stdout
+    _, stderr = run.communicate("\n", timeout=60)
+    assert run.returncode == 0, stderr
+    assert re.search(r"^  TCP +sent at least [\d.]+ \S+, received at least ", stderr, re.M), stderr

@@ -212,6 +212,11 @@ def summarize(
         "exit_status": target.exit_status,
         "membership": _membership(target, membership),
         "network_counts": _network_counts(target),
+        # A process target's TCP bytes come from the sockets a pass found it holding (to
+        # their close): a connection opened and closed between two passes is never
+        # seen, so its figures (its phases' too) are at least what was counted; a
+        # cgroup's counters see every packet.
+        "network_lower_bound": target.cgroup_name is None,
         "samples": h.count,
     }
     if target.cgroup_name is not None:
