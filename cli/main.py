@@ -83,6 +83,11 @@ def _parser(
     run.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     run.add_argument("--output", metavar="FILE.jsonl", help="write samples as JSON Lines")
     run.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
+    run.add_argument(
+        "--emissions",
+        metavar="FILE.csv",
+        help="append the run's row to codecarbon's emissions.csv (measured energy)",
+    )
     run.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
     placement = run.add_mutually_exclusive_group()
     placement.add_argument(
@@ -283,7 +288,9 @@ def _run(args: argparse.Namespace) -> int:
         labels = parse_labels(args.label)
         if args.interval <= 0:
             raise ValueError("--interval must be a positive number of seconds")
-        return run(command, labels, args.output, args.interval, args.socket, args.cgroup)
+        return run(
+            command, labels, args.output, args.interval, args.socket, args.cgroup, args.emissions
+        )
     except ValueError as exc:
         print(f"edgewatt run: {exc}", file=sys.stderr)
         return 2

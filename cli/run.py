@@ -31,6 +31,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from edgewatt.cli import emissions as emissions_csv
 from edgewatt.cli import run_cgroup, spreads
 from edgewatt.cli.report import summary_table
 from edgewatt.client import NO_DAEMON_SAID
@@ -82,6 +83,7 @@ def run(
     interval: float,
     socket: str | None,
     cgroup: str = run_cgroup.AUTO,
+    emissions: str | None = None,
 ) -> int:
     """``cgroup``: AUTO puts the command in a cgroup of its own where the machine allows
     it (cli/run_cgroup.py), else says what its process target costs; INSIST refuses to
@@ -204,6 +206,13 @@ def run(
         return status or EX_IOERR
     if output and monitor.source:
         print(f"  samples written to {output}", file=sys.stderr)
+    if emissions:  # codecarbon's emissions.csv, a row appended (cli/emissions.py)
+        problem = emissions_csv.append(emissions, emissions_csv.row(summary, labels, time.time()))
+        if problem is not None:
+            print(f"edgewatt run: --emissions: {problem}", file=sys.stderr)
+            return status or EX_IOERR
+        print(f"  a row appended to {emissions} (codecarbon's columns; energy_consumed: the "
+              "device's measured energy)", file=sys.stderr)  # fmt: skip
     return status
 
 
