@@ -206,15 +206,17 @@ class Target:
 
     def _name(self, sample: ProcessSample) -> None:
         """Its command (and a process's executable) as ``sample``'s pass finds them:
-        after a held fork's exec, the command's, no longer its registrant's."""
+        after a held fork's exec, the command's, no longer its registrant's. A
+        container or a unit keeps the name it was registered by (what runs there)."""
+        name = self.cgroup_name
         pid = self.pid or min(sample.members, default=0)
-        if not pid:
+        if not pid or (name is not None and name.kind != "cgroup"):
             return
         proc = self.handle.proc if self.handle is not None else "/proc"
         self.command = command_line(pid, proc) or self.command
         if self.pid and sample.root_execs and self.named_execs == 0:
-            name = executable_name(pid, self.identity.executable, proc)
-            self.identity = dataclasses.replace(self.identity, executable=name)
+            executable = executable_name(pid, self.identity.executable, proc)
+            self.identity = dataclasses.replace(self.identity, executable=executable)
         self.named_execs = sample.root_execs
 
     def start_phase(self, name: str, now: float, monotonic: float, depth: int = 0) -> Phase:
