@@ -187,6 +187,9 @@ def metrics_port(ctx: Context) -> tuple[str, str]:
     config = ctx.config
     host, port = config.listen
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        # As the daemon's HTTP server binds it: a stopped daemon's connections left in
+        # TIME-WAIT keep no one from listening there.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -44,6 +45,15 @@ def unknown_flags(extra: list[str], sub: argparse.ArgumentParser) -> str:
     return "; ".join(parts)
 
 
+def unknown_command(command: str, known: list[str]) -> str:
+    """What to say about a subcommand edgewatt lacks: its closest, and the list."""
+    import difflib
+
+    close = difflib.get_close_matches(command, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown command {command!r}{hint}; the commands: {', '.join(known)}"
+
+
 def _parser(
     serve_flags: bool = True,
 ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -73,6 +83,11 @@ def _parser(
     run.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     run.add_argument("--output", metavar="FILE.jsonl", help="write samples as JSON Lines")
     run.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
+    run.add_argument(
+        "--emissions",
+        metavar="FILE.csv",
+        help="append the run's row to codecarbon's emissions.csv (measured energy)",
+    )
     run.add_argument("--socket", metavar="PATH", help="Unix socket of the daemon")
     placement = run.add_mutually_exclusive_group()
     placement.add_argument(
@@ -273,7 +288,9 @@ def _run(args: argparse.Namespace) -> int:
         labels = parse_labels(args.label)
         if args.interval <= 0:
             raise ValueError("--interval must be a positive number of seconds")
-        return run(command, labels, args.output, args.interval, args.socket, args.cgroup)
+        return run(
+            command, labels, args.output, args.interval, args.socket, args.cgroup, args.emissions
+        )
     except ValueError as exc:
         print(f"edgewatt run: {exc}", file=sys.stderr)
         return 2
@@ -334,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # daemon's config, and with it `serve`'s flags, is loaded only for `serve`.
     command = next((a for a in given if not a.startswith("-")), None)
     parser, subcommands = _parser(serve_flags=command == "serve")
+    if command is not None and command not in subcommands:
+        parser.error(unknown_command(command, list(subcommands)))
     args, extra = parser.parse_known_args(given)
     if extra:  # the subcommand's usage, not the top level's
         subcommands[args.command].error(unknown_flags(extra, subcommands[args.command]))
@@ -351,4 +370,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config": _config,
         "doctor": _doctor,
     }
-    return handlers[args.command](args)
+    try:
+        code = handlers[args.command](args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the exit
+    except BrokenPipeError:
+        # A reader that stopped early (`edgewatt summary ID | head`): no traceback for
+        # what it did not want; the shell's status for a write to a closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    return code

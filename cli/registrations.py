@@ -20,7 +20,7 @@ from typing import Any
 
 from edgewatt.cli import daemon_socket
 from edgewatt.cli.phases import phase_table
-from edgewatt.cli.report import ESCAPES
+from edgewatt.cli.report import ESCAPES, covers_line
 from edgewatt.cli.spreads import spread_rows
 from edgewatt.cli.status import human_bytes
 from edgewatt.core import transport
@@ -137,15 +137,17 @@ def render(s: dict[str, Any]) -> str:
         "interface-bytes": "frames on its network namespace's interfaces",
         "ip-bytes+interface-bytes": "IP bytes, and frames of a namespace it may not enter",
     }.get(s.get("network_counts") or "", f"TCP; {ESCAPES}")
+    least = "at least " if s.get("network_lower_bound") else ""  # short connections escape
     network = (
         f"unknown: {s['network_unknown']}"
         if s.get("network_unknown")
-        else f"sent {value('network_transmit_bytes', 'bytes')}, "
-        f"received {value('network_receive_bytes', 'bytes')} ({counts})"
+        else f"sent {least}{value('network_transmit_bytes', 'bytes')}, "
+        f"received {least}{value('network_receive_bytes', 'bytes')} ({counts})"
     )
     lines = [
         f"target {s['id']}: {name} ({s['state']}, {s['membership']})",
         f"  duration   {value('duration_s', 's')}",
+        *_covers(s),
         f"  CPU        user {value('cpu_user_s', 's')}, system {value('cpu_system_s', 's')}",
         f"  memory     peak PSS {value('memory_pss_peak_bytes', 'bytes')} (what it holds), "
         f"largest process's peak RSS {value('memory_rss_largest_peak_bytes', 'bytes')}, "
@@ -166,6 +168,14 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(
         [*lines, *phase_table(s.get("phases") or [], dropped=s.get("phases_dropped") or 0)]
     )
+
+
+def _covers(s: dict[str, Any]) -> list[str]:
+    """A line saying which part of the run the figures cover, where not all of it."""
+    covered = s.get("covers")
+    if not isinstance(covered, dict) or covered.get("whole") is not False:
+        return []
+    return [f"  covers     {covers_line(covered)}"]
 
 
 def _energy(s: dict[str, Any]) -> str:

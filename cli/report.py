@@ -47,6 +47,9 @@ def summary_table(
         rows.append(("device", device))
     if "duration_s" in summary:
         rows.append(("duration", f"{summary['duration_s']:.1f} s"))
+    covered = summary.get("covers")
+    if isinstance(covered, dict) and covered.get("whole") is False:
+        rows.append(("covers", covers_line(covered)))  # part of the run: which part
     if "cpu_time_s" in summary:
         rows.append(
             (
@@ -129,7 +132,9 @@ def network_rows(summary: dict[str, Any], host_network: bool) -> list[tuple[str,
         what = NETWORK_COUNTS.get(
             str(counts), f"TCP bytes, the command's, across its boundary; {ESCAPES}"
         )
-        return [("network", f"sent {sent}, received {recv} ({what})")]
+        # A process target's connections opened and closed between passes escape it.
+        least = "at least " if summary.get("network_lower_bound") else ""
+        return [("network", f"sent {least}{sent}, received {least}{recv} ({what})")]
     if "total_network_bytes_sent" in summary and not host_network:
         sent = human_bytes(summary["total_network_bytes_sent"])
         recv = human_bytes(summary["total_network_bytes_recv"])
@@ -149,6 +154,21 @@ def disk_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     if summary.get("disk_source"):
         line += f"; counted by {summary['disk_source']}"
     return [("disk", line)]
+
+
+def covers_line(covers: dict[str, Any]) -> str:
+    """What part of the run a summary's figures cover ("covers" where not "whole")."""
+
+    def at(t: Any) -> str:
+        return time.strftime("%H:%M:%S", time.gmtime(t)) if isinstance(t, (int, float)) else "?"
+
+    parts = ["PART of the run"]
+    if covers.get("from") is not None:
+        parts.append(f"from {at(covers['from'])} UTC")
+    gaps = covers.get("uncounted") or []
+    if gaps:
+        parts.append("not " + ", ".join(f"{at(a)}-{at(b)}" for a, b in gaps) + " UTC")
+    return printable(" ".join(parts) + f": {covers.get('why') or 'unknown why'}")
 
 
 def context_line(context: Any) -> str | None:

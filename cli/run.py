@@ -31,8 +31,10 @@ import sys
 import time
 from typing import Any, Callable
 
+from edgewatt.cli import emissions as emissions_csv
 from edgewatt.cli import run_cgroup, spreads
 from edgewatt.cli.report import HOST_KEYS, TOTAL_KEYS, summary_table
+from edgewatt.client import NO_DAEMON_SAID
 from edgewatt.client._monitor import FileMonitor
 from edgewatt.client._sinks import measured_phases
 from edgewatt.core import compat, transport
@@ -81,6 +83,7 @@ def run(
     interval: float,
     socket: str | None,
     cgroup: str = run_cgroup.AUTO,
+    emissions: str | None = None,
 ) -> int:
     """``cgroup``: AUTO puts the command in a cgroup of its own where the machine allows
     it (cli/run_cgroup.py), else says what its process target costs; INSIST refuses to
@@ -161,7 +164,8 @@ def run(
     try:
         # The command's own clients (a training script's register(), a Flower mod) find
         # the daemon that measures it.
-        failure = child.release(monitor.daemon_socket)
+        said = getattr(monitor.registration, "no_daemon_at", None)
+        failure = child.release(monitor.daemon_socket, said)
         last_pass = _last_pass(monitor)
         code = _wait_all(child, subreaper, monitor.helper_pids, last_pass)
         # Whether the device has a power source, asked before the target is closed.
@@ -202,6 +206,13 @@ def run(
         return status or EX_IOERR
     if output and monitor.source:
         print(f"  samples written to {output}", file=sys.stderr)
+    if emissions:  # codecarbon's emissions.csv, a row appended (cli/emissions.py)
+        problem = emissions_csv.append(emissions, emissions_csv.row(summary, labels, time.time()))
+        if problem is not None:
+            print(f"edgewatt run: --emissions: {problem}", file=sys.stderr)
+            return status or EX_IOERR
+        print(f"  a row appended to {emissions} (codecarbon's columns; energy_consumed: the "
+              "device's measured energy)", file=sys.stderr)  # fmt: skip
     return status
 
 
@@ -253,7 +264,9 @@ class _Held:
                 while chunk := os.read(hold, 4096):  # until the parent closes its end
                     told += chunk
                 os.close(hold)
-                if told:
+                if told.startswith(b"\0"):  # no daemon answered there: said already
+                    os.environ[NO_DAEMON_SAID] = os.fsdecode(told[1:])
+                elif told:
                     os.environ["EDGEWATT_SOCKET"] = os.fsdecode(told)
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as Popen restores them
                     signal.signal(sig, signal.SIG_DFL)
@@ -266,11 +279,14 @@ class _Held:
         os.close(report)
         self.returncode: int | None = None
 
-    def release(self, socket: str | None = None) -> int | None:
-        """Let the command run, with ``EDGEWATT_SOCKET`` set to ``socket`` where given;
-        the errno its exec failed with, or None once it runs."""
+    def release(self, socket: str | None = None, no_daemon_at: str | None = None) -> int | None:
+        """Let the command run, with ``EDGEWATT_SOCKET`` set to ``socket`` where given,
+        else NO_DAEMON_SAID to ``no_daemon_at`` (where none answered, as this process
+        said); the errno its exec failed with, or None once it runs."""
         if socket:
             os.write(self._release, os.fsencode(socket))
+        elif no_daemon_at:
+            os.write(self._release, b"\0" + os.fsencode(no_daemon_at))
         os.close(self._release)
         with os.fdopen(self._errors, "rb") as errors:
             failure = errors.read()  # end of file at the exec (close-on-exec)
@@ -423,6 +439,7 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
                 if api.get(key) is not None:  # what crossed the target's boundary
                     summary[key] = api[key]
                     summary["network_counts"] = api.get("network_counts")
+                    summary["network_lower_bound"] = api.get("network_lower_bound")
             if api.get("network_unknown"):  # absent, never 0: and why
                 summary["network_unknown"] = api["network_unknown"]
         last = _daemon_last(registration, api)

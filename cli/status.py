@@ -79,7 +79,7 @@ def _running(targets: list[dict[str, Any]], logical_cpus: int | None) -> list[st
             (
                 t["id"],
                 str(t["pid"]) if t.get("kind", "process") == "process" else "cgroup",
-                t.get("executable") or "-",
+                name_of(t),
                 t["state"],
                 cpu,
                 human_bytes(latest.get("memory_pss_bytes")),
@@ -117,7 +117,7 @@ def finished_rows(ended: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[tu
             (
                 t["id"],
                 str(t["pid"]) if t.get("kind", "process") == "process" else "cgroup",
-                t.get("executable") or "-",
+                name_of(t),
                 when,
                 t["state"],
                 exit_status,
@@ -128,6 +128,11 @@ def finished_rows(ended: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[tu
             )
         )
     return rows
+
+
+def name_of(target: dict[str, Any]) -> str:
+    """What a target runs (``python train.py``), else its executable or cgroup name."""
+    return target.get("command") or target.get("executable") or "-"
 
 
 def _labels(target: dict[str, Any]) -> str:

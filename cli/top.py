@@ -7,13 +7,14 @@ Python 3.8 to 3.13, no compiler), and the daemon and client never import it.
 from __future__ import annotations
 
 import json
+import textwrap
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from edgewatt.cli.phases import PEAK_POWER
-from edgewatt.cli.status import FINISHED_SHOWN, finished_rows, human_bytes
+from edgewatt.cli.status import FINISHED_SHOWN, finished_rows, human_bytes, name_of
 from edgewatt.core.energy_source import sensors as measured_by
 from edgewatt.core.text import printable
 
@@ -28,7 +29,7 @@ _KEY = {
     "memory": lambda t: (t.get("latest") or {}).get("memory_pss_bytes") or 0,
 }
 HELP = (
-    "q quit   up/down select   Enter detail (Esc/Enter back)",
+    "q quit   up/down select (detail: scroll phases)   Enter detail (Esc/Enter back)",
     "p sort by power   e energy   c CPU   m memory   ? this help",
 )
 
@@ -41,6 +42,7 @@ class View:
     selected: int = 0
     detail: bool = False
     help: bool = False
+    scroll: int = 0  # the detail view's first phase row shown
 
 
 def _w(value: float | None) -> str:
@@ -161,8 +163,10 @@ COLUMNS = (
 )
 # Dropped in this order while a row is wider than the screen (80 columns keep the rest):
 # the ID last, as it names a target for `edgewatt summary ID` (a busy target's "100.0"
-# and a 3-digit J once made an 80-column row one too wide, and the ID went first).
-_DROP = ("LABELS", "TX/RX per s", "PROCS", "ID")
+# and a 3-digit J once made an 80-column row one too wide, and the ID went first); the
+# labels before it, but after the phase's joules: they tell two runs of one script
+# apart (the detail view has the phase's figures).
+_DROP = ("TX/RX per s", "PROCS", "PHASE J", "LABELS", "ID")
 _CAP = {"NAME": 16, "PHASE": 12, "LABELS": 40}
 
 
@@ -185,7 +189,7 @@ def target_rows(document: dict[str, Any], sort: str) -> list[tuple[str, ...]]:
         rows.append(
             (
                 t["id"],
-                t.get("executable") or "-",
+                name_of(t),
                 _w(latest.get("power_w")),
                 _j(summary.get("energy_j")),
                 _cpu(latest.get("cpu_utilization"), cpus),
@@ -238,9 +242,9 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
     summary = target.get("summary") or {}
     latest = target.get("latest") or {}
     labels = ", ".join(f"{k}={v}" for k, v in sorted(target.get("labels", {}).items()))
-    lines = [
+    about = [
         f"target {target['id']}  {target.get('kind')} pid {target.get('pid')}"
-        f"  {target.get('executable') or ''}  {target.get('state')}{_end(target, summary)}",
+        f"  {name_of(target)}  {target.get('state')}{_end(target, summary)}",
         f"registered {time.strftime('%H:%M:%S', time.localtime(target['registered_at']))}"
         f"  labels: {labels or '-'}",
         f"total {_j(summary.get('energy_j'))} J  CPU {_cpu_s(summary):.2f} s"
@@ -251,6 +255,8 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
         + (" ".join(str(pid) for pid in target.get("members") or []) or "-"),
         # In place of a blank line: an 80x24 screen has no row to spare.
         "phases: J, AVG W attributed; PEAK W the whole device's, at the sensor's rate",
+    ]
+    lines = [
         f"{'PHASE':<14}  {'TIME s':>7}  {'CPU s':>7}  {'J':>7}  {'AVG W':>6}  {'PEAK W':>6}"
         "  PSS PEAK",
     ]
@@ -265,7 +271,29 @@ def detail_lines(target: dict[str, Any], cpus: int | None, width: int) -> list[s
         )
     if not summary.get("phases"):
         lines.append("(no phases)")
-    return [printable(line)[:width] for line in lines]
+    # Sentences wrapped at a word, never cut; the table's rows fit 80 columns.
+    wrapped = [
+        part
+        for line in about
+        for part in textwrap.wrap(printable(line), max(width, 20), subsequent_indent="  ")
+    ]
+    return [*wrapped, *(printable(line)[:width] for line in lines)]
+
+
+def scrolled(detail: list[str], view: View, room: int) -> list[str]:
+    """The detail view in ``room`` lines: its phase rows from ``view.scroll`` on (kept
+    in range), and where they do not all fit, a last line saying which are shown."""
+    table = next((i for i, line in enumerate(detail) if line.startswith("PHASE ")), len(detail))
+    head, rows = detail[: table + 1], detail[table + 1 :]
+    fits = max(room - len(head), 1)
+    if len(rows) <= fits:
+        view.scroll = 0
+        return detail
+    shown = fits - 1  # the last line says which rows these are
+    view.scroll = max(0, min(view.scroll, len(rows) - shown))
+    first = view.scroll
+    where = f"phases {first + 1}-{first + shown} of {len(rows)}: up/down scroll"
+    return [*head, *rows[first : first + shown], where]
 
 
 def _end(target: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -316,7 +344,8 @@ def styled_frame(
         lines += [Line(""), *map(Line, HELP)]
     elif view.detail and targets:
         cpus = document["device"].get("logical_cpus")
-        lines += [Line(""), *map(Line, detail_lines(targets[view.selected], cpus, width))]
+        detail = detail_lines(targets[view.selected], cpus, width)
+        lines += [Line(""), *map(Line, scrolled(detail, view, height - 2 - len(lines)))]
     else:
         lines += _tables(document, view, width, height - 1 - len(lines))
     lines = [line._replace(text=line.text[:width]) for line in lines]
@@ -442,12 +471,14 @@ def run_screen(fetch: Callable[[], dict[str, Any]], interval: float) -> None:
             count = len(document["targets"])
             if key in (ord("q"), ord("Q")):
                 return
-            if key == curses.KEY_DOWN:
+            if view.detail and key in (curses.KEY_DOWN, curses.KEY_UP):
+                view.scroll += 1 if key == curses.KEY_DOWN else -1  # its phases
+            elif key == curses.KEY_DOWN:
                 view.selected = min(view.selected + 1, max(count - 1, 0))
             elif key == curses.KEY_UP:
                 view.selected = max(view.selected - 1, 0)
             elif key in (10, 13, curses.KEY_ENTER):
-                view.detail = not view.detail
+                view.detail, view.scroll = not view.detail, 0
             elif key == 27:
                 view.detail = view.help = False
             elif key == ord("?"):

@@ -227,6 +227,8 @@ class Registration:
         # When the daemon was lost (unix s), why, and what samples since ("in-process"
         # or "nothing"); None while it answers.
         self.lost: tuple[float, str, str] | None = None
+        self.registered_at = time.time()
+        self.no_daemon_at: str | None = None  # where no daemon answered at registration
 
     @property
     def pid(self) -> int:
@@ -272,7 +274,12 @@ class Registration:
         energy awaits the power reading after its edge (no edge waits for one): with
         ``final_wait_s``, the call waits at most that long for it (the end of a run)."""
         wait = final_wait_s
-        return self._call("summary", lambda backend: backend.summary(wait)) or {}
+        found = self._call("summary", lambda backend: backend.summary(wait)) or {}
+        if found and self.lost is not None:
+            found["covers"] = covers_since_lost(self.lost, self.registered_at)
+        elif found:
+            found.setdefault("covers", {"whole": True})  # in-process from the start
+        return found
 
     def reading(self) -> Reading | None:
         """The latest raw reading (a monitor's input), or None when there is none yet."""
@@ -369,8 +376,9 @@ class Registration:
                         self.socket, why, self.pid)  # fmt: skip
         self.lost = (at, why, "in-process" if self._backend is not None else "nothing")
 
-    def _start_local(self, why: str | None = None) -> None:
-        """Sample in-process; ``why`` (no daemon, or which) goes into the one warning."""
+    def _start_local(self, why: str | None = None, said: bool = False) -> None:
+        """Sample in-process; ``why`` (no daemon, or which) goes into the one warning
+        (``said``: `edgewatt run` gave it already; an info line then)."""
         with self._lock:
             if self._backend is not None:
                 return
@@ -395,7 +403,22 @@ class Registration:
                 )
                 return
         if why is not None:  # None: fallback="always" asked for this, nothing to warn about
-            log.warning("edgewatt: %s; monitoring pid %d in-process", why, self.pid)
+            say = log.info if said else log.warning
+            say("edgewatt: %s; monitoring pid %d in-process", why, self.pid)
+
+
+def covers_since_lost(lost: tuple[float, str, str], registered_at: float) -> dict[str, Any]:
+    """A summary's "covers" once the daemon was lost (``lost``: when, why, what samples
+    since): the figures are the in-process sampler's, from then on only."""
+    at, why, then = lost
+    when = time.strftime("%H:%M:%S", time.gmtime(at))
+    return {
+        "whole": False,
+        "from": round(at, 3),
+        "registered_at": round(registered_at, 3),
+        "why": f"the daemon {why} at {when} UTC: the figures cover the time since, "
+        f"sampled {then}; the daemon's figures before are lost with it",
+    }
 
 
 def register(
@@ -411,6 +434,11 @@ def register(
     inactive instead, "always" never asks a daemon.
     """
     return open_registration(labels, pid, children, socket, fallback)
+
+
+# Set by `edgewatt run` for its command where no daemon answered it, to where it looked:
+# the command's own register() finding none there says so quietly (said once, not twice).
+NO_DAEMON_SAID = "EDGEWATT_NO_DAEMON_SAID"
 
 
 def open_registration(
@@ -447,8 +475,10 @@ def open_registration(
     why = None  # why no daemon samples it; None where fallback="always" asked for that
     found = None if fallback == "always" else transport.find_daemon(socket)
     path = found.path if found and found.path else transport.candidates(socket)[0][0]
+    said = False  # whether `edgewatt run` already said why (NO_DAEMON_SAID)
     if found is not None and found.path is None:
         why = f"no daemon answering at {found.looked}"
+        said = os.environ.get(NO_DAEMON_SAID) == found.looked
     elif found is not None:
         try:
             info = transport.call_ok(path, "POST", "/v1/targets", _request(options, cgroup))
@@ -466,11 +496,13 @@ def open_registration(
                     options.pid, info.get("id"), refused)  # fmt: skip
     daemon = DaemonBackend(path, info) if info is not None else None
     registration = Registration(path, options, fallback, daemon)
+    if found is not None and found.path is None:
+        registration.no_daemon_at = found.looked
     if daemon is None:
         if fallback == "never":
             log.warning("edgewatt: %s; pid %d is not monitored", why, options.pid)
         else:
-            registration._start_local(why)
+            registration._start_local(why, said)
     return registration
 
 

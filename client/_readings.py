@@ -62,6 +62,7 @@ def reading_from_api(target: dict[str, Any], host: dict[str, Any]) -> Reading | 
         tcp_recv_total=latest.get("network_receive_bytes"),
         monotonic=monotonic_instant(latest["time"]),
         memory_pss_bytes=latest.get("memory_pss_bytes"),
+        source="daemon",
     )
 
 
@@ -140,4 +141,5 @@ def _local_reading(
         tcp_sent_total=tcp[0],
         tcp_recv_total=tcp[1],
         monotonic=monotonic_instant(time) if monotonic is None else monotonic,
+        source="in-process",
     )

@@ -78,6 +78,8 @@ class Reading:
     # order come from it, so a wall-clock step moves no duration. None: ``time`` serves.
     monotonic: float | None = None
     memory_pss_bytes: int | None = None  # PSS summed over the tree; None: not read
+    # What sampled it: "daemon" or "in-process" (their counters of energy differ).
+    source: str | None = None
 
     @property
     def cpu_time_s(self) -> float:
@@ -188,6 +190,12 @@ class Recorder:
         previous = segment.last
         if reading.time == previous.time or reading.instant <= previous.instant:
             return None  # the daemon has not sampled again yet
+        if reading.source != previous.source:
+            # Another sampler took over (the daemon was lost): its energy counters start
+            # anew, so its readings are a segment of their own, and the interval between
+            # the two is counted by neither (the summary's "covers" says so).
+            self.segments.append(Segment(reading, reading))
+            return None
         segment.last = reading
         short = reading.instant - previous.instant < self.short_s
         if segment.samples and segment.base and short and not edge:
@@ -212,6 +220,18 @@ class Recorder:
         result: dict[str, Any] = {"samples": sum(len(s.samples) for s in self.segments)}
         if self.phases:
             result["phases"] = list(self.phases)
+        switched = [
+            (a.last.time, b.first.time)
+            for a, b in zip(self.segments, self.segments[1:])
+            if a.last.source != b.first.source
+        ]
+        if switched:
+            result["covers"] = {
+                "whole": False,
+                "uncounted": [[round(a, 3), round(b, 3)] for a, b in switched],
+                "why": "the daemon was lost and in-process sampling took over: the time "
+                "between the daemon's last reading and its first is counted by neither",
+            }
         segments = [s for s in self.segments if s.samples]
         if not segments:
             return result

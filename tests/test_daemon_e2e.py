@@ -350,8 +350,10 @@ def test_status_command_prints_a_table_and_json(daemon: DaemonProcess, spawn: An
         "ID", "PID", "NAME", "STATE", "CPU%", "PSS", "READ", "WRITE", "PROCS", "LABELS"
     ]  # fmt: skip
     cells = row.split()
-    executable = os.path.basename(os.path.realpath(sys.executable))
-    assert cells[:4] == [tid, str(child.pid), executable, "running"]
+    # NAME: what runs, its command line (issue 52), cut at 80 characters.
+    command = f"{os.path.basename(sys.executable)} -c import time; time.sleep(60)"
+    assert cells[:2] == [tid, str(child.pid)] and row.split("  ")[2].strip() == command
+    assert cells[2 + len(command.split())] == "running"
     assert cells[-1] == "run=table" and "MiB" in row
     as_json = json.loads(
         subprocess.run(

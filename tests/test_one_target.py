@@ -229,10 +229,12 @@ def test_a_finished_run_stays_in_status_and_summary(
     peak = human_bytes(summary["memory_pss_peak_bytes"]).split()
     shown_status = "-" if summary["exit_status"] is None else str(summary["exit_status"])
     pid = "cgroup" if finished["kind"] == "cgroup" else str(finished["pid"])
-    assert row == [finished["id"], pid, finished["executable"], ended, "UTC",
+    name = (finished["command"] or finished["executable"]).split()  # what ran (issue 52)
+    assert row == [finished["id"], pid, *name, ended, "UTC",
                    "exited", shown_status, f"{cpu:.2f}", "s", "-", *peak, "run=demo"]  # fmt: skip
     other = next(line.split() for line in lines if line.startswith(let_go))
-    assert other[5:6] == ["unregistered"] and other[-1] == "run=other"
+    # After its name (its command line: words of their own), when it ended, and how.
+    assert other[other.index("UTC") + 1] == "unregistered" and other[-1] == "run=other"
 
     by_label = edgewatt("summary", "--json", "--socket", daemon.socket, "run=demo")
     assert by_label.returncode == 0, by_label.stderr
@@ -255,7 +257,8 @@ def test_a_finished_run_stays_in_status_and_summary(
     status = edgewatt("status", "--socket", daemon.socket).stdout.splitlines()
     row = next(line.split() for line in status if line.startswith(doomed_id))
     shown = ["exited", "signal", "9"] if os.geteuid() == 0 else ["exited", "-", f"{killed_cpu}"]
-    assert row[5:8] == shown
+    after = row.index("UTC") + 1  # its name, a command line, takes words of its own
+    assert row[after : after + 3] == shown
     # Past exited_retention they go.
     wait_for(lambda: daemon.call("GET", f"/v1/targets/{let_go}")[0] == 404, timeout=40, step=0.5)
 

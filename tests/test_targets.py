@@ -27,6 +27,7 @@ from edgewatt.core.targets import (
     TooMany,
     TooManyLookups,
 )
+from edgewatt.core.targets.edges import EdgeEnergy
 from edgewatt.core.targets.row import _WHOLE, RowRing, SampleRow, row_of, sample_dict
 from edgewatt.core.targets.summary import span
 from edgewatt.core.uids import alone
@@ -495,3 +496,17 @@ def test_a_refusal_says_what_it_is_not_how_http_answers_it() -> None:
     assert (refused.error, refused.retry_s, str(refused)) == (
         "too many lookups", 0.5, "too many lookups: 3 name lookups a second per user"
     )  # fmt: skip
+
+
+def test_a_window_is_never_attributed_more_than_the_device_measured_over_it() -> None:
+    # A pass shared out 0.056 J while a push source's last power was held past its
+    # line; the settled trace gives the window 0.019 J of the whole device (issue 52).
+    first = _row(10.0, cpu_user_s=1.0, energy_j=1.0, device_energy_j=100.0)
+    last = _row(10.2, cpu_user_s=1.1, energy_j=1.056, device_energy_j=100.06)
+    settled = EdgeEnergy(start_j=100.0, end_at=10.2, end_j=100.019)
+    figures = span(first, last, 2, None, period_s=1.0, edges=settled)
+    assert figures["device_energy_j"] == 0.019
+    assert figures["energy_j"] == 0.019 and figures["power_avg_w"] == 0.095
+    # Below the device's figure, the attributed one is left as it was.
+    held = span(first, last, 2, None, period_s=1.0)
+    assert (held["energy_j"], held["device_energy_j"]) == (0.056, 0.06)

@@ -47,10 +47,20 @@ class TargetState:
     def identity(self, host_name: str) -> Mapping[str, str | int]:
         """Its series' attributes: pid and executable, or its container's, unit's or
         cgroup's name; its id, the host and its labels (built again when a joining
-        registration added labels: Target.join replaces the mapping)."""
-        if self.attributes is None or self.labels is not self.target.labels:
-            self.labels = self.target.labels
-            self.attributes = _attributes(self.target, host_name)
+        registration added labels: Target.join replaces the mapping, or its executable
+        changed)."""
+        target = self.target
+        if (
+            self.attributes is None
+            or self.labels is not target.labels
+            # A held fork exec'd: the command's executable names its series now.
+            or (
+                target.cgroup_name is None
+                and self.attributes["process.executable.name"] != target.executable
+            )
+        ):
+            self.labels = target.labels
+            self.attributes = _attributes(target, host_name)
         return self.attributes
 
     def sample(

@@ -64,6 +64,12 @@ def span(
     duration = 0.0 if first is None or last is None else last.monotonic - first.monotonic
     user, system, energy = delta("cpu_user_s"), delta("cpu_system_s"), delta("energy_j")
     device = (edges or EdgeEnergy()).device_energy(first, last)
+    if energy is not None and device is not None:
+        # Each pass shares out the energy its edge saw, past a push source's last line
+        # its last power held; the window's settled device energy can come out lower
+        # (the power fell before the next line). A target never gets more than the
+        # device measured over the same span (docs/attribution.md).
+        energy = min(energy, max(0.0, device))
     cpu = None if user is None or system is None else user + system
     per_second = duration > 0 and cpu is not None
     figures = {
@@ -160,6 +166,22 @@ def _network_counts(target: Target) -> str | None:
     return target.observed.network_counts or "ip-bytes"
 
 
+def covers(target: Target) -> dict[str, Any]:
+    """Which part of the target's run its figures cover: all of it since registration,
+    or, where the daemon restarted meanwhile, only the time since it restored the
+    registration (what ran while it was down was counted by no one)."""
+    if target.restored_at is None:
+        return {"whole": True}
+    first = target.history.first
+    return {
+        "whole": False,
+        "from": round(first.time if first is not None else target.restored_at, 3),
+        "registered_at": round(target.identity.registered_at, 3),
+        "why": "the daemon restarted: the figures cover the time since it restored the "
+        "registration, not the time it was down",
+    }
+
+
 def summarize(
     target: Target,
     logical_cpus: int,
@@ -191,6 +213,11 @@ def summarize(
         "exit_status": target.exit_status,
         "membership": _membership(target, membership),
         "network_counts": _network_counts(target),
+        # A process target's TCP bytes come from the sockets a pass found it holding (to
+        # their close): a connection opened and closed between two passes is never
+        # seen, so its figures (its phases' too) are at least what was counted; a
+        # cgroup's counters see every packet.
+        "network_lower_bound": target.cgroup_name is None,
         "samples": h.count,
     }
     if target.cgroup_name is not None:
@@ -198,6 +225,7 @@ def summarize(
         result["end_reason"] = target.end_reason
     # Every window's device energy settled up to its last sample: what ?final waits for.
     result["final"] = h.final
+    result["covers"] = covers(target)
     result.update(span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s, h.edges))
     result.update(spreads(h.power, h.cpu_utilization, h.memory))
     # How old the last PSS figure is at the last sample: a dear read waits (pss.py).

@@ -137,9 +137,9 @@ class TargetTable:
             executable=handle.executable,
         )  # fmt: skip
         history = History(self._limits.history_samples)
-        return self._hold_or_add(
-            Target(identity, history, handle=handle, holders=max(1, holders)),
-        )
+        target = Target(identity, history, handle=handle, holders=max(1, holders))
+        target.restored_at = self._wall() if target_id is not None else None  # a restore
+        return self._hold_or_add(target)
 
     def register_cgroup(
         self,
@@ -165,7 +165,9 @@ class TargetTable:
             gids=gids,
         )  # fmt: skip
         history, observed = History(self._limits.history_samples), Observed(cgroup=cgroup.path)
-        return self._hold_or_add(Target(identity, history, observed, holders=max(1, holders)))
+        target = Target(identity, history, observed, holders=max(1, holders))
+        target.restored_at = now if target_id is not None else None  # a restore
+        return self._hold_or_add(target)
 
     def _join_cgroup(self, handle: ProcHandle, uid: int, labels: dict[str, str]) -> Held | None:
         """The running cgroup target nearest above the pinned process's cgroup, held

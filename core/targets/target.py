@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.labels import MAX_LABELS
-from edgewatt.core.sampling.procfs import ProcHandle
+from edgewatt.core.sampling.commands import command_line
+from edgewatt.core.sampling.procfs import ProcHandle, executable_name
 from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets.errors import Conflict
 from edgewatt.core.targets.history import History, Phase
@@ -96,6 +97,14 @@ class Target:
     end_reason: str | None = None
     # Its process's exit code, or -N for signal N, where the kernel's exit record said.
     exit_status: int | None = None
+    # When a restarted daemon took it again from the state file (unix s): its history,
+    # and so every figure, covers only the time since (None: since its registration).
+    restored_at: float | None = None
+    # What it runs, as a person names it (``python train.py``): its process's command
+    # line, a cgroup's first member's; read again once a held fork exec'd (`edgewatt
+    # run` registers the command before its exec). None: not read yet.
+    command: str | None = None
+    named_execs: int = -1  # the sample's root_execs when it was read
     # identity.id, which never changes (a join replaces the identity, not its id): an
     # attribute, not a property, as the sampler reads it many times per target per pass.
     id: str = field(init=False)
@@ -189,9 +198,26 @@ class Target:
         (None: a pass on demand for other targets); ``period_s``, ``power``: the power
         sensors' period and the device's lowest and highest power over that pass."""
         self.observed.update(sample)
+        if sample.root_execs != self.named_execs or self.command is None:
+            self._name(sample)
         self.history.note(period_s, *power)
         if row is not None:
             self.history.add(row, sample.root_execs)
+
+    def _name(self, sample: ProcessSample) -> None:
+        """Its command (and a process's executable) as ``sample``'s pass finds them:
+        after a held fork's exec, the command's, no longer its registrant's. A
+        container or a unit keeps the name it was registered by (what runs there)."""
+        name = self.cgroup_name
+        pid = self.pid or min(sample.members, default=0)
+        if not pid or (name is not None and name.kind != "cgroup"):
+            return
+        proc = self.handle.proc if self.handle is not None else "/proc"
+        self.command = command_line(pid, proc) or self.command
+        if self.pid and sample.root_execs and self.named_execs == 0:
+            executable = executable_name(pid, self.identity.executable, proc)
+            self.identity = dataclasses.replace(self.identity, executable=executable)
+        self.named_execs = sample.root_execs
 
     def start_phase(self, name: str, now: float, monotonic: float, depth: int = 0) -> Phase:
         """Start phase ``name`` at ``now`` and ``depth`` (ending the running ones at that
@@ -249,6 +275,7 @@ class Target:
             "pid": me.pid,
             "start_time": round(me.start_time, 2),
             "executable": me.executable,
+            "command": self.command,
             "labels": dict(me.labels),
             "children": me.children,
             "state": self.state,
