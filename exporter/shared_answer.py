@@ -5,6 +5,11 @@ connection sends the same bytes (one copy in memory, whichever client reads slow
 Keyed by the pass's instant: the snapshot's time moves with every pass, the regular
 ones and those a registration, a phase or an exit takes, so an answer is never older
 than the figures it is built from.
+
+Readers may see it differently (read_rules.py: root all of it, a user the owner-only
+fields of her own targets alone): its source is built once a pass, each variant of it
+once a pass when first asked, and ``MAX_VARIANTS`` of them are kept for the pass (a
+user who owns targets has her own; whoever owns none shares one).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import json
 import threading
 from collections.abc import Callable, Hashable
 from typing import Any
+
+MAX_VARIANTS = 8  # kept a pass; beyond, a variant is built for its request alone
 
 
 class Encoded:
@@ -30,14 +37,29 @@ class OncePerPass:
         # rather than each building its own.
         self._lock = threading.Lock()
         self._key: Hashable = None
-        self._answer = Encoded(b"")
-        self.builds = 0  # how often it was built (tests, benchmarks)
+        self._source: Any = None
+        self._answers: dict[Hashable, Encoded] = {}
+        self.builds = 0  # how often the source was built (tests, benchmarks)
 
-    def get(self, key: Hashable, build: Callable[[], Any]) -> Encoded:
-        """The answer for the pass ``key``: built by ``build()`` if not yet."""
+    def get(
+        self,
+        key: Hashable,
+        build: Callable[[], Any],
+        variant: Callable[[Any], Hashable] = lambda source: None,
+        render: Callable[[Any], Any] = lambda source: source,
+    ) -> Encoded:
+        """The answer for the pass ``key``: its source built by ``build()`` if not yet;
+        the variant ``variant(source)`` names rendered by ``render(source)`` if not yet."""
         with self._lock:
             if key is None or key != self._key:
-                self._answer = Encoded(json.dumps(build()).encode())
+                self._source = build()
+                self._answers = {}
                 self._key = key
                 self.builds += 1
-            return self._answer
+            which = variant(self._source)
+            answer = self._answers.get(which)
+            if answer is None:
+                answer = Encoded(json.dumps(render(self._source)).encode())
+                if len(self._answers) < MAX_VARIANTS:
+                    self._answers[which] = answer
+            return answer
