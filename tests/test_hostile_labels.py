@@ -250,5 +250,16 @@ def test_another_user_reads_no_labels_pss_or_disk_bytes_the_owner_and_root_do(
                 assert figures and all(v is None for v in figures), (reader, name, figures)
             one = reads(reader, public_dir, daemon.socket, target_id)["one"]
             assert one["executable"] == "sleep" and one["latest"]["memory_rss_bytes"]
+        # `edgewatt status` and `top` as another user: the target, '-' where she may not read.
+        for command in (["status"], ["top", "--once"]):
+            shown = subprocess.run(
+                [SYSTEM_PYTHON, "-c", "from edgewatt.cli.main import main; main()", *command,
+                 "--socket", daemon.socket],
+                capture_output=True, text=True, user=STRANGER, group=STRANGER, cwd="/",
+                env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public_dir), "COLUMNS": "200"},
+                timeout=30,
+            )  # fmt: skip
+            assert shown.returncode == 0, shown.stderr
+            assert target_id in shown.stdout and "s3" not in shown.stdout, shown.stdout
     finally:
         process.communicate("", timeout=20)
