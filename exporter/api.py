@@ -34,7 +34,7 @@ from edgewatt.exporter.registration import (
     parse_request,
     reject_unknown,
 )
-from edgewatt.exporter.shared_answer import OncePerPass
+from edgewatt.exporter.shared_answer import Listing, OncePerPass
 from edgewatt.exporter.unix_http import HttpError, Request, Response, UnixHttpServer
 
 LOOKUP_HOLD_S = 1.0  # the longest a registration over its user's lookup bound is held
@@ -59,7 +59,7 @@ class ApiContext:
     proc: str = "/proc"
     min_interval: float = 0.1  # seconds between fresh samples; a reload may change it
     pid_max: int = field(init=False)
-    top: OncePerPass = field(init=False, default_factory=OncePerPass)  # GET /v1/top's
+    top: OncePerPass[Listing] = field(init=False, default_factory=OncePerPass)  # GET /v1/top's
 
     def __post_init__(self) -> None:
         self.pid_max = procfs.pid_max(self.proc)
@@ -94,25 +94,14 @@ def get_host(api: ApiContext, request: Request) -> Response:
 def get_top(api: ApiContext, request: Request) -> Response:
     """`edgewatt top`'s one request a refresh: the device, the daemon's health and
     every target with its summary, all from the snapshot and tables the sampler built;
-    built once a pass, whoever asks how often (a flood of it costs its sending). Each
-    reader reads it by the read rules: root whole, a user who owns none of its targets
-    the variant all users share, one who does her own (shared_answer.py)."""
+    built once a pass, whoever asks how often (a flood of it costs its sending), each
+    reader sent what she may read of it (shared_answer.Listing)."""
     device = api.host()
-    reader = request.peer_uid
-
-    def readable(source: tuple[dict[str, Any], list[int]]) -> dict[str, Any]:
-        document, owners = source
-        targets = [_readable(t, reader, uid) for t, uid in zip(document["targets"], owners)]
-        return {**document, "targets": targets}
-
-    def variant(source: tuple[dict[str, Any], list[int]]) -> int | None:
-        return None if reader == 0 else reader if reader in source[1] else -1
-
-    return ok(api.top.get(device["time"], lambda: _top(api, device), variant, readable))
+    listing = api.top.get(device["time"], lambda: _top(api, device))
+    return ok(listing.read_by(request.peer_uid))
 
 
-def _top(api: ApiContext, device: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
-    """The whole document, and each of its targets' registrant."""
+def _top(api: ApiContext, device: dict[str, Any]) -> Listing:
     table = api.table
     targets, owners = [], []
     for described in table.describe_all():
@@ -125,7 +114,7 @@ def _top(api: ApiContext, device: dict[str, Any]) -> tuple[dict[str, Any], list[
         members = target.members  # replaced whole each pass
         targets.append(documents.top_target(described, summary, members, rate))
         owners.append(target.uid)
-    return documents.top(device, api.health(), targets), owners
+    return Listing(documents.top(device, api.health(), targets), "targets", owners)
 
 
 def _readable(document: dict[str, Any], reader: int, owner: int | None) -> dict[str, Any]:
