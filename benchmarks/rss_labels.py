@@ -48,12 +48,17 @@ sock, port, count, label_bytes, interval, scrapes, tops = sys.argv[1:8]
 count, scrapes, tops, interval = int(count), int(scrapes), int(tops), float(interval)
 each = int(label_bytes) // count - 8  # a name of up to 8 bytes
 children, refused = [], 0
-for n in range(count):
-    child = subprocess.Popen(["sleep", "3600"])
-    children.append(child)
-    labels = {f"p{n}": '"' * each}
-    status, body = transport.call(sock, "POST", "/v1/targets", {"pid": child.pid, "labels": labels})
-    refused += status != 201
+try:
+    for n in range(count):
+        child = subprocess.Popen(["sleep", "3600"])
+        children.append(child)
+        body = {"pid": child.pid, "labels": {f"p{n}": '"' * each}}
+        status, body = transport.call(sock, "POST", "/v1/targets", body, timeout=60)
+        refused += status != 201
+except BaseException:
+    for child in children:
+        child.kill()
+    raise
 print(json.dumps({"refused": refused}), flush=True)
 held = []
 for n in range(max(scrapes, tops)):
