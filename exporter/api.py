@@ -108,9 +108,9 @@ def _top(api: ApiContext, device: dict[str, Any]) -> Listing:
         try:
             summary = table.summary(described["id"], api.logical_cpus)
             target = table.get(described["id"])
+            rate = table.network_rate(described["id"])
         except TargetError:
             continue  # unregistered between the reads
-        rate = table.network_rate(described["id"])
         members = target.members  # replaced whole each pass
         targets.append(documents.top_target(described, summary, members, rate))
         owners.append(target.uid)

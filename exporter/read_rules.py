@@ -11,7 +11,7 @@ from typing import Any
 
 # What a reader who may not read them finds: "labels" left out, every figure whose
 # name holds "pss" or starts with "disk_" null (a sample's, the summary's, each
-# phase's); the document's "redacted" lists these.
+# phase's; /samples' "units" stay); the document's "redacted" lists these.
 REDACTED = ("labels", "pss", "disk")
 
 
@@ -30,7 +30,7 @@ def redacted(document: dict[str, Any]) -> dict[str, Any]:
 def _strip(value: Any) -> Any:
     if isinstance(value, dict):
         return {
-            k: None if "pss" in k or k.startswith("disk_") else _strip(v)
+            k: v if k == "units" else None if "pss" in k or k.startswith("disk_") else _strip(v)
             for k, v in value.items()
             if k != "labels"
         }

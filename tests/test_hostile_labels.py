@@ -213,6 +213,7 @@ def reads(uid: int, public: Path, sock: str, target_id: str) -> dict[str, Any]:
 def owner_only(document: Any) -> list[Any]:
     """The owner-only figures' values anywhere in ``document``."""
     if isinstance(document, dict):
+        document = {k: v for k, v in document.items() if k != "units"}  # their names
         found = [v for k, v in document.items() if "pss" in k or k.startswith("disk_")]
         return found + [x for v in document.values() for x in owner_only(v)]
     if isinstance(document, list):
