@@ -25,6 +25,7 @@ from edgewatt.core.labels import MAX_PERSON_LABEL_BYTES, MAX_USERS_LABEL_BYTES, 
 from edgewatt.core.persons import alone
 from edgewatt.core.targets import History, Identity, Target
 from edgewatt.core.targets.access import hold, label_room
+from edgewatt.core.targets.history import MAX_PERSON_PHASES
 from edgewatt.exporter import scrape_server
 from edgewatt.exporter.scrape_server import Answer, Request, ScrapeServer
 from tests.conftest import SYSTEM_PYTHON, call_as, wait_for
@@ -262,5 +263,40 @@ def test_another_user_reads_no_labels_pss_or_disk_bytes_the_owner_and_root_do(
             )  # fmt: skip
             assert shown.returncode == 0, shown.stderr
             assert target_id in shown.stdout and "s3" not in shown.stdout, shown.stdout
+    finally:
+        process.communicate("", timeout=20)
+
+
+# -- phases: the names and figures a person keeps ------------------------------------
+
+
+@as_root
+def test_a_persons_phases_are_bounded_her_oldest_forgotten(
+    daemon_factory: Any, public_dir: Path
+) -> None:
+    """A phase kept costs ~1.1 KiB and ~850 bytes of every summary and /v1/top: her 3
+    targets' 2,100 phases keep her newest MAX_PERSON_PHASES, the rest counted dropped
+    (before: 1,000 a target, so 100 MiB and an 85 MB /v1/top for one user's 100)."""
+    daemon = daemon_factory(socket_dir=public_dir)
+    process, answers = register_many(NOBODY, public_dir, daemon.socket, 3, {"run": "p"})
+    try:
+        ids = [body["id"] for status, body in answers]
+        code = f"""
+from edgewatt.core import transport
+for n in range(2100):
+    path = "/v1/targets/" + {ids!r}[n % 3] + "/phase"
+    status, body = transport.call({daemon.socket!r}, "POST", path, {{"name": f"p{{n}}"}})
+    assert status == 201, body
+"""
+        subprocess.run(
+            [SYSTEM_PYTHON, "-c", code], user=NOBODY, group=NOBODY, cwd="/", check=True,
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public_dir)}, timeout=120,
+        )  # fmt: skip
+        summaries = [daemon.call("GET", f"/v1/targets/{i}/summary")[1] for i in ids]
+        kept = sum(len(s["phases"]) for s in summaries)
+        assert kept == MAX_PERSON_PHASES, kept
+        assert sum(s["phases_dropped"] for s in summaries) == 2100 - kept
+        newest = {p["name"] for s in summaries for p in s["phases"]}
+        assert "p2099" in newest and "p0" not in newest
     finally:
         process.communicate("", timeout=20)

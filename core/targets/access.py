@@ -18,6 +18,7 @@ from edgewatt.core.labels import (
 )
 from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.targets.errors import Forbidden, TooMany
+from edgewatt.core.targets.history import MAX_PERSON_PHASES, MAX_USERS_PHASES
 from edgewatt.core.targets.target import Target
 
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
@@ -111,6 +112,22 @@ def label_refusal(labels: dict[str, str], room: Room | None) -> TooMany | None:
         return None
     detail = f"{room.bound} (names and values): {size} asked, {max(0, room.left)} left"
     return TooMany("too many label bytes", detail)
+
+
+def forget_phases(targets: Iterable[Target], uid: int, person: Callable[[int], int]) -> None:
+    """After a phase of ``uid``'s target started: past her person's MAX_PERSON_PHASES
+    kept over her targets, her target keeping the most forgets its oldest; past all
+    users' MAX_USERS_PHASES, the target of any user keeping the most does (each
+    counted in its summary's phases_dropped). Root's are held to MAX_PHASES a target."""
+    mine = share(uid, person)
+    if mine is None:
+        return
+    owned = [(share(t.uid, person), t) for t in targets]
+    users = [t for owner, t in owned if owner is not None]
+    hers = [t for owner, t in owned if owner == mine]
+    for group, bound in ((hers, MAX_PERSON_PHASES), (users, MAX_USERS_PHASES)):
+        for _ in range(sum(len(t.history.phases) for t in group) - bound):
+            max(group, key=lambda t: len(t.history.phases)).history.drop_oldest_phase()
 
 
 @dataclass(frozen=True, **SLOTS)

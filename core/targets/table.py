@@ -20,6 +20,7 @@ from edgewatt.core.targets import joining
 from edgewatt.core.targets.access import (
     Limits,
     check_owner,
+    forget_phases,
     hold,
     label_refusal,
     label_room,
@@ -241,6 +242,7 @@ class TargetTable:
             at = target.history.depth if depth is None else depth
             _check_depth(at)
             phase = target.start_phase(valid, self._wall(), self._monotonic(), at)
+            forget_phases(self._targets.values(), target.uid, self._person)
             self._unsettled.add(target_id)
             return phase
 
