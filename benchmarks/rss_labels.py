@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.measure import free_port, start_daemon  # noqa: E402
 from edgewatt.core.labels import MAX_PERSON_LABEL_BYTES  # noqa: E402
+from edgewatt.core.targets.history import MAX_PERSON_PHASES  # noqa: E402
 from edgewatt.exporter.scrape_server import MAX_PER_PEER  # noqa: E402
 from edgewatt.exporter.unix_http import MAX_CONNECTIONS_PER_PERSON  # noqa: E402
 
@@ -39,15 +40,16 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # the person's: this one's virtual environme
 PER_PERSON = 100  # max_targets_per_uid's default
 
 # One person's part, run as her: her targets (sleep processes), registered with her
-# share of label bytes; then, once a pass, a /metrics scrape and a GET /v1/top that she
-# never reads, held open until stdin closes.
+# share of label bytes, and her phases; then, once a pass, a /metrics scrape and a
+# GET /v1/top that she never reads, held open until stdin closes.
 PERSON = """
 import json, socket, subprocess, sys, time
 from edgewatt.core import transport
-sock, port, count, label_bytes, interval, scrapes, tops = sys.argv[1:8]
+sock, port, count, label_bytes, interval, scrapes, tops, phases = sys.argv[1:9]
 count, scrapes, tops, interval = int(count), int(scrapes), int(tops), float(interval)
+phases = int(phases)
 each = int(label_bytes) // count - 8  # a name of up to 8 bytes
-children, refused = [], 0
+children, refused, ids = [], 0, []
 try:
     for n in range(count):
         child = subprocess.Popen(["sleep", "3600"])
@@ -55,6 +57,11 @@ try:
         body = {"pid": child.pid, "labels": {f"p{n}": '"' * each}}
         status, body = transport.call(sock, "POST", "/v1/targets", body, timeout=60)
         refused += status != 201
+        if status == 201:
+            ids.append(body["id"])
+    for n in range(phases):  # her phases, the names as long as they may be
+        path = f"/v1/targets/{ids[n % len(ids)]}/phase"
+        transport.call(sock, "POST", path, {"name": f"{n:05d}".ljust(128, "x")}, timeout=60)
 except BaseException:
     for child in children:
         child.kill()
@@ -124,6 +131,7 @@ def main() -> None:
             uid = FIRST_UID + n
             counts = (PER_PERSON, args.label_bytes, args.interval, MAX_PER_PEER)
             argv = [sock, str(port), *map(str, counts), str(MAX_CONNECTIONS_PER_PERSON)]
+            argv.append(str(MAX_PERSON_PHASES))
             process = subprocess.Popen(
                 [SYSTEM_PYTHON, "-c", PERSON, *argv], user=uid, group=uid, cwd="/",
                 env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(work / "pkg")},
