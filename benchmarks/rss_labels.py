@@ -5,7 +5,7 @@ scrape and one GET /v1/top a pass from her uid, none of them ever read, as many 
 she may hold open (16 and 32), each kept to the end. Run as root (the unit runs the
 daemon so, at Nice -10): the person is uid 65534 and the next N - 1.
 
-    sudo .venv/bin/python benchmarks/rss_labels.py [--persons 1] [--interval 1] [--label-bytes B]
+    sudo .venv/bin/python benchmarks/rss_labels.py [--persons 1] [--label-bytes B] [--phases N]
 
 Prints the daemon's RSS (VmRSS) and its peak (VmHWM) at each step, the /metrics
 answer's size, and the figures of docs/reference.md's "Shares per person".
@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument(
         "--label-bytes", type=int, default=MAX_PERSON_LABEL_BYTES, help="each person's, in all"
     )
+    parser.add_argument("--phases", type=int, default=MAX_PERSON_PHASES, help="each person's")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the person's processes run as other uids")
@@ -131,7 +132,7 @@ def main() -> None:
             uid = FIRST_UID + n
             counts = (PER_PERSON, args.label_bytes, args.interval, MAX_PER_PEER)
             argv = [sock, str(port), *map(str, counts), str(MAX_CONNECTIONS_PER_PERSON)]
-            argv.append(str(MAX_PERSON_PHASES))
+            argv.append(str(args.phases))
             process = subprocess.Popen(
                 [SYSTEM_PYTHON, "-c", PERSON, *argv], user=uid, group=uid, cwd="/",
                 env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(work / "pkg")},
