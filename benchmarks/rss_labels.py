@@ -1,6 +1,7 @@
 """The daemon's RSS under the worst one person (or ``--persons`` N) can send at the
 label bounds (core/labels.py): as many targets as she may run, her label bytes
-spread over them, every byte a '"' (escaped to two on /metrics); then one /metrics
+spread over them, every byte a '"' (escaped to two on /metrics), her phases on them
+(names of 128 bytes); then one /metrics
 scrape and one GET /v1/top a pass from her uid, none of them ever read, as many as
 she may hold open (16 and 32), each kept to the end. Run as root (the unit runs the
 daemon so, at Nice -10): the person is uid 65534 and the next N - 1.
