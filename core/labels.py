@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import NamedTuple
 
 MAX_LABELS = 64
 MAX_NAME_BYTES = 128
 MAX_VALUE_BYTES = 1024
+# Label bytes (names and values, UTF-8) users make the daemon hold: every series of a
+# target repeats its labels (up to 66 a target on /metrics: 26, and 4 for each of its
+# last 10 phases; escaping at most doubles them), so these bound /metrics, the
+# daemon's memory and every answer that lists labels (docs/reference.md, "Shares per
+# person": at 256 KiB of users' labels and 8,000 phases, /metrics was 15 MB and the
+# RSS 612 MiB with answers unread). A person's, over her running and kept exited targets (one
+# target at the bounds above, 64 x (128 + 1024) bytes, is more: it is refused); all
+# users' together. Root's are the administrator's: bounded by max_targets alone.
+MAX_PERSON_LABEL_BYTES = 16 * 1024
+MAX_USERS_LABEL_BYTES = 64 * 1024
 
 # OTel attribute keys may hold dots; the Prometheus exporter turns them into
 # underscores. Both forms must be free of collisions.
@@ -43,6 +54,18 @@ RESERVED = frozenset(
 
 class LabelError(ValueError):
     """A label set that cannot be exported; the message names the label."""
+
+
+class Room(NamedTuple):
+    """Label bytes a person may still add, and the bound that sets it (its words)."""
+
+    left: int
+    bound: str
+
+
+def label_bytes(labels: Mapping[str, str]) -> int:
+    """What ``labels`` count against the label bounds: names and values in UTF-8."""
+    return sum(len(key) + len(value.encode()) for key, value in labels.items())
 
 
 def utf8_length(text: str, what: str) -> int:

@@ -27,14 +27,14 @@ from edgewatt.core.targets import (
     TooManyLookups,
 )
 from edgewatt.core.targets.access import check_owner
-from edgewatt.exporter import documents
+from edgewatt.exporter import documents, read_rules
 from edgewatt.exporter.registration import (
     TARGET_ID,
     InvalidRegistration,
     parse_request,
     reject_unknown,
 )
-from edgewatt.exporter.shared_answer import OncePerPass
+from edgewatt.exporter.shared_answer import Listing, OncePerPass
 from edgewatt.exporter.unix_http import HttpError, Request, Response, UnixHttpServer
 
 LOOKUP_HOLD_S = 1.0  # the longest a registration over its user's lookup bound is held
@@ -59,7 +59,7 @@ class ApiContext:
     proc: str = "/proc"
     min_interval: float = 0.1  # seconds between fresh samples; a reload may change it
     pid_max: int = field(init=False)
-    top: OncePerPass = field(init=False, default_factory=OncePerPass)  # GET /v1/top's
+    top: OncePerPass[Listing] = field(init=False, default_factory=OncePerPass)  # GET /v1/top's
 
     def __post_init__(self) -> None:
         self.pid_max = procfs.pid_max(self.proc)
@@ -94,33 +94,53 @@ def get_host(api: ApiContext, request: Request) -> Response:
 def get_top(api: ApiContext, request: Request) -> Response:
     """`edgewatt top`'s one request a refresh: the device, the daemon's health and
     every target with its summary, all from the snapshot and tables the sampler built;
-    built once a pass, whoever asks how often (a flood of it costs its sending)."""
+    built once a pass, whoever asks how often (a flood of it costs its sending), each
+    reader sent what she may read of it (shared_answer.Listing)."""
     device = api.host()
-    return ok(api.top.get(device["time"], lambda: _top(api, device)))
+    listing = api.top.get(device["time"], lambda: _top(api, device))
+    return ok(listing.read_by(request.peer_uid))
 
 
-def _top(api: ApiContext, device: dict[str, Any]) -> dict[str, Any]:
+def _top(api: ApiContext, device: dict[str, Any]) -> Listing:
     table = api.table
-    targets = []
+    targets, owners = [], []
     for described in table.describe_all():
         try:
             summary = table.summary(described["id"], api.logical_cpus)
-            members = table.get(described["id"]).members  # replaced whole each pass
+            target = table.get(described["id"])
             rate = table.network_rate(described["id"])
         except TargetError:
             continue  # unregistered between the reads
+        members = target.members  # replaced whole each pass
         targets.append(documents.top_target(described, summary, members, rate))
-    return documents.top(device, api.health(), targets)
+        owners.append(target.uid)
+    return Listing(documents.top(device, api.health(), targets), "targets", owners)
+
+
+def _readable(document: dict[str, Any], reader: int, owner: int | None) -> dict[str, Any]:
+    """A target's ``document`` as ``reader`` may read it (read_rules.py)."""
+    return document if read_rules.may_read_all(reader, owner) else read_rules.redacted(document)
+
+
+def _owner(api: ApiContext, target_id: str) -> int | None:
+    """Who registered the target (None: gone since it was read)."""
+    try:
+        return api.table.get(target_id).uid
+    except NotFound:
+        return None
 
 
 def list_targets(api: ApiContext, request: Request) -> Response:
     member = request.argument("member")
     if member is None:
-        return ok(documents.targets(api.table.describe_all()))
-    if len(member) != 1 or not member[0].isdigit() or len(member[0]) > 10:
+        described = api.table.describe_all()
+    elif len(member) != 1 or not member[0].isdigit() or len(member[0]) > 10:
         raise HttpError(400, "invalid member", "member must be one process id")
-    api.sample_now(None)  # a process forked since the last pass is known
-    return ok(documents.targets(api.table.describe_all(int(member[0]))))
+    else:
+        api.sample_now(None)  # a process forked since the last pass is known
+        described = api.table.describe_all(int(member[0]))
+    reader = request.peer_uid
+    return ok(documents.targets([_readable(t, reader, _owner(api, t["id"])) for t in described]))
 
 
 def register_target(api: ApiContext, request: Request) -> Response:
@@ -155,7 +175,8 @@ def get_target(api: ApiContext, request: Request) -> Response:
     target_id = request.params["id"]
     if request.argument("fresh") == ["1"]:
         _fresh(api, target_id)
-    return ok(api.table.describe(target_id))
+    owner = _owner(api, target_id)
+    return ok(_readable(api.table.describe(target_id), request.peer_uid, owner))
 
 
 def delete_target(api: ApiContext, request: Request) -> Response:
@@ -215,7 +236,8 @@ def get_summary(api: ApiContext, request: Request) -> Response:
     if request.argument("fresh") == ["1"] and api.table.get(target_id).state == "running":
         api.sample_now(target_id)
     _wait_final(api, target_id, request)
-    return ok(api.table.summary(target_id, api.logical_cpus))
+    summary = api.table.summary(target_id, api.logical_cpus)
+    return ok(_readable(summary, request.peer_uid, _owner(api, target_id)))
 
 
 def _wait_final(api: ApiContext, target_id: str, request: Request) -> None:
@@ -246,7 +268,8 @@ def _count(request: Request, name: str) -> int | None:
 def get_samples(api: ApiContext, request: Request) -> Response:
     target_id = request.params["id"]
     rows = api.table.samples(target_id, _since(request))
-    return ok(documents.samples(target_id, api.sample_units, rows))
+    document = documents.samples(target_id, api.sample_units, rows)
+    return ok(_readable(document, request.peer_uid, _owner(api, target_id)))
 
 
 def _fresh(api: ApiContext, target_id: str) -> None:

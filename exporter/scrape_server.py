@@ -18,6 +18,13 @@ the peer that holds the most is closed to make room. So a scraper gets in unless
 every open connection is a different peer's (256 persons or hosts), however many one
 user holds.
 
+An answer is the render's own bytes, shared by every connection that sends it, never
+copied. A scraper that does not read holds no more than its socket's send buffer
+(``SEND_BUFFER_BYTES``) and its share of the renders kept for such readers: while
+older answers than the newest one held by connections pass ``MAX_HELD_BYTES``, the
+connections that hold the oldest are closed (a scraper that reads takes less than a
+pass; its next scrape gets the newest).
+
 One thread also keeps the host's pid counter still: a thread per scrape would take a
 new pid every scrape, and the parent index (``procfs.ParentIndex``) lists /proc again
 whenever the host's last pid moves.
@@ -50,6 +57,12 @@ MAX_PER_PEER = 16
 ADMINISTRATOR = "administrator"  # root and the daemon's uid: one peer, held to the total alone
 REQUEST_DEADLINE_S = 5.0  # from accept to the end of the request's headers
 ANSWER_DEADLINE_S = 60.0  # from the end of the request to the last byte of the answer
+# Older answers than the newest kept for connections still sending them, all together.
+MAX_HELD_BYTES = 16 << 20
+# The kernel's buffer of each connection (it doubles it: 128 KiB), in place of TCP's
+# autotuning up to 4 MiB, charged to the daemon's cgroup (MemoryMax), however many
+# connections do not read: 256 take at most 32 MiB.
+SEND_BUFFER_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,7 @@ class _Connection:
     # Set once the request is answered: what is left to send, head and body apart (sent
     # with one sendmsg, never copied into one buffer: the body is ~500 KB at 200 targets).
     outbox: list[memoryview] | None = None
+    body: bytes = b""  # the answer's, shared with the render: what it keeps alive
 
 
 class ScrapeServer:
@@ -170,6 +184,7 @@ class ScrapeServer:
                 sock.close()  # a scraper retries; holding it would cost the others
                 continue
             sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
             connection = _Connection(sock, peer, time.monotonic() + REQUEST_DEADLINE_S)
             self._connections[sock] = connection
             self._per_peer[peer] += 1
@@ -256,7 +271,9 @@ class ScrapeServer:
         )
         parts = ((head + "\r\n").encode("latin-1"), answer.body)
         connection.outbox = [memoryview(part) for part in parts if part]
+        connection.body = answer.body
         connection.deadline = time.monotonic() + ANSWER_DEADLINE_S
+        self._bound_held(answer.body)
         if self._send(connection):  # what the socket did not take waits for it
             self._selector.modify(connection.sock, selectors.EVENT_WRITE)
 
@@ -278,6 +295,25 @@ class ScrapeServer:
             return True
         self._drop(connection)
         return False
+
+    def _bound_held(self, newest: bytes) -> None:
+        """Close the connections that hold the oldest answers while the answers older
+        than ``newest`` held by connections (each counted once) pass MAX_HELD_BYTES."""
+        holders: dict[int, list[_Connection]] = {}
+        sizes: dict[int, int] = {}
+        for connection in self._connections.values():
+            body = connection.body
+            if connection.outbox is not None and body is not newest and body:
+                holders.setdefault(id(body), []).append(connection)
+                sizes[id(body)] = len(body)
+        held = sum(sizes.values())
+        # Oldest first: the one whose first connection was answered first.
+        for key in sorted(holders, key=lambda k: min(c.deadline for c in holders[k])):
+            if held <= MAX_HELD_BYTES:
+                return
+            for connection in holders[key]:
+                self._drop(connection)
+            held -= sizes[key]
 
     def _drop(self, connection: _Connection) -> None:
         if self._connections.pop(connection.sock, None) is None:

@@ -61,6 +61,7 @@ MAX_CONNECTIONS = 128
 RESERVED_CONNECTIONS = 16  # root's and the daemon's own uid's: the administrator's clients
 MAX_CONNECTIONS_PER_PERSON = 32  # of a user with her subordinate uids
 REQUEST_TIMEOUT_S = 5.0
+MAX_PARTS = 512  # an answer's parts given to one sendmsg (the kernel takes up to 1,024)
 # What a socket's timeout raises: socket.timeout, a TimeoutError only from Python 3.10
 # (before, a stalled body was answered 500, not 408).
 TIMEOUTS = (TimeoutError, socket.timeout)
@@ -157,6 +158,25 @@ _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
+def send(sock: socket.socket, parts: tuple[bytes, ...]) -> None:
+    """Send ``parts`` one after the other, all within REQUEST_TIMEOUT_S (socket.timeout
+    past it), never joined: a reader that does not read holds no copy of them."""
+    views = [memoryview(part) for part in parts if part]
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S
+    first = 0
+    while first < len(views):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the answer was not read in time")
+        sock.settimeout(left)
+        sent = sock.sendmsg(views[first : first + MAX_PARTS])
+        while first < len(views) and sent >= len(views[first]):
+            sent -= len(views[first])
+            first += 1
+        if sent:
+            views[first] = views[first][sent:]
+
+
 def http_date(seconds: float) -> str:
     """An answer's Date (RFC 9110 5.6.7), in English whatever the locale."""
     t = time.gmtime(seconds)
@@ -250,20 +270,20 @@ class _Handler(socketserver.BaseRequestHandler):
         """Write the answer, headers and body in one send (one wake of the client);
         whether the connection may stay open after it."""
         body = response.body
-        data = body.data if isinstance(body, Encoded) else json.dumps(body).encode()
+        parts = body.parts if isinstance(body, Encoded) else (json.dumps(body).encode(),)
         status = HTTPStatus(response.status)
         lines = [
             f"HTTP/1.1 {status.value} {status.phrase}",
             "Server: edgewatt",
             f"Date: {http_date(time.time())}",
             "Content-Type: application/json",
-            f"Content-Length: {len(data)}",
+            f"Content-Length: {sum(map(len, parts))}",
         ]
         if response.close:
             lines.append("Connection: close")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        self.request.settimeout(REQUEST_TIMEOUT_S)  # the answer's own time
-        self.request.sendall(head if self._head.method == "HEAD" else head + data)
+        # The answer's own time; its parts as they are (a shared answer: never copied).
+        send(self.request, (head,) if self._head.method == "HEAD" else (head, *parts))
         log.debug(
             "api: pid %d %s %s %d",
             self.peer_pid,

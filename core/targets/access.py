@@ -10,8 +10,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.labels import (
+    MAX_PERSON_LABEL_BYTES,
+    MAX_USERS_LABEL_BYTES,
+    Room,
+    label_bytes,
+)
 from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.targets.errors import Forbidden, TooMany
+from edgewatt.core.targets.history import MAX_PERSON_PHASES, MAX_USERS_PHASES
 from edgewatt.core.targets.target import Target
 
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
@@ -49,14 +56,21 @@ def check_owner(target: Target, uid: int) -> None:
         raise Forbidden("not your target", f"target {target.id} belongs to uid {target.uid}")
 
 
-def hold(target: Target, uid: int, labels: dict[str, str], children: bool) -> list[dict[str, Any]]:
+def hold(
+    target: Target,
+    uid: int,
+    labels: dict[str, str],
+    children: bool,
+    room: Room | None = None,
+) -> list[dict[str, Any]]:
     """One more registration of ``target`` by ``uid``: joining is acting on the target,
-    so its registrant's or root's alone; ``labels`` joined (Target.join), what was not
-    taken returned."""
+    so its registrant's or root's alone; ``labels`` joined (Target.join) within
+    ``room`` (label_room: the label bytes its registrant may still add; None: root's
+    target, unbounded), what was not taken returned."""
     check_owner(target, uid)
     if target.holders >= MAX_HOLDERS:
         raise TooMany("too many holders", f"target {target.id} has {MAX_HOLDERS}")
-    conflicts = target.join(labels, children)
+    conflicts = target.join(labels, children, room)
     target.holders += 1
     return conflicts
 
@@ -65,6 +79,55 @@ def share(uid: int, person: Callable[[int], int]) -> int | None:
     """Whose share a target of ``uid`` counts in: its person's (a user's subordinate
     uids are hers: core/persons.py); None for root's, the administrator's."""
     return None if uid == 0 else person(uid)
+
+
+def label_room(targets: Iterable[Target], uid: int, person: Callable[[int], int]) -> Room | None:
+    """The label bytes a target of ``uid`` may still add beside ``targets`` (the
+    table's, running and kept exited: their labels are held either way): her person's
+    share, or what all users' leave; None for root."""
+    mine = share(uid, person)
+    if mine is None:
+        return None
+    users = ours = 0
+    for target in targets:
+        owner = share(target.uid, person)
+        if owner is not None:
+            size = label_bytes(target.labels)
+            users += size
+            ours += size if owner == mine else 0
+    person_room = Room(
+        MAX_PERSON_LABEL_BYTES - ours, f"at most {MAX_PERSON_LABEL_BYTES} bytes of labels per user"
+    )
+    users_room = Room(
+        MAX_USERS_LABEL_BYTES - users,
+        f"at most {MAX_USERS_LABEL_BYTES} bytes of labels for all users together",
+    )
+    return min(person_room, users_room)
+
+
+def label_refusal(labels: dict[str, str], room: Room | None) -> TooMany | None:
+    """Why a new target's ``labels`` do not fit ``room`` (label_room), None when they do."""
+    size = label_bytes(labels)
+    if room is None or size <= room.left:
+        return None
+    detail = f"{room.bound} (names and values): {size} asked, {max(0, room.left)} left"
+    return TooMany("too many label bytes", detail)
+
+
+def forget_phases(targets: Iterable[Target], uid: int, person: Callable[[int], int]) -> None:
+    """After a phase of ``uid``'s target started: past her person's MAX_PERSON_PHASES
+    kept over her targets, her target keeping the most forgets its oldest; past all
+    users' MAX_USERS_PHASES, the target of any user keeping the most does (each
+    counted in its summary's phases_dropped). Root's are held to MAX_PHASES a target."""
+    mine = share(uid, person)
+    if mine is None:
+        return
+    owned = [(share(t.uid, person), t) for t in targets]
+    users = [t for owner, t in owned if owner is not None]
+    hers = [t for owner, t in owned if owner == mine]
+    for group, bound in ((hers, MAX_PERSON_PHASES), (users, MAX_USERS_PHASES)):
+        for _ in range(sum(len(t.history.phases) for t in group) - bound):
+            max(group, key=lambda t: len(t.history.phases)).history.drop_oldest_phase()
 
 
 @dataclass(frozen=True, **SLOTS)

@@ -19,6 +19,13 @@ from edgewatt.core.targets.row import RowRing, SampleRow
 # Phases a target's summary lists: the newest, so a tracked training step or an FL
 # round keeps being measured past the bound; the older ones are counted as dropped.
 MAX_PHASES = 1000
+# A phase kept is ~850 bytes of every summary and GET /v1/top that lists it, and its
+# target's labels again in 4 series of /metrics; ~40 KiB of the daemon's memory each
+# where many targets keep them (docs/reference.md, "Shares per person"): a person
+# keeps at most this many over her targets, all users together the next
+# (access.forget_phases); root's, MAX_PHASES a target.
+MAX_PERSON_PHASES = 1000
+MAX_USERS_PHASES = 1000
 MAX_PHASE_NAME = 128  # bytes of UTF-8
 # Phases running inside each other at most (a depth beyond is refused): bounds what
 # every pass adds each row to.
@@ -285,8 +292,12 @@ class History:
         phases.append(phase)
         self.pending.append(phase)
         if len(phases) > MAX_PHASES:
-            del phases[0]  # a list, not a deque: the pass slices the last few
-            self.phases_dropped += 1
+            self.drop_oldest_phase()
+
+    def drop_oldest_phase(self) -> None:
+        """The oldest phase leaves the list (a pending one is still settled)."""
+        del self.phases[0]  # a list, not a deque: the pass slices the last few
+        self.phases_dropped += 1
 
     def end_phase(self, now: float, depth: int | None = None) -> Phase | None:
         """End the running phases at ``depth`` and deeper (None: the innermost) at

@@ -16,7 +16,14 @@ from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets import joining
-from edgewatt.core.targets.access import Limits, check_owner, hold
+from edgewatt.core.targets.access import (
+    Limits,
+    check_owner,
+    forget_phases,
+    hold,
+    label_refusal,
+    label_room,
+)
 from edgewatt.core.targets.edges import Settle
 from edgewatt.core.targets.errors import Conflict, NotFound, TargetError
 from edgewatt.core.targets.history import MAX_PHASE_DEPTH, History, Phase, phase_name
@@ -139,7 +146,7 @@ class TargetTable:
         history = History(self._limits.history_samples)
         target = Target(identity, history, handle=handle, holders=max(1, holders))
         target.restored_at = self._wall() if target_id is not None else None  # a restore
-        return self._hold_or_add(target)
+        return self._hold_or_add(target, target_id is not None)
 
     def register_cgroup(
         self,
@@ -167,7 +174,7 @@ class TargetTable:
         history, observed = History(self._limits.history_samples), Observed(cgroup=cgroup.path)
         target = Target(identity, history, observed, holders=max(1, holders))
         target.restored_at = now if target_id is not None else None  # a restore
-        return self._hold_or_add(target)
+        return self._hold_or_add(target, target_id is not None)
 
     def _join_cgroup(self, handle: ProcHandle, uid: int, labels: dict[str, str]) -> Held | None:
         """The running cgroup target nearest above the pinned process's cgroup, held
@@ -180,14 +187,15 @@ class TargetTable:
             target = joining.nearest(self._targets.values(), path, uid)
             if target is None:
                 return None
+            room = label_room(self._targets.values(), target.uid, self._person)
             try:
-                held = Held(target, False, hold(target, uid, labels, True))
+                held = Held(target, False, hold(target, uid, labels, True, room))
             finally:
                 handle.close()
         self.persist()
         return held
 
-    def _hold_or_add(self, new: Target) -> Held:
+    def _hold_or_add(self, new: Target, restored: bool) -> Held:
         """The target of ``new``'s identity, held once more (access.hold, who may watch
         the process having been checked by resolving it), or ``new``, within the limits;
         ``new``'s handle is closed where it is not kept. Both are persisted."""
@@ -197,6 +205,9 @@ class TargetTable:
             if existing_id is None:
                 running = [t.uid for t in self._targets.values() if t.exited_at is None]
                 refusal = self._limits.refusal(running, new.uid, self._person)
+                if refusal is None and not restored:  # kept labels are not refused again
+                    room = label_room(self._targets.values(), new.uid, self._person)
+                    refusal = label_refusal(new.labels, room)
                 if refusal is not None:
                     _discard(new)
                     raise refusal
@@ -207,7 +218,9 @@ class TargetTable:
             else:
                 _discard(new)
                 target = self._targets[existing_id]
-                held = Held(target, False, hold(target, new.uid, new.labels, new.children))
+                room = label_room(self._targets.values(), target.uid, self._person)
+                joined = hold(target, new.uid, new.labels, new.children, room)
+                held = Held(target, False, joined)
         self.persist()  # a new target, or one more holder (and labels): both are persisted
         return held
 
@@ -240,6 +253,7 @@ class TargetTable:
             at = target.history.depth if depth is None else depth
             _check_depth(at)
             phase = target.start_phase(valid, self._wall(), self._monotonic(), at)
+            forget_phases(self._targets.values(), target.uid, self._person)
             self._unsettled.add(target_id)
             return phase
 

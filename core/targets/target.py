@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.labels import MAX_LABELS
+from edgewatt.core.labels import MAX_LABELS, Room, label_bytes
 from edgewatt.core.sampling.commands import command_line
 from edgewatt.core.sampling.procfs import ProcHandle, executable_name
 from edgewatt.core.snapshot import ProcessSample
@@ -159,10 +159,14 @@ class Target:
     def kind(self) -> str:
         return "process" if self.identity.cgroup_name is None else "cgroup"
 
-    def join(self, labels: dict[str, str], children: bool) -> list[dict[str, Any]]:
+    def join(
+        self, labels: dict[str, str], children: bool, room: Room | None = None
+    ) -> list[dict[str, Any]]:
         """Another registration of this target: ``labels`` it lacks are added (up to
-        MAX_LABELS), its own values and children flag kept; returns what was asked and
-        not taken, each with why (never a silent overwrite)."""
+        MAX_LABELS, and the bytes ``room`` leaves: None, no bound), its own values and
+        children flag kept; returns what was asked and not taken, each with why (never
+        a silent overwrite)."""
+        left = room.left if room is not None else 0
         mine = self.identity.labels
         added: dict[str, str] = {}
         refused = []
@@ -170,12 +174,16 @@ class Target:
             kept = mine.get(name)
             if kept == value:
                 continue
+            size = label_bytes({name: value})
             if kept is not None:
                 why = f"the target has {name}={kept!r}"
             elif len(mine) + len(added) >= MAX_LABELS:
                 why = f"the target has {MAX_LABELS} labels, the most it may"
+            elif room is not None and size > left:
+                why = room.bound
             else:
                 added[name] = value
+                left -= size
                 continue
             refused.append({"field": f"labels.{name}", "asked": value, "kept": kept, "why": why})
         if children != self.identity.children:
