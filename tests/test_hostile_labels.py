@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from edgewatt.core.labels import MAX_PERSON_LABEL_BYTES, MAX_USERS_LABEL_BYTES, label_bytes
-from edgewatt.core.persons import alone
 from edgewatt.core.targets import History, Identity, Target
 from edgewatt.core.targets.access import hold, label_room
 from edgewatt.core.targets.history import MAX_PERSON_PHASES
+from edgewatt.core.uids import alone
 from edgewatt.exporter import scrape_server
 from edgewatt.exporter.scrape_server import Answer, Request, ScrapeServer
 from tests.conftest import SYSTEM_PYTHON, call_as, wait_for

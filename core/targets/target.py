@@ -220,7 +220,9 @@ class Target:
         pid = self.pid or min(sample.members, default=0)
         if not pid or (name is not None and name.kind != "cgroup"):
             return
-        proc = self.handle.proc if self.handle is not None else "/proc"
+        # psutil's handle (the client elsewhere than Linux) has no procfs: /proc then,
+        # where a read finds nothing and the name stays the registration's.
+        proc = getattr(self.handle, "proc", "/proc")
         self.command = command_line(pid, proc) or self.command
         if self.pid and sample.root_execs and self.named_execs == 0:
             executable = executable_name(pid, self.identity.executable, proc)
