@@ -76,7 +76,12 @@ class LocalSampler:
         # One target inside a busy process: the kernel's children files (see LinuxPlatform).
         platform = platforms.create(self.backend, children_files=True)
         self.table = TargetTable(
-            Limits(max_targets=1, history_samples=3600, exited_retention_s=float("inf")),
+            Limits(
+                max_targets=1,
+                history_samples=3600,
+                exited_retention_s=float("inf"),
+                label_shares=False,  # its own process alone: no other user's to share with
+            ),
             Resolver(
                 platform.boot_time(), platform.clock_ticks, open_process=platform.open_process
             ),

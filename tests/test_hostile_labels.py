@@ -300,3 +300,29 @@ for n in range(2100):
         assert "p2099" in newest and "p0" not in newest
     finally:
         process.communicate("", timeout=20)
+
+
+# A user's own process monitored in-process (no daemon): its labels are its own, with
+# nobody's to share the daemon's per-person bound with.
+IN_PROCESS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from edgewatt import client
+labels = {f"k{i}": "v" * 1000 for i in range(20)}  # ~20 KiB: over a person's daemon share
+reg = client.register(labels=labels, socket=sys.argv[2])
+print(json.dumps({"mode": reg.mode, "labels": len(reg.summary().get("labels") or {})}))
+reg.close()
+"""
+
+
+def test_in_process_monitoring_holds_a_users_own_labels_whatever_the_daemons_share(
+    public_dir: Path,
+) -> None:
+    proc = run_as(
+        NOBODY, IN_PROCESS.replace("sys.argv[1]", repr(str(public_dir)))
+        .replace("sys.argv[2]", repr(str(public_dir / "none.sock"))),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out) == {"mode": "local", "labels": 20}, err

@@ -141,6 +141,10 @@ class Limits:
     history_samples: int  # rows each new target's history keeps
     exited_retention_s: float  # how long an exited target stays readable
     max_targets_per_uid: int | None = None  # per person, running and exited (None: max_targets)
+    # Label bytes shared out per person and among users (the daemon's table); False:
+    # a table of one process's own (the client's in-process one), held to the
+    # per-target bounds alone, as nobody else's labels are there to share with.
+    label_shares: bool = True
 
     @property
     def root_reserve(self) -> int:

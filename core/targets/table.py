@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.labels import Room
 from edgewatt.core.power.provenance import NO_SOURCE, Provenance, unknown
 from edgewatt.core.sampling.membership import PARENT_LINKS
 from edgewatt.core.sampling.procfs import ProcHandle
@@ -110,6 +111,13 @@ class TargetTable:
         self._targets: dict[str, Target] = {}
         self._by_identity: dict[tuple[int, int], str] = {}
 
+    def _label_room(self, uid: int) -> Room | None:
+        """The label bytes a target of ``uid`` may still add (None: no bound beyond a
+        target's own: root's, or a table without shares)."""
+        if not self._limits.label_shares:
+            return None
+        return label_room(self._targets.values(), uid, self._person)
+
     def set_limits(self, limits: Limits) -> None:
         """A reload changed the limits: they hold for what comes next (Limits)."""
         with self._lock:
@@ -187,7 +195,7 @@ class TargetTable:
             target = joining.nearest(self._targets.values(), path, uid)
             if target is None:
                 return None
-            room = label_room(self._targets.values(), target.uid, self._person)
+            room = self._label_room(target.uid)
             try:
                 held = Held(target, False, hold(target, uid, labels, True, room))
             finally:
@@ -206,7 +214,7 @@ class TargetTable:
                 running = [t.uid for t in self._targets.values() if t.exited_at is None]
                 refusal = self._limits.refusal(running, new.uid, self._person)
                 if refusal is None and not restored:  # kept labels are not refused again
-                    room = label_room(self._targets.values(), new.uid, self._person)
+                    room = self._label_room(new.uid)
                     refusal = label_refusal(new.labels, room)
                 if refusal is not None:
                     _discard(new)
@@ -218,7 +226,7 @@ class TargetTable:
             else:
                 _discard(new)
                 target = self._targets[existing_id]
-                room = label_room(self._targets.values(), target.uid, self._person)
+                room = self._label_room(target.uid)
                 joined = hold(target, new.uid, new.labels, new.children, room)
                 held = Held(target, False, joined)
         self.persist()  # a new target, or one more holder (and labels): both are persisted
