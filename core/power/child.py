@@ -42,6 +42,40 @@ class Timed(Generic[T]):
     sample: T
 
 
+class Arrivals(Generic[T]):
+    """What a reader's thread has read and the power reader not taken yet: the newest
+    sample, and those not taken (at most MAX_PENDING, the oldest dropped), with a wait
+    for one newer than an instant."""
+
+    def __init__(self) -> None:
+        self.latest: Timed[T] | None = None
+        self._pending: deque[Timed[T]] = deque(maxlen=MAX_PENDING)
+        self._arrived = threading.Condition()
+
+    def arrive(self, sample: T) -> Timed[T]:
+        """``sample`` read now: kept, and any waiter woken."""
+        timed = Timed(time.monotonic(), sample)
+        with self._arrived:
+            self.latest = timed
+            self._pending.append(timed)
+            self._arrived.notify_all()
+        return timed
+
+    def take(self) -> list[Timed[T]]:
+        """The samples not taken yet, oldest first."""
+        with self._arrived:
+            taken = list(self._pending)
+            self._pending.clear()
+        return taken
+
+    def wait_newer(self, after: float, timeout_s: float) -> None:
+        """Until a sample arrived later than ``after``, or ``timeout_s`` passed."""
+        with self._arrived:
+            self._arrived.wait_for(
+                lambda: self.latest is not None and self.latest.monotonic > after, timeout_s
+            )
+
+
 def bounded_lines(stream: BinaryIO, limit: int) -> Iterator[bytes | None]:
     """The lines of ``stream``, none held longer than ``limit`` bytes: a longer line
     is read to its end in pieces and given as None."""
@@ -54,7 +88,7 @@ def bounded_lines(stream: BinaryIO, limit: int) -> Iterator[bytes | None]:
             yield line
 
 
-class ChildReader(Generic[T]):
+class ChildReader(Arrivals[T]):
     """``command`` run and read frame by frame; ``parse`` turns a frame into a sample
     (ValueError: not a sample)."""
 
@@ -67,16 +101,14 @@ class ChildReader(Generic[T]):
         *,
         max_backoff_s: float = 30.0,
     ) -> None:
+        super().__init__()
         self.name = name
         self.command = command
         self.max_backoff_s = max_backoff_s
-        self.latest: Timed[T] | None = None
         self.restarts = 0
         self.bad_frames = 0
         self._frames = frames
         self._parse = parse
-        self._pending: deque[Timed[T]] = deque(maxlen=MAX_PENDING)
-        self._arrived = threading.Condition()
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -136,25 +168,7 @@ class ChildReader(Generic[T]):
                     raise RuntimeError(f"{bad_run} frames in a row were not {self.name}") from exc
                 continue
             bad_run = 0
-            timed = Timed(time.monotonic(), sample)
-            with self._arrived:
-                self.latest = timed
-                self._pending.append(timed)
-                self._arrived.notify_all()
-
-    def take(self) -> list[Timed[T]]:
-        """The samples not taken yet, oldest first."""
-        with self._arrived:
-            taken = list(self._pending)
-            self._pending.clear()
-        return taken
-
-    def wait_newer(self, after: float, timeout_s: float) -> None:
-        """Until a sample arrived later than ``after``, or ``timeout_s`` passed."""
-        with self._arrived:
-            self._arrived.wait_for(
-                lambda: self.latest is not None and self.latest.monotonic > after, timeout_s
-            )
+            self.arrive(sample)
 
     def close(self) -> None:
         self._stop.set()

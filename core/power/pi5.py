@@ -30,10 +30,9 @@ import shutil
 import signal
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
-from edgewatt.core.power.child import MAX_PENDING
+from edgewatt.core.power.child import Arrivals, Timed
 from edgewatt.core.power.rate import CALIBRATION_S, auto_rate
 from edgewatt.core.power.source import (
     AUTO_BUDGET,
@@ -236,13 +235,7 @@ def read_once(
     return parse_output(text), run.cpu_s
 
 
-@dataclass(frozen=True)
-class Timed:
-    monotonic: float  # when the output ended: the firmware had just measured
-    sample: PmicSample
-
-
-class VcgencmdReader:
+class VcgencmdReader(Arrivals[PmicSample]):
     """One thread running ``vcgencmd pmic_read_adc`` at the rate its own measured cost
     allows (``fixed_hz``: at that rate instead), keeping the readings for the power
     reader's takes. A failing run is logged once, retried with backoff, and the
@@ -253,11 +246,9 @@ class VcgencmdReader:
         self.fixed_hz = fixed_hz
         self.hz = fixed_hz or auto_rate(first_cost_s, AUTO_BUDGET, RATES_HZ)
         self.cost_s = first_cost_s  # CPU per reading, the mean of the last window
-        self.latest: Timed | None = None
+        super().__init__()
         self.running: list[int] = []  # the child now, while a reading runs
         self.failures = 0
-        self._pending: deque[Timed] = deque(maxlen=MAX_PENDING)  # as a child's lines
-        self._arrived = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="edgewatt-pi5", daemon=True)
 
@@ -282,11 +273,7 @@ class VcgencmdReader:
             if self.failures:
                 log.info("power source pi5 is back after %d failed readings", self.failures)
                 self.failures = 0
-            timed = Timed(time.monotonic(), sample)
-            with self._arrived:
-                self.latest = timed
-                self._pending.append(timed)
-                self._arrived.notify_all()
+            timed = self.arrive(sample)
             window_cpu, window_n = window_cpu + cost, window_n + 1
             if timed.monotonic - window_start >= CALIBRATION_S:
                 self._calibrate(window_cpu / window_n)
@@ -307,18 +294,6 @@ class VcgencmdReader:
             log.info("power source pi5: %s", rate_line(hz, cost_s))
             self.hz = hz
 
-    def take(self) -> list[Timed]:
-        with self._arrived:
-            taken = list(self._pending)
-            self._pending.clear()
-        return taken
-
-    def wait_newer(self, after: float, timeout_s: float) -> None:
-        with self._arrived:
-            self._arrived.wait_for(
-                lambda: self.latest is not None and self.latest.monotonic > after, timeout_s
-            )
-
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=TIMEOUT_S + 1)
@@ -331,7 +306,7 @@ def rate_line(hz: float, cost_s: float) -> str:
     )
 
 
-def _reading(timed: Timed) -> PowerReading:
+def _reading(timed: Timed[PmicSample]) -> PowerReading:
     rails = timed.sample.rails_w
     return PowerReading(
         source="pi5",
