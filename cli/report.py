@@ -9,6 +9,7 @@ import typing  # runtime aliases: Python 3.8's builtins take no [...]
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgewatt.cli.device import context_line
 from edgewatt.cli.jsonl import Lines, check_numbers
 from edgewatt.cli.phases import PEAK_POWER, phase_table
 from edgewatt.cli.plotting import pyplot
@@ -169,29 +170,6 @@ def covers_line(covers: dict[str, Any]) -> str:
     if gaps:
         parts.append("not " + ", ".join(f"{at(a)}-{at(b)}" for a, b in gaps) + " UTC")
     return printable(" ".join(parts) + f": {covers.get('why') or 'unknown why'}")
-
-
-def context_line(context: Any) -> str | None:
-    """The device's setting over a run, from a summary's ``context`` (docs/reference.md,
-    The run's context): model, power mode, release, clocks, and what changed."""
-    if not isinstance(context, dict) or not isinstance(context.get("start"), dict):
-        return None
-    start, parts = context["start"], []
-    if start.get("model"):
-        parts.append(str(start["model"]))
-    mode = start.get("power_mode")
-    if isinstance(mode, dict) and mode.get("name"):
-        number = "" if mode.get("id") is None else f" ({mode['id']})"
-        parts.append(f"power mode {mode['name']}{number}")
-    if start.get("l4t_release"):
-        parts.append(f"L4T {start['l4t_release']}")
-    if start.get("clocks_pinned") is not None:
-        parts.append("clocks pinned" if start["clocks_pinned"] else "clocks not pinned")
-    events = [e for e in context.get("events") or () if isinstance(e, dict)]
-    if events:
-        what = sorted({str(e.get("what")) for e in events})
-        parts.append(f"{len(events)} change(s) during the run: {', '.join(what)}")
-    return ", ".join(parts) or None
 
 
 def _energy_unknown(summary: dict[str, Any], power: str | None) -> str:

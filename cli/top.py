@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
+from edgewatt.cli.device import setting_line
 from edgewatt.cli.phases import PEAK_POWER
 from edgewatt.cli.status import FINISHED_SHOWN, finished_rows, human_bytes, name_of
 from edgewatt.core.energy_source import sensors as measured_by
@@ -120,6 +121,9 @@ def device_lines(document: dict[str, Any], width: int) -> list[str]:
         if power.get("sources")
         else "power: no power source on this device (edgewatt doctor says why)",
     ]
+    setting = setting_line(device.get("context"))  # power mode, release, clocks
+    if setting:
+        lines += _wrap("device: ", printable(setting).split(", "), width)
     rails = [
         f"{name} {_w(r.get('power_w'))}/{_w(r.get('power_avg_w'))} W"
         for name, r in sorted((power.get("rails") or {}).items())

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from edgewatt.cli import report
+from edgewatt.cli import device, report
 from edgewatt.core import context
 from edgewatt.core.platforms import board
 from edgewatt.core.platforms.board import Clock, PowerMode, Roots, Zone
@@ -312,6 +312,16 @@ def test_the_daemon_exports_the_context_and_dates_a_mode_change(
         {"name": "15W", "id": 1},
     )
     assert before <= event["time"] <= time.time()
+    # edgewatt top shows the setting now, the new mode's.
+    top = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "top", "--once", "--socket", daemon.socket],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert top.returncode == 0, top.stderr
+    shown = top.stdout[top.stdout.index("device: ") :]
+    for part in ("NVIDIA Jetson AGX Orin Developer Kit", "power mode 15W (1)", "L4T 36.4.4",
+                 "clocks pinned"):  # fmt: skip
+        assert part in shown, top.stdout
 
 
 def test_doctor_says_what_was_found_and_names_what_is_absent(tmp_path: Path) -> None:
@@ -360,12 +370,12 @@ def test_the_report_names_the_changes() -> None:
         "start": {"power_mode": {"name": "MAXN", "id": 0}, "clocks_pinned": False},
         "events": [{"time": 1.0, "what": "power_mode"}, {"time": 2.0, "what": "clock_limits"}],
     }
-    assert report.context_line(context) == (
+    assert device.context_line(context) == (
         "power mode MAXN (0), clocks not pinned, 2 change(s) during the run: clock_limits, "
         "power_mode"
     )
-    assert report.context_line(None) is None
-    assert report.context_line({"start": {}}) is None
+    assert device.context_line(None) is None
+    assert device.context_line({"start": {}}) is None
 
 
 def test_throttling_and_clock_limits_are_events(
