@@ -98,11 +98,16 @@ def test_signals_are_forwarded_and_exit_status_follows(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 7
 
+    # SIGINT as a terminal leaves it: where the test runner has it ignored (started in
+    # the background by a non-interactive shell, or by a test before), the command would
+    # inherit that, and an ignored signal stays ignored across exec (nohup's rule, which
+    # edgewatt run keeps, as a shell does).
     sleeper = subprocess.Popen(
         [*EDGEWATT, "run", "--socket", str(tmp_path / "none.sock"), "--", "sleep", "30"],
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     wait_for(lambda: _running(sleeper.pid, "sleep"))  # its command runs, released
     sleeper.send_signal(signal.SIGINT)
