@@ -13,13 +13,14 @@ power cut's garbage): what came before it is the state.
 from __future__ import annotations
 
 import json
+import typing
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
 VERSION = 1
 
-Entry = dict[str, Any]
+Entry = typing.Dict[str, Any]  # 3.8: dict takes no [...] at run time
 
 
 def encode(record: dict[str, Any]) -> bytes:
