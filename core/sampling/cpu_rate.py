@@ -17,6 +17,9 @@ def cpu_shares(
     show one mode going back, so the whole is split in proportion to the modes that
     grew, and nothing is negative."""
     total = max(0.0, used[0] + used[1]) / (elapsed_s * max(logical_cpus, 1))
+    # At most all of them: /proc counts CPU in whole ticks (10 ms), so between two edges
+    # a few ms apart (edges never wait) one tick read as 3.2 of a 2-core machine.
+    total = min(total, 1.0)
     user, system = max(0.0, used[0]), max(0.0, used[1])
     if user + system == 0:
         return (0.0, 0.0)
