@@ -68,7 +68,6 @@ class OncePerPass(Generic[T]):
         self._lock = threading.Lock()
         self._key: Hashable = None
         self._built: T | None = None
-        self.builds = 0  # how often it was built (tests, benchmarks)
 
     def get(self, key: Hashable, build: Callable[[], T]) -> T:
         """What ``build()`` built for the pass ``key``: built now if not yet."""
@@ -76,5 +75,4 @@ class OncePerPass(Generic[T]):
             if self._built is None or key is None or key != self._key:
                 self._built = build()
                 self._key = key
-                self.builds += 1
             return self._built
