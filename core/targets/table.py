@@ -411,7 +411,7 @@ class TargetTable:
         end_reason: str | None = None,
         exit_status: int | None = None,
     ) -> None:
-        """The target is gone, at ``when`` (Target.end); its identity may be registered anew."""
+        """The target ended, at ``when`` (Target.end); its identity may be registered anew."""
         with self._lock:
             target = self._targets.get(target_id)
             if target is None or target.exited_at is not None:
