@@ -103,7 +103,6 @@ class OutageLoggingExporter(MetricExporter):
         self.inner = inner
         self.endpoint = endpoint
         self.failing = False
-        self.failures = 0
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
@@ -114,7 +113,6 @@ class OutageLoggingExporter(MetricExporter):
             log.debug("OTLP export raised: %s", exc)
             result = MetricExportResult.FAILURE
         if result is MetricExportResult.FAILURE:
-            self.failures += 1
             if not self.failing:
                 self.failing = True
                 log.warning("OTLP export to %s is failing; retrying every interval", self.endpoint)
