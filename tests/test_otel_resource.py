@@ -1,5 +1,5 @@
 """The resource's attributes, computed without importing opentelemetry.sdk.resources
-(issue 45: 1.5 MiB of the daemon's memory), against what the real SDK makes of the same
+(1.5 MiB of the daemon's memory), against what the real SDK makes of the same
 defaults and environment: keys, values, types and order."""
 
 from __future__ import annotations
