@@ -28,7 +28,7 @@ OTEL_VARIABLES = (
 
 
 def by_the_sdk(defaults: Mapping[str, Any]) -> list[tuple[str, Any, type]]:
-    """What the daemon built before: Resource.create(defaults) under the environment."""
+    """What the SDK builds: Resource.create(defaults) under the environment."""
     resource = Resource.create(dict(defaults)).merge(OTELResourceDetector().detect())
     return typed(resource.attributes)
 
