@@ -235,7 +235,7 @@ class TargetTable:
     def delete(self, target_id: str, uid: int) -> Target:
         """Let go of one registration. With the last one a running target ends there
         ("unregistered"); either way it stays readable as an exited one does, for
-        exited_retention (purge_exited), so a finished run can still be looked at."""
+        exited_retention (purge_exited), so an ended run can still be looked at."""
         with self._lock:
             target = _find(self._targets, target_id)
             check_owner(target, uid)
