@@ -1,5 +1,5 @@
-"""An eBPF cgroup counter, loaded without a toolchain: the alternative to nftables that
-issue 25 asks to measure (benchmarks/cgroups.py runs both side by side).
+"""An eBPF cgroup counter, loaded without a toolchain: the alternative to nftables for
+cgroup targets' bytes, measured beside it (benchmarks/cgroups.py runs both side by side).
 
 Per cgroup, two ``BPF_PROG_TYPE_CGROUP_SKB`` programs (egress and ingress), each adding
 ``skb->len`` (IP bytes, as the nftables rules count) to a one-slot array map with an

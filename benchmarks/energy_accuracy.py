@@ -19,7 +19,7 @@ phase or a ``track`` call; the steady rates are what the automatic rate gives a
 Jetson Nano-class core. Each reader's CPU per second (its threads' own clocks) is
 shown beside its errors.
 
-Target (issue 29): 10 s within 1 %, a 150 ms window within 5 %.
+Target: 10 s within 1 %, a 150 ms window within 5 %.
 """
 
 from __future__ import annotations

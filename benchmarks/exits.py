@@ -10,7 +10,7 @@ one core.
 
     sudo .venv/bin/python benchmarks/exits.py [--seconds 20] [--exits 1000] [--connections 2000]
 
-Budget (issue 16): within 1 % of one core. Needs root (taskstats needs CAP_NET_ADMIN).
+Budget: within 1 % of one core. Needs root (taskstats needs CAP_NET_ADMIN).
 """
 
 from __future__ import annotations

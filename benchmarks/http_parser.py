@@ -1,7 +1,7 @@
 """The daemon's own HTTP/1.1 request parser beside h11's, for the requests its API
 gets: the CPU one request's head and body cost to parse, and the memory each parser
-adds to a process that imports it (issue 56: "parse with a well-kept HTTP/1.1
-library (h11) rather than our own, unless measured memory and CPU say otherwise").
+adds to a process that imports it: a well-kept HTTP/1.1 library (h11) would be
+used rather than our own unless measured memory and CPU say otherwise.
 
 Both parse the same bytes in the same process, alternating in rounds (a shared VM's
 speed drifts; both see the same drift); CPU is the process's own (time.process_time).

@@ -1,4 +1,4 @@
-"""What a flood of failing name lookups costs the daemon (issue 38, finding 3).
+"""What a flood of failing name lookups costs the daemon, and what the per-user bound on them saves.
 
 One normal user (``nobody``), ``--connections`` (4) connections at once, each
 registering names that resolve to nothing as fast as the daemon answers, for

@@ -24,7 +24,7 @@ comparison with one busy target: a process with 8 threads that compute and talk 
 TCP connection, what most users run. For each edgewatt daemon the CPU is also split by
 thread (their kernel names; run time from /proc/PID/task/TID/schedstat, in ns).
 
-    .venv/bin/python benchmarks/overhead.py --sweep 1,200,1000 --busy --rev 671bed6
+    .venv/bin/python benchmarks/overhead.py --sweep 1,200,1000 --busy --rev REV
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Issue 56, item 7, on the whole daemon: 20 targets of 60,000 small mappings whose
+"""The PSS reads' budget on the whole daemon: 20 targets of 60,000 small mappings whose
 memory moves at every pass, registered with a daemon at 1 s passes; for ``--seconds``
 its pass's duration (``edgewatt_sampler_duration_seconds``, scraped once a second:
 mean, median, max), its CPU (utime+stime of /proc/PID/stat) as cores, and at the end
 each target's ``memory_pss_age_s`` where the daemon says it. This checkout, then
-``--rev`` (an older revision, from ``git archive``), one after the other.
+``--rev`` where given (an older revision, from ``git archive``), one after the other.
 
-    .venv/bin/python benchmarks/pss_budget.py [--rev c11dae0] [--targets 20] [--seconds 30]
+    .venv/bin/python benchmarks/pss_budget.py [--rev REV] [--targets 20] [--seconds 30]
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def measure(env: dict[str, str], targets: int, mappings: int, seconds: float) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rev", default="c11dae0")
+    parser.add_argument("--rev", help="an older revision to measure after this checkout")
     parser.add_argument("--targets", type=int, default=20)
     parser.add_argument("--mappings", type=int, default=60000)
     parser.add_argument("--seconds", type=float, default=30)
@@ -99,6 +99,8 @@ def main() -> None:
     print(f"{'daemon':>10} {'mean ms':>9} {'median':>9} {'max':>9} {'cores':>7} {'PSS age':>14}")
     figures = measure(dict(os.environ), args.targets, args.mappings, args.seconds)
     print(f"{'this':>10} {figures}")
+    if args.rev is None:
+        return
     with checkout(args.rev) as top:
         env = {**os.environ, "PYTHONPATH": str(top)}
         figures = measure(env, args.targets, args.mappings, args.seconds)

@@ -1,5 +1,4 @@
-"""What reading a process's PSS costs beside the stat read every pass already makes
-(issue 41, item 4).
+"""What reading a process's PSS costs beside the stat read every pass already makes.
 
 For each size (default 100 MiB and 1 GiB), a child allocates and touches that much
 memory; then, alternately, ``--reads`` reads of its /proc/PID/stat through a kept fd
@@ -9,11 +8,11 @@ each median in microseconds and their ratio.
 
     .venv/bin/python benchmarks/pss_cost.py [--sizes-mib 100,1024] [--reads 200]
 
-``--mapped N``: issue 56's case instead. N processes with 60,000 small mappings each
-(every other page of a region made read-only: the kernel cannot merge them), their
-RSS summed moving by 5 % every pass (due every pass), through ProportionalMemory for
-``--passes`` passes: each pass's CPU with the budget (pss.PASS_BUDGET_S) and without
-(as before it: every due target read), and the oldest figure's age in passes.
+``--mapped N``: the dearest reads one user can make instead. N processes with
+60,000 small mappings each (every other page of a region made read-only: the kernel
+cannot merge them), their RSS summed moving by 5 % every pass (due every pass), through
+ProportionalMemory for ``--passes`` passes: each pass's CPU with the budget
+(pss.PASS_BUDGET_S) and without (every due target read), and the oldest figure's age in passes.
 
     .venv/bin/python benchmarks/pss_cost.py --mapped 20 [--mappings 60000] [--passes 60]
 """

@@ -6,7 +6,7 @@ processes, each scraped once a second.
 
 Prints each daemon's RSS with no target, right after registering the N, and every
 ``--every`` seconds until ``history_samples`` (300) rows at ``--interval`` have passed
-and a margin more: docs/performance.md's issue-45 memory figures.
+and a margin more: docs/performance.md's memory figures.
 """
 
 from __future__ import annotations

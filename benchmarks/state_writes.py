@@ -1,5 +1,5 @@
 """What persisting registrations writes to the storage under the state directory (an
-edge board's eMMC or SD card): issue 56's scenario, this checkout beside an older
+edge board's eMMC or SD card): one user's worst case, this checkout beside an older
 revision in one run.
 
 Each daemon, one after the other on the same sleeping processes, with its own state
@@ -22,7 +22,7 @@ counts once). `churn` is also given per second over its second half (past the wr
 budget's burst: what one user sustains). The ratio is the older revision's figure
 over this checkout's.
 
-    .venv/bin/python benchmarks/state_writes.py --rev 24ca51a [--targets 50]
+    .venv/bin/python benchmarks/state_writes.py --rev REV [--targets 50]
         [--changes 200] [--churn-s 10] [--churn-new-s 120] [--json out.json]
 """
 

@@ -10,7 +10,7 @@ p50/p99 in ms and as the ratio of the tracked p99 to the untracked p99; each edg
     .venv/bin/python benchmarks/track.py [--calls 300] [--interval 5] [--json out.json]
         [--sources none,ina3221,...] [--loads idle,...]
 
-Side by side for each power source (issue 51: no edge waits for a reading), each
+Side by side for each power source (no edge waits for a reading), each
 a stand-in the daemon and the in-process sampler read as the real one:
 ``none``; ``ina3221`` (a stand-in INA3221 in the kernel's sysfs layout,
 tests/power_standin.py, streamed at ``power_sample_hz`` and read at each edge);
@@ -21,14 +21,14 @@ tests/power_standin.py, streamed at ``power_sample_hz`` and read at each edge);
 macOS runs the client in-process). The in-process sampler has no tegrastats path
 either: in-process rows are left out where the source is the daemon's alone.
 
-Each mode runs three times in one run (issue 44): on the machine as it is ("idle"),
+Each mode runs three times in one run: on the machine as it is ("idle"),
 beside one busy loop ("one hog": a Python ``while True: pass`` process) and beside
 one busy loop per core ("all cores"), the untracked median of the same load as the
 base. As root, the daemon runs twice: at nice 0 ("daemon", as ``edgewatt serve``
-runs by hand: before) and at the systemd unit's ``Nice=-10`` ("daemon -10": after);
+runs by hand) and at the systemd unit's ``Nice=-10`` ("daemon -10");
 ``--no-unit-nice`` runs the first only.
 
-Budget (issues 16, 29 and 51): an edge at most 1 ms p99 idle, 5 ms with every core
+Budget: an edge at most 1 ms p99 idle, 5 ms with every core
 busy, with a daemon and in-process.
 """
 

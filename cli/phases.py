@@ -9,7 +9,7 @@ from typing import Any
 from edgewatt.cli.status import human_bytes
 from edgewatt.core.text import printable
 
-# The peak of the device's power over a phase (issue 41 item 3) where the item has it:
+# The peak of the device's power over a phase, where the item has it:
 # shown as "-" until the daemon measures it, never derived from an average.
 PEAK_POWER = "power_max_w"
 

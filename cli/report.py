@@ -96,7 +96,7 @@ def summary_table(
         list(TOTAL_KEYS) if host_network and TOTAL_KEYS[0] in summary else []
     )
     if host:
-        # The device's, never in a row of the command's (issue 52 item 1).
+        # The device's, never in a row of the command's: the host's bytes are not its.
         sent, recv = (human_bytes(summary.get(k)) for k in host)
         lines += [
             "  host (every process on the device, not the command's figures):",
@@ -387,7 +387,7 @@ def layout(
         begin = times[i - 1] if i else (segments[0] if segments else t)
         begins.append(max([begin, *(b for b in segments if b < t)]))
     panels = _panels(samples, times, begins, _network(header))
-    # The host's bytes apart, below the command's figures (issue 52 item 1).
+    # The host's bytes apart, below the command's figures: they are not the command's.
     panels.sort(key=lambda panel: panel[0].startswith(HOST_NETWORK))
     # The summary's peaks on the memory axis, each named as its line is.
     levels = []

@@ -1,5 +1,5 @@
-"""The run's lowest, mean and highest device power, CPU use and memory (issue 41 item
-3) as rows of the tables `edgewatt run`, `summary` and `report` print, from the
+"""The run's lowest, mean and highest device power, CPU use and memory, as rows
+of the tables `edgewatt run`, `summary` and `report` print, from the
 daemon's summary keys (an `edgewatt run` file's summary record holds the same)."""
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def sampling_loop(
     while True:
         if reading is not None:
             # A phase's first reading is an edge: never merged into the sample before
-            # it, so a phase's samples hold its whole CPU and energy (issue 52 item 10).
+            # it, so a phase's samples hold its whole CPU and energy.
             sample = recorder.observe(reading, edge=bool(taken))
             emit(reading)
             if sample is not None:

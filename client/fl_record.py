@@ -22,8 +22,6 @@ _BYTES = ("bytes_received", "bytes_sent", "rss_peak_bytes")
 _TEXT = ("phase", "bytes_source", "host_name", "source", "target", "energy_provenance",
          "device_energy_provenance")  # fmt: skip
 _FLAGS = ("exact", "shorter_than_sensor_period")
-# Set by the server from its own knowledge: a client's value is never used.
-SERVER_FIELDS = ("type", "round", "kind", "node_id")
 
 
 def _number(value: Any, bound: float) -> bool:

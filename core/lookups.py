@@ -4,7 +4,7 @@ Looking a container or unit up runs the runtime's CLI as root (`podman inspect`,
 of ms of CPU) or walks the whole cgroup tree; a registration costs the user nothing.
 So each user other than root (a person: her subordinate uids are hers, persons.py)
 gets a token bucket (``rate_per_s``, ``burst``) shared by their registrations and by
-the follows of their gone targets' names, one lookup at a time, and a failed name is
+the follows of their targets' names whose cgroup is gone, one lookup at a time, and a failed name is
 answered from memory for ``failed_ttl_s``. Beyond the bound a registration is refused
 at once (429), before anything runs.
 """
@@ -94,8 +94,8 @@ class Lookups:
                     del self._running[person]
 
     def follow(self, uid: int) -> bool:
-        """Whether a gone target's name may be looked up now (a token of its user's:
-        the same bucket as their registrations); the next pass tries again."""
+        """Whether the name of a target whose cgroup is gone may be looked up now (a token
+        of its user's: the same bucket as their registrations); the next pass tries again."""
         if uid == 0:
             return True
         person = self._person(uid)

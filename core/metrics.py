@@ -17,8 +17,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# What every per-process point carries besides its own attributes (the user's labels too).
-PROCESS_ATTRIBUTES = ("process.pid", "process.executable.name", "edgewatt.target.id", "host.name")
 # The whole device's hw.id on hw.host.power and hw.host.energy, where the semantic
 # conventions (v1.44, hardware.attributes.common) require one: the device is one
 # component, whichever sensors add up to its figure, so the series never changes name.

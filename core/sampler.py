@@ -192,7 +192,7 @@ class Sampler:
             if self._on_pass is not None:
                 self._on_pass(snapshot)
         finally:
-            # Marked only now, so a target the API calls exited is already gone from
+            # Marked only now, so a target the API calls exited is already out of
             # what the exporters serve.
             exact = all(s.exact for s in statuses)
             mark_exited(self.table, [(s.target.id, s.ending) for s in ended if s.ending], exact)

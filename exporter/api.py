@@ -123,7 +123,7 @@ def _readable(document: dict[str, Any], reader: int, owner: int | None) -> dict[
 
 
 def _owner(api: ApiContext, target_id: str) -> int | None:
-    """Who registered the target (None: gone since it was read)."""
+    """Who registered the target (None: purged since it was read)."""
     try:
         return api.table.get(target_id).uid
     except NotFound:

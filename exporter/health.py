@@ -46,7 +46,7 @@ def document(
         "last_sample_age_s": round(now - snapshot.time, 3),
         "interval_s": interval_s,
         "min_interval_s": min_interval_s,
-        # How long a finished target stays readable (`edgewatt status` says so).
+        # How long an ended target stays readable (`edgewatt status` says so).
         "exited_retention_s": exited_retention_s,
         "logical_cpus": logical_cpus,
         "power_sources": speaking,

@@ -59,7 +59,7 @@ def build_exporter(options: OtlpOptions) -> MetricExporter:
     class NoRedirects(requests.Session):
         """A 3xx is never followed: the batch fails (OutageLoggingExporter logs why)
         and its headers, a token among them, go to the configured endpoint alone,
-        never to a host a redirect names (issue 39). Raised, since the exporter
+        never to a host a redirect names. Raised, since the exporter
         would take a 3xx for success (requests' ``ok`` is any status below 400)."""
 
         def send(self, request: Any, **kwargs: Any) -> requests.Response:
@@ -103,7 +103,6 @@ class OutageLoggingExporter(MetricExporter):
         self.inner = inner
         self.endpoint = endpoint
         self.failing = False
-        self.failures = 0
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
@@ -114,7 +113,6 @@ class OutageLoggingExporter(MetricExporter):
             log.debug("OTLP export raised: %s", exc)
             result = MetricExportResult.FAILURE
         if result is MetricExportResult.FAILURE:
-            self.failures += 1
             if not self.failing:
                 self.failing = True
                 log.warning("OTLP export to %s is failing; retrying every interval", self.endpoint)

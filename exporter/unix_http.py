@@ -63,7 +63,7 @@ MAX_CONNECTIONS_PER_PERSON = 32  # of a user with her subordinate uids
 REQUEST_TIMEOUT_S = 5.0
 MAX_PARTS = 512  # an answer's parts given to one sendmsg (the kernel takes up to 1,024)
 # What a socket's timeout raises: socket.timeout, a TimeoutError only from Python 3.10
-# (before, a stalled body was answered 500, not 408).
+# (both caught, or a stalled body on Python 3.8 and 3.9 would be answered 500, not 408).
 TIMEOUTS = (TimeoutError, socket.timeout)
 
 

@@ -1,7 +1,7 @@
-"""What one local user can make the root daemon spend, at Nice -10 (issue 56, items 7
-and 8): smaps_rollup reads share a per-pass budget, a dearer target is read less
-often and its figures say how old they are; the API's CPU per person has a budget,
-past which her connections are read later, never root's.
+"""What one local user can make the root daemon spend, at Nice -10: smaps_rollup
+reads share a per-pass budget, a dearer target is read less often and its figures
+say how old they are; the API's CPU per person has a budget, past which her
+connections are read later, never root's.
 
 CPU is the kernel's count (thread_time here, /proc/PID/stat for the daemon), with
 margins that separate the old code from the new by a wide factor on a busy 2-core
@@ -24,7 +24,7 @@ from edgewatt.core.sampling.pss import PASS_BUDGET_S, ProportionalMemory, read_r
 from edgewatt.exporter.cpu_budget import CpuBudget
 from tests.test_hostile import NOBODY, as_root, run_as
 
-MAPPINGS = 30000  # each read ~3-6 ms of CPU here (issue 56: 60,000 made ~5 ms)
+MAPPINGS = 30000  # each read ~3-6 ms of CPU here (60,000 made ~5 ms)
 
 
 def _states(pids: list[int], n: int) -> list[SimpleNamespace]:
@@ -65,10 +65,10 @@ def test_dear_pss_reads_stay_within_the_pass_budget_and_their_age_says_so(spawn)
             spent.append(time.thread_time() - started)
             ages.append(max(1000.0 + n - f["memory_pss_read_at"] for f in figures.values()))
             cheap_reads += figures[str(cheap.pid)]["memory_pss_read_at"] == 1000.0 + n
-            assert memory.reads - before < 21  # before: every target, every pass
+            assert memory.reads - before < 21  # not every target every pass
         dear_reads = memory.reads - reads - cheap_reads
         mean = statistics.fmean(spent)
-        # Before: 21 reads a pass, 40 passes. Now about budget / cost of them in all.
+        # Without the budget: 21 reads a pass, 40 passes. With it, about budget / cost of them.
         assert memory.reads - reads < 21 * 40 / 4, memory.reads - reads
         assert mean < 3 * PASS_BUDGET_S, f"{mean * 1e3:.1f} ms a pass"
         assert max(spent) < PASS_BUDGET_S + 3 * one, f"{max(spent) * 1e3:.1f} ms"
@@ -121,9 +121,8 @@ def cpu_seconds(pid: int) -> float:
 def test_one_users_flood_costs_the_daemon_her_budget_and_roots_calls_are_answered(
     daemon_factory: Any, public_dir: Path, path: str
 ) -> None:
-    """Before: 4 connections of /healthz, or of failing lookups, kept the daemon at
-    ~0.5-0.9 core (issue 56: 0.9 and 1.0).
-    Now her requests wait once her 5 % of a core is spent: the daemon's CPU over the
+    """Without a budget, 4 connections of /healthz, or of failing lookups, kept the daemon
+    at ~0.5-1.0 core. Her requests wait once her 5 % of a core is spent: the daemon's CPU over the
     flood's last 4 s stays under 0.2 core, while root's calls are all answered."""
     daemon = daemon_factory(interval=1.0, socket_dir=public_dir)
     assert daemon.proc is not None

@@ -350,7 +350,7 @@ def test_status_command_prints_a_table_and_json(daemon: DaemonProcess, spawn: An
         "ID", "PID", "NAME", "STATE", "CPU%", "PSS", "READ", "WRITE", "PROCS", "LABELS"
     ]  # fmt: skip
     cells = row.split()
-    # NAME: what runs, its command line (issue 52), cut at 80 characters.
+    # NAME: what runs, its command line, cut at 80 characters.
     command = f"{os.path.basename(sys.executable)} -c import time; time.sleep(60)"
     assert cells[:2] == [tid, str(child.pid)] and row.split("  ")[2].strip() == command
     assert cells[2 + len(command.split())] == "running"
@@ -361,7 +361,7 @@ def test_status_command_prints_a_table_and_json(daemon: DaemonProcess, spawn: An
         ).stdout
     )
     assert as_json[0]["id"] == tid and as_json[0]["latest"]["memory_rss_bytes"] > 0
-    # The PSS column is the target's PSS (issue 41 item 4), never the RSS summed.
+    # The PSS column is the target's PSS, never the RSS summed.
     pss = as_json[0]["latest"]["memory_pss_bytes"]
     assert 0 < pss <= as_json[0]["latest"]["memory_rss_bytes"]
 

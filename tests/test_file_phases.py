@@ -1,4 +1,4 @@
-"""A monitor file's phases hold each phase's whole CPU (issue 52 item 10): phase() waits
+"""A monitor file's phases hold each phase's whole CPU: phase() waits
 for a reading at its edge, so no interval straddles two phases and `edgewatt report`
 gives each phase what the process burnt in it, as its own getrusage counts it."""
 

@@ -1,4 +1,4 @@
-"""Cgroup targets attacked as a hostile local user would (issue 38): a normal user
+"""Cgroup targets attacked as a hostile local user would: a normal user
 (``nobody``) with a delegated cgroup, as systemd's user@UID.service gives every
 logged-in user, beside root's podman containers and services. Real cgroups, the real
 daemon over its socket, a real podman container where the finding is about one.

@@ -1,4 +1,4 @@
-"""Cgroup targets' traffic counters attacked as a local user would (issue 38): a daemon
+"""Cgroup targets' traffic counters attacked as a local user would: a daemon
 without CAP_NET_ADMIN, other programs' packet marks, nested targets, two targets on
 one cgroup, and namespaces and counters a user controls. Real daemon, real nftables,
 real cgroups, real network namespaces."""
@@ -247,7 +247,7 @@ def test_nested_targets_count_as_if_each_were_alone(
 def test_a_segment_tcp_sends_again_counts_again(cgroup_dir: Path, traffic: CgroupTraffic) -> None:
     """A busy host's loopback reorders packets (a sender moved to another CPU has its
     packets queued there), and TCP resends what it takes for lost: 1 MB then crossed
-    loopback as 1,095,232 bytes of payload (issue 38's CI reading). Here a table of
+    loopback as 1,095,232 bytes of payload (a CI reading). Here a table of
     another program's drops one segment after edgewatt's input hook counted it, so
     the resend is certain: both copies are the target's, as in the sender's books."""
     port, counts, thread = tcp_server(replies=0)

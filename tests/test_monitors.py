@@ -78,7 +78,7 @@ def test_file_monitor_figures_and_file(variant: Any, socket_path: str, tmp_path:
     after = tree_cpu_seconds()
     stats, summary = monitor.stats(), monitor.summary()
     expected = {"timestamp", "cpu_usage", "memory_usage", "memory_rss_bytes"}
-    expected.add("memory_pss_bytes")  # Linux: smaps_rollup (issue 41 item 4)
+    expected.add("memory_pss_bytes")  # Linux: smaps_rollup
     assert expected | {"network_bytes_sent", "network_bytes_recv"} == set(stats)
     assert not any(k.startswith("power") for k in stats)  # power is off by default
     # PSS: what the process holds, the buffer included, never above its RSS.
@@ -498,9 +498,9 @@ def test_a_wall_clock_step_moves_no_interval_of_the_recorder() -> None:
     # Five readings 1 s apart on the monotonic clock; the wall clock is stepped back an
     # hour after the second and forward two hours after the fourth (NTP on a board
     # that booted without a clock). Every reading is a sample, each interval 1 s: 100 %
-    # of a core, 2 W on the SoC rail for 4 s (8,000 mJ), 4 s monitored. Before: the
-    # readings after the step back were skipped as "not newer", and the step forward
-    # made one interval last 3,601 s.
+    # of a core, 2 W on the SoC rail for 4 s (8,000 mJ), 4 s monitored. On the wall
+    # clock, the readings after the step back would be skipped as "not newer", and the
+    # step forward would make one interval last 3,601 s.
     from edgewatt.client._samples import Reading, Recorder
 
     walls = [1000.0, 1001.0, -1598.0, -1597.0, 5604.0]

@@ -224,12 +224,12 @@ def test_a_finished_run_stays_in_status_and_summary(
     assert "finished, kept 20 s after their end:" in lines
     row = next(line.split() for line in lines if line.startswith(finished["id"]))
     ended = time.strftime("%H:%M:%S", time.gmtime(finished["exited_at"]))
-    # PSS PEAK: what it held (issue 41 item 4), the buffer touched included.
+    # PSS PEAK: what it held, the buffer touched included.
     assert summary["memory_pss_peak_bytes"] >= 64 * 2**20
     peak = human_bytes(summary["memory_pss_peak_bytes"]).split()
     shown_status = "-" if summary["exit_status"] is None else str(summary["exit_status"])
     pid = "cgroup" if finished["kind"] == "cgroup" else str(finished["pid"])
-    name = (finished["command"] or finished["executable"]).split()  # what ran (issue 52)
+    name = (finished["command"] or finished["executable"]).split()  # what ran, not the registrant
     assert row == [finished["id"], pid, *name, ended, "UTC",
                    "exited", shown_status, f"{cpu:.2f}", "s", "-", *peak, "run=demo"]  # fmt: skip
     other = next(line.split() for line in lines if line.startswith(let_go))

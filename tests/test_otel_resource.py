@@ -1,5 +1,5 @@
 """The resource's attributes, computed without importing opentelemetry.sdk.resources
-(issue 45: 1.5 MiB of the daemon's memory), against what the real SDK makes of the same
+(1.5 MiB of the daemon's memory), against what the real SDK makes of the same
 defaults and environment: keys, values, types and order."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ OTEL_VARIABLES = (
 
 
 def by_the_sdk(defaults: Mapping[str, Any]) -> list[tuple[str, Any, type]]:
-    """What the daemon built before: Resource.create(defaults) under the environment."""
+    """What the SDK builds: Resource.create(defaults) under the environment."""
     resource = Resource.create(dict(defaults)).merge(OTELResourceDetector().detect())
     return typed(resource.attributes)
 

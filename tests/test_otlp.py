@@ -238,7 +238,7 @@ def test_resource_device_facts(tmp_path: Any) -> None:
 def test_a_redirect_is_not_followed_and_the_batch_is_not_counted_as_sent() -> None:
     # A collector answering 307 (which keeps method and body) towards another host:
     # nothing reaches that host, neither the batch nor the configured headers, and
-    # the export is a failure, not a batch sent (issue 39).
+    # the export is a failure, not a batch sent.
     from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
     from edgewatt.exporter.otlp import OtlpOptions, OutageLoggingExporter, build_exporter

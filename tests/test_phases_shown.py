@@ -1,4 +1,4 @@
-"""Phases wherever figures are shown (issue 41 item 2): a script under `edgewatt run`
+"""Phases wherever figures are shown: a script under `edgewatt run`
 opens two phases through its own register(); the daemon's figures of each must be in
 run's table, its --output file, `edgewatt summary ID`, `edgewatt report` and the plot."""
 
@@ -131,9 +131,9 @@ def _expected(item: dict[str, Any]) -> list[str]:
         f"{device:.1f} J",
         f"{item['energy_j']:.1f} J",
         f"{device / duration:.2f} W",
-        # Peak power (issue 41 item 3): the daemon's figure once it measures one, else "-".
+        # Peak power: the daemon's figure once it measures one, else "-".
         "-" if item.get(PEAK_POWER) is None else f"{item[PEAK_POWER]:.2f} W",
-        human_bytes(item["memory_pss_peak_bytes"]),  # what it held (issue 41 item 4)
+        human_bytes(item["memory_pss_peak_bytes"]),  # what it held: its PSS
         f"{human_bytes(item['disk_read_bytes'])} / {human_bytes(item['disk_write_bytes'])}",
         f"{human_bytes(item['network_transmit_bytes'])} / "
         f"{human_bytes(item['network_receive_bytes'])}",
@@ -223,7 +223,7 @@ def test_the_plot_shades_each_phase_from_its_start_to_its_end(real_run: Run) -> 
 
 def _spreads(summary: dict[str, Any]) -> dict[str, str]:
     """The run's lowest, mean and highest power, CPU use and memory as the tables must
-    show them (issue 41 item 3), from the summary JSON, each number with its unit."""
+    show them, from the summary JSON, each number with its unit."""
     power = [summary[k] for k in ("power_min_w", "device_power_avg_w", "power_max_w")]
     cpu = [summary[k] for k in ("cpu_utilization_min", "cpu_avg_utilization",
                                 "cpu_utilization_max")]  # fmt: skip

@@ -1,4 +1,4 @@
-"""Memory that means what it says (issue 41, item 4): a tree's PSS, its largest
+"""Memory that means what it says: a tree's PSS, its largest
 process's RSS and its RSS summed, each under its own name, checked against the
 kernel's smaps_rollup read here; never `edgewatt run`'s own fork before the exec."""
 

@@ -223,7 +223,7 @@ def test_the_container_commands_run_as_written(daemon: Any, tmp_path: Path) -> N
 
 
 def test_the_heflwr_imports_are_heflwrs_with_edgewatt_client_for_heflwr_monitor() -> None:
-    """Issue 52 item 9: each import the README gives heflwr users runs, and together they
+    """Each import the README gives heflwr users runs, and together they
     name every monitor module of the real heflwr 0.1.91 with its classes (a reader once
     imported `thread_monitor` from `process_monitor`)."""
     fetched(ROOT / ".cache" / "heflwr", "bin/python", "heflwr 0.1.91", "fetch-heflwr")

@@ -191,7 +191,7 @@ def test_a_retired_pipeline_frees_its_series_without_waiting_for_a_full_gc() -> 
 
 
 # What the daemon without OTLP push never imports: the SDK's metrics and exporters
-# (~1.5 MiB of its RSS, issue 45), and its resources module with what that pulls in
+# (~1.5 MiB of its RSS), and its resources module with what that pulls in
 # (psutil, typing_extensions, semconv: another 1.5 MiB; otel_resource.py computes the
 # attributes without it).
 HEAVY = (
@@ -208,7 +208,7 @@ HEAVY = (
 
 def test_the_daemon_without_otlp_push_imports_no_metrics_sdk() -> None:
     # /metrics is rendered from the snapshot: the SDK's metrics and exporters (~1.5 MiB
-    # of the daemon's RSS, issue 45) are imported only where OTLP push builds a pipeline.
+    # of the daemon's RSS) are imported only where OTLP push builds a pipeline.
     loaded = subprocess.run(
         [
             sys.executable,
@@ -255,7 +255,7 @@ def test_the_running_daemon_imports_no_http_client_ssl_or_email(
     daemon_factory: Any, spawn: Any
 ) -> None:
     # http.server (for the API) and http.client (for InfluxDB, at import) brought ssl
-    # (libssl mapped) and the email package: ~7 MiB of RSS (issue 45). The real daemon,
+    # (libssl mapped) and the email package: ~7 MiB of RSS. The real daemon,
     # default config, asked to serve what it serves; Python itself lists every import.
     daemon = daemon_factory(env={"PYTHONPROFILEIMPORTTIME": "1"})
     child = spawn("import time; time.sleep(60)")

@@ -240,7 +240,7 @@ class _Counter:
     """Each sample's power times its interval, added up. The interval is the one the
     sample reports, but never more than the real time since the previous sample came
     (plus two intervals for a late or early arrival): one malformed ``elapsed_ns`` must
-    not add days of energy (issue 39). ``clock`` is a seam for the tests."""
+    not add days of energy. ``clock`` is a seam for the tests."""
 
     def __init__(
         self,

@@ -53,7 +53,7 @@ from edgewatt.core.sampling.tree_walk import TreeWalk
 # Every this many readings, idle members are read in full all the same: a safety net
 # should a kernel show no scheduler activity for a thread that ran, and the bound on
 # how old a waiting process's RSS may be (pages reclaimed without it running). 30, not
-# 10: the re-reads were a fifth of a pass over 200 waiting targets (docs/performance.md).
+# 10: the re-reads were a fifth of a pass over 200 waiting targets (docs/changelog.md).
 RECHECK_EVERY = 30
 
 
@@ -172,7 +172,7 @@ class ProcessTree:
         instead of a walk, the members' reads and the departures' bookkeeping. The stat
         file is not read: what can change there without the process running is its
         resident memory (pages reclaimed) and its parent (irrelevant to a root alone),
-        and every RECHECK_EVERY-th pass reads it all the same (docs/performance.md:
+        and every RECHECK_EVERY-th pass reads it all the same (docs/changelog.md:
         the stat read was 25-30 % of a pass over 200 idle targets). None: a full
         reading is needed (also when anything is pending: a new or departed member,
         an exit record, lost events, a departed member's figures not yet shown)."""

@@ -16,7 +16,7 @@ figures are the last ones read, of the same members.
 
 What a read costs is the target's to decide: 60,000 small mappings make one ~5-12 ms
 (the kernel walks every one), and a target whose memory moves is due every pass (20
-of them made a pass 77-119 ms instead of 1.1 ms, at Nice -10: issue 56). So the reads
+of them made a pass 77-119 ms instead of 1.1 ms, at Nice -10). So the reads
 of a pass share a budget, ``PASS_BUDGET_S`` of CPU on average (a pass spends at most
 that plus one target's read; what it overspends, later passes do not), and a target
 whose read costs more than ``TARGET_BUDGET_S`` waits at least as many passes as its
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 RSS_MOVE = 0.02
 # ...or its members changed, and at least every this many passes (a page shared with a
 # process outside the target changes its share unseen; at 10, the reads of waiting
-# targets were 13-19 % of a pass over 200 of them: docs/performance.md).
+# targets were 13-19 % of a pass over 200 of them: docs/changelog.md).
 REFRESH_EVERY = 30
 # The CPU the reads of a pass take on average: a pass that reads spends at most this
 # plus one read (what is overspent waits in later passes), 0.5 % of a core at 1 s.

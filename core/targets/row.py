@@ -114,7 +114,7 @@ class RowRing:
     """The last ``capacity`` rows, oldest first: per row a 28 B record (its times, the
     device's energy, the slot of its figures), and the target's figures (136 B) once per
     run of rows that repeat them, where a deque of tuples cost ~300 B a row for every
-    target at every pass (issue 45). A None figure is kept as NaN, so a NaN figure reads
+    target at every pass. A None figure is kept as NaN, so a NaN figure reads
     back as None (JSON has no NaN); a count or byte figure reads back as an int, exact
     up to 2**53. A row repeats the last one's figures when they compare equal (``==``,
     before conversion: None equals None): a -0.0 after a 0.0 reads back as 0.0.

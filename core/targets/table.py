@@ -235,7 +235,7 @@ class TargetTable:
     def delete(self, target_id: str, uid: int) -> Target:
         """Let go of one registration. With the last one a running target ends there
         ("unregistered"); either way it stays readable as an exited one does, for
-        exited_retention (purge_exited), so a finished run can still be looked at."""
+        exited_retention (purge_exited), so an ended run can still be looked at."""
         with self._lock:
             target = _find(self._targets, target_id)
             check_owner(target, uid)
@@ -411,7 +411,7 @@ class TargetTable:
         end_reason: str | None = None,
         exit_status: int | None = None,
     ) -> None:
-        """The target is gone, at ``when`` (Target.end); its identity may be registered anew."""
+        """The target ended, at ``when`` (Target.end); its identity may be registered anew."""
         with self._lock:
             target = self._targets.get(target_id)
             if target is None or target.exited_at is not None:
