@@ -106,18 +106,22 @@ def test_no_edge_waits_for_a_line_printed_once_a_second(reg: client.Registration
 def test_a_phase_lasts_what_the_caller_timed(
     once_a_second: DaemonProcess, reg: client.Registration
 ) -> None:
-    timed = []
+    inside, outside = [], []
     for i in range(5):
+        before = time.monotonic()
         with reg.phase(f"work-{i}"):
             started = time.monotonic()
             time.sleep(0.2)
-            timed.append(time.monotonic() - started)
+            inside.append(time.monotonic() - started)
+        outside.append(time.monotonic() - before)
     summary = once_a_second.call("GET", f"/v1/targets/{reg.id}/summary")[1]
     durations = [p["duration_s"] for p in summary["phases"]]
-    # Its edges are taken within the calls that open and close it: never shorter than
-    # the caller's own timing between them, and longer by the calls' own time only.
-    assert all(d >= t - 0.001 for d, t in zip(durations, timed)), (durations, timed)
-    assert statistics.median(d - t for d, t in zip(durations, timed)) < 0.05, (durations, timed)
+    # Its edges are taken within the calls that open and close it: between the
+    # caller's own timing inside them and outside them (to the ms it is shown in),
+    # and the caller's own timing within 10 ms (the calls' own time).
+    timings = list(zip(durations, inside, outside))
+    assert all(t - 0.0005 <= d <= o + 0.0005 for d, t, o in timings), timings
+    assert statistics.median(d - t for d, t, _ in timings) < 0.010, timings
 
 
 def test_a_window_says_when_its_energy_is_final_and_becomes_final(
