@@ -29,6 +29,12 @@ WATTS = 5.0  # the stand-in prints 5 V times the mA in its power file
 
 @pytest.fixture
 def once_a_second(daemon_factory: Any, tmp_path: Path) -> DaemonProcess:
+    return start_once_a_second(daemon_factory, tmp_path)
+
+
+def start_once_a_second(daemon_factory: Any, tmp_path: Path) -> DaemonProcess:
+    """The daemon with the stand-in tegrastats printing a line a second, its board
+    input from ``tmp_path``/curr1_input (5 W), each line logged (printed())."""
     current = tmp_path / "curr1_input"
     current.write_text("1000\n")  # 5 V x 1000 mA
     return daemon_factory(
