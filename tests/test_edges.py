@@ -394,3 +394,26 @@ def held_at(trace: list[tuple[float, float]], t: float) -> float:
     trace's integral to the last line before ``t``, then that line's power held."""
     last, watts = max((r for r in trace if r[0] <= t), key=lambda r: r[0])
     return integral(trace, trace[0][0], last) + watts * (t - last)
+
+
+def test_asked_for_final_figures_a_summary_waits_at_most_the_time_given(
+    reg: client.Registration, tmp_path: Path
+) -> None:
+    line = after_a_line(tmp_path)
+    reg.phase("short")
+    time.sleep(0.1)
+    reg.end_phase()
+    # The next line is 0.8 s away: asked to wait 0.3 s at most, the summary comes
+    # then, not final; asked to wait 5 s, it comes once that line has, final.
+    started = time.monotonic()
+    early = reg.summary(final_wait_s=0.3)
+    waited = time.monotonic() - started
+    if none_printed(tmp_path, line + 0.5):  # the line came on time (a busy machine...)
+        assert early["final"] is False and early["phases"][0]["final"] is False
+    assert 0.3 <= waited < 0.45, waited
+    started = time.monotonic()
+    late = reg.summary(final_wait_s=5.0)
+    waited = time.monotonic() - started
+    assert late["final"] is True and late["phases"][0]["final"] is True
+    next_line = min(t for t, _ in printed(tmp_path) if t > line)
+    assert waited < 1.0 and time.monotonic() >= next_line, waited

@@ -126,3 +126,26 @@ def test_a_phase_over_changing_power_is_the_interpolated_integral_over_its_edges
     held = held_at(trace, end) - held_at(trace, start)
     assert exact == pytest.approx(12.5, abs=0.2) and held - exact > 1.0, (exact, held)
     assert phase["device_energy_j"] == pytest.approx(exact, abs=0.05), (phase, exact, trace)
+
+
+def test_a_tracked_call_inside_a_phase_leaves_it_running(in_process: client.Registration) -> None:
+    reg = in_process
+    step = client.track("step", reg)
+    with reg.phase("epoch"):
+        burn(0.1)
+        with step:
+            burn(0.1)
+            inner = reg.summary()["phases"]
+        burn(0.1)
+    assert [(p["name"], p["depth"], p["ended_at"]) for p in inner] == [
+        ("epoch", 0, None),
+        ("step", 1, None),
+    ]
+    epoch, call = reg.summary(final_wait_s=5.0)["phases"]
+    assert epoch["started_at"] <= call["started_at"] <= call["ended_at"] <= epoch["ended_at"]
+    # The kernel's count, in ticks of 10 ms (each edge's a tick off at most).
+    call_cpu = call["cpu_user_s"] + call["cpu_system_s"]
+    epoch_cpu = epoch["cpu_user_s"] + epoch["cpu_system_s"]
+    assert call_cpu >= 0.08 and epoch_cpu >= call_cpu + 0.16, (epoch_cpu, call_cpu)
+    assert epoch["final"] is True and call["final"] is True
+    assert epoch["device_energy_j"] > call["device_energy_j"] > 0
