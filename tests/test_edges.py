@@ -417,3 +417,28 @@ def test_asked_for_final_figures_a_summary_waits_at_most_the_time_given(
     assert late["final"] is True and late["phases"][0]["final"] is True
     next_line = min(t for t, _ in printed(tmp_path) if t > line)
     assert waited < 1.0 and time.monotonic() >= next_line, waited
+
+
+def test_a_target_that_exits_between_two_lines_becomes_final(
+    once_a_second: DaemonProcess, spawn: Any, tmp_path: Path
+) -> None:
+    # Its exit is its last edge, dated by the kernel: the line after it settles it, and
+    # its summary, read after, holds the trace's integral up to its exit.
+    daemon = once_a_second
+    child = spawn("import sys; sys.stdin.readline()", stdin=subprocess.PIPE)
+    target = daemon.register(child.pid)["id"]
+    assert daemon.call("POST", f"/v1/targets/{target}/phase", {"name": "last"})[0] == 201
+    after_a_line(tmp_path)
+    child.stdin.close()  # it reads EOF and exits
+    child.wait(timeout=5)
+    exited = wait_for(
+        lambda: (
+            (s := daemon.call("GET", f"/v1/targets/{target}/summary")[1])["state"] == "exited" and s
+        )
+    )
+    summary = daemon.call("GET", f"/v1/targets/{target}/summary?final=5")[1]
+    assert summary["final"] is True and summary["phases"][0]["final"] is True, (exited, summary)
+    assert summary["device_energy_j"] == pytest.approx(WATTS * summary["duration_s"], rel=0.01)
+    [last] = summary["phases"]
+    assert last["ended_at"] is not None
+    assert last["device_energy_j"] == pytest.approx(WATTS * last["duration_s"], rel=0.01)
