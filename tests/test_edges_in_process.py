@@ -10,15 +10,12 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from edgewatt import client
-from edgewatt.core import power
-from edgewatt.core.power.source import PowerOptions
 from tests.test_edges import (
     STAND_IN,
     WATTS,
@@ -34,21 +31,22 @@ from tests.test_edges import (
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[client.Registration]:
     """This process registered in-process (fallback="always"), its power the stand-in
-    tegrastats alone, found as the client finds sources, printing once a second."""
+    tegrastats alone (named by the daemon's variable; an empty sysfs holds no other
+    source), printing once a second."""
     current = tmp_path / "curr1_input"
     current.write_text("1000\n")  # 5 V x 1000 mA
+    (tmp_path / "sys").mkdir()
+    monkeypatch.setenv("EDGEWATT_SYSFS_PATH", str(tmp_path / "sys"))
+    monkeypatch.setenv("EDGEWATT_TEGRASTATS", STAND_IN)
+    monkeypatch.setenv("EDGEWATT_POWER_SAMPLE_HZ", "1")
     monkeypatch.setenv("FAKE_TEGRASTATS_POWER_FILE", str(current))
     monkeypatch.setenv("FAKE_TEGRASTATS_LINES", str(tmp_path / "lines.log"))
-    monkeypatch.setenv("EDGEWATT_POWER_SAMPLE_HZ", "1")
-    discover = power.discover
-
-    def stand_in(options: PowerOptions, aside: Any = None) -> list[Any]:
-        return discover(replace(options, sources=("tegrastats",), tegrastats_path=STAND_IN))
-
-    monkeypatch.setattr(power, "discover", stand_in)
     registration = client.register(fallback="always")
     assert registration.mode == "local"
-    assert registration.helper_pids()  # the stand-in runs, this process's child
+    # The stand-in runs, this process's child, the one source.
+    assert registration.helper_pids()
+    backend: Any = registration.backend
+    assert [s.name for s in backend.sampler.power.sources] == ["tegrastats"]
     yield registration
     registration.close()
 
