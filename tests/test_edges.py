@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -240,6 +241,44 @@ def test_edgewatt_run_holds_final_figures(once_a_second: DaemonProcess, tmp_path
     [work] = [p for p in summary["phases"] if p["name"] == "work"]
     assert work["final"] is True
     assert work["device_energy_j"] == pytest.approx(WATTS * work["duration_s"], rel=0.01)
+
+
+# The same script, which then stops the power source (STAND_IN_PID): the lines after
+# its last edges never come.
+SILENCED = PHASED + "import os, signal\nos.kill(int(os.environ['STAND_IN_PID']), signal.SIGSTOP)\n"
+
+
+def stand_in_pid(daemon: DaemonProcess) -> int:
+    """The daemon's one child: the stand-in tegrastats."""
+    assert daemon.proc is not None
+    tasks = Path(f"/proc/{daemon.proc.pid}/task").glob("*/children")
+    (child,) = [int(pid) for pid in " ".join(p.read_text() for p in tasks).split()]
+    return child
+
+
+def test_edgewatt_run_says_not_final_where_the_lines_never_came(
+    once_a_second: DaemonProcess, tmp_path: Path
+) -> None:
+    out = tmp_path / "run.jsonl"
+    child = stand_in_pid(once_a_second)
+    try:
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "edgewatt.cli", "run", "--socket", once_a_second.socket,
+             "--output", str(out), "--", sys.executable, "-c", SILENCED],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+            env={**os.environ, "EDGEWATT_SOCKET": once_a_second.socket,
+                 "STAND_IN_PID": str(child)},
+        )  # fmt: skip
+        took = time.monotonic() - started
+    finally:
+        os.kill(child, signal.SIGCONT)
+    assert result.returncode == 0, result.stderr
+    # It waited for the lines 3 s (POWER_FINAL_WAIT_S), then said what it has.
+    assert 3.0 <= took < 10, took
+    assert "not final" in result.stderr and "power reading after the last edge" in result.stderr
+    summary = [json.loads(line) for line in out.read_text().splitlines()][-1]
+    assert summary["type"] == "summary" and summary["final"] is False
 
 
 def test_every_edge_returns_at_once_and_its_figures_become_final(
