@@ -67,6 +67,13 @@ def after_a_line(tmp_path: Path) -> float:
     return lines[-1][0]
 
 
+def assert_none_waited(costs: list[float]) -> None:
+    """Edges placed 0.1 to 0.6 s after a line, the next 0.9 s after it: one that
+    waited for that line took 0.25 s (the bound it waited), every time. None did: a
+    few ms each, one of them slow at most (a busy machine's preemption)."""
+    assert statistics.median(costs) < 0.05 and sum(c >= 0.2 for c in costs) <= 1, costs
+
+
 def none_printed(tmp_path: Path, since: float) -> bool:
     """No line printed at or after ``since`` (monotonic) so far: no reading after an
     edge taken then can have reached the daemon."""
@@ -338,7 +345,7 @@ def test_every_edge_returns_at_once_and_its_figures_become_final(
         assert status == 200 and summary["state"] == "unregistered"
         not_final_yet("registration", summary["final"], before)
     everything = [c for kind in costs.values() for c in kind]
-    assert max(everything) < 0.2 and statistics.median(everything) < 0.05, costs
+    assert_none_waited(everything)
     # Right after its edge no line had come for most windows: each kind said so.
     assert all(unfinal.get(k, 0) >= 2 for k in ("phase", "track", "registration")), unfinal
     # Once the lines after the edges have come, each window is final: the trace's
@@ -373,7 +380,7 @@ def test_a_monitors_edges_do_not_wait_for_a_line(
     finally:
         monitor.stop()
     assert monitor.source == "daemon"
-    assert max(costs) < 0.2 and statistics.median(costs) < 0.05, costs
+    assert_none_waited(costs)
     marks = [r for r in map(json.loads, out.read_text().splitlines()) if r.get("type") == "phase"]
     assert [m["name"] for m in marks] == [f"mark-{i}" for i in range(4)]
 
