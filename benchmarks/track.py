@@ -18,8 +18,8 @@ tests/power_standin.py, streamed at ``power_sample_hz`` and read at each edge);
 ``tegrastats-1`` (tests/bin/tegrastats printing at 50 Hz and at 1 Hz: pushed lines);
 ``nvml`` (a fake pynvml module, read at each edge); ``powermetrics``
 (tests/bin/powermetrics, pushed; in-process only: the daemon has no key for its path,
-macOS runs the client in-process). The in-process sampler has no tegrastats path
-either: in-process rows are left out where the source is the daemon's alone.
+macOS runs the client in-process). In-process, tegrastats is the one that
+``EDGEWATT_TEGRASTATS`` names, as for the daemon.
 
 Each mode runs three times in one run: on the machine as it is ("idle"),
 beside one busy loop ("one hog": a Python ``while True: pass`` process) and beside
@@ -91,7 +91,6 @@ sys.modules["pynvml"] = FakeNvml()
 """
 
 SOURCES = ("none", "ina3221", "rapl", "tegrastats-50", "tegrastats-1", "nvml", "powermetrics")
-DAEMON_ONLY = {"tegrastats-50", "tegrastats-1"}  # the in-process sampler has no path key
 IN_PROCESS_ONLY = {"powermetrics"}  # the daemon has no path key for it
 
 
@@ -211,8 +210,7 @@ def main() -> None:
                     for nice in daemons:
                         sock = f"{workdir}/{source}/ew{nice}.sock"
                         runs[DAEMON[nice]] = run_caller(args.calls, "daemon", sock, power_env)
-                    if source not in DAEMON_ONLY:
-                        runs["in-process"] = run_caller(args.calls, "in-process", none, power_env)
+                    runs["in-process"] = run_caller(args.calls, "in-process", none, power_env)
                 results[f"{source}/{load}"] = figures(runs)
         finally:
             for daemon in daemons.values():

@@ -93,8 +93,10 @@ class LocalSampler:
             options = PowerOptions(
                 sample_hz=sample_hz_from_environment(),
                 window_hz=window_hz_from_environment(),
-                # The daemon's variable: a host's sysfs mounted elsewhere (a container).
+                # The daemon's variables: a host's sysfs mounted elsewhere (a container),
+                # a tegrastats elsewhere than JetPack puts it.
                 sysfs_path=from_environment(PowerOptions, "sysfs_path", os.environ),
+                tegrastats_path=from_environment(PowerOptions, "tegrastats_path", os.environ),
             )
             if os.environ.get("EDGEWATT_POWERMETRICS"):  # macOS: another powermetrics
                 options = replace(options, powermetrics_path=os.environ["EDGEWATT_POWERMETRICS"])

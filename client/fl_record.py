@@ -21,7 +21,7 @@ _BYTES = ("bytes_received", "bytes_sent", "rss_peak_bytes")
 # The *_provenance: where each energy figure comes from, as a line (core/energy_source.py).
 _TEXT = ("phase", "bytes_source", "host_name", "source", "target", "energy_provenance",
          "device_energy_provenance")  # fmt: skip
-_FLAGS = ("exact", "shorter_than_sensor_period")
+_FLAGS = ("exact", "shorter_than_sensor_period", "final")
 
 
 def _number(value: Any, bound: float) -> bool:

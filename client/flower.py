@@ -143,6 +143,8 @@ class _Window:
                 figures[key] = energy_source.line(phase[key])[:MAX_TEXT]
         if phase.get("shorter_than_sensor_period") is not None:  # None: period unknown
             figures["shorter_than_sensor_period"] = phase["shorter_than_sensor_period"]
+        if isinstance(phase.get("final"), bool):  # false: the power line after it has not come
+            figures["final"] = phase["final"]
         if phase.get("memory_rss_peak_bytes") is not None:
             figures["rss_peak_bytes"] = phase["memory_rss_peak_bytes"]
         return figures
