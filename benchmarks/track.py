@@ -5,7 +5,10 @@ untracked, tracked with the daemon (each call's edges are two passes the daemon 
 at once) and tracked in-process (no daemon: the process's own sampler). The overhead
 per call is the tracked call's wall time minus the untracked median; reported as
 p50/p99 in ms and as the ratio of the tracked p99 to the untracked p99; each edge
-(entering, leaving: one request and one pass each) is timed by itself too.
+(entering, leaving: one request and one pass each) is timed by itself too. Beside
+them, the machine's floor ("floor"): the same call with a bare 200-byte request and
+answer over a Unix socket to another process at each edge, what no edge through a
+daemon can go under on the machine and load of the run.
 
     .venv/bin/python benchmarks/track.py [--calls 300] [--interval 5] [--json out.json]
         [--sources none,ina3221,...] [--loads idle,...]
@@ -58,7 +61,16 @@ import json, sys, time
 from edgewatt import client
 calls, mode = int(sys.argv[1]), sys.argv[2]
 reg = None
-if mode != "untracked":
+if mode == "floor":  # a bare request and answer with another process: the machine's floor
+    import os, socket
+    mine, theirs = socket.socketpair()
+    if os.fork() == 0:
+        mine.close()
+        while (asked := theirs.recv(4096)):
+            theirs.sendall(asked)
+        os._exit(0)
+    theirs.close()
+elif mode != "untracked":
     reg = client.register(fallback="never" if mode == "daemon" else "always")
     assert reg.mode == ("daemon" if mode == "daemon" else "local"), reg.mode
 tracked = client.track("step", registration=reg)
@@ -67,7 +79,14 @@ def step():
 walls, edges, cpu = [], [], []
 for _ in range(calls):
     started = time.perf_counter()
-    if reg is None:
+    if mode == "floor":
+        mine.sendall(b"x" * 200); mine.recv(4096)
+        entered = time.perf_counter()
+        step()
+        leaving = time.perf_counter()
+        mine.sendall(b"x" * 200); mine.recv(4096)
+        edges += [entered - started, time.perf_counter() - leaving]
+    elif reg is None:
         step()
     else:
         tracked.__enter__()
@@ -207,6 +226,7 @@ def main() -> None:
                 with hogs(load):
                     none = str(workdir / "none.sock")
                     runs = {"untracked": run_caller(args.calls, "untracked", none, power_env)}
+                    runs["floor"] = run_caller(args.calls, "floor", none, power_env)
                     for nice in daemons:
                         sock = f"{workdir}/{source}/ew{nice}.sock"
                         runs[DAEMON[nice]] = run_caller(args.calls, "daemon", sock, power_env)
