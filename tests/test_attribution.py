@@ -122,6 +122,30 @@ def test_a_gpu_at_its_idle_leaves_all_of_the_dynamic_energy_to_cpu_time() -> Non
     assert split(measured, 5.0, {"g": 4.0}, usage) == {"cpu": 20.0, "gpu": 0.0}
 
 
+def test_a_gpu_below_a_joule_above_its_idle_still_goes_to_its_users() -> None:
+    # g1 at its idle (listed first) is skipped; g2's 0.5 J above idle go to its user
+    # by load: 0.25 of the GPU's 0.5 (the other half was no target's).
+    measured = PassEnergy(
+        seconds=1.0,
+        device_j=10.0,
+        host_busy_cpu_s=1.0,
+        gpu_j={"g1": 2.0, "g2": 0.5},
+        gpu_load={"g1": 0.5, "g2": 0.5},
+    )
+    usage = {"cpu": Usage(1.0), "gpu": Usage(0.0, {"g1": 0.5, "g2": 0.25})}
+    got = split(measured, 4.0, {"g1": 2.0, "g2": 0.0}, usage)
+    assert got == {"cpu": 5.5, "gpu": 0.25}
+
+
+def test_shares_rounded_above_a_small_dynamic_energy_are_brought_back_under_it() -> None:
+    # 0.49 J shared 1:7:1 adds up, in floats, to 0.49000000000000005: scaled back, the
+    # targets never get more than was measured above idle.
+    measured = PassEnergy(seconds=1.0, device_j=0.49, host_busy_cpu_s=0.0)
+    got = split(measured, 0.0, {}, {"a": Usage(0.1), "b": Usage(0.7), "c": Usage(0.1)})
+    assert math.fsum(got.values()) <= 0.49
+    assert got == pytest.approx({"a": 0.49 / 9, "b": 0.49 * 7 / 9, "c": 0.49 / 9}, rel=1e-12)
+
+
 def test_a_gpu_with_no_load_reported_goes_to_its_users_by_their_loads() -> None:
     # No GPU load measured (gpu_load empty): the users' own loads are the whole.
     measured = PassEnergy(seconds=1.0, device_j=10.0, host_busy_cpu_s=0.0, gpu_j={"g": 6.0})
