@@ -31,19 +31,18 @@ from prometheus_client.utils import floatToGoString
 from edgewatt.core import compat
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.context import DeviceContext
-from edgewatt.core.metrics import BY_NAME, TABLE
+from edgewatt.core.metrics import BY_NAME, TABLE, Metric
 from edgewatt.core.platforms.board import PowerMode
 from edgewatt.core.sampling import system
 from edgewatt.core.snapshot import HostSample, SamplerStats, Snapshot
 from edgewatt.exporter.exposition import (
-    CONTENT_TYPE,
     UNEXPORTED,
     Exposition,
     float_to_go_string,
     sanitize_attribute,
 )
 from edgewatt.exporter.scrape_server import Answer, ScrapeServer, accepts_gzip
-from edgewatt.exporter.telemetry import METRICS, OtelPipeline
+from edgewatt.exporter.telemetry import METRICS, MetricSpec, OtelPipeline
 from tests.conftest import wait_for
 from tests.semconv import REQUIRED_1_44
 from tests.snapshots import POWER, process
@@ -265,6 +264,29 @@ def test_successive_renders_equal_the_otel_exporters_text() -> None:
         assert_same_lines(exposition.render(), otel_text(snapshot))
 
 
+def test_a_gauge_at_negative_zero_reads_as_the_otel_exporter_writes_it() -> None:
+    # A gauge keeps its sign (-0.0); a counter's sum adds it to 0 (0.0).
+    p = dataclasses.replace(process(1), power_w=-0.0, energy_j=-0.0)
+    snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=(p,))
+    text = fast_text(snapshot)
+    assert_same_lines(text, otel_text(snapshot))
+    values = {f.name: f.samples[0].value for f in families(text).values()}
+    assert str(values["edgewatt_process_power_watts"]) == "-0.0"
+    assert str(values["edgewatt_process_energy_joules"]) == "0.0"
+
+
+def test_help_texts_are_escaped_as_the_text_format_asks() -> None:
+    metric = Metric("edgewatt.test", "gauge", "{x}", "a \\ and\na line", subject="host")
+    spec = MetricSpec(metric, lambda snapshot: iter([(1.0, {})]))
+    exposition = Exposition({}, metrics=(spec,))
+    exposition.update(Snapshot(time=0.0, sequence=1, host=None, processes=()))
+    assert exposition.render().decode().splitlines()[-3:] == [
+        "# HELP edgewatt_test a \\\\ and\\na line",
+        "# TYPE edgewatt_test gauge",
+        "edgewatt_test 1.0",
+    ]
+
+
 def test_a_target_left_as_it_was_keeps_its_lines_byte_for_byte() -> None:
     """A target whose figures did not change keeps its lines from the last render;
     the text stays byte for byte what a render from nothing writes: changed, unchanged,
@@ -470,7 +492,7 @@ def test_endpoint_serves_text_and_gzip_rendered_once_per_snapshot(
     snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=(process(1),))
     exposition.update(snapshot)
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
-        assert r.headers["Content-Type"] == CONTENT_TYPE
+        assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         plain = r.read()
     request = urllib.request.Request(f"{url}/metrics", headers={"Accept-Encoding": "gzip"})
     with urllib.request.urlopen(request, timeout=5) as r:
