@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.exporter.prometheus._mapping import sanitize_attribute as otel_sanitize_attribute
@@ -41,7 +41,7 @@ from edgewatt.exporter.exposition import (
     float_to_go_string,
     sanitize_attribute,
 )
-from edgewatt.exporter.scrape_server import Answer, ScrapeServer, accepts_gzip
+from edgewatt.exporter.scrape_server import Answer, Request, ScrapeServer, accepts_gzip
 from edgewatt.exporter.telemetry import METRICS, MetricSpec, OtelPipeline
 from tests.conftest import wait_for
 from tests.semconv import REQUIRED_1_44
@@ -280,11 +280,44 @@ def test_help_texts_are_escaped_as_the_text_format_asks() -> None:
     spec = MetricSpec(metric, lambda snapshot: iter([(1.0, {})]))
     exposition = Exposition({}, metrics=(spec,))
     exposition.update(Snapshot(time=0.0, sequence=1, host=None, processes=()))
-    assert exposition.render().decode().splitlines()[-3:] == [
+    assert exposition.render().decode().splitlines() == [
+        "# HELP target_info Target metadata",
+        "# TYPE target_info gauge",
+        "target_info 1.0",  # a resource of no attributes: no labels
         "# HELP edgewatt_test a \\\\ and\\na line",
         "# TYPE edgewatt_test gauge",
         "edgewatt_test 1.0",
     ]
+
+
+def test_only_targets_whose_figures_moved_are_observed_again() -> None:
+    # A per-target family of its own, recording the targets each render observes.
+    observed: list[list[str]] = []
+
+    def observe(targets: Any) -> Any:
+        observed.append([p.target_id for p in targets.processes])
+        return iter([(p.cpu_user_s, p.attributes) for p in targets.processes])
+
+    metric = Metric("edgewatt.test", "gauge", "s", "CPU", field="cpu_user_s")
+    exposition = Exposition({}, metrics=(MetricSpec(metric, observe),))
+    a, b = process(1), process(2)
+    passes = [
+        (a, b),
+        (dataclasses.replace(a, time=5.0), b),  # re-dated only: kept, nothing observed
+        (dataclasses.replace(a, cpu_user_s=2.0), b),
+        (dataclasses.replace(a, cpu_user_s=2.0), b),
+    ]
+    texts = []
+    for sequence, processes in enumerate(passes, start=1):
+        exposition.update(Snapshot(time=0.0, sequence=sequence, host=None, processes=processes))
+        texts.append(exposition.render().decode().splitlines()[-2:])
+    assert observed == [["t1", "t2"], ["t1"]]
+    labels = 'edgewatt_target_id="t{}",host_name="h",process_executable_name="python3",'
+    labels += 'process_pid="100{}",run="x"'
+    first = [f"edgewatt_test_seconds{{{labels.format(1, 1)}}} 1.5"]
+    second = [f"edgewatt_test_seconds{{{labels.format(2, 2)}}} 1.5"]
+    moved = [f"edgewatt_test_seconds{{{labels.format(1, 1)}}} 2.0"]
+    assert texts == [first + second, first + second, moved + second, moved + second]
 
 
 def test_a_target_left_as_it_was_keeps_its_lines_byte_for_byte() -> None:
@@ -436,6 +469,12 @@ def test_a_quiet_process_in_the_daemons_passes_keeps_its_lines(tmp_path: Path) -
 
 @settings(max_examples=300, deadline=None)
 @given(st.floats() | st.integers(-(2**63), 2**64))
+@example(float("-inf"))
+@example(float("inf"))
+@example(float("nan"))
+@example(12345678.5)  # a fraction past Go's switch to exponents
+@example(-12345678.5)
+@example(123456789.0)
 def test_numbers_are_written_as_prometheus_client_writes_them(value: float) -> None:
     assert float_to_go_string(float(value)) == floatToGoString(value)
 
@@ -501,8 +540,18 @@ def test_endpoint_serves_text_and_gzip_rendered_once_per_snapshot(
     assert plain == fast_text(snapshot)
     assert renders == [1]  # two scrapes, one render
     exposition.update(dataclasses.replace(snapshot, sequence=2))
-    urllib.request.urlopen(f"{url}/metrics", timeout=5).read()
+    with urllib.request.urlopen(request, timeout=5) as r:  # gzip first, then plain
+        assert gzip.decompress(r.read()) == plain
+    assert urllib.request.urlopen(f"{url}/metrics", timeout=5).read() == plain
     assert renders == [1, 2]
+
+
+def test_before_the_first_snapshot_the_text_is_empty() -> None:
+    exposition = Exposition(RESOURCE.attributes)
+    assert exposition.render() == b""
+    answer = exposition.respond(Request("GET", "/metrics", {}))
+    assert (answer.status, answer.body) == (200, b"")
+    exposition.shutdown()  # never bound: nothing to close
 
 
 def test_endpoint_answers_other_paths_with_404(served: tuple[Exposition, str]) -> None:
