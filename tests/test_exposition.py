@@ -301,23 +301,38 @@ def test_only_targets_whose_figures_moved_are_observed_again() -> None:
     metric = Metric("edgewatt.test", "gauge", "s", "CPU", field="cpu_user_s")
     exposition = Exposition({}, metrics=(MetricSpec(metric, observe),))
     a, b = process(1), process(2)
+    a_ran, b_ran = dataclasses.replace(a, cpu_user_s=2.0), dataclasses.replace(b, cpu_user_s=3.0)
+    both = {"t1": 1, "t2": 1}  # Snapshot.figures_since: the pass whose figures they are
     passes = [
-        (a, b),
-        (dataclasses.replace(a, time=5.0), b),  # re-dated only: kept, nothing observed
-        (dataclasses.replace(a, cpu_user_s=2.0), b),
-        (dataclasses.replace(a, cpu_user_s=2.0), b),
+        ((a, b), both),
+        ((dataclasses.replace(a, time=5.0), b), both),  # re-dated only: kept, not observed
+        ((a, b), {}),  # no word: compared, the same
+        ((a, b_ran), {}),  # b moved: a's kept lines written beside b's new ones
+        ((a_ran, b_ran), {}),
+        ((a_ran, b_ran), {}),
     ]
     texts = []
-    for sequence, processes in enumerate(passes, start=1):
-        exposition.update(Snapshot(time=0.0, sequence=sequence, host=None, processes=processes))
+    for sequence, (processes, since) in enumerate(passes, start=1):
+        snapshot = Snapshot(
+            time=0.0, sequence=sequence, host=None, processes=processes, figures_since=since
+        )
+        exposition.update(snapshot)
         texts.append(exposition.render().decode().splitlines()[-2:])
-    assert observed == [["t1", "t2"], ["t1"]]
+    assert observed == [["t1", "t2"], ["t2"], ["t1"]]
     labels = 'edgewatt_target_id="t{}",host_name="h",process_executable_name="python3",'
     labels += 'process_pid="100{}",run="x"'
-    first = [f"edgewatt_test_seconds{{{labels.format(1, 1)}}} 1.5"]
-    second = [f"edgewatt_test_seconds{{{labels.format(2, 2)}}} 1.5"]
-    moved = [f"edgewatt_test_seconds{{{labels.format(1, 1)}}} 2.0"]
-    assert texts == [first + second, first + second, moved + second, moved + second]
+    a_line = f"edgewatt_test_seconds{{{labels.format(1, 1)}}} 1.5"
+    b_line = f"edgewatt_test_seconds{{{labels.format(2, 2)}}} 1.5"
+    a_ran_line = f"edgewatt_test_seconds{{{labels.format(1, 1)}}} 2.0"
+    b_ran_line = f"edgewatt_test_seconds{{{labels.format(2, 2)}}} 3.0"
+    assert texts == [
+        [a_line, b_line],
+        [a_line, b_line],
+        [a_line, b_line],
+        [a_line, b_ran_line],
+        [a_ran_line, b_ran_line],
+        [a_ran_line, b_ran_line],
+    ]
 
 
 def test_a_target_left_as_it_was_keeps_its_lines_byte_for_byte() -> None:
