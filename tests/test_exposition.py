@@ -290,9 +290,19 @@ def test_help_texts_are_escaped_as_the_text_format_asks() -> None:
     ]
 
 
-def test_only_targets_whose_figures_moved_are_observed_again() -> None:
-    # A per-target family of its own, recording the targets each render observes.
+def test_only_targets_whose_figures_moved_are_observed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A per-target family of its own, recording the targets each render observes, and
+    # whose label sets are written (once each: a kept target keeps its own).
+    from edgewatt.exporter import exposition as module
+
     observed: list[list[str]] = []
+    written: list[object] = []
+    real = module._render_labels
+    monkeypatch.setattr(
+        module, "_render_labels", lambda a: written.append(a.get("edgewatt.target.id")) or real(a)
+    )
 
     def observe(targets: Any) -> Any:
         observed.append([p.target_id for p in targets.processes])
@@ -319,6 +329,7 @@ def test_only_targets_whose_figures_moved_are_observed_again() -> None:
         exposition.update(snapshot)
         texts.append(exposition.render().decode().splitlines()[-2:])
     assert observed == [["t1", "t2"], ["t2"], ["t1"]]
+    assert written == [None, "t1", "t2"]  # the resource's, then each target's
     labels = 'edgewatt_target_id="t{}",host_name="h",process_executable_name="python3",'
     labels += 'process_pid="100{}",run="x"'
     a_line = f"edgewatt_test_seconds{{{labels.format(1, 1)}}} 1.5"
