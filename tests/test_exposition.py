@@ -581,11 +581,28 @@ def test_before_the_first_snapshot_the_text_is_empty() -> None:
 
 
 def test_endpoint_answers_other_paths_with_404(served: tuple[Exposition, str]) -> None:
-    _, url = served
+    exposition, url = served
     with pytest.raises(urllib.error.HTTPError) as error:
         urllib.request.urlopen(f"{url}/nothing", timeout=5)
     assert error.value.code == 404
-    assert b"/metrics" in error.value.read()
+    assert error.value.read() == b"not found: /metrics serves the metrics\n"
+    # The root serves the metrics too.
+    exposition.update(Snapshot(time=0.0, sequence=1, host=None, processes=(process(1),)))
+    with urllib.request.urlopen(f"{url}/", timeout=5) as r:
+        assert r.read() == exposition.render() != b""
+
+
+def test_a_shut_down_endpoint_refuses_connections_and_shuts_down_again() -> None:
+    exposition = Exposition(RESOURCE.attributes)
+    with pytest.raises(AssertionError, match=r"^bind\(\) first$"):
+        exposition.serve()
+    port = exposition.bind("127.0.0.1", 0)
+    exposition.serve()
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    exposition.shutdown()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+    exposition.shutdown()
 
 
 def test_endpoint_serves_from_a_fixed_set_of_threads(
