@@ -557,6 +557,7 @@ def test_endpoint_serves_text_and_gzip_rendered_once_per_snapshot(
     snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=(process(1),))
     exposition.update(snapshot)
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        assert (r.status, r.reason) == (200, "OK")
         assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         plain = r.read()
     request = urllib.request.Request(f"{url}/metrics", headers={"Accept-Encoding": "gzip"})
