@@ -585,7 +585,8 @@ def test_endpoint_answers_other_paths_with_404(served: tuple[Exposition, str]) -
     exposition, url = served
     with pytest.raises(urllib.error.HTTPError) as error:
         urllib.request.urlopen(f"{url}/nothing", timeout=5)
-    assert error.value.code == 404
+    assert (error.value.code, error.value.reason) == (404, "Not Found")
+    assert error.value.headers["Content-Type"] == "text/plain"
     assert error.value.read() == b"not found: /metrics serves the metrics\n"
     # The root serves the metrics too.
     exposition.update(Snapshot(time=0.0, sequence=1, host=None, processes=(process(1),)))
