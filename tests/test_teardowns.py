@@ -169,6 +169,22 @@ def test_a_reaper_inside_the_target_shows_its_childrens_teardowns() -> None:
     assert t.missed() == 0.0
 
 
+def test_a_member_of_the_target_at_registration_hands_its_reaper_all_it_had_reaped() -> None:
+    t = Teardowns()
+    t.read(1, 100.0, existing=True)
+    t.read(2, 7.0, existing=True)  # had reaped 7 ticks before: not the target's
+    t.after_pass({1, 2}, {1, 2})
+    t.depart(3, 4.0, 2, inside=True, unseen=False, final=False)
+    t.read(2, 12.0, existing=True)
+    t.after_pass({1, 2}, {1, 2})
+    assert t.missed() == 1.0
+    # 2 exits (10 ticks) and 1 reaps it: 1's counters gain 2's own and everything 2
+    # reaped, the 7 ticks before registration too (10 + 7 + 5), and 2 of teardown.
+    t.depart(2, 10.0, 1, inside=True, unseen=False, final=False)
+    t.read(1, 124.0, existing=True)
+    assert t.missed() == 3.0
+
+
 def test_a_root_reaped_outside_is_checked_against_what_it_was_expected_at_its_reading() -> None:
     t = Teardowns()
     t.read(1, 50.0, existing=True)
@@ -197,7 +213,7 @@ def test_children_reaped_after_a_roots_last_reading_leave_the_figure_incomplete(
     t.depart(3, 4.0, 1, inside=True, unseen=False, final=False)
     t.depart(1, 20.0, 0, inside=False, unseen=False, final=False)
     assert t.missed() == 2.0
-    assert not t.complete
+    assert t.complete is False
 
 
 def test_a_reaper_read_as_a_zombie_settles_its_children_whose_events_come_late() -> None:
