@@ -202,6 +202,30 @@ def test_a_root_reaped_outside_is_checked_against_what_it_was_expected_at_its_re
     assert t.missed() == 3.0 and t.complete
 
 
+def test_a_member_reaped_outside_with_nothing_expected_of_it_changes_nothing() -> None:
+    t = Teardowns()
+    t.read(1, 0.0, existing=False)
+    t.read(2, 0.0, existing=False)
+    t.after_pass({1, 2}, {1, 2})
+    t.depart(3, 4.0, 1, inside=True, unseen=False, final=False)
+    t.read(1, 6.0, existing=False)
+    t.read(2, 0.0, existing=False)
+    t.after_pass({1, 2}, {1, 2})
+    assert t.missed() == 2.0
+    t.depart(2, 5.0, 999, inside=False, unseen=False, final=False)  # re-parented, reaped
+    assert t.missed() == 2.0 and t.complete
+
+
+def test_an_unseen_child_of_a_reaper_read_once_is_shown_at_that_reading() -> None:
+    # The reaper's first reading (forked since) already shows the child it reaped; the
+    # child's event, then the reaper's own exit (reaped outside), come in that pass.
+    t = Teardowns()
+    t.read(1, 5.0, existing=False)
+    t.depart(3, 4.0, 1, inside=True, unseen=True, final=False)
+    t.depart(1, 20.0, 999, inside=False, unseen=False, final=False)
+    assert t.missed() == 1.0 and t.complete
+
+
 def test_children_reaped_after_a_roots_last_reading_leave_the_figure_incomplete() -> None:
     t = Teardowns()
     t.read(1, 50.0, existing=True)
