@@ -5,7 +5,8 @@ A process's exit record is sent before it tears down its address space: a
 ``/bin/true`` spends most of its CPU (0.5-1.4 ms here) after its record. Measured
 against the kernel's count for the whole tree (a driver that wait4s the workload and
 adds its own getrusage), through `edgewatt run` (its table, its --output file) and
-through the daemon's own summary of the target `edgewatt run` registered."""
+through the daemon's own summary of the target `edgewatt run` registered (as root); and
+the ledger that counts them (core/sampling/teardowns.py) in exact ticks."""
 
 from __future__ import annotations
 
