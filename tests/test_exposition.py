@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.exporter.prometheus._mapping import sanitize_attribute as otel_sanitize_attribute
@@ -31,19 +31,18 @@ from prometheus_client.utils import floatToGoString
 from edgewatt.core import compat
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.context import DeviceContext
-from edgewatt.core.metrics import BY_NAME, TABLE
+from edgewatt.core.metrics import BY_NAME, TABLE, Metric
 from edgewatt.core.platforms.board import PowerMode
 from edgewatt.core.sampling import system
 from edgewatt.core.snapshot import HostSample, SamplerStats, Snapshot
 from edgewatt.exporter.exposition import (
-    CONTENT_TYPE,
     UNEXPORTED,
     Exposition,
     float_to_go_string,
     sanitize_attribute,
 )
-from edgewatt.exporter.scrape_server import Answer, ScrapeServer, accepts_gzip
-from edgewatt.exporter.telemetry import METRICS, OtelPipeline
+from edgewatt.exporter.scrape_server import Answer, Request, ScrapeServer, accepts_gzip
+from edgewatt.exporter.telemetry import METRICS, MetricSpec, OtelPipeline
 from tests.conftest import wait_for
 from tests.semconv import REQUIRED_1_44
 from tests.snapshots import POWER, process
@@ -265,6 +264,88 @@ def test_successive_renders_equal_the_otel_exporters_text() -> None:
         assert_same_lines(exposition.render(), otel_text(snapshot))
 
 
+def test_a_gauge_at_negative_zero_reads_as_the_otel_exporter_writes_it() -> None:
+    # A gauge keeps its sign (-0.0); a counter's sum adds it to 0 (0.0).
+    p = dataclasses.replace(process(1), power_w=-0.0, energy_j=-0.0)
+    snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=(p,))
+    text = fast_text(snapshot)
+    assert_same_lines(text, otel_text(snapshot))
+    values = {f.name: f.samples[0].value for f in families(text).values()}
+    assert str(values["edgewatt_process_power_watts"]) == "-0.0"
+    assert str(values["edgewatt_process_energy_joules"]) == "0.0"
+
+
+def test_help_texts_are_escaped_as_the_text_format_asks() -> None:
+    metric = Metric("edgewatt.test", "gauge", "{x}", "a \\ and\na line", subject="host")
+    spec = MetricSpec(metric, lambda snapshot: iter([(1.0, {})]))
+    exposition = Exposition({}, metrics=(spec,))
+    exposition.update(Snapshot(time=0.0, sequence=1, host=None, processes=()))
+    assert exposition.render().decode().splitlines() == [
+        "# HELP target_info Target metadata",
+        "# TYPE target_info gauge",
+        "target_info 1.0",  # a resource of no attributes: no labels
+        "# HELP edgewatt_test a \\\\ and\\na line",
+        "# TYPE edgewatt_test gauge",
+        "edgewatt_test 1.0",
+    ]
+
+
+def test_only_targets_whose_figures_moved_are_observed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A per-target family of its own, recording the targets each render observes, and
+    # whose label sets are written (once each: a kept target keeps its own).
+    from edgewatt.exporter import exposition as module
+
+    observed: list[list[str]] = []
+    written: list[object] = []
+    real = module._render_labels
+    monkeypatch.setattr(
+        module, "_render_labels", lambda a: written.append(a.get("edgewatt.target.id")) or real(a)
+    )
+
+    def observe(targets: Any) -> Any:
+        observed.append([p.target_id for p in targets.processes])
+        return iter([(p.cpu_user_s, p.attributes) for p in targets.processes])
+
+    metric = Metric("edgewatt.test", "gauge", "s", "CPU", field="cpu_user_s")
+    exposition = Exposition({}, metrics=(MetricSpec(metric, observe),))
+    a, b = process(1), process(2)
+    a_ran, b_ran = dataclasses.replace(a, cpu_user_s=2.0), dataclasses.replace(b, cpu_user_s=3.0)
+    both = {"t1": 1, "t2": 1}  # Snapshot.figures_since: the pass whose figures they are
+    passes = [
+        ((a, b), both),
+        ((dataclasses.replace(a, time=5.0), b), both),  # re-dated only: kept, not observed
+        ((a, b), {}),  # no word: compared, the same
+        ((a, b_ran), {}),  # b moved: a's kept lines written beside b's new ones
+        ((a_ran, b_ran), {}),
+        ((a_ran, b_ran), {}),
+    ]
+    texts = []
+    for sequence, (processes, since) in enumerate(passes, start=1):
+        snapshot = Snapshot(
+            time=0.0, sequence=sequence, host=None, processes=processes, figures_since=since
+        )
+        exposition.update(snapshot)
+        texts.append(exposition.render().decode().splitlines()[-2:])
+    assert observed == [["t1", "t2"], ["t2"], ["t1"]]
+    assert written == [None, "t1", "t2"]  # the resource's, then each target's
+    labels = 'edgewatt_target_id="t{}",host_name="h",process_executable_name="python3",'
+    labels += 'process_pid="100{}",run="x"'
+    a_line = f"edgewatt_test_seconds{{{labels.format(1, 1)}}} 1.5"
+    b_line = f"edgewatt_test_seconds{{{labels.format(2, 2)}}} 1.5"
+    a_ran_line = f"edgewatt_test_seconds{{{labels.format(1, 1)}}} 2.0"
+    b_ran_line = f"edgewatt_test_seconds{{{labels.format(2, 2)}}} 3.0"
+    assert texts == [
+        [a_line, b_line],
+        [a_line, b_line],
+        [a_line, b_line],
+        [a_line, b_ran_line],
+        [a_ran_line, b_ran_line],
+        [a_ran_line, b_ran_line],
+    ]
+
+
 def test_a_target_left_as_it_was_keeps_its_lines_byte_for_byte() -> None:
     """A target whose figures did not change keeps its lines from the last render;
     the text stays byte for byte what a render from nothing writes: changed, unchanged,
@@ -414,6 +495,12 @@ def test_a_quiet_process_in_the_daemons_passes_keeps_its_lines(tmp_path: Path) -
 
 @settings(max_examples=300, deadline=None)
 @given(st.floats() | st.integers(-(2**63), 2**64))
+@example(float("-inf"))
+@example(float("inf"))
+@example(float("nan"))
+@example(12345678.5)  # a fraction past Go's switch to exponents
+@example(-12345678.5)
+@example(123456789.0)
 def test_numbers_are_written_as_prometheus_client_writes_them(value: float) -> None:
     assert float_to_go_string(float(value)) == floatToGoString(value)
 
@@ -470,7 +557,8 @@ def test_endpoint_serves_text_and_gzip_rendered_once_per_snapshot(
     snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=(process(1),))
     exposition.update(snapshot)
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
-        assert r.headers["Content-Type"] == CONTENT_TYPE
+        assert (r.status, r.reason) == (200, "OK")
+        assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         plain = r.read()
     request = urllib.request.Request(f"{url}/metrics", headers={"Accept-Encoding": "gzip"})
     with urllib.request.urlopen(request, timeout=5) as r:
@@ -479,16 +567,44 @@ def test_endpoint_serves_text_and_gzip_rendered_once_per_snapshot(
     assert plain == fast_text(snapshot)
     assert renders == [1]  # two scrapes, one render
     exposition.update(dataclasses.replace(snapshot, sequence=2))
-    urllib.request.urlopen(f"{url}/metrics", timeout=5).read()
+    with urllib.request.urlopen(request, timeout=5) as r:  # gzip first, then plain
+        assert gzip.decompress(r.read()) == plain
+    assert urllib.request.urlopen(f"{url}/metrics", timeout=5).read() == plain
     assert renders == [1, 2]
 
 
+def test_before_the_first_snapshot_the_text_is_empty() -> None:
+    exposition = Exposition(RESOURCE.attributes)
+    assert exposition.render() == b""
+    answer = exposition.respond(Request("GET", "/metrics", {}))
+    assert (answer.status, answer.body) == (200, b"")
+    exposition.shutdown()  # never bound: nothing to close
+
+
 def test_endpoint_answers_other_paths_with_404(served: tuple[Exposition, str]) -> None:
-    _, url = served
+    exposition, url = served
     with pytest.raises(urllib.error.HTTPError) as error:
         urllib.request.urlopen(f"{url}/nothing", timeout=5)
-    assert error.value.code == 404
-    assert b"/metrics" in error.value.read()
+    assert (error.value.code, error.value.reason) == (404, "Not Found")
+    assert error.value.headers["Content-Type"] == "text/plain"
+    assert error.value.read() == b"not found: /metrics serves the metrics\n"
+    # The root serves the metrics too.
+    exposition.update(Snapshot(time=0.0, sequence=1, host=None, processes=(process(1),)))
+    with urllib.request.urlopen(f"{url}/", timeout=5) as r:
+        assert r.read() == exposition.render() != b""
+
+
+def test_a_shut_down_endpoint_refuses_connections_and_shuts_down_again() -> None:
+    exposition = Exposition(RESOURCE.attributes)
+    with pytest.raises(AssertionError, match=r"^bind\(\) first$"):
+        exposition.serve()
+    port = exposition.bind("127.0.0.1", 0)
+    exposition.serve()
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    exposition.shutdown()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+    exposition.shutdown()
 
 
 def test_endpoint_serves_from_a_fixed_set_of_threads(
@@ -519,15 +635,21 @@ def test_endpoint_serves_from_a_fixed_set_of_threads(
         stalled.close()
 
 
+@pytest.mark.parametrize("bad_first", [False, True])
 def test_a_target_whose_labels_cannot_be_encoded_is_left_out_of_that_scrape_only(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, bad_first: bool
 ) -> None:
     bad = dataclasses.replace(process(2), attributes={**process(2).attributes, "run": "\udcff"})
-    snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=(process(1), bad))
+    processes = (bad, process(1)) if bad_first else (process(1), bad)
+    snapshot = Snapshot(time=0.0, sequence=1, host=None, processes=processes)
     exposition = Exposition(RESOURCE.attributes)
     exposition.update(snapshot)
     text = exposition.render().decode()
-    assert 'edgewatt_target_id="t1"' in text and 'edgewatt_target_id="t2"' not in text
+    # Every line of the other target's, as if the unwritable one were not there.
+    alone = fast_text(dataclasses.replace(snapshot, processes=(process(1),))).decode()
+    t1_lines = [line for line in alone.splitlines() if 'edgewatt_target_id="t1"' in line]
+    assert len(t1_lines) > 20
+    assert [line for line in text.splitlines() if "edgewatt_target_id=" in line] == t1_lines
     exposition.update(dataclasses.replace(snapshot, sequence=2))
     assert exposition.render().decode() == text
     logged = [r.getMessage() for r in caplog.records]
