@@ -1,4 +1,4 @@
-"""Edges never wait for a power reading (issue 51), with the stand-in tegrastats printing
+"""Edges never wait for a power reading, with the stand-in tegrastats printing
 a constant 5 W board input once a second, as `sample_hz: 1` runs the real one: a phase,
 a tracked call, a registration costs the caller no wait for the next line; the edge's
 instant is the call's; the window's device energy is the trace's integral over it,

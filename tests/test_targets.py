@@ -249,7 +249,7 @@ def _history_of(rows: list[SampleRow], capacity: int) -> History:
 
 def test_a_full_history_keeps_its_last_rows_exactly_in_178_bytes_a_row() -> None:
     # Every row's figures are new objects, as a target that runs makes them: the ring
-    # must hold their values, not the objects (issue 45: 200 targets' full rings).
+    # must hold their values, not the objects (200 targets' full rings).
     rows = [
         _row(
             i * 0.2 + 0.1,
@@ -500,7 +500,7 @@ def test_a_refusal_says_what_it_is_not_how_http_answers_it() -> None:
 
 def test_a_window_is_never_attributed_more_than_the_device_measured_over_it() -> None:
     # A pass shared out 0.056 J while a push source's last power was held past its
-    # line; the settled trace gives the window 0.019 J of the whole device (issue 52).
+    # line; the settled trace gives the window 0.019 J of the whole device.
     first = _row(10.0, cpu_user_s=1.0, energy_j=1.0, device_energy_j=100.0)
     last = _row(10.2, cpu_user_s=1.1, energy_j=1.056, device_energy_j=100.06)
     settled = EdgeEnergy(start_j=100.0, end_at=10.2, end_j=100.019)

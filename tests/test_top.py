@@ -680,7 +680,7 @@ def test_a_row_one_column_too_wide_leaves_out_procs_before_the_id() -> None:
     header, line = table_lines([busy], 80)
     assert header.split()[:2] == ["ID", "NAME"] and "PROCS" not in header
     assert line.startswith("8f769edb0869  python3.11") and len(line) <= 80
-    # The labels where there is room: the phase's joules leave first (issue 52).
+    # The labels where there is room: the phase's joules leave first.
     assert "round-12" in line and line.endswith("role=train") and "101.5" not in line
     wide_header, _ = table_lines([busy], 160)  # room for every column
     assert wide_header.split() == [*" ".join(COLUMNS).split()]

@@ -1,4 +1,4 @@
-"""Window statistics (issue 41 item 3): for the run and each phase, the lowest, mean and
+"""Window statistics: for the run and each phase, the lowest, mean and
 highest of the device's power (from every reading of the sensor, not one a pass), of
 the target's CPU utilization and of its memory. The power on the 1 kHz stand-in
 INA3221 (tests/power_standin.py) at a 5 W floor with a 50 ms spike at 20 W: what a
