@@ -200,11 +200,13 @@ def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
                      if pss is None else f"{human_bytes(pss)} (what the processes held, "
                      "shared pages split among them)"))  # fmt: skip
     if summary.get("memory_rss_largest_peak_bytes") is not None:
+        # Which figure: sampled by the passes, or the kernel's record at an exit.
+        source = summary.get("memory_rss_largest_source")
         rows.append(
             (
                 "largest",
                 f"peak RSS {human_bytes(summary['memory_rss_largest_peak_bytes'])} "
-                "(of the largest process)",
+                f"(of the largest process{'; ' + source if source else ''})",
             )
         )
     if summary.get("memory_cgroup_peak_bytes") is not None:
@@ -694,6 +696,10 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
         figures.append(f"peak PSS {human_bytes(summary['memory_pss_peak_bytes'])}")
     elif summary.get("memory_rss_peak_bytes") is not None:
         figures.append(f"peak RSS summed {human_bytes(summary['memory_rss_peak_bytes'])}")
+    elif summary.get("memory_rss_largest_peak_bytes") is not None:  # a run no pass saw
+        largest = human_bytes(summary["memory_rss_largest_peak_bytes"])
+        at_exit = str(summary.get("memory_rss_largest_source", "")).startswith("at exit")
+        figures.append(f"largest process's peak RSS {largest}{' at exit' if at_exit else ''}")
     # The command's own bytes (edgewatt run's, the daemon's count), else a process
     # scope's; the host's never (a whole device's bytes are not the command's).
     own = ("network_transmit_bytes", "network_receive_bytes")
