@@ -213,12 +213,30 @@ def run(
     if output and monitor.source:
         print(f"  samples written to {output}", file=sys.stderr)
     if emissions:  # codecarbon's emissions.csv, a row appended (cli/emissions.py)
-        problem = emissions_csv.append(emissions, emissions_csv.row(summary, labels, time.time()))
+        return _emissions(emissions, summary, labels, status)
+    return status
+
+
+def _emissions(path: str, summary: dict[str, Any], labels: dict[str, str], status: int) -> int:
+    """The run's row appended to codecarbon's emissions.csv at ``path``, and its phases'
+    rows in codecarbon's tasks file beside it; the run's exit status (EX_IOERR where
+    the command's was 0 and a file could not be written)."""
+    row = emissions_csv.row(summary, labels, time.time())
+    problem = emissions_csv.append(path, row)
+    if problem is not None:
+        print(f"edgewatt run: --emissions: {problem}", file=sys.stderr)
+        return status or EX_IOERR
+    print(f"  a row appended to {path} (codecarbon's columns; energy_consumed: the "
+          "device's measured energy)", file=sys.stderr)  # fmt: skip
+    phases = measured_phases(summary)
+    if phases:
+        tasks = emissions_csv.task_path(path, labels.get("experiment", ""), row["run_id"])
+        rows = emissions_csv.task_rows(row, phases, summary.get("carbon_intensity_g_per_kwh"))
+        problem = emissions_csv.write_tasks(tasks, rows)
         if problem is not None:
             print(f"edgewatt run: --emissions: {problem}", file=sys.stderr)
             return status or EX_IOERR
-        print(f"  a row appended to {emissions} (codecarbon's columns; energy_consumed: the "
-              "device's measured energy)", file=sys.stderr)  # fmt: skip
+        print(f"  {len(rows)} phases in {tasks} (codecarbon's task rows)", file=sys.stderr)
     return status
 
 
