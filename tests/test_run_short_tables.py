@@ -1,0 +1,62 @@
+"""What the table of a run shorter than the readings says of its spread: never a mean
+outside its own lowest and highest, never a lone "-, mean, -", and the mean CPU use the
+table's own CPU time over the run (issue 52: every figure says what it is)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+from edgewatt.cli.spreads import TOO_SHORT, spread_rows
+from tests.conftest import ROOT
+
+STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
+
+
+def test_a_spread_whose_mean_is_not_within_it_says_the_run_was_too_short() -> None:
+    # A daemon's summary of a 3 ms command between two 10 Hz readings (measured here):
+    # its power interpolated over the span, the one reading around it both min and max.
+    summary = {
+        "power_min_w": 12.479, "device_power_avg_w": 9.285, "power_max_w": 12.479,
+        "cpu_utilization_min": None, "cpu_avg_utilization": 0.5175, "cpu_utilization_max": None,
+        "memory_rss_min_bytes": None, "memory_rss_avg_bytes": None,
+        "memory_rss_peak_bytes": 1 << 20,
+    }  # fmt: skip
+    assert spread_rows(summary) == [
+        ("power", f"mean 9.29 W (the device's); {TOO_SHORT}"),
+        ("CPU use", f"mean 51.7 % of all cores; {TOO_SHORT}"),
+    ]
+    summary.update(power_min_w=4.5, cpu_utilization_min=0.2, cpu_utilization_max=0.6)
+    assert spread_rows(summary) == [
+        ("power", "min 4.50 W, mean 9.29 W, max 12.48 W (the device's)"),
+        ("CPU use", "min 20.0 %, mean 51.7 %, max 60.0 % of all cores"),
+    ]
+
+
+def test_a_short_runs_table_has_no_contradiction(daemon_factory: Any) -> None:
+    daemon = daemon_factory(
+        extra_args=["--tegrastats", STAND_IN], env={"FAKE_TEGRASTATS_MODEL": "Jetson AGX Thor"}
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "run", "--no-cgroup", "--socket", daemon.socket,
+         "--", "/bin/true"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = dict(re.findall(r"^  (\S[\w ]*?\S)  +(\S.*)$", result.stderr, re.M))
+    cpu = re.match(r"([\d.]+) s \(avg ([\d.]+) % of one core\)", rows["CPU time"])
+    assert cpu is not None, result.stderr
+    use = re.match(r"(?:min [\d.]+ %, )?mean ([\d.]+) %", rows["CPU use"])
+    assert use is not None, result.stderr
+    # The same CPU time over the same run: per core of all of them, to the rounding.
+    assert abs(float(use[1]) - float(cpu[2]) / (os.cpu_count() or 1)) <= 0.1, result.stderr
+    for label in ("power", "CPU use", "RSS sum"):
+        shown = rows.get(label, "")
+        assert "min -" not in shown and "max -" not in shown, result.stderr
+        numbers = re.match(r"min ([\d.]+) \S+, mean ([\d.]+) \S+, max ([\d.]+)", shown)
+        if numbers:
+            low, mean, high = map(float, numbers.groups())
+            assert low <= mean <= high, result.stderr
