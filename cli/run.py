@@ -34,7 +34,7 @@ from typing import Any, Callable
 from edgewatt.cli import emissions as emissions_csv
 from edgewatt.cli import run_cgroup, spreads
 from edgewatt.cli.exit_peaks import ExitPeak, ExitPeaks
-from edgewatt.cli.report import HOST_KEYS, TOTAL_KEYS, summary_table
+from edgewatt.cli.report import HOST_KEYS, TOTAL_KEYS, amount, summary_table
 from edgewatt.client import NO_DAEMON_SAID
 from edgewatt.client._monitor import FileMonitor
 from edgewatt.client._sinks import measured_phases
@@ -530,19 +530,23 @@ def _final(
                 else "daemon (exit records and reapers' counters, lineage)"
             )
             if kernel is not None:
-                summary["cpu_source"] += f"; wait4 counted {kernel:.2f} s"
+                summary["cpu_source"] += f"; wait4 counted {amount(kernel, 2)} s"
         elif kernel is not None:
             cpu_s = kernel
             summary["cpu_source"] = "kernel (wait4 of every process the command started)"
             if daemon is not None:
-                summary["cpu_source"] += f"; the daemon counted {daemon:.2f} s"
+                summary["cpu_source"] += f"; the daemon counted {amount(daemon, 2)} s"
         else:
             return summary
         summary["cpu_time_s"] = cpu_s
         summary["avg_cpu_usage"] = cpu_s / wall_s * 100 if wall_s > 0 else 0.0
-        if wall_s > 0 and "cpu_avg_utilization" in summary:
-            # The mean CPU use the table shows is this CPU time's over the run (the
-            # daemon's is over its target's span, milliseconds for a short command).
+        if (
+            wall_s > 0
+            and "cpu_avg_utilization" in summary
+            and summary.get("cpu_utilization_min") is None
+        ):
+            # No interval of the daemon's: its mean is over its target's span, a few ms
+            # for a short command; the run's is this CPU time over the run.
             summary["cpu_avg_utilization"] = cpu_s / wall_s / (os.cpu_count() or 1)
         return summary
 

@@ -20,6 +20,7 @@ import pytest
 from edgewatt.cli.report import (
     ESCAPES,
     Layout,
+    amount,
     layout,
     load,
     summary_from_samples,
@@ -371,8 +372,9 @@ def test_plot_of_a_file_with_device_power(daemon_factory: Any, tmp_path: Path) -
     mean = area / sum(x1 - x0 for x0, x1 in zip(xs[::2], xs[1::2]))
     assert mean == pytest.approx(summary["avg_power_w"], rel=1e-3)  # wall and monotonic
     assert mean == pytest.approx(16.802, abs=0.03)
-    assert f"device energy {summary['energy_j']:.1f} J (avg {summary['avg_power_w']:.2f} W)" in (
-        drawn.title
+    assert (
+        f"device energy {amount(summary['energy_j'], 1)} J (avg {summary['avg_power_w']:.2f} W)"
+        in (drawn.title)
     )
 
 
@@ -484,7 +486,7 @@ def test_a_cut_off_last_line_is_skipped_with_one_warning(tmp_path: Path) -> None
     # The figures from the samples before it, the phases as recorded.
     header, samples, _, _ = load(str(cut))
     cpu = summary_from_samples(samples, header["started_at"])["cpu_time_s"]
-    assert f"CPU time  {cpu:.2f} s" in result.stdout
+    assert f"CPU time  {amount(cpu, 2)} s" in result.stdout
     names = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("    ")]
     assert names[:3] == ["phase", "load", "train"]  # the phase table's header and rows
 
@@ -680,7 +682,7 @@ def test_a_second_run_appended_to_a_file_is_reported_alone(tmp_path: Path) -> No
         "from this line\n"
     )
     assert header["command"] == "sleep 0.6" and summary is not None
-    assert f"duration    {summary['duration_s']:.1f} s" in result.stdout
+    assert f"duration    {amount(summary['duration_s'], 1)} s" in result.stdout
     assert all(s["timestamp"] >= header["started_at"] for s in samples)
 
 

@@ -60,3 +60,21 @@ def test_a_short_runs_table_has_no_contradiction(daemon_factory: Any) -> None:
         if numbers:
             low, mean, high = map(float, numbers.groups())
             assert low <= mean <= high, result.stderr
+
+
+def test_a_figure_below_1_keeps_two_significant_digits() -> None:
+    from edgewatt.cli.report import amount, summary_table
+
+    assert [amount(x, 1) for x in (0.0, 0.024, 0.61, 0.065, 5.26, 208.46)] == [
+        "0.0", "0.024", "0.61", "0.065", "5.3", "208.5"
+    ]  # fmt: skip
+    assert amount(0.0027, 2) == "0.0027" and amount(4.615, 2) == "4.62"
+    assert amount(0.065 / 3600, 4) == "0.000018"
+    table = summary_table(
+        {"duration_s": 0.036, "cpu_time_s": 0.0027, "avg_cpu_usage": 7.5, "energy_j": 0.065,
+         "avg_power_w": 4.82, "process_energy_j": 0.0056}, "t", "present",
+    )  # fmt: skip
+    assert "  duration           0.036 s\n" in table
+    assert "  CPU time           0.0027 s (avg 7.5 % of one core)\n" in table
+    assert "  device energy      0.065 J (0.000018 Wh), avg 4.82 W\n" in table
+    assert "  attributed energy  0.0056 J (0.0000016 Wh) above idle" in table
