@@ -520,6 +520,7 @@ def _final(
             summary["phases"] = last["phases"]
             summary["phases_dropped"] = last.get("phases_dropped") or 0
         summary.update(_disk(api, usage))
+        summary.update(_device_energy(api, summary))
         if usage is not None:
             kernel = summary["cpu_wait4_s"] = usage["cpu_s"]
         if daemon is not None and (kernel is None or daemon >= kernel):
@@ -551,6 +552,28 @@ def _final(
         return summary
 
     return final
+
+
+def _device_energy(api: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any]:
+    """The device's energy over the command and the command's attributed share, as the
+    daemon settled them at the target's edges (its final summary), in place of the
+    monitor's sums over its readings: those hold each pass's energy as known then (up
+    to the sensor's latest reading), and a run of a few readings summed them to -0.3 J,
+    or 44 W where the readings were 5 and 12 W, its share above the device's. {} where
+    the daemon gave none final."""
+    if api is None or api.get("final") is False or api.get("device_energy_j") is None:
+        return {}
+    energy = api["device_energy_j"] + 0.0  # never -0.0
+    found = {"energy_j": energy, "energy_source": "daemon (settled at the command's edges)"}
+    if "energy_vdd_in_j" in summary:  # the board input is the device: one energy
+        found.update(energy_vdd_in_j=energy, total_power_vdd_in=energy * 1000)
+    found["avg_power_w"] = api.get("device_power_avg_w")
+    if api.get("energy_j") is not None:  # its share over the same span, never above it
+        found["process_energy_j"] = api["energy_j"] + 0.0
+    intensity = summary.get("carbon_intensity_g_per_kwh")
+    if intensity is not None:  # CodeCarbon's rule, on this energy
+        found["total_carbon_g"] = energy / 3_600_000 * intensity
+    return found
 
 
 def _disk(api: dict[str, Any] | None, usage: dict | None) -> dict[str, Any]:

@@ -4,12 +4,14 @@ table's own CPU time over the run (issue 52: every figure says what it is)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from typing import Any
 
+from edgewatt.cli.report import amount
 from edgewatt.cli.spreads import TOO_SHORT, spread_rows
 from tests.conftest import ROOT
 
@@ -78,3 +80,37 @@ def test_a_figure_below_1_keeps_two_significant_digits() -> None:
     assert "  CPU time           0.0027 s (avg 7.5 % of one core)\n" in table
     assert "  device energy      0.065 J (0.000018 Wh), avg 4.82 W\n" in table
     assert "  attributed energy  0.0056 J (0.0000016 Wh) above idle" in table
+
+
+def test_a_short_runs_energy_is_the_daemons_settled_figure(
+    daemon_factory: Any, tmp_path: Any
+) -> None:
+    """The stand-in's readings alternate 4.76 and 12.48 W at 10 Hz: a command of a few
+    ms between two of them. The table and the file hold the device energy and the
+    attributed share the daemon settled at the command's edges (the monitor's sum of
+    its readings' energies read -0.3 J, 44 W, an attributed share above the device's)."""
+    from edgewatt.core import transport
+
+    daemon = daemon_factory(extra_args=["--tegrastats", STAND_IN])
+    for n, mode in enumerate((["--no-cgroup"], [], ["--no-cgroup"], [])):
+        out = tmp_path / f"{n}.jsonl"
+        result = subprocess.run(
+            [sys.executable, "-m", "edgewatt.cli", "run", *mode, "--socket", daemon.socket,
+             "--label", f"n={n}", "--output", str(out), "--", "/bin/true"],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        summary = [json.loads(line) for line in out.read_text().splitlines()][-1]
+        (target,) = [
+            t for t in transport.call_ok(daemon.socket, "GET", "/v1/targets")["targets"]
+            if t["labels"].get("n") == str(n)
+        ]  # fmt: skip
+        api = transport.call_ok(daemon.socket, "GET", f"/v1/targets/{target['id']}/summary")
+        assert api["final"] is True, api
+        assert summary["energy_j"] == api["device_energy_j"] >= 0, (summary, api)
+        assert summary["process_energy_j"] == api["energy_j"] <= api["device_energy_j"]
+        assert summary["avg_power_w"] == api["device_power_avg_w"]
+        if summary["avg_power_w"] is not None:
+            assert 4.5 <= summary["avg_power_w"] <= 12.5, summary
+        shown = f"  device energy      {amount(api['device_energy_j'], 1)} J"
+        assert shown in result.stderr, result.stderr
