@@ -368,7 +368,9 @@ def test_plot_of_a_file_with_device_power(daemon_factory: Any, tmp_path: Path) -
     area = sum((x1 - x0) * w for x0, x1, w in zip(xs[::2], xs[1::2], watts[::2]))
     summary = load(str(out))[3]
     assert summary is not None
-    assert area == pytest.approx(summary["energy_j"], rel=1e-9)
+    # The summary's is the daemon's, settled at the run's edges and given to the mJ; the
+    # samples' are each pass's as known then: at a constant power, the same energy.
+    assert area == pytest.approx(summary["energy_j"], abs=0.001)
     mean = area / sum(x1 - x0 for x0, x1 in zip(xs[::2], xs[1::2]))
     assert mean == pytest.approx(summary["avg_power_w"], rel=1e-3)  # wall and monotonic
     assert mean == pytest.approx(16.802, abs=0.03)
