@@ -114,3 +114,23 @@ def test_a_short_runs_energy_is_the_daemons_settled_figure(
             assert 4.5 <= summary["avg_power_w"] <= 12.5, summary
         shown = f"  device energy      {amount(api['device_energy_j'], 1)} J"
         assert shown in result.stderr, result.stderr
+
+
+def test_a_command_no_pass_saw_alive_is_named_after_it(daemon_factory: Any) -> None:
+    """`edgewatt run --no-cgroup -- /bin/true`: the daemon's one pass finds it a zombie
+    (its cmdline gone, its comm left): the target is named `true`, never the fork of
+    edgewatt run (`python3 ... edgewatt run ...`) it was registered as."""
+    from edgewatt.core import transport
+
+    daemon = daemon_factory(interval=5.0)
+    result = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "run", "--no-cgroup", "--socket", daemon.socket,
+         "--label", "named=yes", "--", "/bin/true"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (target,) = [
+        t for t in transport.call_ok(daemon.socket, "GET", "/v1/targets")["targets"]
+        if t["labels"].get("named") == "yes"
+    ]  # fmt: skip
+    assert (target["command"], target["executable"]) == ("true", "true"), target
