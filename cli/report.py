@@ -3,7 +3,6 @@ prints: one line per figure, each with its unit."""
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 import typing  # runtime aliases: Python 3.8's builtins take no [...]
@@ -22,7 +21,7 @@ from edgewatt.cli.rounds import (
     rounds_table,
 )
 from edgewatt.cli.spreads import KEYS, spread_rows
-from edgewatt.cli.status import human_bytes
+from edgewatt.cli.status import amount, human_bytes
 from edgewatt.core.energy_source import line as energy_source
 from edgewatt.core.text import printable
 
@@ -188,15 +187,6 @@ def _energy_unknown(summary: dict[str, Any], power: str | None) -> str:
     if power == "present":
         return f"unknown: the power source gave no reading during the run{lasted}"
     return "unknown: no power reading recorded"
-
-
-def amount(value: float, digits: int) -> str:
-    """``value`` with ``digits`` decimals, or below 1 with as many as show two significant
-    digits (a run of a few ms: 0.024 s, 0.0028 s of CPU and 0.065 J, not 0.0 s, 0.00 s
-    and 0.1 J)."""
-    if value == 0 or abs(value) >= 1:
-        return f"{value:.{digits}f}"
-    return f"{value:.{max(digits, 1 - math.floor(math.log10(abs(value))))}f}"
 
 
 def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:

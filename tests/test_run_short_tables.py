@@ -134,3 +134,12 @@ def test_a_command_no_pass_saw_alive_is_named_after_it(daemon_factory: Any) -> N
         if t["labels"].get("named") == "yes"
     ]  # fmt: skip
     assert (target["command"], target["executable"]) == ("true", "true"), target
+
+
+def test_a_finished_short_targets_cpu_is_not_zero_in_top_and_status() -> None:
+    from edgewatt.cli.status import finished_rows
+
+    target = {"id": "a1", "pid": 7, "command": "true", "state": "exited", "exited_at": 0.0}
+    summary = {"cpu_user_s": 0.002, "cpu_system_s": 0.0007, "exit_status": 0}
+    (row,) = finished_rows([(target, summary)])[1:]
+    assert row[6] == "0.0027 s"
