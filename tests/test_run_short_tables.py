@@ -143,3 +143,25 @@ def test_a_finished_short_targets_cpu_is_not_zero_in_top_and_status() -> None:
     summary = {"cpu_user_s": 0.002, "cpu_system_s": 0.0007, "exit_status": 0}
     (row,) = finished_rows([(target, summary)])[1:]
     assert row[6] == "0.0027 s"
+
+
+def test_edgewatt_summary_says_why_a_short_targets_pss_is_missing(daemon_factory: Any) -> None:
+    """No bare "-": a command no pass read alive has no PSS, and the summary says why."""
+    daemon = daemon_factory(interval=5.0)
+    result = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "run", "--no-cgroup", "--socket", daemon.socket,
+         "--label", "pss=short", "--", "/bin/true"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    shown = subprocess.run(
+        [sys.executable, "-m", "edgewatt.cli", "summary", "--socket", daemon.socket,
+         "pss=short"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    (memory,) = [line for line in shown.stdout.splitlines() if line.startswith("  memory")]
+    assert memory.startswith(
+        "  memory     peak PSS not measured (sampled only: no pass read it; the kernel keeps "
+        "none at an exit), largest process's peak RSS "
+    ), memory
