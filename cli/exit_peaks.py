@@ -115,6 +115,8 @@ class ExitPeaks:
             self.listener = Listener(root)
         except OSError as exc:
             self.why_not = f"taskstats: {exc.strerror or exc}"
+        except AttributeError:  # no AF_NETLINK: not Linux
+            self.why_not = "taskstats: Linux only"
 
     @staticmethod
     def bytes(maxrss: int) -> int:
