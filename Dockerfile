@@ -2,7 +2,7 @@
 # processes: run it with `pid: host` and /proc, /sys mounted read-only.
 FROM python:3.11.11-slim-bookworm
 WORKDIR /opt/edgewatt
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY exporter ./exporter
 COPY client ./client
 COPY core ./core

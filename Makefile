@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 .PHONY: run test lint format dashboards clean mutate
 
 # `make run` installs what the daemon needs; `make test` adds the test extras.
-$(VENV)/.runtime: pyproject.toml core/power/_stream.c
+$(VENV)/.runtime: pyproject.toml setup.py core/power/_stream.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e .

@@ -10,6 +10,14 @@ as codecarbon's default: the whole device), ``emissions`` that energy at the gri
 intensity edgewatt was configured with. What edgewatt does not measure apart (the
 CPU's, GPU's and RAM's own power and energy, the location) is left empty, never a
 made-up figure. A row is appended; a file with other columns is left as it is.
+
+Phases are codecarbon's tasks (``start_task``/``stop_task``), whose rows never go in
+``emissions.csv``: its columns have no task name, and codecarbon's reader backs up a file
+whose header differs. codecarbon writes them to a file of their own beside it,
+``emissions_<experiment>_<run_id>.csv`` (``FileOutput.task_out``: ``TaskEmissionsData``'s
+columns, those empty in every row left out, the file written whole); so does
+:func:`write_tasks`, one row per phase with its measured device energy, under the run
+row's ``run_id``.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ COLUMNS = (
     "ram_utilization_percent", "ram_used_gb", "on_cloud", "pue", "wue",
 )  # fmt: skip
 J_PER_KWH = 3_600_000.0
+# TaskEmissionsData's fields, in its order (a task has no experiment_id).
+TASK_COLUMNS = ("task_name", *(c for c in COLUMNS if c not in ("experiment_id", "pue", "wue")))
 
 
 def row(summary: dict[str, Any], labels: dict[str, str], ended_at: float) -> dict[str, Any]:
@@ -60,6 +70,53 @@ def row(summary: dict[str, Any], labels: dict[str, str], ended_at: float) -> dic
         "pue": 1,
         "wue": 0,
     }
+
+
+def task_rows(
+    run: dict[str, Any], phases: list[dict[str, Any]], g_per_kwh: float | None
+) -> list[dict[str, Any]]:
+    """One task row per measured phase (the daemon's summary items), with the run row's
+    identity and machine columns; emissions at ``g_per_kwh`` (None: left empty)."""
+    rows = []
+    for phase in phases:
+        duration = phase.get("duration_s") or 0.0
+        energy = phase.get("device_energy_j")
+        kwh = None if energy is None else energy / J_PER_KWH
+        kg = None if kwh is None or g_per_kwh is None else kwh * g_per_kwh / 1000
+        ended = phase.get("ended_at") or phase.get("started_at") or 0.0
+        same = {c: run.get(c) for c in TASK_COLUMNS if c in run}
+        rows.append({
+            **same,
+            "task_name": phase.get("name", ""),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ended)),
+            "duration": duration,
+            "emissions": kg,
+            "emissions_rate": kg / duration if kg is not None and duration > 0 else None,
+            "energy_consumed": kwh,
+        })  # fmt: skip
+    return rows
+
+
+def task_path(path: str, experiment: str, run_id: str) -> str:
+    """codecarbon's file of a run's tasks, beside its emissions.csv (``experiment``:
+    "base" where none is named, as codecarbon's default)."""
+    name = f"emissions_{experiment or 'base'}_{run_id}.csv"
+    return os.path.join(os.path.dirname(path) or ".", name)
+
+
+def write_tasks(path: str, rows: list[dict[str, Any]]) -> str | None:
+    """The tasks file, written whole as codecarbon writes it (its columns empty in
+    every row left out); why not, where it cannot be written."""
+    columns = [c for c in TASK_COLUMNS if any(r.get(c) not in (None, "") for r in rows)]
+    try:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            for r in rows:
+                writer.writerow({k: "" if v is None else v for k, v in r.items()})
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    return None
 
 
 def append(path: str, values: dict[str, Any]) -> str | None:

@@ -132,6 +132,12 @@ def render(s: dict[str, Any]) -> str:
 
     cgroup = s.get("cgroup") or {}
     name = f"{cgroup.get('kind')} {cgroup.get('name')}" if cgroup else f"pid {s['pid']}"
+    # PSS is sampled only (smaps): none where no pass read a member alive, and why.
+    pss = (
+        f"{value('memory_pss_peak_bytes', 'bytes')} (what it holds)"
+        if s.get("memory_pss_peak_bytes") is not None
+        else "not measured (sampled only: no pass read it; the kernel keeps none at an exit)"
+    )
     counts = {
         "ip-bytes": "IP bytes, headers included",
         "interface-bytes": "frames on its network namespace's interfaces",
@@ -149,7 +155,7 @@ def render(s: dict[str, Any]) -> str:
         f"  duration   {value('duration_s', 's')}",
         *_covers(s),
         f"  CPU        user {value('cpu_user_s', 's')}, system {value('cpu_system_s', 's')}",
-        f"  memory     peak PSS {value('memory_pss_peak_bytes', 'bytes')} (what it holds), "
+        f"  memory     peak PSS {pss}, "
         f"largest process's peak RSS {value('memory_rss_largest_peak_bytes', 'bytes')}, "
         f"RSS summed peak {value('memory_rss_peak_bytes', 'bytes')}",
         f"  storage    read {value('disk_read_bytes', 'bytes')}, "

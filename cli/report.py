@@ -21,7 +21,7 @@ from edgewatt.cli.rounds import (
     rounds_table,
 )
 from edgewatt.cli.spreads import KEYS, spread_rows
-from edgewatt.cli.status import human_bytes
+from edgewatt.cli.status import amount, human_bytes
 from edgewatt.core.energy_source import line as energy_source
 from edgewatt.core.text import printable
 
@@ -47,7 +47,7 @@ def summary_table(
     if device:
         rows.append(("device", device))
     if "duration_s" in summary:
-        rows.append(("duration", f"{summary['duration_s']:.1f} s"))
+        rows.append(("duration", f"{amount(summary['duration_s'], 1)} s"))
     covered = summary.get("covers")
     if isinstance(covered, dict) and covered.get("whole") is False:
         rows.append(("covers", covers_line(covered)))  # part of the run: which part
@@ -55,7 +55,8 @@ def summary_table(
         rows.append(
             (
                 "CPU time",
-                f"{summary['cpu_time_s']:.2f} s (avg {summary['avg_cpu_usage']:.1f} % of one core)",
+                f"{amount(summary['cpu_time_s'], 2)} s (avg {summary['avg_cpu_usage']:.1f} % of "
+                "one core)",
             )
         )
         if summary.get("cpu_source"):  # which count it is (edgewatt run's larger of two)
@@ -65,14 +66,15 @@ def summary_table(
     rows += network_rows(summary, host_network)
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
-        line = f"{energy:.1f} J ({energy / 3600:.4f} Wh)"
+        line = f"{amount(energy, 1)} J ({amount(energy / 3600, 4)} Wh)"
         if summary.get("avg_power_w") is not None:
             line += f", avg {summary['avg_power_w']:.2f} W"
         rows.append(("device energy", line))
     if energy is not None and summary.get("process_energy_j") is not None:
         # A share of the device's energy: none where that was not measured.
         mine = summary["process_energy_j"]
-        rows.append(("attributed energy", f"{mine:.1f} J ({mine / 3600:.4f} Wh) above idle"))
+        rows.append(("attributed energy", f"{amount(mine, 1)} J ({amount(mine / 3600, 4)} Wh) "
+                     "above idle"))  # fmt: skip
     if summary.get("total_carbon_g") is not None:
         rows.append(
             (
@@ -200,11 +202,13 @@ def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
                      if pss is None else f"{human_bytes(pss)} (what the processes held, "
                      "shared pages split among them)"))  # fmt: skip
     if summary.get("memory_rss_largest_peak_bytes") is not None:
+        # Which figure: sampled by the passes, or the kernel's record at an exit.
+        source = summary.get("memory_rss_largest_source")
         rows.append(
             (
                 "largest",
                 f"peak RSS {human_bytes(summary['memory_rss_largest_peak_bytes'])} "
-                "(of the largest process)",
+                f"(of the largest process{'; ' + source if source else ''})",
             )
         )
     if summary.get("memory_cgroup_peak_bytes") is not None:
@@ -422,7 +426,7 @@ def phase_colours(count: int) -> list[Any]:
 
 
 def _figure(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    return "-" if value is None else amount(value, digits)
 
 
 def _spans(phases: list[dict[str, Any]], end: float) -> list[tuple[dict[str, Any], float, float]]:
@@ -685,15 +689,19 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)) if started else "?"
     figures = []
     if "duration_s" in summary:
-        figures.append(f"{summary['duration_s']:.1f} s")
+        figures.append(f"{amount(summary['duration_s'], 1)} s")
     if "cpu_time_s" in summary:
-        figures.append(f"CPU {summary['cpu_time_s']:.2f} s")
+        figures.append(f"CPU {amount(summary['cpu_time_s'], 2)} s")
     # The memory held where known (the table has the others): the RSS summed counts a
     # shared page once per process.
     if summary.get("memory_pss_peak_bytes") is not None:
         figures.append(f"peak PSS {human_bytes(summary['memory_pss_peak_bytes'])}")
     elif summary.get("memory_rss_peak_bytes") is not None:
         figures.append(f"peak RSS summed {human_bytes(summary['memory_rss_peak_bytes'])}")
+    elif summary.get("memory_rss_largest_peak_bytes") is not None:  # a run no pass saw
+        largest = human_bytes(summary["memory_rss_largest_peak_bytes"])
+        at_exit = str(summary.get("memory_rss_largest_source", "")).startswith("at exit")
+        figures.append(f"largest process's peak RSS {largest}{' at exit' if at_exit else ''}")
     # The command's own bytes (edgewatt run's, the daemon's count), else a process
     # scope's; the host's never (a whole device's bytes are not the command's).
     own = ("network_transmit_bytes", "network_receive_bytes")
@@ -706,10 +714,11 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
     if energy is not None:
         average = summary.get("avg_power_w")
         figures.append(
-            f"device energy {energy:.1f} J" + ("" if average is None else f" (avg {average:.2f} W)")
+            f"device energy {amount(energy, 1)} J"
+            + ("" if average is None else f" (avg {average:.2f} W)")
         )
     if energy is not None and summary.get("process_energy_j") is not None:
-        figures.append(f"attributed {summary['process_energy_j']:.1f} J")
+        figures.append(f"attributed {amount(summary['process_energy_j'], 1)} J")
     lines = [what, f"on {header.get('host', '?')}, {when}:"]
     for figure in figures:  # wrapped between figures, never inside one
         if len(lines[-1]) + len(figure) > 105:

@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 from edgewatt.cli import emissions as emissions_csv
 from edgewatt.cli import run_cgroup, spreads
-from edgewatt.cli.report import HOST_KEYS, TOTAL_KEYS, summary_table
+from edgewatt.cli.exit_peaks import ExitPeak, ExitPeaks
+from edgewatt.cli.report import HOST_KEYS, TOTAL_KEYS, amount, summary_table
 from edgewatt.client import NO_DAEMON_SAID
 from edgewatt.client._monitor import FileMonitor
 from edgewatt.client._sinks import measured_phases
@@ -62,6 +63,8 @@ POWER_FINAL_WAIT_S = 3.0
 # status waits that long at most when the daemon is slow).
 ZOMBIE_PASS_S = 2.0
 MEMORY_KEYS = ("memory_pss_peak_bytes", "memory_rss_largest_peak_bytes", "memory_rss_peak_bytes")
+LARGEST = "memory_rss_largest_peak_bytes"
+LARGEST_SOURCE = "memory_rss_largest_source"  # sampled, or at exit from which record
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -165,9 +168,12 @@ def run(
         # The command's own clients (a training script's register(), a Flower mod) find
         # the daemon that measures it.
         said = getattr(monitor.registration, "no_daemon_at", None)
+        peaks = ExitPeaks(child.pid)  # listening before the command runs
         failure = child.release(monitor.daemon_socket, said)
+        if child.fork_peak is not None:
+            peaks.fork_peak = peaks.bytes(child.fork_peak)
         last_pass = _last_pass(monitor)
-        code = _wait_all(child, subreaper, monitor.helper_pids, last_pass)
+        code = _wait_all(child, subreaper, monitor.helper_pids, last_pass, peaks)
         # Whether the device has a power source, asked before the target is closed.
         power = _power_state(monitor.registration)
         if own is not None:
@@ -176,7 +182,7 @@ def run(
                 last_pass()  # gone: its target ends exactly, as a process's at its exit
         wall_s = time.monotonic() - started
         usage = _difference(resource.getrusage(resource.RUSAGE_CHILDREN), before)
-        final = _final(usage if subreaper else None, wall_s, power)
+        final = _final(usage if subreaper else None, wall_s, power, peaks.result())
         if monitor.running:
             monitor.stop(final=final)
     finally:
@@ -207,12 +213,30 @@ def run(
     if output and monitor.source:
         print(f"  samples written to {output}", file=sys.stderr)
     if emissions:  # codecarbon's emissions.csv, a row appended (cli/emissions.py)
-        problem = emissions_csv.append(emissions, emissions_csv.row(summary, labels, time.time()))
+        return _emissions(emissions, summary, labels, status)
+    return status
+
+
+def _emissions(path: str, summary: dict[str, Any], labels: dict[str, str], status: int) -> int:
+    """The run's row appended to codecarbon's emissions.csv at ``path``, and its phases'
+    rows in codecarbon's tasks file beside it; the run's exit status (EX_IOERR where
+    the command's was 0 and a file could not be written)."""
+    row = emissions_csv.row(summary, labels, time.time())
+    problem = emissions_csv.append(path, row)
+    if problem is not None:
+        print(f"edgewatt run: --emissions: {problem}", file=sys.stderr)
+        return status or EX_IOERR
+    print(f"  a row appended to {path} (codecarbon's columns; energy_consumed: the "
+          "device's measured energy)", file=sys.stderr)  # fmt: skip
+    phases = measured_phases(summary)
+    if phases:
+        tasks = emissions_csv.task_path(path, labels.get("experiment", ""), row["run_id"])
+        rows = emissions_csv.task_rows(row, phases, summary.get("carbon_intensity_g_per_kwh"))
+        problem = emissions_csv.write_tasks(tasks, rows)
         if problem is not None:
             print(f"edgewatt run: --emissions: {problem}", file=sys.stderr)
             return status or EX_IOERR
-        print(f"  a row appended to {emissions} (codecarbon's columns; energy_consumed: the "
-              "device's measured energy)", file=sys.stderr)  # fmt: skip
+        print(f"  {len(rows)} phases in {tasks} (codecarbon's task rows)", file=sys.stderr)
     return status
 
 
@@ -270,14 +294,18 @@ class _Held:
                     os.environ["EDGEWATT_SOCKET"] = os.fsdecode(told)
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as Popen restores them
                     signal.signal(sig, signal.SIG_DFL)
+                # The kernel keeps this fork's peak RSS across the exec, in wait4's
+                # ru_maxrss: read last, so that a larger figure is the command's.
+                os.write(report, _own_peak())
                 os.execv(path, command)  # with os.environ as now
             except OSError as exc:
-                os.write(report, str(exc.errno or errno.ENOEXEC).encode())
+                os.write(report, b"\n" + str(exc.errno or errno.ENOEXEC).encode())
             finally:
                 os._exit(127)
         os.close(hold)
         os.close(report)
         self.returncode: int | None = None
+        self.fork_peak: int | None = None  # its ru_maxrss just before its exec
 
     def release(self, socket: str | None = None, no_daemon_at: str | None = None) -> int | None:
         """Let the command run, with ``EDGEWATT_SOCKET`` set to ``socket`` where given,
@@ -289,8 +317,17 @@ class _Held:
             os.write(self._release, b"\0" + os.fsencode(no_daemon_at))
         os.close(self._release)
         with os.fdopen(self._errors, "rb") as errors:
-            failure = errors.read()  # end of file at the exec (close-on-exec)
+            told = errors.read()  # end of file at the exec (close-on-exec)
+        peak, _, failure = told.partition(b"\n")
+        self.fork_peak = int(peak) if peak else None  # ru_maxrss's unit
         return int(failure) if failure else None
+
+
+def _own_peak() -> bytes:
+    """This process's peak RSS as wait4 will count it (ru_maxrss: the kernel's per-CPU
+    counters, not /proc's sums, which differ by pages) and a newline: read last, with
+    as little allocated after it as can be."""
+    return str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss).encode() + b"\n"
 
 
 def _executable(name: str) -> str:
@@ -370,11 +407,14 @@ def _monitored_via(source: str | None, lost: tuple[float, str, str] | None) -> s
 
 
 def _last_pass(monitor: FileMonitor) -> Callable[[], None]:
-    """A pass of the daemon now (the command a zombie: its counters final), if one
-    samples it."""
+    """A pass now, the command a zombie: its counters final, and its comm the command's
+    (in-process too: then the memory read before its exec is known as the fork's)."""
 
     def sample() -> None:
         registration = monitor.registration
+        if registration is not None and registration.mode == "local":
+            registration.summary()  # a pass while the target runs
+            return
         if registration is None or registration.mode != "daemon" or monitor.daemon_socket is None:
             return
         path = f"/v1/targets/{registration.id}/summary?fresh=1"
@@ -385,7 +425,11 @@ def _last_pass(monitor: FileMonitor) -> Callable[[], None]:
 
 
 def _wait_all(
-    child: _Held, subreaper: bool, helpers: Callable[[], set[int]], last_pass: Callable[[], None]
+    child: _Held,
+    subreaper: bool,
+    helpers: Callable[[], set[int]],
+    last_pass: Callable[[], None],
+    peaks: ExitPeaks,
 ) -> int:
     """The command's exit code, once it and every process re-parented to this one have
     exited and been reaped (PEP 475: waits are retried across signals). The command is
@@ -395,14 +439,15 @@ def _wait_all(
     if hasattr(os, "waitid"):  # not on macOS before Python 3.13: reaped unread there
         os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
         last_pass()
-    _, status = os.waitpid(child.pid, 0)
+    _, status, usage = os.wait4(child.pid, 0)
+    peaks.reaped_one(child.pid, usage.ru_maxrss)
     child.returncode = compat.exit_code(status)
     # A zombie's children are re-parented at its exit, before it is reaped: each round
     # lists those the last reaped ones left.
     while subreaper and (orphans := _orphans(helpers())):
         for pid in orphans:
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+                peaks.reaped_one(pid, os.wait4(pid, 0)[2].ru_maxrss)
     return child.returncode
 
 
@@ -417,12 +462,15 @@ def _difference(after: resource.struct_rusage, before: resource.struct_rusage) -
     }
 
 
-def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
+def _final(
+    usage: dict | None, wall_s: float, power: str | None, exit_peak: ExitPeak | None = None
+) -> Any:
     """The summary the table and the file show: the larger of the daemon's CPU time of
     the target (where its exit figures came from the kernel) and the kernel's count of
     the reaped tree (``usage``: None where this process could not be the subreaper,
     and the orphans' CPU went elsewhere), both kept, and which was shown; ``power``
-    (_power_state) kept as ``power_source`` for the report's word on missing energy."""
+    (_power_state) kept as ``power_source`` for the report's word on missing energy;
+    ``exit_peak``: the largest peak RSS the kernel recorded at the processes' exits."""
 
     def final(recorded: dict[str, Any], registration: Any) -> dict[str, Any]:
         summary = {**recorded, "duration_s": wall_s}
@@ -450,12 +498,13 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
         for key in MEMORY_KEYS:
             if key in sampled:
                 summary[key] = sampled[key]
+        summary.update(_largest(summary.get(LARGEST), exit_peak))
         cgroup = (api or {}).get("cgroup") or {}
         if cgroup.get("memory_peak_bytes") is not None:  # the kernel's, however short
             summary["memory_cgroup_peak_bytes"] = cgroup["memory_peak_bytes"]
         if any(key in summary and summary[key] is None for key in MEMORY_KEYS):
             summary["memory_unmeasured"] = _memory_unmeasured(
-                api or last, wall_s, "memory_cgroup_peak_bytes" in summary
+                api or last, wall_s, "memory_cgroup_peak_bytes" in summary, summary, exit_peak
             )
         # The run's lowest, mean and highest power, CPU use and memory, as the daemon
         # measured them.
@@ -471,6 +520,7 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
             summary["phases"] = last["phases"]
             summary["phases_dropped"] = last.get("phases_dropped") or 0
         summary.update(_disk(api, usage))
+        summary.update(_device_energy(api, summary))
         if usage is not None:
             kernel = summary["cpu_wait4_s"] = usage["cpu_s"]
         if daemon is not None and (kernel is None or daemon >= kernel):
@@ -481,19 +531,49 @@ def _final(usage: dict | None, wall_s: float, power: str | None) -> Any:
                 else "daemon (exit records and reapers' counters, lineage)"
             )
             if kernel is not None:
-                summary["cpu_source"] += f"; wait4 counted {kernel:.2f} s"
+                summary["cpu_source"] += f"; wait4 counted {amount(kernel, 2)} s"
         elif kernel is not None:
             cpu_s = kernel
             summary["cpu_source"] = "kernel (wait4 of every process the command started)"
             if daemon is not None:
-                summary["cpu_source"] += f"; the daemon counted {daemon:.2f} s"
+                summary["cpu_source"] += f"; the daemon counted {amount(daemon, 2)} s"
         else:
             return summary
         summary["cpu_time_s"] = cpu_s
         summary["avg_cpu_usage"] = cpu_s / wall_s * 100 if wall_s > 0 else 0.0
+        if (
+            wall_s > 0
+            and "cpu_avg_utilization" in summary
+            and summary.get("cpu_utilization_min") is None
+        ):
+            # No interval of the daemon's: its mean is over its target's span, a few ms
+            # for a short command; the run's is this CPU time over the run.
+            summary["cpu_avg_utilization"] = cpu_s / wall_s / (os.cpu_count() or 1)
         return summary
 
     return final
+
+
+def _device_energy(api: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any]:
+    """The device's energy over the command and the command's attributed share, as the
+    daemon settled them at the target's edges (its final summary), in place of the
+    monitor's sums over its readings: those hold each pass's energy as known then (up
+    to the sensor's latest reading), and a run of a few readings summed them to -0.3 J,
+    or 44 W where the readings were 5 and 12 W, its share above the device's. {} where
+    the daemon gave none final."""
+    if api is None or api.get("final") is False or api.get("device_energy_j") is None:
+        return {}
+    energy = api["device_energy_j"] + 0.0  # never -0.0
+    found = {"energy_j": energy, "energy_source": "daemon (settled at the command's edges)"}
+    if "energy_vdd_in_j" in summary:  # the board input is the device: one energy
+        found.update(energy_vdd_in_j=energy, total_power_vdd_in=energy * 1000)
+    found["avg_power_w"] = api.get("device_power_avg_w")
+    if api.get("energy_j") is not None:  # its share over the same span, never above it
+        found["process_energy_j"] = api["energy_j"] + 0.0
+    intensity = summary.get("carbon_intensity_g_per_kwh")
+    if intensity is not None:  # CodeCarbon's rule, on this energy
+        found["total_carbon_g"] = energy / 3_600_000 * intensity
+    return found
 
 
 def _disk(api: dict[str, Any] | None, usage: dict | None) -> dict[str, Any]:
@@ -512,18 +592,47 @@ def _disk(api: dict[str, Any] | None, usage: dict | None) -> dict[str, Any]:
     return {"disk_read_bytes": read, "disk_write_bytes": written, "disk_source": source}
 
 
-def _memory_unmeasured(api: dict[str, Any], wall_s: float, cgroup_peak: bool) -> str:
-    """Why a memory figure is absent: memory is read by the daemon's passes (smaps for
-    PSS), and none saw a process of the command alive; the kernel keeps no PSS, and a
-    process's peak RSS at its exit only where the target was that one process (a
-    cgroup's members are not read at their exit: its own peak stands for them where the
-    kernel keeps one, memory.peak on cgroup v2)."""
+def _largest(sampled: int | None, exit_peak: ExitPeak | None) -> dict[str, Any]:
+    """The largest process's peak RSS: the larger of the passes' and the exit records'
+    (a pass reads below a peak between passes; an exit record is that process's peak),
+    and which it is."""
+    if (
+        exit_peak is not None
+        and not exit_peak.bound
+        and (sampled is None or exit_peak.bytes >= sampled)
+    ):
+        return {LARGEST: exit_peak.bytes, LARGEST_SOURCE: f"at exit: {exit_peak.source}"}
+    if sampled is None:
+        return {}
+    return {LARGEST_SOURCE: "sampled by the passes"}
+
+
+def _memory_unmeasured(
+    api: dict[str, Any],
+    wall_s: float,
+    cgroup_peak: bool,
+    summary: dict[str, Any],
+    exit_peak: ExitPeak | None,
+) -> str:
+    """Why a memory figure is absent: memory is read by the passes (smaps for PSS), and
+    none saw a process of the command alive. The kernel keeps no PSS and no sum over
+    processes at once; at each exit, a process's peak RSS (the largest is shown where
+    its record was read: exit_peaks.py), and a cgroup's peak where it keeps one
+    (memory.peak on cgroup v2, memory.max_usage_in_bytes where v1's memory controller
+    holds the cgroup)."""
     why = f"no pass saw a process of it alive (it ran {wall_s:.2f} s)"
     if cgroup_peak:
-        return f"{why}; the kernel's peak of its cgroup is below"
-    if api.get("kind") == "cgroup":
-        return f"{why}; its cgroup has no memory.peak (a v1 memory controller, a kernel < 5.19)"
-    return f"{why}; the kernel keeps no PSS, its exit record only a process's peak RSS"
+        why += "; the kernel's peak of its cgroup is below"
+    elif api.get("kind") == "cgroup":
+        why += "; its cgroup has no memory.peak (the memory controller is v1's elsewhere)"
+    if summary.get(LARGEST) is not None:
+        return f"{why}; at an exit the kernel records no PSS or sum, only a process's peak RSS"
+    if exit_peak is not None:  # a bound only
+        return (
+            f"{why}; each process's peak RSS at its exit is at most "
+            f"{exit_peak.bytes / 2**20:.1f} MiB ({exit_peak.source})"
+        )
+    return f"{why}; the kernel keeps no PSS, and no exit record of peak RSS was read"
 
 
 def _daemon_last(registration: Any, api: dict[str, Any] | None) -> dict[str, Any]:

@@ -30,6 +30,7 @@ SPREADS: tuple[tuple[str, tuple[str, str, str], Callable[[Any], str], str], ...]
     ),
 )
 KEYS = tuple(key for _, keys, _, _ in SPREADS for key in keys)
+TOO_SHORT = "no min or max: the run was shorter than two readings apart"
 
 
 def spread_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
@@ -42,7 +43,12 @@ def spread_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     for label, keys, shown, what in SPREADS:
         low, mean, high = (summary.get(key) for key in keys)
-        if keys[0] not in summary or all(v is None for v in (low, mean, high)):
+        if keys[0] not in summary or (low is None and mean is None):
+            continue  # nothing, or a peak alone (shown with the memory rows)
+        if mean is not None and (low is None or high is None or not low <= mean <= high):
+            # A run shorter than two readings (or intervals) apart: the one reading
+            # around it is no lowest or highest of it; its mean over time still is.
+            rows.append((label, f"mean {shown(mean)}{what}; {TOO_SHORT}"))
             continue
         cells = (
             f"{name} {'-' if value is None else shown(value)}"

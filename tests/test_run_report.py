@@ -20,11 +20,13 @@ import pytest
 from edgewatt.cli.report import (
     ESCAPES,
     Layout,
+    amount,
     layout,
     load,
     summary_from_samples,
     summary_table,
 )
+from edgewatt.cli.status import human_bytes
 from tests.conftest import ROOT, wait_for
 
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
@@ -366,12 +368,15 @@ def test_plot_of_a_file_with_device_power(daemon_factory: Any, tmp_path: Path) -
     area = sum((x1 - x0) * w for x0, x1, w in zip(xs[::2], xs[1::2], watts[::2]))
     summary = load(str(out))[3]
     assert summary is not None
-    assert area == pytest.approx(summary["energy_j"], rel=1e-9)
+    # The summary's is the daemon's, settled at the run's edges and given to the mJ; the
+    # samples' are each pass's as known then: at a constant power, the same energy.
+    assert area == pytest.approx(summary["energy_j"], abs=0.001)
     mean = area / sum(x1 - x0 for x0, x1 in zip(xs[::2], xs[1::2]))
     assert mean == pytest.approx(summary["avg_power_w"], rel=1e-3)  # wall and monotonic
     assert mean == pytest.approx(16.802, abs=0.03)
-    assert f"device energy {summary['energy_j']:.1f} J (avg {summary['avg_power_w']:.2f} W)" in (
-        drawn.title
+    assert (
+        f"device energy {amount(summary['energy_j'], 1)} J (avg {summary['avg_power_w']:.2f} W)"
+        in (drawn.title)
     )
 
 
@@ -483,7 +488,7 @@ def test_a_cut_off_last_line_is_skipped_with_one_warning(tmp_path: Path) -> None
     # The figures from the samples before it, the phases as recorded.
     header, samples, _, _ = load(str(cut))
     cpu = summary_from_samples(samples, header["started_at"])["cpu_time_s"]
-    assert f"CPU time  {cpu:.2f} s" in result.stdout
+    assert f"CPU time  {amount(cpu, 2)} s" in result.stdout
     names = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("    ")]
     assert names[:3] == ["phase", "load", "train"]  # the phase table's header and rows
 
@@ -626,9 +631,15 @@ def test_a_single_sample_is_drawn_as_a_point_and_the_axes_hold_the_peaks(
     assert summary is not None and drawn.bars
     assert [p.get_height() for p in figure.axes[0].patches] == [summary["cpu_time_s"]]
     assert drawn.costs[0].cpu_s == summary["cpu_time_s"]
-    # The title's peak RSS (the kernel's count of the largest process) is a level.
-    peak = summary["memory_rss_peak_bytes"] / 2**20
-    assert ("memory (MiB)", peak, f"RSS summed peak {peak:.1f} MiB") in drawn.levels
+    # No pass saw it: its title's memory is the kernel's record at its exit (never the
+    # peak of edgewatt run's fork before the exec, 18 MiB of Python).
+    assert summary["memory_rss_peak_bytes"] is None
+    peak = summary.get("memory_rss_largest_peak_bytes")
+    if peak is None:  # no taskstats (not root): wait4's bound, said in the table
+        assert "is at most" in summary["memory_unmeasured"]
+    else:
+        assert 0 < peak < 8 << 20
+        assert f", largest process's peak RSS {human_bytes(peak)} at exit" in drawn.title
     # A file whose summary peak is above every sample: the axis still holds it.
     path = _write(tmp_path / "peak.jsonl", [
         HEADER,
@@ -673,7 +684,7 @@ def test_a_second_run_appended_to_a_file_is_reported_alone(tmp_path: Path) -> No
         "from this line\n"
     )
     assert header["command"] == "sleep 0.6" and summary is not None
-    assert f"duration    {summary['duration_s']:.1f} s" in result.stdout
+    assert f"duration    {amount(summary['duration_s'], 1)} s" in result.stdout
     assert all(s["timestamp"] >= header["started_at"] for s in samples)
 
 

@@ -146,3 +146,28 @@ def test_a_process_targets_tcp_bytes_say_they_are_a_lower_bound(daemon_factory: 
     _, stderr = run.communicate("\n", timeout=60)
     assert run.returncode == 0, stderr
     assert re.search(r"^  network +sent at least [\d.]+ \S+, received at least ", stderr, re.M)
+
+
+@pytest.mark.parametrize("editable", [False, True], ids=["install", "editable"])
+def test_an_install_prints_no_setuptools_warning(editable: bool, tmp_path: Path) -> None:
+    """`pip install .` and `pip install -e .` in a fresh venv build with the setuptools
+    pyproject.toml asks for (isolated, as a user's pip does): nothing the build says is a
+    warning (a TOML license table, the experimental ext-modules table, the editable
+    notice). pip -v shows all the build says, whichever pip the venv has."""
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    pip = [str(tmp_path / "venv" / "bin" / "pip"), "install", "--no-deps", "-v"]
+    target = ["-e", str(ROOT)] if editable else [str(ROOT)]
+    done = subprocess.run([*pip, *target], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    said = done.stdout + done.stderr
+    if done.returncode != 0 and re.search(r"No matching distribution|Could not find", said):
+        pytest.skip("setuptools cannot be fetched here (no package index)")
+    assert done.returncode == 0, said[-3000:]
+    warned = [
+        line
+        for line in said.splitlines()
+        if re.search(r"Warning|!!|deprecated|experimental", line)
+        and "byte-compiling is disabled" not in line  # distutils' note under pip -v
+        and "WARNING: Location" not in line  # pip's own, of an index configured here
+    ]
+    assert warned == [], said[-3000:]

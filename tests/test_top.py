@@ -523,14 +523,14 @@ def test_the_gpu_line_shows_the_frequency_the_board_reports(daemon_factory: Any)
 def finished_cells(target: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     """A finished target's final figures as its row shows them (the summary's): end,
     how, exit status, CPU, energy, peak memory."""
-    from edgewatt.cli.status import human_bytes
+    from edgewatt.cli.status import amount, human_bytes
 
     code = summary["exit_status"]
     return [
         time.strftime("%H:%M:%S UTC", time.gmtime(target["exited_at"])),
         target["state"],
         "-" if code is None else str(code),
-        f"{summary['cpu_user_s'] + summary['cpu_system_s']:.2f} s",
+        f"{amount(summary['cpu_user_s'] + summary['cpu_system_s'], 2)} s",
         "-" if summary["energy_j"] is None else f"{summary['energy_j']:.3g} J",
         human_bytes(summary["memory_pss_peak_bytes"]),
     ]

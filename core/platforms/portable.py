@@ -116,11 +116,43 @@ class PsutilTree:
         self._value = (0.0, 0.0, 0, 0)
         self.lost_members = False
         self.last: TreeReading | None = None
+        # As held_fork.py on Linux: 1 once a first process that was a held fork (its
+        # parent's command line, not exec'd yet: `edgewatt run`'s) has exec'd; the
+        # memory read before was the registrant's. Told by the command line, else (a
+        # zombie has none) by the name.
+        self.root_execs = 0
+        self._held: tuple[list[str], str] | None = None
+        self._first = True
+
+    def _note_exec(self) -> None:
+        if not self._first and self._held is None:
+            return  # known
+        try:
+            name = self.root.name()
+            try:
+                cmdline: list[str] | None = self.root.cmdline() or None
+            except psutil.ZombieProcess:
+                cmdline = None
+        except (*_GONE, psutil.AccessDenied):
+            return
+        if self._first:
+            self._first = False
+            try:
+                parent = self.root.parent()
+                held = parent is not None and cmdline is not None and parent.cmdline() == cmdline
+            except (*_GONE, psutil.AccessDenied):
+                held = False
+            self._held = (cmdline, name) if held and cmdline is not None else None
+            return
+        assert self._held is not None
+        if (cmdline != self._held[0]) if cmdline is not None else (name != self._held[1]):
+            self.root_execs, self._held = 1, None
 
     def exit_figures(self) -> None:
         return None  # taskstats is Linux's: the daemon's
 
     def sample(self, children_of: Any) -> TreeReading:
+        self._note_exec()  # a zombie's too, before its end is found
         try:
             root = _read(self.root)
         except _GONE as exc:
@@ -160,6 +192,7 @@ class PsutilTree:
             threads=sum(f["threads"] for f in figures),
             open_fds=None if None in fds else sum(fds),
             pids=tuple(pid for pid, _ in members),
+            root_execs=self.root_execs,
         )
         return self.last
 

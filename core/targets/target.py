@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.labels import MAX_LABELS, Room, label_bytes
 from edgewatt.core.sampling.commands import command_line
+from edgewatt.core.sampling.held_fork import read_stat
 from edgewatt.core.sampling.procfs import ProcHandle, executable_name
 from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets.errors import Conflict
@@ -223,9 +224,13 @@ class Target:
         # psutil's handle (the client elsewhere than Linux) has no procfs: /proc then,
         # where a read finds nothing and the name stays the registration's.
         proc = getattr(self.handle, "proc", "/proc")
-        self.command = command_line(pid, proc) or self.command
+        # A command that exec'd and exited before any pass (a zombie now) keeps its comm
+        # alone: that names it, never the registrant's fork before the exec.
+        stat = read_stat(pid, proc) if sample.root_execs and self.named_execs == 0 else None
+        comm = stat.comm if stat is not None else None
+        self.command = command_line(pid, proc) or comm or self.command
         if self.pid and sample.root_execs and self.named_execs == 0:
-            executable = executable_name(pid, self.identity.executable, proc)
+            executable = executable_name(pid, comm or self.identity.executable, proc)
             self.identity = dataclasses.replace(self.identity, executable=executable)
         self.named_execs = sample.root_execs
 

@@ -1,0 +1,112 @@
+"""`edgewatt run` of a command no pass sees alive: its largest process's peak RSS is the
+kernel's record at that process's exit (taskstats, else wait4's ru_maxrss), with a daemon
+and in-process, in a cgroup of its own or not; the command's own figure, never the
+peak of `edgewatt run`'s fork before the exec; "not measured" only with the reason.
+
+Each figure is checked against the kernel's own count, as the command read it: the
+peak its child reached, from the command's wait4 of that child (ru_maxrss, read at the
+same instant of the exit as the taskstats record: /proc's VmHWM sums the per-CPU
+counters, and differs from both by a few pages)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, SYSTEM_PYTHON
+from tests.test_api import NOBODY
+
+# A child that touches argv[1] MiB and exits (the command's largest process); the
+# command prints the child's peak RSS (KiB) as its wait4 read it.
+PEAK = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    x = bytearray(int(sys.argv[1]) << 20)\n"
+    "    x[::4096] = b'1' * len(x[::4096])\n"
+    "    os._exit(0)\n"
+    "print('peak', os.wait4(pid, 0)[2].ru_maxrss, flush=True)\n"
+)
+
+
+def _run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    argv = kwargs.pop("python", sys.executable)
+    return subprocess.run(
+        [argv, "-m", "edgewatt.cli", "run", *args],
+        capture_output=True, text=True, timeout=60, **{"cwd": ROOT, **kwargs},
+    )  # fmt: skip
+
+
+def _peaks(stdout: str) -> list[int]:
+    return [int(kib) * 1024 for kib in re.findall(r"^peak (\d+)$", stdout, re.M)]
+
+
+def _summary(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text().splitlines()[-1])
+
+
+@pytest.mark.parametrize("where", ["cgroup", "process", "in-process"])
+def test_a_short_runs_largest_peak_rss_is_its_exit_records(
+    where: str, daemon_factory: Any, tmp_path: Path
+) -> None:
+    """A one-process command, a shell's 300 children and an orphan that outlives the
+    shell: the largest peak is the largest process's own, to the byte."""
+    sock = daemon_factory(interval=5.0).socket if where != "in-process" else str(tmp_path / "x")
+    mode = ["--no-cgroup"] if where == "process" else []
+    commands = {
+        "one": [sys.executable, "-c", PEAK, "24"],
+        "tree": ["sh", "-c", 'for i in $(seq 300); do /bin/true; done; "$0" -c "$1" 20',
+                 sys.executable, PEAK],
+        "orphan": ["sh", "-c", '"$0" -c "$1" 28 &', sys.executable, PEAK],
+    }  # fmt: skip
+    for name, command in commands.items():
+        out = tmp_path / f"{name}.jsonl"
+        result = _run([*mode, "--socket", sock, "--output", str(out), "--", *command])
+        assert result.returncode == 0, result.stderr
+        (peak,) = _peaks(result.stdout)
+        summary = _summary(out)
+        assert summary["memory_rss_largest_peak_bytes"] == peak, (name, result.stderr)
+        assert summary["memory_rss_largest_source"] in (
+            "at exit: the kernel's exit records (taskstats)",
+            "sampled by the passes",  # the daemon's exit record of a one-process target
+        ), summary
+        shown = f"peak RSS {peak / 2**20:.1f} MiB (of the largest process; "
+        assert shown in result.stderr, result.stderr
+
+
+def test_in_process_without_taskstats_wait4_is_the_commands_or_a_bound(public_dir: Path) -> None:
+    """A normal user (no CAP_NET_ADMIN: no exit records) with no daemon: wait4's peak,
+    where it is above the peak of `edgewatt run`'s fork before the exec; below it, only
+    a bound, said so, never the fork's figure as the command's."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public_dir)}
+    out = public_dir / "big.jsonl"
+    out.touch()
+    out.chmod(0o666)
+    nobody = {"user": NOBODY, "group": NOBODY, "env": env, "cwd": "/", "python": SYSTEM_PYTHON}
+    socket = str(public_dir / "none.sock")
+    result = _run(["--socket", socket, "--output", str(out), "--", SYSTEM_PYTHON, "-c", PEAK,
+                   "64"], **nobody)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (peak,) = _peaks(result.stdout)
+    summary = _summary(out)
+    assert summary["memory_rss_largest_peak_bytes"] == peak, result.stderr
+    assert summary["memory_rss_largest_source"] == (
+        "at exit: wait4 (each reaped process's ru_maxrss)"
+    )
+    result = _run(["--socket", socket, "--", "/bin/true"], **nobody)
+    assert result.returncode == 0, result.stderr
+    assert "largest " not in result.stderr, result.stderr
+    rss = re.search(r"^  RSS sum +(.*)$", result.stderr, re.M)
+    assert rss is not None, result.stderr
+    assert re.fullmatch(
+        r"not measured: no pass saw a process of it alive \(it ran [\d.]+ s\); each "
+        r"process's peak RSS at its exit is at most [\d.]+ MiB \(wait4, which counts "
+        r"edgewatt run's fork before the exec; taskstats: Operation not permitted\)",
+        rss[1],
+    ), rss[1]
