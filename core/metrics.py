@@ -43,7 +43,7 @@ class Metric:
     attributes: tuple[str, ...] = ()  # the metric's own, beyond the subject's
     subject: str = "process"  # "process": one series set per target; "host": per device
     # How a per-target metric reads its target's sample, so that its observer is
-    # derived (exporter/telemetry.py) and a new figure is its field and this row: the
+    # derived (exporter/points.py) and a new figure is its field and this row: the
     # ProcessSample field it reads, or, split by its one attribute, (that attribute's
     # value, field) pairs; with ``per_phase``, a field of each of the target's last
     # phases (PhaseFigures), under ``edgewatt.phase``. Neither: a function of its own.

@@ -1,6 +1,6 @@
-"""Wiring: config -> table -> sampler -> exposition and OTLP push; the API, signals, shutdown.
-Reload is reload.py, /healthz health.py, the registrations kept across a restart
-saved_state.py."""
+"""Wiring: config -> table -> sampler -> the outputs (outputs.py); the API, signals,
+shutdown. Reload is reload.py, /healthz health.py, the registrations kept across a
+restart saved_state.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from resource import RLIM_INFINITY, RLIMIT_NOFILE, getrlimit, setrlimit
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgewatt.core import __version__, power
 from edgewatt.core.carbon import resolve_carbon
@@ -26,28 +26,22 @@ from edgewatt.core.persons import Persons
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
-from edgewatt.core.power.recent import RecentPower
 from edgewatt.core.power.values import PowerStatus
 from edgewatt.core.sampler import Sampler
 from edgewatt.core.sampling import procfs
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.core.targets import SAMPLE_UNITS, Resolver, TargetTable
-from edgewatt.exporter import documents, health
+from edgewatt.exporter import documents, health, outputs
 from edgewatt.exporter import reload as reloading
 from edgewatt.exporter.api import ApiContext, ApiServer
 from edgewatt.exporter.collectors import start_collectors
 from edgewatt.exporter.config import Config, ConfigError
-from edgewatt.exporter.exposition import Exposition
 from edgewatt.exporter.log_limit import KindLimit, limit_handlers
 from edgewatt.exporter.notify import Notifier
 from edgewatt.exporter.otel_resource import machine_id, resource_attributes
 from edgewatt.exporter.saved_state import SavedState
 from edgewatt.exporter.statefile import StateFile
-from edgewatt.exporter.telemetry import OtelPipeline
 from edgewatt.exporter.write_budget import WriteBudget
-
-if TYPE_CHECKING:
-    from edgewatt.exporter.influx import InfluxPusher
 
 log = logging.getLogger(__name__)
 
@@ -83,29 +77,10 @@ class Daemon:
             context=self.context,
         )
         resource = resource_attributes(config, machine_id() or statefile.instance_id(), self.carbon)
-        self.exposition = Exposition(resource)
-        # The OTel SDK runs only to push: /metrics is rendered from the snapshot.
-        self.pipeline: OtelPipeline | None = None
-        if config.otlp_endpoint:  # its metrics SDK and resources imported only then (~3 MiB)
-            from opentelemetry.sdk.resources import Resource
-
-            from edgewatt.exporter.otlp import build_reader
-
-            self.pipeline = OtelPipeline(
-                Resource(resource),  # the attributes are Resource.create's already
-                lambda: [build_reader(self.config.otlp)],
-                series_rotation=config.series_rotation,
-                max_targets=config.max_targets,
-                on_resource=frozenset({"host.name"}),
-            )
-        self.influx: InfluxPusher | None = None
-        if config.influx_url:  # http.client, and with it ssl and email, only then (~7 MiB)
-            from edgewatt.exporter.influx import InfluxPusher
-
-            self.influx = InfluxPusher(config.influx)
+        self.outputs = outputs.build(config, resource, lambda: self.config)
+        self.exposition = self.outputs.exposition
         self.platform = LinuxPlatform(proc)
         self.notifier = Notifier()
-        self.recent_power = RecentPower()
         # Power sources that loaded but cannot measure here, and why (/healthz, doctor).
         self.power_aside: dict[str, str] = {}
         self._threads: list[threading.Thread] = []
@@ -131,12 +106,8 @@ class Daemon:
         )
 
     def _on_pass(self, snapshot: Any) -> None:
-        self.exposition.update(snapshot)
-        self.recent_power.add(snapshot)
-        if self.pipeline is not None:
-            self.pipeline.update(snapshot)
-        if self.influx is not None:
-            self.influx.add(snapshot)
+        for output in self.outputs.by_name.values():
+            output.update(snapshot)
         # Pinged from the sampling loop itself: a stalled sampler stops the pings.
         self.notifier.watchdog()
         self.notifier.status(_status(snapshot))
@@ -159,10 +130,7 @@ class Daemon:
 
     def health(self) -> dict[str, Any]:
         sampler = self.sampler
-        return health.document(
-            sampler.snapshot,
-            sampler.power.status() if sampler.power else PowerStatus(),
-            now=time.time(),
+        facts = health.Facts(
             started=self._started,
             interval_s=self.config.interval,
             min_interval_s=self.config.min_interval,
@@ -173,8 +141,11 @@ class Daemon:
             other_namespaces=self._may_join_namespaces,
             state_error=self.saved.error,
             state_deferred=self.saved.statefile.deferred,
-            influx=self.influx.status() if self.influx is not None else None,
             power_aside=self.power_aside,
+        )
+        power = sampler.power.status() if sampler.power else PowerStatus()
+        return health.document(
+            sampler.snapshot, power, self.outputs.statuses(), facts, now=time.time()
         )
 
     def _start_power(self) -> PowerMeter | None:
@@ -207,7 +178,9 @@ class Daemon:
                 self.table,
                 logical_cpus=self.platform.logical_cpus(),
                 health=self.health,
-                host=lambda: documents.host(self.sampler.snapshot, self.recent_power.average_w()),
+                host=lambda: documents.host(
+                    self.sampler.snapshot, self.outputs.recent_power.average_w()
+                ),
                 sample_units=SAMPLE_UNITS,
                 proc=self.config.proc_path,
                 sample_now=self._sample_now,
@@ -223,9 +196,8 @@ class Daemon:
         """Serve: the endpoints were bound and the parts built by the constructor."""
         self.context.start()
         self.sampler.sample_once()  # the first scrape already has data
-        self.exposition.serve()
-        if self.influx is not None:
-            self.influx.start()
+        for output in self.outputs.by_name.values():
+            output.start()
         self._spawn("api", self.api.serve_forever)
         self._spawn("sampler", self.sampler.run, self.stop_event)
         self._spawn("state", self.saved.run, self.stop_event)
@@ -265,15 +237,12 @@ class Daemon:
         self.saved.wake()
         self.context.close()
         self.api.close()
-        self.exposition.shutdown()
-        if self.pipeline is not None:
-            self.pipeline.shutdown()
         for thread in self._threads:
             thread.join(timeout=1.0)
-        if self.influx is not None:
-            # A last write of what is queued, the final samples with it: all of the stop
-            # within STOP_WRITE_S, whatever the server does.
-            self.influx.close(timeout_s=max(0.0, began + STOP_WRITE_S - time.monotonic()))
+        # Last writes once the sampler has ended, the final samples with them: all of
+        # the stop within STOP_WRITE_S, whatever a server does.
+        for output in self.outputs.by_name.values():
+            output.stop(began + STOP_WRITE_S)
         self.table.persist()
         self.saved.close()
         log.info("edgewatt stopped")

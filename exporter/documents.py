@@ -83,7 +83,7 @@ def host(
 ) -> dict[str, Any]:
     """GET /v1/host (and /v1/top's device): the host part of a snapshot; ``recent``:
     the power averaged over the last minute by rail ("" the total) and the seconds
-    that average spans (power/recent.py)."""
+    that average spans (recent_power.py)."""
     averages, span = recent
     host = snapshot.host
     power = snapshot.power

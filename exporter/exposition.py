@@ -32,8 +32,9 @@ from typing import Any
 from edgewatt.core.snapshot import ProcessSample, Snapshot
 from edgewatt.core.text import shown
 from edgewatt.core.uids import alone
+from edgewatt.exporter.output import OutputStatus
+from edgewatt.exporter.points import METRICS, MetricSpec
 from edgewatt.exporter.scrape_server import Answer, Request, ScrapeServer, accepts_gzip
-from edgewatt.exporter.telemetry import METRICS, MetricSpec
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,10 @@ _Kept = typing.Tuple[
 
 
 class Exposition:
-    """Renders ``METRICS`` for the latest snapshot and serves it over HTTP."""
+    """Renders ``METRICS`` for the latest snapshot and serves it over HTTP (an
+    ``Output``, output.py, bound first: bind())."""
+
+    name = "exposition"
 
     def __init__(
         self, resource: Mapping[str, Any], metrics: tuple[MetricSpec, ...] = METRICS
@@ -301,6 +305,15 @@ class Exposition:
         if self._server is not None:
             self._server.close()
             self._server = None
+
+    def start(self) -> None:
+        self.serve()
+
+    def stop(self, deadline: float) -> None:
+        self.shutdown()  # at once: a scrape in flight is cut short
+
+    def report(self) -> OutputStatus | None:
+        return None
 
     def respond(self, request: Request) -> Answer:
         if request.path not in ("/metrics", "/"):

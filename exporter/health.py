@@ -1,58 +1,69 @@
 """The /healthz document, built from the parts' public status: the last snapshot, the
-power reader's ``PowerMeter.status()``, the InfluxDB pusher's ``status()``, what the
-collectors could start, the table's membership and the state file's last error."""
+power reader's ``PowerMeter.status()``, the outputs' statuses by name (output.py), and
+the daemon's other facts: what the collectors could start, the table's membership, the
+state file's last error."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from edgewatt.core import __version__
 from edgewatt.core.power.values import PowerStatus
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.exporter.collectors import Collectors
+from edgewatt.exporter.output import OutputStatus
+
+# Outputs /healthz shows under their name, null where the config turns them off.
+SHOWN_OUTPUTS = ("influx",)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What /healthz says of the daemon beside its power reader and outputs."""
+
+    started: float  # epoch seconds
+    interval_s: float
+    min_interval_s: float
+    exited_retention_s: float
+    logical_cpus: int
+    collectors: Collectors
+    membership: str
+    other_namespaces: bool
+    state_error: str | None
+    state_deferred: int = 0
+    power_aside: Mapping[str, str] = field(default_factory=dict)
 
 
 def document(
     snapshot: Snapshot,
     power: PowerStatus,
-    *,
+    outputs: Mapping[str, OutputStatus],
+    facts: Facts,
     now: float,
-    started: float,
-    interval_s: float,
-    min_interval_s: float,
-    exited_retention_s: float,
-    logical_cpus: int,
-    collectors: Collectors,
-    membership: str,
-    other_namespaces: bool,
-    state_error: str | None,
-    influx: dict[str, Any] | None,
-    state_deferred: int = 0,
-    power_aside: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """GET /healthz at ``now`` (epoch seconds) for a daemon started at ``started``;
-    ``power`` is ``PowerStatus()`` where no power source runs, ``influx`` None where
-    no push is configured."""
+    """GET /healthz at ``now`` (epoch seconds); ``power`` is ``PowerStatus()`` where no
+    power source runs; ``outputs`` holds the statuses of the outputs that report one."""
     speaking = list(snapshot.power.sources) if snapshot.power else []
     # A source found at startup that no longer speaks (a tegrastats restarting,
     # a sensor gone): its hw_* series are absent meanwhile, so health says so.
     silent = [name for name in power.sources if name not in speaking]
     return {
-        "status": "degraded" if silent or state_error else "ok",
+        "status": "degraded" if silent or facts.state_error else "ok",
         "version": __version__,
-        "uptime_s": round(now - started, 3),
+        "uptime_s": round(now - facts.started, 3),
         "targets": len(snapshot.processes),
         "last_sample_age_s": round(now - snapshot.time, 3),
-        "interval_s": interval_s,
-        "min_interval_s": min_interval_s,
+        "interval_s": facts.interval_s,
+        "min_interval_s": facts.min_interval_s,
         # How long an ended target stays readable (`edgewatt status` says so).
-        "exited_retention_s": exited_retention_s,
-        "logical_cpus": logical_cpus,
+        "exited_retention_s": facts.exited_retention_s,
+        "logical_cpus": facts.logical_cpus,
         "power_sources": speaking,
         "power_sources_silent": silent,
         # Sources that loaded but cannot measure here, and why: the next were used.
-        "power_sources_aside": dict(power_aside or {}),
+        "power_sources_aside": dict(facts.power_aside),
         # The power reader's rate now (chosen on the device unless configured), and
         # what a reading costs its thread in CPU, wake included (None: not yet known).
         "power_sample_hz": power.sample_hz,
@@ -71,17 +82,17 @@ def document(
         "power_windows_refused": power.windows_refused,
         # Whether a target's figures end at its exit (the kernel's exit records and
         # TCP destroy notifications, CAP_NET_ADMIN) or at the last pass before it.
-        "exit_figures": "exact" if collectors.exact_exits else "last-sample",
+        "exit_figures": "exact" if facts.collectors.exact_exits else "last-sample",
         # How a target's descendants are learnt (sampling/membership.py).
-        "membership": membership,
+        "membership": facts.membership,
         # Cgroup targets' network figures: None where counted, else why not.
-        "cgroup_traffic": collectors.cgroup_traffic_problem,
-        "cgroup_other_namespaces": other_namespaces,
+        "cgroup_traffic": facts.collectors.cgroup_traffic_problem,
+        "cgroup_other_namespaces": facts.other_namespaces,
         # Why the registrations could not be saved (null: the last save worked).
-        "state_error": state_error,
+        "state_error": facts.state_error,
         # Changes the state write budget holds back: persisted as it refills.
-        "state_deferred": state_deferred,
+        "state_deferred": facts.state_deferred,
         # The InfluxDB push (null where none is configured): lines waiting in the
         # buffer, written, dropped from a full buffer, refused by the server.
-        "influx": influx,
+        **{n: dict(outputs[n].shown) if n in outputs else None for n in SHOWN_OUTPUTS},
     }

@@ -46,7 +46,8 @@ from edgewatt.core.http_exchange import Exchanges
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.core.text import shown
 from edgewatt.exporter.keys import InfluxOptions
-from edgewatt.exporter.telemetry import MetricSpec, metric_specs
+from edgewatt.exporter.output import OutputStatus
+from edgewatt.exporter.points import MetricSpec, metric_specs
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,10 @@ def snapshot_lines(specs: tuple[MetricSpec, ...], snapshot: Snapshot) -> Iterato
 
 
 class InfluxPusher:
-    """Queues the latest pass's lines every interval and writes them, on its thread."""
+    """Queues the latest pass's lines every interval and writes them, on its thread (an
+    ``Output``, output.py)."""
+
+    name = "influx"
 
     def __init__(self, options: InfluxOptions) -> None:
         self.options = options
@@ -160,10 +164,12 @@ class InfluxPusher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="influx", daemon=True)
 
-    def start(self) -> InfluxPusher:
+    def start(self) -> None:
         self._thread.start()
         name_thread(self._thread)
-        return self
+
+    def report(self) -> OutputStatus:
+        return OutputStatus(self.failing, self.status())
 
     def status(self) -> dict[str, Any]:
         busy = self._exchanges.busy_s()
@@ -181,7 +187,7 @@ class InfluxPusher:
             "refused_lines": self.refused,
         }
 
-    def add(self, snapshot: Snapshot) -> None:
+    def update(self, snapshot: Snapshot) -> None:
         """Each pass (the sampler's thread): cheap, the lines are made on push."""
         with self._lock:
             self._latest = snapshot
@@ -276,6 +282,10 @@ class InfluxPusher:
                 self.options.interval_s,
             )
         return False
+
+    def stop(self, deadline: float) -> None:
+        """``close`` by ``deadline`` (time.monotonic())."""
+        self.close(max(0.0, deadline - time.monotonic()))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """A last push of what is queued; stopped within ``timeout_s`` whatever the

@@ -12,6 +12,7 @@ from edgewatt.core.sampler import Sampler
 from edgewatt.core.targets import TargetTable
 from edgewatt.exporter.api import ApiServer
 from edgewatt.exporter.config import KEYS, WHERE, Config
+from edgewatt.exporter.outputs import Outputs
 from edgewatt.exporter.telemetry import OtelPipeline
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ class Running(Protocol):
     @property
     def table(self) -> TargetTable: ...
     @property
-    def pipeline(self) -> OtelPipeline | None: ...
+    def outputs(self) -> Outputs: ...
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,9 @@ def appliers(running: Running) -> dict[str, Callable[[Config], None]]:
         running.table.set_limits(config.targets.limits())
 
     def otlp(config: Config) -> None:
-        if running.pipeline is not None:  # push off: kept for when a restart turns it on
-            running.pipeline.reconfigure(
+        pipeline = running.outputs.by_name.get(OtelPipeline.name)
+        if isinstance(pipeline, OtelPipeline):  # push off: kept for when a restart turns it on
+            pipeline.reconfigure(
                 series_rotation=config.otlp.series_rotation,
                 max_targets=config.targets.max_targets,
             )

@@ -12,7 +12,6 @@ from edgewatt.exporter.collectors import Collectors
 
 def _document(snapshot: Snapshot, power: PowerStatus, **changes: Any) -> dict[str, Any]:
     given: dict[str, Any] = {
-        "now": 1000.0,
         "started": 900.0,
         "interval_s": 1.0,
         "min_interval_s": 0.1,
@@ -22,9 +21,8 @@ def _document(snapshot: Snapshot, power: PowerStatus, **changes: Any) -> dict[st
         "membership": "lineage",
         "other_namespaces": False,
         "state_error": None,
-        "influx": None,
     }
-    return health.document(snapshot, power, **{**given, **changes})
+    return health.document(snapshot, power, {}, health.Facts(**{**given, **changes}), now=1000.0)
 
 
 def test_a_source_found_at_start_that_no_longer_speaks_degrades_health() -> None:

@@ -355,7 +355,7 @@ def _pass(sequence: int = 1) -> Snapshot:
 
 def test_the_v2_api_gets_org_bucket_token_and_gzip(recorder: str) -> None:
     pusher = InfluxPusher(InfluxOptions(recorder, org="lab", bucket="edge", token="s3cr3t"))
-    pusher.add(_pass())
+    pusher.update(_pass())
     pusher.push()
     path, headers, body = Recorder.received[0]
     url = urllib.parse.urlsplit(path)
@@ -379,14 +379,14 @@ def test_a_refused_batch_is_dropped_and_counted_a_failing_server_kept_up_to_the_
 ) -> None:
     Recorder.status = 400
     pusher = InfluxPusher(InfluxOptions(recorder, database="x"))
-    pusher.add(_pass())
+    pusher.update(_pass())
     pusher.push()
     assert pusher.status()["refused_lines"] > 0 and not pusher.queue
     Recorder.status = 503
     pusher = InfluxPusher(InfluxOptions(recorder, database="x", buffer_bytes=20_000))
     made = 0
     for sequence in range(1, 40):
-        pusher.add(_pass(sequence))
+        pusher.update(_pass(sequence))
         pusher.push()
         made += sum(kept_bytes(t.encode()) for t in snapshot_lines(pusher.specs, _pass(sequence)))
     status = pusher.status()
@@ -431,7 +431,7 @@ def test_a_server_that_answers_garbage_is_an_outage_not_a_crash() -> None:
     threading.Thread(target=answer, daemon=True).start()
     try:
         pusher = InfluxPusher(InfluxOptions(f"http://127.0.0.1:{port}", database="x"))
-        pusher.add(_pass())
+        pusher.update(_pass())
         pusher.push()  # never raises
         status = pusher.status()
         assert status["failing"] and status["queued_lines"] > 0 and status["written_lines"] == 0

@@ -18,8 +18,8 @@ from edgewatt.client._sinks import PrometheusSink
 from edgewatt.core import compat
 from edgewatt.core.metrics import BY_NAME, INSTRUMENTS, TABLE, Metric, markdown_table
 from edgewatt.core.snapshot import PhaseFigures, ProcessSample
-from edgewatt.exporter import telemetry
-from edgewatt.exporter.telemetry import METRICS, observers
+from edgewatt.exporter import points
+from edgewatt.exporter.points import METRICS, observers
 from tests.conftest import ROOT
 from tests.semconv import REQUIRED_1_44
 
@@ -80,12 +80,12 @@ def test_a_row_is_checked_when_the_observers_are_built(
     row = dataclasses.replace(
         Metric("edgewatt.process.memory.test", "updowncounter", "By", "a test row"), **change
     )
-    monkeypatch.setattr(telemetry, "TABLE", (*TABLE, row))
+    monkeypatch.setattr(points, "TABLE", (*TABLE, row))
     if problem is None:
-        assert row.name in telemetry.observers()
+        assert row.name in points.observers()
         return
     with pytest.raises(ValueError, match=problem):
-        telemetry.observers()
+        points.observers()
 
 
 def test_prometheus_names_are_the_otel_exporters() -> None:

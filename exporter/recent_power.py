@@ -1,6 +1,7 @@
 """The device's power averaged over the last minute, from the energies of the passes.
 
-Fed one snapshot a pass by the daemon; read by GET /v1/top and /v1/host. An average is
+An ``Output`` (output.py) of the daemon, fed one snapshot a pass; read by GET /v1/top
+and /v1/host. An average is
 the energy the sensors counted over the window divided by its length, so a short spike
 is neither lost nor overweighted, whatever the reader's rate.
 """
@@ -11,6 +12,7 @@ import threading
 from collections import deque
 
 from edgewatt.core.snapshot import Snapshot
+from edgewatt.exporter.output import OutputStatus
 
 WINDOW_S = 60.0
 HOST = ""  # the key of the device's total beside the rails' names
@@ -18,12 +20,23 @@ _MAX_EDGES = 6001  # a 10 ms interval for a minute: the deque's bound whatever t
 
 
 class RecentPower:
+    name = "recent_power"
+
     def __init__(self, window_s: float = WINDOW_S) -> None:
         self.window_s = window_s
         self._edges: deque[tuple[float, dict[str, float | None]]] = deque(maxlen=_MAX_EDGES)
         self._lock = threading.Lock()
 
-    def add(self, snapshot: Snapshot) -> None:
+    def start(self) -> None:
+        """Nothing runs: the API's threads read the average."""
+
+    def stop(self, deadline: float) -> None:
+        """Nothing to write."""
+
+    def report(self) -> OutputStatus | None:
+        return None
+
+    def update(self, snapshot: Snapshot) -> None:
         power = snapshot.power
         if power is None or power.measured_at is None:
             return
