@@ -25,7 +25,8 @@ CLIENT_TESTS := tests/test_client.py tests/test_monitors.py tests/test_run_repor
 # fetch-stores unpacks Debian 13's VictoriaMetrics and Prometheus into .cache/stores
 # for the fleet tests (no system change), fetch-flower Flower 1.42 into a venv of its
 # own in .cache/flower for the Flower tests, fetch-heflwr heflwr 0.1.91 (--no-deps, with
-# psutil and prometheus-client) into .cache/heflwr for tests/test_heflwr_compat.py;
+# psutil and prometheus-client) into .cache/heflwr for tests/test_heflwr_compat.py,
+# fetch-codecarbon codecarbon 3.3.2 into .cache/codecarbon for tests/test_emissions.py;
 # where they cannot, the tests say why.
 # other-pythons runs the client, run/report, daemon and exit tests on Python 3.8 and
 # 3.13 where they are present (pyenv here), each in .cache/python-X.Y.
@@ -35,6 +36,7 @@ test: $(VENV)/.test
 	tests/bin/fetch-stores
 	tests/bin/fetch-flower
 	tests/bin/fetch-heflwr
+	tests/bin/fetch-codecarbon
 	$(BIN)/pytest
 	EDGEWATT_CLIENT_BACKEND=psutil $(BIN)/pytest $(CLIENT_TESTS)
 	tests/bin/other-pythons 3.8 3.13

@@ -1,6 +1,6 @@
 """`edgewatt run --emissions FILE`: codecarbon's emissions.csv, a row appended per run,
-with the device's measured energy; read back by codecarbon's own reader where a venv
-holding codecarbon is given (EDGEWATT_CODECARBON_PYTHON: its interpreter)."""
+with the device's measured energy; read back by codecarbon 3.3.2's own reader in a venv
+of its own (tests/bin/fetch-codecarbon, or EDGEWATT_CODECARBON_PYTHON: its interpreter)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from edgewatt.cli.emissions import COLUMNS, J_PER_KWH, TASK_COLUMNS
-from tests.conftest import ROOT
+from tests.conftest import ROOT, fetched
 
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
 STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
@@ -130,9 +130,17 @@ def test_a_file_of_other_columns_is_left_as_it_is(tmp_path: Path) -> None:
     assert out.read_text() == "a,b\n1,2\n"
 
 
-@pytest.mark.skipif(
-    not os.environ.get("EDGEWATT_CODECARBON_PYTHON"), reason="no venv holding codecarbon given"
-)
+def codecarbon_python() -> str:
+    """codecarbon's interpreter: EDGEWATT_CODECARBON_PYTHON, else the venv of
+    tests/bin/fetch-codecarbon (make test runs it)."""
+    given = os.environ.get("EDGEWATT_CODECARBON_PYTHON")
+    if given:
+        return given
+    return fetched(
+        ROOT / ".cache" / "codecarbon", "bin/python", "codecarbon 3.3.2", "fetch-codecarbon"
+    )
+
+
 def test_codecarbons_own_reader_takes_the_file(tmp_path: Path) -> None:
     out = tmp_path / "emissions.csv"
     for _ in range(2):
@@ -155,7 +163,7 @@ def test_codecarbons_own_reader_takes_the_file(tmp_path: Path) -> None:
         "    and sorted(output._read_headers()) == sorted(fields), 'rows': len(frame),\n"
         "    'duration': frame['duration'].dtype.kind}))\n"
     )
-    python = os.environ["EDGEWATT_CODECARBON_PYTHON"]
+    python = codecarbon_python()
     answer = subprocess.run(
         [python, "-c", code, str(out), str(tmp_path)],
         capture_output=True, text=True, timeout=120, check=True,
@@ -165,9 +173,6 @@ def test_codecarbons_own_reader_takes_the_file(tmp_path: Path) -> None:
     assert found == {**found, "valid": True, "rows": 2, "duration": "f"}
 
 
-@pytest.mark.skipif(
-    not os.environ.get("EDGEWATT_CODECARBON_PYTHON"), reason="no venv holding codecarbon given"
-)
 def test_codecarbons_task_columns_are_the_tasks_file(daemon_factory: Any, tmp_path: Path) -> None:
     """The tasks file's columns are codecarbon's TaskEmissionsData fields in their order
     (those empty in every row left out, as its task_out does); pandas reads each figure
@@ -186,7 +191,7 @@ def test_codecarbons_task_columns_are_the_tasks_file(daemon_factory: Any, tmp_pa
         "    'kinds': [frame[c].dtype.kind for c in ('duration', 'energy_consumed')]}))\n"
     )
     answer = subprocess.run(
-        [os.environ["EDGEWATT_CODECARBON_PYTHON"], "-c", code, str(tasks)],
+        [codecarbon_python(), "-c", code, str(tasks)],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     found = json.loads(answer.stdout)
