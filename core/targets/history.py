@@ -27,6 +27,10 @@ MAX_PHASES = 1000
 MAX_PERSON_PHASES = 1000
 MAX_USERS_PHASES = 1000
 MAX_PHASE_NAME = 128  # bytes of UTF-8
+# Rows whose device energy the trace may still settle, at most: a row settles a pass or
+# two after it is taken (the reading after it), or once the source is silent beyond the
+# gap limit; older ones keep the energy their pass saw.
+MAX_YOUNG_ROWS = 64
 # Phases running inside each other at most (a depth beyond is refused): bounds what
 # every pass adds each row to.
 MAX_PHASE_DEPTH = 16
@@ -198,6 +202,8 @@ class History:
     period_s: float | None = field(default=None, init=False)
     # The device's lowest and highest power over the passes since the last row.
     pending_power: Spread = field(default_factory=Spread, init=False)
+    # The newest rows whose device energy is not settled yet (settle_rows).
+    young: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.rows = RowRing(self.capacity)
@@ -235,6 +241,8 @@ class History:
         self.rows.append(row)
         self.last = row
         self.count += 1
+        if row.device_energy_j is not None or self.young:  # the young: the newest rows
+            self.young = min(self.young + 1, MAX_YOUNG_ROWS)
         if execs != self.execs:  # the memory so far was the registrant's fork's
             self.execs = execs
             self.memory = Memory()
@@ -256,6 +264,26 @@ class History:
             for phase in self.pending:
                 phase.edges.settle(phase.first, phase.last, settle)
             self.pending = [p for p in self.pending if not p.done]
+
+    def settle_rows(self, settle: Settle) -> bool:
+        """The young rows' device energy, taken at their pass past the last reading (a
+        push source's last power held), made the trace's integral up to each row's
+        instant once final, oldest first: the rows' differences are then the energy
+        between them, never below 0. Whether none is left to settle."""
+        rows = self.rows
+        count = len(rows)
+        young = min(self.young, count)
+        while young:
+            index = count - young
+            at, held = rows.device_energy(index)
+            if at is not None and held is not None:  # a row without a sensor stays so
+                joules = settle(at)
+                if joules is None:
+                    break  # not yet: nor the rows after it
+                rows.settle_device_energy(index, joules)
+            young -= 1
+        self.young = young
+        return not young
 
     @property
     def final(self) -> bool:

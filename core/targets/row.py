@@ -107,6 +107,8 @@ _figures_of = operator.itemgetter(
 _FIGURES = struct.Struct(f"={len(SampleRow._fields) - 3}d")  # 17 doubles, 136 B
 _RECORD = struct.Struct("=3d")  # time, device_energy_j, monotonic: 24 B, and a slot: 4 B
 _RECORD_SIZE, _FIGURES_SIZE = _RECORD.size, _FIGURES.size
+_DOUBLE = struct.Struct("=d")
+_DEVICE_AT = _DOUBLE.size  # in a record: after its time
 _BLANK = bytes(_FIGURES_SIZE)
 
 
@@ -252,3 +254,21 @@ class RowRing:
 
     def __iter__(self) -> Iterator[SampleRow]:
         return (self[i] for i in range(self._len))
+
+    def device_energy(self, index: int) -> tuple[float | None, float | None]:
+        """The row at ``index`` (0: the oldest kept): its monotonic instant, and the
+        device's energy at it."""
+        _, device, monotonic = _RECORD.unpack_from(self._records, self._offset(index))
+        return (
+            None if monotonic != monotonic else monotonic,
+            None if device != device else device,
+        )
+
+    def settle_device_energy(self, index: int, joules: float) -> None:
+        """The device's energy at the row at ``index`` as the trace settled it."""
+        _DOUBLE.pack_into(self._records, self._offset(index) + _DEVICE_AT, joules)
+
+    def _offset(self, index: int) -> int:
+        if not 0 <= index < self._len:
+            raise IndexError("row index out of range")
+        return (self._head + index) % self.capacity * _RECORD_SIZE

@@ -107,6 +107,8 @@ class TargetTable:
         # The targets whose windows' edges a pass still settles (a new target's first
         # sample, a phase's edges, an exit): the others cost a pass nothing for it.
         self._unsettled: set[str] = set()
+        # The targets with rows whose device energy a pass still settles (History.young).
+        self._young: set[str] = set()
         self._lock = threading.Lock()
         self._targets: dict[str, Target] = {}
         self._by_identity: dict[tuple[int, int], str] = {}
@@ -381,6 +383,8 @@ class TargetTable:
                     at = _instant(sample, wall, monotonic)
                 row = row_of(sample, at) if only is None or target.id in only else None
                 target.observe(sample, row, self.energy_period_s, power)
+                if row is not None and row.device_energy_j is not None:
+                    self._young.add(target.id)
                 if target.history.phases:
                     latest = target.history.phases[-phases:]
                     recent[target.id] = tuple(phase_figures(p) for p in latest)
@@ -400,6 +404,10 @@ class TargetTable:
             history.settle(settle, to_last=exited)
             if history.settled(exited):
                 self._unsettled.discard(target_id)
+        for target_id in list(self._young):
+            target = self._targets.get(target_id)
+            if target is None or target.history.settle_rows(settle):
+                self._young.discard(target_id)
 
     def mark_exited(
         self,
