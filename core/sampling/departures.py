@@ -13,7 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS, exit_code
-from edgewatt.core.sampling.member_counters import ZERO, Counters, Member, add, sub_floor
+from edgewatt.core.sampling.member_counters import (
+    ZERO,
+    Counters,
+    Member,
+    add,
+    counters_of,
+    sub_floor,
+)
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, Stat
 from edgewatt.core.sampling.taskstats import TaskExits, unix_start
 from edgewatt.core.sampling.teardowns import Teardowns
@@ -186,14 +193,16 @@ class Departures:
             carried = add(carried, figures)
         user = live.user_ticks + carried.user_ticks
         system = live.system_ticks + carried.system_ticks
-        if user + system < value.cpu_ticks:
+        if user + system < value.user_ticks + value.system_ticks:
             user, system = value.user_ticks, value.system_ticks
-        self._value = Counters(
+        now = (
             user,
             system,
             max(value.read_bytes, live.read_bytes + carried.read_bytes),
             max(value.write_bytes, live.write_bytes + carried.write_bytes),
         )
+        if now != value:  # else kept: a comparison costs less than a new Counters
+            self._value = counters_of(now)
         return self._value
 
     def end(self, read_at: float, alone: bool) -> ExitFigures:

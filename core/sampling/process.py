@@ -44,7 +44,7 @@ from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.cpu_rate import CpuRate
 from edgewatt.core.sampling.departures import Departures, ExitFigures
 from edgewatt.core.sampling.held_fork import HeldFork
-from edgewatt.core.sampling.member_counters import Counters, Member, MemberReader
+from edgewatt.core.sampling.member_counters import Member, MemberReader, counters_of
 from edgewatt.core.sampling.membership import Lineage
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
 from edgewatt.core.sampling.taskstats import TaskExits
@@ -226,7 +226,7 @@ class ProcessTree:
                 fds_known = False
             else:
                 fds += member.fds
-        value = self._departures.total(Counters(user, system, read, write))
+        value = self._departures.total(counters_of((user, system, read, write)))
         cpu_user = value.user_ticks / CLOCK_TICKS
         cpu_system = value.system_ticks / CLOCK_TICKS
         by_mode = self._rate.update(read_at_monotonic, cpu_user, cpu_system)
