@@ -13,7 +13,7 @@ import time
 import pytest
 
 from edgewatt.core.sampling.departures import Departures, ExitFigures
-from edgewatt.core.sampling.member_counters import ZERO, Member, Vec, add
+from edgewatt.core.sampling.member_counters import ZERO, Counters, Member, add
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, Stat
 from edgewatt.core.sampling.taskstats import TICK_S, TaskExit, TaskExits, unix_start
 from edgewatt.core.sampling.tree_walk import Departed, Walked
@@ -60,16 +60,23 @@ class Target:
         self.passes = 0
 
     def member(
-        self, pid: int, ppid: int, own: Vec, reaped: Vec = ZERO, *, zombie: bool = False
+        self,
+        pid: int,
+        ppid: int,
+        own: tuple[float, float, int, int],
+        reaped: tuple[float, float, int, int] = ZERO,
+        *,
+        zombie: bool = False,
     ) -> Member:
         """A member as MemberReader reads it: ``own`` (utime, stime, read, write: io
         counts reaped children's bytes too) and ``reaped`` (cutime, cstime, ...)."""
         user, system, read, write = own
         if self.own_cpu:
-            totals, kept = (user, system, read, write), (0, 0, read, write)
+            totals, kept = Counters(user, system, read, write), Counters(0, 0, read, write)
         else:
-            totals = (user + reaped[0], system + reaped[1], read, write)
-            kept = (reaped[0], reaped[1], read, write)
+            reaped_user, reaped_system, _, _ = reaped
+            totals = Counters(user + reaped_user, system + reaped_system, read, write)
+            kept = Counters(reaped_user, reaped_system, read, write)
         member = Member(
             self.handles[pid], ppid, totals, kept, (read, write), 3, None, False, 0, zombie
         )
@@ -98,7 +105,7 @@ class Target:
         departed: list[Departed] | None = None,
         never_seen: list[Departed] | None = None,
         unseen: set[int] | None = None,
-    ) -> Vec:
+    ) -> Counters:
         """One pass: ``live`` members read, ``departed`` gone since (``never_seen``:
         born and gone between two passes; ``unseen``: gone before this pass could read
         them, their exit events to come); the target's counters."""

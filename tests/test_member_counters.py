@@ -4,7 +4,7 @@ stand-in /proc handle."""
 
 from __future__ import annotations
 
-from edgewatt.core.sampling.member_counters import ZERO, MemberReader, sub_floor
+from edgewatt.core.sampling.member_counters import ZERO, Counters, MemberReader, sub_floor
 from edgewatt.core.sampling.procfs import NoSuchProcess, Stat
 
 
@@ -137,4 +137,4 @@ def test_a_zombie_is_read_once_more_by_owner_only() -> None:
 
 
 def test_sub_floor_takes_each_channel_apart_never_below_zero() -> None:
-    assert sub_floor((5, 2, 10, 3), (1, 4, 4, 5)) == (4, 0, 6, 0)
+    assert sub_floor(Counters(5, 2, 10, 3), Counters(1, 4, 4, 5)) == (4, 0, 6, 0)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.sampler import Parts, Sampler
+from edgewatt.core.sampling import tracked
 from edgewatt.core.sampling.clock import Clock
 from edgewatt.core.sampling.contributors import Figures, Status
 from edgewatt.core.sampling.exits import final_cpu
@@ -241,6 +242,23 @@ class Handed:
 
     def close(self) -> None:
         pass
+
+
+def test_a_misspelt_figure_name_raises_on_every_python(spawn: Any, monkeypatch: Any) -> None:
+    # Figures are set by name. With slots (3.10+) a misspelt one raises as it is set;
+    # 3.8 and 3.9 check the names first (forced on here), else it would be a stray
+    # attribute that no exporter reads.
+    monkeypatch.setattr(tracked, "CHECK_NAMES", True, raising=False)
+    child = spawn("import time; time.sleep(60)")
+    handed = Handed()
+    handed.mapping = {"network_counts": "kept", "network_count": "misspelt"}
+    parts = Parts(ProcessTrees(LinuxPlatform()), (handed,))
+    sampler = Sampler(table_with(child.pid), interval=0.1, host_name="h", parts=parts)
+    try:
+        with pytest.raises(AttributeError, match=r"^not a ProcessSample field: network_count$"):
+            sampler.sample_once()
+    finally:
+        sampler.close()
 
 
 def _settled(pid: int) -> None:

@@ -41,6 +41,22 @@ class Status:
 
 
 class Contributor(Protocol):
+    """Counts figures of the targets read in a pass. Two rules hold for what
+    ``contribute`` hands out, one mapping of figures per target:
+
+    - The same mapping object means "unchanged". The sampler compares each
+      contributor's mapping with the one its last sample was built from by identity
+      (``TargetState.sample``): the same object, and a target that did not run gets a
+      copy of its last sample, its figures not looked at. So hand out a new mapping
+      when any figure moves (one edited in place after it was handed out leaves the
+      old figures in every copied sample), and the same object while they all stand
+      (a new mapping each pass, even an equal one, rebuilds every waiting target's
+      sample each pass: the copy path the CPU budget rests on is lost).
+    - Figures are set by name: each key is a ProcessSample field, set on the sample
+      as given. A name that is no field raises AttributeError in the pass (Python
+      3.10+ by the sample's slots; 3.8 and 3.9 by the check in ``tracked.py``).
+    """
+
     name: str  # what it does, for the log: "<name> failed: <why>"
 
     def begin(self) -> None:

@@ -13,7 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS, exit_code
-from edgewatt.core.sampling.member_counters import ZERO, Member, Vec, add, sub_floor
+from edgewatt.core.sampling.member_counters import (
+    ZERO,
+    Counters,
+    Member,
+    add,
+    counters_of,
+    sub_floor,
+)
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, Stat
 from edgewatt.core.sampling.taskstats import TaskExits, unix_start
 from edgewatt.core.sampling.teardowns import Teardowns
@@ -45,12 +52,12 @@ class Departures:
         self._root_pid = root_pid
         self._exits = exits
         self._own_cpu = own_cpu
-        self._carried: Vec = ZERO  # figures of members reaped outside the target
+        self._carried = ZERO  # figures of members reaped outside the target
         # Figures of departed members on their way into a live member's reaped-children
         # counters (a zombie waiting for its parent's wait(), or one already reaped):
         # counted here until that member's counters show them.
-        self._pending: dict[int, Vec] = {}
-        self._value: Vec = ZERO  # the target's counters as last reported: never less
+        self._pending: dict[int, Counters] = {}
+        self._value = ZERO  # the target's counters as last reported: never less
         # By owner, the exit records miss each member's teardown: the reapers' counters
         # of reaped children show it (teardowns.py).
         self._teardowns = Teardowns()
@@ -99,13 +106,15 @@ class Departures:
         for pid, known, reaper in departed:
             figures = self._final_figures(pid, known)
             if self._own_cpu:  # its own time is its own to the end: carried at once
-                self._carried = add(self._carried, (figures[0], figures[1], 0, 0))
+                own = figures.cpu_ticks
+                self._carried = add(
+                    self._carried, Counters(figures.user_ticks, figures.system_ticks, 0, 0)
+                )
                 inside = reaper in live or reaper in leaving
                 unseen = known is None and pid in unseen_before
                 final = known is not None and known.zombie
-                own = figures[0] + figures[1]
                 self._teardowns.depart(pid, own, reaper, inside, unseen, final)
-                figures = (0, 0, figures[2], figures[3])
+                figures = Counters(0, 0, figures.read_bytes, figures.write_bytes)
             figures = add(figures, pending.pop(pid, ZERO))
             if reaper in live or reaper in leaving:
                 pending[reaper] = add(pending.get(reaper, ZERO), figures)
@@ -123,13 +132,18 @@ class Departures:
                 left = sub_floor(pending[pid], grown)
                 # /proc truncates to ticks what the exit records give in us: less than
                 # a tick left of each is that rounding, not a member still to come.
-                rounding = grown != ZERO and left[0] < 1 and left[1] < 1 and left[2:] == (0, 0)
+                rounding = (
+                    grown != ZERO
+                    and left.user_ticks < 1
+                    and left.system_ticks < 1
+                    and left.read_bytes == left.write_bytes == 0
+                )
                 if left == ZERO or rounding:
                     del pending[pid]
                 else:
                     pending[pid] = left
 
-    def _final_figures(self, pid: int, known: Member | None) -> Vec:
+    def _final_figures(self, pid: int, known: Member | None) -> Counters:
         """A departed member's figures at its exit: its own CPU from the kernel's exit
         record where one came (what it ran since the last pass, included), else as
         last read (then the target is no longer exact)."""
@@ -150,24 +164,25 @@ class Departures:
             self.exact = False
             return known.totals
         # In ticks as /proc counts, unrounded: a short process ran for less than one.
-        own = (record.user_s * CLOCK_TICKS, record.system_s * CLOCK_TICKS)
+        user, system = record.user_s * CLOCK_TICKS, record.system_s * CLOCK_TICKS
         if known is None:
-            return (own[0], own[1], record.read_bytes, record.write_bytes)
+            return Counters(user, system, record.read_bytes, record.write_bytes)
         started = unix_start(known.handle.start_ticks)
         self._ended_at = max(self._ended_at, started + record.elapsed_s)
         totals, reaped = known.totals, known.reaped
         # The larger of the two CPU times, whole: the record and /proc split the same
         # runtime between user and system differently, so a maximum per mode over-counts.
-        final = (own[0] + reaped[0], own[1] + reaped[1])
-        cpu = final if sum(final) >= totals[0] + totals[1] else totals[:2]
-        return (
-            cpu[0],
-            cpu[1],
-            max(totals[2], record.read_bytes),
-            max(totals[3], record.write_bytes),
+        final = Counters(
+            user + reaped.user_ticks,
+            system + reaped.system_ticks,
+            max(totals.read_bytes, record.read_bytes),
+            max(totals.write_bytes, record.write_bytes),
         )
+        if final.cpu_ticks >= totals.cpu_ticks:
+            return final
+        return Counters(totals.user_ticks, totals.system_ticks, final.read_bytes, final.write_bytes)
 
-    def total(self, live: Vec) -> Vec:
+    def total(self, live: Counters) -> Counters:
         """The target's counters: what its ``live`` members show, plus what departed
         members left, carried or pending (counted until their reaper shows them).
         Never backwards; CPU time as a whole (user and system are split differently
@@ -176,15 +191,18 @@ class Departures:
         carried, value = self._with_teardowns(self._carried), self._value
         for figures in self._pending.values():
             carried = add(carried, figures)
-        user, system = live[0] + carried[0], live[1] + carried[1]
-        if user + system < value[0] + value[1]:
-            user, system = value[0], value[1]
-        self._value = (
+        user = live.user_ticks + carried.user_ticks
+        system = live.system_ticks + carried.system_ticks
+        if user + system < value.user_ticks + value.system_ticks:
+            user, system = value.user_ticks, value.system_ticks
+        now = (
             user,
             system,
-            max(value[2], live[2] + carried[2]),
-            max(value[3], live[3] + carried[3]),
+            max(value.read_bytes, live.read_bytes + carried.read_bytes),
+            max(value.write_bytes, live.write_bytes + carried.write_bytes),
         )
+        if now != value:  # else kept: a comparison costs less than a new Counters
+            self._value = counters_of(now)
         return self._value
 
     def end(self, read_at: float, alone: bool) -> ExitFigures:
@@ -192,14 +210,13 @@ class Departures:
         at its last reading (the kernel's peak RSS is then its own)."""
         # Nothing is live or pending any more: what was carried is the whole figure.
         v, c = self._value, self._with_teardowns(self._carried)
-        cpu = c[:2] if c[0] + c[1] >= v[0] + v[1] else v[:2]
-        value = (cpu[0], cpu[1], max(v[2], c[2]), max(v[3], c[3]))
+        cpu = c if c.cpu_ticks >= v.cpu_ticks else v
         record = self._exits.exited_pid(self._root_pid) if self._exits is not None else None
         return ExitFigures(
-            cpu_user_s=value[0] / CLOCK_TICKS,
-            cpu_system_s=value[1] / CLOCK_TICKS,
-            read_bytes=value[2],
-            write_bytes=value[3],
+            cpu_user_s=cpu.user_ticks / CLOCK_TICKS,
+            cpu_system_s=cpu.system_ticks / CLOCK_TICKS,
+            read_bytes=max(v.read_bytes, c.read_bytes),
+            write_bytes=max(v.write_bytes, c.write_bytes),
             time=self._ended_at or read_at,
             rss_peak_bytes=record.hiwater_rss_bytes if record is not None and alone else None,
             teardowns_counted=not self._own_cpu or self._teardowns.complete,
@@ -208,8 +225,15 @@ class Departures:
             else exit_code(record.exit_status),
         )
 
-    def _with_teardowns(self, carried: Vec) -> Vec:
+    def _with_teardowns(self, carried: Counters) -> Counters:
         """``carried`` with what the exit records missed (by owner): teardowns are the
         kernel's work (exit_mm), counted as system time."""
         missed = self._teardowns.missed() if self._own_cpu else 0.0
-        return (carried[0], carried[1] + missed, carried[2], carried[3])
+        if not missed:
+            return carried
+        return Counters(
+            carried.user_ticks,
+            carried.system_ticks + missed,
+            carried.read_bytes,
+            carried.write_bytes,
+        )

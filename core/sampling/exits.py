@@ -130,6 +130,7 @@ def final_cpu(last: tuple[float, float], final: tuple[float, float]) -> tuple[fl
     goes below the last reading (both are counters). /proc and the exit records split
     the same runtime between user and system differently, so a maximum per mode
     over-counts: by 33 ms once, in a CI run."""
-    total = max(sum(last), sum(final))
-    user = max(last[0], min(final[0], total - last[1]))
+    (last_user, last_system), (final_user, final_system) = last, final
+    total = max(last_user + last_system, final_user + final_system)
+    user = max(last_user, min(final_user, total - last_system))
     return user, total - user

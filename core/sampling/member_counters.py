@@ -4,36 +4,73 @@
 one process at a time, so the walk (``tree_walk.py``) and the accounting of departed
 members (``departures.py``) share one reading and one vector arithmetic.
 
-Counters are a vector of four channels: user ticks, system ticks, read bytes, write
-bytes. Ticks may be fractional: exit records are in microseconds.
+Counters (:class:`Counters`) are four named channels: user and system CPU time in
+/proc's clock ticks, storage bytes read and written. Ticks may be fractional: exit
+records are in microseconds.
 """
 
 from __future__ import annotations
 
+import functools
 import typing  # runtime aliases: Python 3.8's builtins take no [...]
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle, Stat
 
-Vec = typing.Tuple[float, float, float, float]
-ZERO: Vec = (0, 0, 0, 0)
+
+class Counters(typing.NamedTuple):
+    """Cumulative counters of a member, of departed members, or of a whole target.
+
+    A NamedTuple, not a dataclass: built for each member read, and equal to the plain
+    tuple of its figures."""
+
+    user_ticks: float  # CPU time in user mode, in /proc's clock ticks
+    system_ticks: float
+    read_bytes: int  # storage bytes (/proc/PID/io's read_bytes, write_bytes)
+    write_bytes: int
+
+    @property
+    def cpu_ticks(self) -> float:
+        """User and system time together: /proc and the exit records split the same
+        runtime between the two differently, so CPU time compares as a whole."""
+        return self.user_ticks + self.system_ticks
 
 
-def add(a: Vec, b: Vec) -> Vec:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+ZERO = Counters(0, 0, 0, 0)
+# Counters from the tuple of its four figures in order, as Counters(...) makes them at
+# half the cost (NamedTuple's __new__ is Python): for the paths run for each member or
+# target each pass.
+counters_of: typing.Callable[[tuple[float, float, int, int]], Counters] = functools.partial(
+    tuple.__new__, Counters
+)
 
 
-def sub_floor(a: Vec, b: Vec) -> Vec:
-    return (max(0, a[0] - b[0]), max(0, a[1] - b[1]), max(0, a[2] - b[2]), max(0, a[3] - b[3]))
+def add(a: Counters, b: Counters) -> Counters:
+    return Counters(
+        a.user_ticks + b.user_ticks,
+        a.system_ticks + b.system_ticks,
+        a.read_bytes + b.read_bytes,
+        a.write_bytes + b.write_bytes,
+    )
+
+
+def sub_floor(a: Counters, b: Counters) -> Counters:
+    """Each channel of ``a`` less ``b``'s, never below zero."""
+    return Counters(
+        max(0, a.user_ticks - b.user_ticks),
+        max(0, a.system_ticks - b.system_ticks),
+        max(0, a.read_bytes - b.read_bytes),
+        max(0, a.write_bytes - b.write_bytes),
+    )
 
 
 @dataclass(**SLOTS)
 class Member:
     handle: ProcHandle
     ppid: int
-    totals: Vec  # own + reaped-children figures, as last seen
-    reaped: Vec  # the reaped-children part alone (where a reaped child's totals land)
+    totals: Counters  # own + reaped-children figures, as last seen
+    reaped: Counters  # the reaped-children part alone (where a reaped child's totals land)
     io: tuple[int, int] | None  # as last read
     fds: int | None
     activity: bytes | None  # scheduler counters when io and fds were read
@@ -85,14 +122,20 @@ class MemberReader:
         read, write = io if io is not None else (0, 0)
         reaped_cpu = stat.cutime + stat.cstime
         if self._own_cpu:  # every member counts its own time: reaped children count theirs
-            reaped: Vec = (0, 0, read, write)
-            totals: Vec = (stat.utime, stat.stime, read, write)
+            now = (stat.utime, stat.stime, read, write)
+            now_reaped = (0, 0, read, write)
         elif self._children:
-            reaped = (stat.cutime, stat.cstime, read, write)
-            totals = (stat.utime + stat.cutime, stat.stime + stat.cstime, read, write)
+            now = (stat.utime + stat.cutime, stat.stime + stat.cstime, read, write)
+            now_reaped = (stat.cutime, stat.cstime, read, write)
         else:
-            reaped = ZERO
-            totals = (stat.utime, stat.stime, read, write)
+            now = (stat.utime, stat.stime, read, write)
+            now_reaped = ZERO
+        # Most members wait: their counters as they were, the same objects kept (a
+        # comparison costs less than a new Counters).
+        if before is not None and before.totals == now and before.reaped == now_reaped:
+            totals, reaped = before.totals, before.reaped
+        else:
+            totals, reaped = counters_of(now), counters_of(now_reaped)
         return Member(handle, stat.ppid, totals, reaped, io, fds, activity, idle, reaped_cpu)
 
     def read_zombie(self, member: Member) -> None:
@@ -106,6 +149,7 @@ class MemberReader:
         except NoSuchProcess:
             return
         if stat.state == "Z":
-            member.totals = (stat.utime, stat.stime, *member.totals[2:])
+            totals = member.totals
+            member.totals = Counters(stat.utime, stat.stime, totals.read_bytes, totals.write_bytes)
             member.reaped_cpu = stat.cutime + stat.cstime
             member.zombie = True

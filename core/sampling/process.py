@@ -44,7 +44,7 @@ from edgewatt.core.compat import SLOTS
 from edgewatt.core.sampling.cpu_rate import CpuRate
 from edgewatt.core.sampling.departures import Departures, ExitFigures
 from edgewatt.core.sampling.held_fork import HeldFork
-from edgewatt.core.sampling.member_counters import Member, MemberReader
+from edgewatt.core.sampling.member_counters import Member, MemberReader, counters_of
 from edgewatt.core.sampling.membership import Lineage
 from edgewatt.core.sampling.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
 from edgewatt.core.sampling.taskstats import TaskExits
@@ -215,10 +215,10 @@ class ProcessTree:
         fds_known = True
         for member, stat in live.values():
             totals = member.totals
-            user += totals[0]
-            system += totals[1]
-            read += totals[2]
-            write += totals[3]
+            user += totals.user_ticks
+            system += totals.system_ticks
+            read += totals.read_bytes
+            write += totals.write_bytes
             rss += stat.rss_pages
             vms += stat.vsize
             threads += stat.num_threads
@@ -226,9 +226,9 @@ class ProcessTree:
                 fds_known = False
             else:
                 fds += member.fds
-        value = self._departures.total((user, system, read, write))
-        cpu_user = value[0] / CLOCK_TICKS
-        cpu_system = value[1] / CLOCK_TICKS
+        value = self._departures.total(counters_of((user, system, read, write)))
+        cpu_user = value.user_ticks / CLOCK_TICKS
+        cpu_system = value.system_ticks / CLOCK_TICKS
         by_mode = self._rate.update(read_at_monotonic, cpu_user, cpu_system)
         io_visible = self._reader.io_visible
         self.last = TreeReading(
@@ -239,8 +239,8 @@ class ProcessTree:
             cpu_mode_utilization=by_mode,
             rss_bytes=rss * PAGE_SIZE,
             vms_bytes=vms,
-            read_bytes=value[2] if io_visible else None,
-            write_bytes=value[3] if io_visible else None,
+            read_bytes=value.read_bytes if io_visible else None,
+            write_bytes=value.write_bytes if io_visible else None,
             threads=threads,
             open_fds=fds if fds_known else None,
             pids=tuple(live),

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from edgewatt.core.compat import SLOTS
 from edgewatt.core.platforms import Tree
 from edgewatt.core.sampling.cgroups import Cgroup, CgroupTree
 from edgewatt.core.sampling.contributors import NOT_COUNTED
@@ -15,6 +17,12 @@ from edgewatt.core.snapshot import ProcessSample
 
 if TYPE_CHECKING:
     from edgewatt.core.targets import Target
+
+# The names a contributor's figures may have: ProcessSample's fields. With slots
+# (Python 3.10+) a misspelt one raises as it is set; without (3.8, 3.9) it would be a
+# stray attribute, unseen by every exporter, so there the names are checked first.
+FIGURE_NAMES = frozenset(f.name for f in dataclasses.fields(ProcessSample))
+CHECK_NAMES = not SLOTS
 
 
 @dataclass
@@ -125,6 +133,9 @@ class TargetState:
             network_unknown=NOT_COUNTED if self.cgroup is not None else None,
         )
         for given in figures:
+            if CHECK_NAMES and not given.keys() <= FIGURE_NAMES:
+                unknown = ", ".join(sorted(given.keys() - FIGURE_NAMES))
+                raise AttributeError(f"not a ProcessSample field: {unknown}")
             for name, value in given.items():
                 setattr(sample, name, value)
         self.last, self.last_reading, self.last_figures = sample, reading, figures
