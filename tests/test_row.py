@@ -4,6 +4,7 @@ PSS figures are."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from edgewatt.core.targets.row import SAMPLE_FIELDS, SAMPLE_UNITS, pss_age, row_of, sample_dict
 from tests.snapshots import process
@@ -30,8 +31,10 @@ def test_every_figure_a_sample_shows_has_the_unit_its_name_says() -> None:
             # The unit first, after what is counted where the name does not say it.
             counted = unit[len("TCP ") :] if unit.startswith("TCP ") else unit
             assert counted.startswith(by_suffix[suffix]), (name, unit)
+        # Words, ending as a phrase does (a word, a bound, a parenthesis closed).
+        assert unit[-1].islower() or unit[-1].isdigit() or unit[-1] == ")", unit
     # The cumulative figures say so: a window's figure is the difference of two.
-    cumulative = [n for n, unit in SAMPLE_UNITS.items() if "cumulative" in unit]
+    cumulative = [n for n, unit in SAMPLE_UNITS.items() if re.search(r"\bcumulative\b", unit)]
     assert cumulative == [
         "cpu_user_s", "cpu_system_s", "disk_read_bytes", "disk_write_bytes",
         "network_transmit_bytes", "network_receive_bytes", "energy_j", "device_energy_j",
