@@ -9,7 +9,15 @@ import pytest
 
 from edgewatt.core.targets import history as history_module
 from edgewatt.core.targets.errors import TargetError
-from edgewatt.core.targets.history import MAX_PHASES, History, Phase, phase_name
+from edgewatt.core.targets.history import (
+    MAX_PERSON_PHASES,
+    MAX_PHASE_DEPTH,
+    MAX_PHASES,
+    MAX_USERS_PHASES,
+    History,
+    Phase,
+    phase_name,
+)
 from edgewatt.core.targets.row import SampleRow, row_of
 from tests.snapshots import process
 
@@ -70,10 +78,24 @@ def test_a_history_lists_its_newest_phases_and_counts_the_older_dropped(
 
 def test_a_phase_name_is_a_label_value_of_at_most_128_bytes() -> None:
     assert phase_name("é" * 64) == "é" * 64  # 128 bytes of UTF-8
-    for bad in ("é" * 64 + "x", "", 7):
+    for bad, why in (
+        ("é" * 64 + "x", "is longer than 128 bytes"),
+        ("", "must not be empty"),
+        (7, "must be a string, got int"),
+    ):
         with pytest.raises(TargetError) as refused:
             phase_name(bad)
-        assert refused.value.error == "invalid phase name"
+        assert (refused.value.error, refused.value.detail) == (
+            "invalid phase name", f"the phase name {why}"
+        )  # fmt: skip
+
+
+def test_the_phase_bounds_are_those_the_reference_gives() -> None:
+    # A target's summary lists 1,000; a person's targets keep 1,000 together, all
+    # users' 1,000 (README.md, "Shares per person"); 16 deep at most (table.py).
+    assert (MAX_PHASES, MAX_PERSON_PHASES, MAX_USERS_PHASES, MAX_PHASE_DEPTH) == (
+        1000, 1000, 1000, 16
+    )  # fmt: skip
 
 
 def test_the_network_rate_spans_the_last_two_intervals_on_the_monotonic_clock() -> None:
@@ -128,13 +150,16 @@ def test_memory_counts_rows_of_live_members_since_the_held_forks_exec() -> None:
     memory = history.memory
     assert (memory.rows, memory.rss_sum, memory.rss.low, memory.rss.high) == (2, 5000.0, 2000, 3000)
     assert (memory.pss_peak, memory.rss_largest_peak) == (60, 80)
+    # A pass whose PSS was not read (a dear read waits): the peak stays.
+    history.add(_row(5.5, memory_rss_bytes=2500, memory_pss_bytes=None), 1)
+    assert (memory.rows, memory.pss_peak) == (3, 60)
     # Its exit: the kernel's peak RSS of its one process, which no sample can miss.
     history.end(6.0, 9000)
     assert (memory.rss.low, memory.rss.high, memory.rss_largest_peak) == (2000, 9000, 9000)
     history.end(7.0, 50)
     assert (memory.rss.high, memory.rss_largest_peak) == (9000, 9000)
     history.end(8.0, None)
-    assert (memory.rss.high, memory.rss_largest_peak, memory.rows) == (9000, 9000, 2)
+    assert (memory.rss.high, memory.rss_largest_peak, memory.rows) == (9000, 9000, 3)
 
 
 def test_a_window_spreads_over_its_intervals_not_the_one_before_it() -> None:
