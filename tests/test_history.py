@@ -180,12 +180,19 @@ def test_a_window_spreads_over_its_intervals_not_the_one_before_it() -> None:
     # The phase from its first row on: only the intervals after it.
     assert (phase.period_s, phase.power.low, phase.power.high) == (0.1, None, None)
     assert (phase.cpu_utilization.low, phase.cpu_utilization.high) == (0.5, 0.5)
-    history.note(0.05, 0.5, 8.0)
+    history.note(None, None, 9.0)  # the other end only: not a spread either
+    history.add(_row(4.5, cpu_utilization=None))
+    history.note(0.05, 4.0, 8.0)  # nothing of the passes before the last row
     history.add(_row(5.0, cpu_utilization=0.125))
-    assert (history.period_s, history.power.low, history.power.high) == (0.2, 0.5, 8.0)
-    assert (phase.period_s, phase.power.low, phase.power.high) == (0.1, 0.5, 8.0)
+    assert (history.period_s, history.power.low, history.power.high) == (0.2, 1.0, 8.0)
+    assert (phase.period_s, phase.power.low, phase.power.high) == (0.1, 4.0, 8.0)
     assert (phase.cpu_utilization.low, phase.cpu_utilization.high) == (0.125, 0.5)
-    assert history.count == 5 and history.first is not None and history.first.monotonic == 1.0
+    # Two passes between rows, one end each: together a spread.
+    history.note(None, 2.0, None)
+    history.note(None, None, 8.5)
+    history.add(_row(6.0, cpu_utilization=0.25))
+    assert (phase.power.low, phase.power.high, history.power.high) == (2.0, 8.5, 8.5)
+    assert history.count == 7 and history.first is not None and history.first.monotonic == 1.0
 
 
 def test_an_exit_ends_and_closes_every_pending_phase_at_its_time() -> None:
