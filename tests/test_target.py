@@ -16,7 +16,7 @@ from edgewatt.core.sampling.cgroup_names import CgroupName
 from edgewatt.core.targets.errors import Conflict
 from edgewatt.core.targets.history import History
 from edgewatt.core.targets.row import row_of, sample_dict
-from edgewatt.core.targets.target import UNREGISTERED, Identity, Target
+from edgewatt.core.targets.target import UNREGISTERED, Identity, Observed, Target
 from tests.snapshots import process
 
 
@@ -61,11 +61,20 @@ def test_a_target_is_its_process_or_its_cgroup_and_says_its_state() -> None:
         1_700_000_006.0,
         None,
     )
+    assert let_go.end_reason == "unregistered"  # the word a cgroup's summary gives
     cgroup = Target(_identity(pid=0, cgroup_name=CgroupName("unit", "web.service")), History(1))
     assert cgroup.kind == "cgroup" and cgroup.cgroup_name == CgroupName("unit", "web.service")
 
 
 def test_a_pass_keeps_what_it_saw_and_adds_its_row() -> None:
+    registered = Target(_identity(pid=0), History(10), Observed(cgroup="/web"))
+    # Before its first pass: the cgroup it was registered in, no member, nothing said
+    # of its network figures.
+    assert (registered.cgroup, registered.members) == ("/web", ())
+    observed = registered.observed
+    assert (observed.network_counts, observed.network_unknown, observed.cgroup_packets) == (
+        None, None, None
+    )  # fmt: skip
     target = Target(_identity(pid=0, cgroup_name=CgroupName("container", "web")), History(10))
     seen = dataclasses.replace(
         process(0), members=(5, 6), cgroup="/web", cgroup_memory=(4096, 8192),
