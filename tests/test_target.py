@@ -41,6 +41,11 @@ def _proc(root: Path, pid: int, argv: list[str], exe: str) -> None:
 def test_a_target_is_its_process_or_its_cgroup_and_says_its_state() -> None:
     target = Target(_identity(), History(10))
     assert target.identity.key == (4242, 7) and target.id == "t1"
+    # Before its end and any pass: nothing of either (a summary shows these as null).
+    assert (target.exit_mode, target.end_reason, target.exit_status, target.restored_at) == (
+        None, None, None, None
+    )  # fmt: skip
+    assert (target.handle, target.holders, target.command) == (None, 1, None)
     assert (target.pid, target.uid, target.labels, target.children) == (
         4242,
         1000,
@@ -145,6 +150,11 @@ def test_a_cgroups_command_is_its_first_members(tmp_path: Path) -> None:
     assert target.command is None  # no member yet
     target.observe(dataclasses.replace(process(0), members=(4243, 4242)), None, None)
     assert (target.command, target.executable) == ("python3 serve.py", "edgewatt")
+    # A container (or a unit) keeps the name it was registered by: what runs there.
+    name = CgroupName("container", "web", "docker")
+    container = Target(_identity(pid=0, cgroup_name=name), History(10), handle=handle)  # type: ignore[arg-type]
+    container.observe(dataclasses.replace(process(0), members=(4242,)), None, None)
+    assert container.command is None
 
 
 def test_another_registration_adds_the_labels_it_may_and_says_why_not_the_others() -> None:
