@@ -13,6 +13,7 @@ import pytest
 
 from edgewatt.core.labels import MAX_LABELS, Room
 from edgewatt.core.sampling.cgroup_names import CgroupName
+from edgewatt.core.sampling.commands import command_line
 from edgewatt.core.targets.errors import Conflict
 from edgewatt.core.targets.history import History
 from edgewatt.core.targets.row import row_of, sample_dict
@@ -112,7 +113,10 @@ def test_a_pass_keeps_what_it_saw_and_adds_its_row() -> None:
 
 
 def test_a_targets_command_is_read_again_once_its_held_fork_execd(tmp_path: Path) -> None:
-    _proc(tmp_path, 4242, ["/usr/bin/edgewatt", "run", "python3", "train.py"], "/usr/bin/edgewatt")
+    # Before the exec the executable stays the one registered (not the fork's new read).
+    _proc(
+        tmp_path, 4242, ["/usr/bin/edgewatt", "run", "python3", "train.py"], "/opt/ew/edgewatt-cli"
+    )
     target = Target(_identity(), History(10), handle=types.SimpleNamespace(proc=str(tmp_path)))  # type: ignore[arg-type]
     forked = dataclasses.replace(process(0), members=(4242,), root_execs=0)
     target.observe(forked, None, None)
@@ -142,6 +146,7 @@ def test_a_targets_command_is_read_again_once_its_held_fork_execd(tmp_path: Path
 def test_a_cgroups_command_is_its_first_members(tmp_path: Path) -> None:
     _proc(tmp_path, 4242, ["/usr/bin/python3", "serve.py"], "/usr/bin/python3")
     _proc(tmp_path, 4243, ["/bin/sh", "-c", "sleep 9"], "/bin/sh")
+    _proc(tmp_path, 1, ["/sbin/init"], "/sbin/init")  # no member's: never read
     handle = types.SimpleNamespace(proc=str(tmp_path))
     target = Target(
         _identity(pid=0, cgroup_name=CgroupName("cgroup", "/jobs/a")), History(10), handle=handle
@@ -155,6 +160,10 @@ def test_a_cgroups_command_is_its_first_members(tmp_path: Path) -> None:
     container = Target(_identity(pid=0, cgroup_name=name), History(10), handle=handle)  # type: ignore[arg-type]
     container.observe(dataclasses.replace(process(0), members=(4242,)), None, None)
     assert container.command is None
+    # No handle (restored without one): the system's /proc.
+    mine = Target(_identity(pid=os.getpid()), History(10))
+    mine.observe(dataclasses.replace(process(0), members=(os.getpid(),)), None, None)
+    assert mine.command is not None and mine.command == command_line(os.getpid())
 
 
 def test_another_registration_adds_the_labels_it_may_and_says_why_not_the_others() -> None:
@@ -238,10 +247,19 @@ def test_a_target_is_described_by_who_it_is_its_state_and_its_latest_sample() ->
     }  # fmt: skip
     name = CgroupName("container", "web", "podman")
     cgroup = Target(_identity(pid=0, cgroup_name=name), History(1))
-    assert cgroup.describe()["cgroup"] == {
+    no_pass = {
         "kind": "container", "name": "web", "runtime": "podman", "path": None,
         "memory_current_bytes": None, "memory_peak_bytes": None,
         "network_transmit_packets": None, "network_receive_packets": None,
+    }  # fmt: skip
+    assert cgroup.describe()["cgroup"] == no_pass
+    seen = dataclasses.replace(
+        process(0), cgroup="/web", cgroup_memory=(4096, 8192), cgroup_packets=(3, 5)
+    )
+    cgroup.observe(seen, None, None)
+    assert cgroup.describe()["cgroup"] == {
+        **no_pass, "path": "/web", "memory_current_bytes": 4096, "memory_peak_bytes": 8192,
+        "network_transmit_packets": 3, "network_receive_packets": 5,
     }  # fmt: skip
     unit = Target(_identity(pid=0, cgroup_name=CgroupName("unit", "web.service")), History(1))
     assert unit.cgroup_info() is not None and unit.cgroup_info()["runtime"] is None  # type: ignore[index]
