@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 from typing import Any
 
 import pytest
 
+from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.sampling import procfs
 from edgewatt.core.targets import Limits, Resolver, TargetTable
-from edgewatt.core.targets.errors import Conflict, Forbidden, NotFound, TargetError
+from edgewatt.core.targets.errors import Conflict, Forbidden, NotFound, TargetError, TooMany
 from tests.snapshots import process
 
 UID = os.getuid()
@@ -183,7 +185,7 @@ def test_what_the_table_reads_back_of_a_target() -> None:
             during.append((start, end))
             return {"temperature_max_c": 40.0}
 
-    table, clocks = _table(context=Context())
+    table, clocks = _table(context=Context(), carbon=CarbonIntensity(400.0, "test"))
     target = table.register(os.getpid(), {}, True, UID).target
     for at, sent in ((10.0, 1000), (11.0, 1500), (12.0, 3000)):
         clocks.t = at
@@ -194,6 +196,9 @@ def test_what_the_table_reads_back_of_a_target() -> None:
     assert rate is not None and rate["transmit_bytes_per_s"] == 1000.0
     summary = table.summary(target.id, 2)
     assert summary["context"] == {"temperature_max_c": 40.0}
+    # Its descendants as the parent links show them (the daemon says "lineage" where it
+    # hears the kernel's events); its energy's carbon at the table's intensity.
+    assert (summary["membership"], summary["carbon_intensity_g_per_kwh"]) == ("parent-links", 400.0)
     assert summary["energy_provenance"]["reason"] == summary["device_energy_provenance"]["reason"]
     table.mark_exited(target.id, 1_700_000_013.0, exit_mode="exact", rss_peak_bytes=4096,
                       end_reason="its cgroup was removed", exit_status=3)  # fmt: skip
@@ -243,3 +248,35 @@ def test_an_exited_targets_last_edge_is_settled_while_the_trace_holds_it() -> No
     summary = table.summary(target.id, 2)
     assert (summary["device_energy_j"], summary["final"]) == (30.0, True)
     assert summary["phases"][0]["device_energy_j"] == 10.0 and table.final(target.id)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as other users")
+def test_a_users_registrations_count_in_her_persons_shares() -> None:
+    # Uids 1000 and 1001 are one person's (core/persons.py): one running target each
+    # at most, and 16 KiB of labels together.
+    sleepers = [
+        subprocess.Popen(["sleep", "60"], user=uid, group=uid) for uid in (1000, 1001, 1000)
+    ]
+    try:
+        limits = Limits(
+            max_targets=10, history_samples=10, exited_retention_s=60, max_targets_per_uid=1
+        )
+        resolver = Resolver(procfs.boot_time(), procfs.CLOCK_TICKS)
+        table = TargetTable(limits, resolver, person=lambda uid: 1000 if uid == 1001 else uid)
+        assert table.lookups is resolver.lookups  # the sampler's follows are bounded by them
+        labels = {f"l{i}": "v" * 1000 for i in range(17)}  # 17,041 bytes
+        with pytest.raises(TooMany) as refused:
+            table.register(sleepers[0].pid, labels, False, 1000)
+        assert refused.value.detail == (
+            "at most 16384 bytes of labels per user (names and values): 17041 asked, 16384 left"
+        )
+        table.register(sleepers[0].pid, {}, False, 1000)
+        with pytest.raises(TooMany) as refused:
+            table.register(sleepers[1].pid, {}, False, 1001)
+        assert refused.value.detail == "at most 1 per user may run at once"
+        # Root's are the administrator's: not in any person's share.
+        assert table.register(os.getpid(), labels, True, 0).created
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
