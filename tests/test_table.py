@@ -7,12 +7,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import types
 from typing import Any
 
 import pytest
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.sampling import procfs
+from edgewatt.core.sampling.cgroup_names import CgroupName
 from edgewatt.core.targets import Limits, Resolver, TargetTable
 from edgewatt.core.targets.errors import Conflict, Forbidden, NotFound, TargetError, TooMany
 from tests.snapshots import process
@@ -82,6 +84,11 @@ def test_a_registration_holds_a_target_until_its_last_holder_lets_go() -> None:
     assert missing.value.detail == "no target with id 'nothere'"
     with pytest.raises(Forbidden):
         table.delete(anew.target.id, 1000)
+    # A reload's limits hold for the next registration.
+    table.set_limits(Limits(max_targets=1, history_samples=10, exited_retention_s=60))
+    with pytest.raises(TooMany) as full:
+        table.register(os.getppid(), {}, True, UID)
+    assert full.value.detail == "at most 1 may run at once"
 
 
 def test_a_restored_registration_keeps_its_id_date_and_holders() -> None:
@@ -280,3 +287,55 @@ def test_a_users_registrations_count_in_her_persons_shares() -> None:
         for sleeper in sleepers:
             sleeper.kill()
             sleeper.wait()
+
+
+def test_a_cgroup_is_registered_and_a_process_in_it_joins_its_target() -> None:
+    clocks = Clocks()
+    inodes = {"/jobs/a": 4711, "/jobs/b": 4712}
+
+    def locate(name: CgroupName, uid: int) -> Any:  # the cgroup tree, stood in
+        return types.SimpleNamespace(path=name.name, inode=inodes[name.name])
+
+    paths = {os.getpid(): "/jobs/a/worker", os.getppid(): "/elsewhere"}
+    resolver = Resolver(
+        procfs.boot_time(), procfs.CLOCK_TICKS, locate_cgroup=locate,
+        cgroup_of=lambda pid, proc: paths[pid],
+    )  # fmt: skip
+    limits = Limits(max_targets=10, history_samples=100, exited_retention_s=60)
+    table = TargetTable(limits, resolver, wall_clock=clocks.wall, monotonic_clock=clocks.monotonic)
+    clocks.t = 5.0
+    held = table.register_cgroup(CgroupName("cgroup", "/jobs/a"), {"run": "a"}, UID)
+    target = held.target
+    assert (held.created, held.refused, target.holders, len(target.id)) == (True, [], 1, 12)
+    me = target.identity
+    assert (me.pid, me.start_ticks, me.children, me.executable, target.cgroup) == (
+        0, 4711, True, "/jobs/a", "/jobs/a"
+    )  # fmt: skip
+    assert (me.start_time, me.registered_at, target.restored_at) == (1_700_000_005.0,) * 2 + (None,)
+    again = table.register_cgroup(CgroupName("cgroup", "/jobs/a"), {}, UID)
+    assert (again.target is target, again.created, target.holders) == (True, False, 2)
+    # A process below it joins it, with its labels; one asking for itself alone does not.
+    joined = table.register(os.getpid(), {"seed": "1"}, True, UID)
+    assert (joined.target is target, joined.created, joined.refused) == (True, False, [])
+    assert (target.holders, target.labels) == (3, {"run": "a", "seed": "1"})
+    alone = table.register(os.getpid(), {}, False, UID)
+    assert alone.created and alone.target.kind == "process"
+    outside = table.register(os.getppid(), {}, True, UID)  # in no registered cgroup
+    assert outside.created and outside.target.kind == "process"
+    # One restored from the state file keeps its id, date and holders.
+    clocks.t = 9.0
+    restored = table.register_cgroup(
+        CgroupName("cgroup", "/jobs/b"), {}, UID, target_id="abc",
+        registered_at=1_600_000_000.0, holders=3, limited=False,
+    ).target  # fmt: skip
+    assert (restored.id, restored.holders, restored.identity.registered_at) == (
+        "abc", 3, 1_600_000_000.0
+    )  # fmt: skip
+    assert (restored.restored_at, restored.identity.start_time) == (1_700_000_009.0,) * 2
+    table.mark_exited("abc", 1_700_000_009.5)
+    anew = table.register_cgroup(CgroupName("cgroup", "/jobs/b"), {}, UID, holders=0).target
+    assert (anew.holders, anew.restored_at, anew.identity.registered_at) == (
+        1,
+        None,
+        1_700_000_009.0,
+    )
