@@ -246,15 +246,23 @@ def test_an_exited_targets_last_edge_is_settled_while_the_trace_holds_it() -> No
     trace[12.0] = 120.0
     item = table.phase_summary(target.id, phase, 2)
     assert (item["device_energy_j"], item["final"]) == (0.0, True)
+    # A running target's summary settles its last row's edge (not a pass: it runs).
+    summary = table.summary(target.id, 2)
+    assert (summary["device_energy_j"], summary["final"]) == (20.0, True)
     clocks.t = 13.0
     table.record([_sample(target.id, clocks, device_energy_j=131.0)], 2)
-    table.mark_exited(target.id, 1_700_000_013.0)
+    assert not table.final(target.id)  # the reading after 13 s not come yet
     trace[13.0] = 130.0
+    assert table.final(target.id)  # asking settles it too
+    clocks.t = 14.0
+    table.record([_sample(target.id, clocks, device_energy_j=141.0)], 2)
+    table.mark_exited(target.id, 1_700_000_014.0)
+    trace[14.0] = 140.0
     table.record([], 2)  # the pass after the exit settles its last edge
-    del trace[13.0], trace[12.0], trace[10.0]  # the trace keeps only its last readings
+    trace.clear()  # the trace keeps only its last readings
     summary = table.summary(target.id, 2)
-    assert (summary["device_energy_j"], summary["final"]) == (30.0, True)
-    assert summary["phases"][0]["device_energy_j"] == 10.0 and table.final(target.id)
+    assert (summary["device_energy_j"], summary["final"]) == (40.0, True)
+    assert summary["phases"][0]["device_energy_j"] == 20.0 and table.final(target.id)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as other users")
