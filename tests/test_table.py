@@ -102,6 +102,7 @@ def test_a_restored_registration_keeps_its_id_date_and_holders() -> None:
     )  # fmt: skip
     assert restored.restored_at == 1_700_000_030.0
     table.mark_exited("abc", 1_700_000_031.0)
+    assert (restored.exit_mode, restored.exited_at) == ("last-sample", 1_700_000_031.0)
     none_held = table.register(os.getpid(), {}, True, UID, target_id="def", holders=0).target
     assert (none_held.holders, none_held.identity.registered_at) == (1, 1_700_000_030.0)
 
@@ -156,9 +157,9 @@ def test_a_pass_records_each_sample_at_its_instant() -> None:
     table.start_phase(mine.id, "c", UID)
     exported = table.record(
         [
+            _sample("gone", clocks),  # unregistered while the pass ran: the others count
             _sample(mine.id, clocks, members=(7, 8)),  # read now
             _sample(other.id, clocks, time=clocks.wall() - 400.0),  # dated 400 s ago
-            _sample("gone", clocks),
         ],
         2,
     )
