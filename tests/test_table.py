@@ -81,7 +81,10 @@ def test_a_registration_holds_a_target_until_its_last_holder_lets_go() -> None:
     assert anew.created and anew.target is not target
     with pytest.raises(NotFound) as missing:
         table.get("nothere")
-    assert missing.value.detail == "no target with id 'nothere'"
+    assert (missing.value.error, missing.value.detail) == (
+        "no such target",
+        "no target with id 'nothere'",
+    )
     with pytest.raises(Forbidden):
         table.delete(anew.target.id, 1000)
     # A reload's limits hold for the next registration.
