@@ -351,3 +351,24 @@ def test_a_cgroup_is_registered_and_a_process_in_it_joins_its_target() -> None:
         None,
         1_700_000_009.0,
     )
+
+
+def test_a_users_name_lookups_are_bounded_but_not_a_restores() -> None:
+    looked = []
+
+    def locate(name: CgroupName, uid: int) -> Any:
+        looked.append(name.name)
+        raise ValueError(f"no unit {name.name}")
+
+    resolver = Resolver(procfs.boot_time(), procfs.CLOCK_TICKS, locate_cgroup=locate)
+    table = TargetTable(Limits(max_targets=10, history_samples=10, exited_retention_s=60), resolver)
+    unit = CgroupName("unit", "web.service")
+    for _ in range(2):
+        with pytest.raises(TargetError) as refused:
+            table.register_cgroup(unit, {}, 1000)
+        assert refused.value.error == "no such cgroup"
+    # A failure is remembered a moment: the second registration looked nothing up.
+    assert looked == ["web.service"] and "(failed within the last" in refused.value.detail
+    with pytest.raises(TargetError):
+        table.register_cgroup(unit, {}, 1000, limited=False)  # the state file's: looked up
+    assert looked == ["web.service", "web.service"]
