@@ -372,3 +372,30 @@ def test_a_users_name_lookups_are_bounded_but_not_a_restores() -> None:
     with pytest.raises(TargetError):
         table.register_cgroup(unit, {}, 1000, limited=False)  # the state file's: looked up
     assert looked == ["web.service", "web.service"]
+
+
+def test_a_users_cgroup_and_a_process_joining_it_keep_to_her_label_bytes() -> None:
+    def locate(name: CgroupName, uid: int) -> Any:  # a cgroup delegated to uid 1000
+        return types.SimpleNamespace(path=name.name, inode=99, owner=lambda: 1000)
+
+    handle = types.SimpleNamespace(  # her process, pinned
+        pid=4242, start_ticks=7, executable="sleep", refuses=lambda uid: None,
+        close=lambda: None, stat=lambda: None,
+    )  # fmt: skip
+    resolver = Resolver(
+        procfs.boot_time(), procfs.CLOCK_TICKS, locate_cgroup=locate,
+        open_process=lambda pid, proc, expect_start=None: handle,
+        cgroup_of=lambda pid, proc: "/user/jobs/a/worker",
+    )  # fmt: skip
+    table = TargetTable(Limits(max_targets=10, history_samples=10, exited_retention_s=60), resolver)
+    jobs = CgroupName("cgroup", "/user/jobs/a")
+    with pytest.raises(TooMany) as refused:
+        table.register_cgroup(jobs, {f"l{i}": "v" * 1000 for i in range(17)}, 1000)
+    assert refused.value.detail.endswith("17041 asked, 16384 left")
+    labels = {f"l{i}": "v" * 1000 for i in range(16)}  # 16,038 bytes: 346 left
+    target = table.register_cgroup(jobs, labels, 1000).target
+    joined = table.register(4242, {"x": "v" * 400}, True, 1000)
+    assert joined.target is target and joined.refused == [
+        {"field": "labels.x", "asked": "v" * 400, "kept": None,
+         "why": "at most 16384 bytes of labels per user"}
+    ]  # fmt: skip
