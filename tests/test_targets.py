@@ -278,9 +278,9 @@ def test_a_full_history_keeps_its_last_rows_exactly_in_178_bytes_a_row() -> None
     # tracemalloc counts every thread's allocations: threads an earlier test left
     # running in this process (CI measured 177 B once, 159 B alone) add to one
     # reading, so the least of three is the history's own. The rows are made before
-    # it: a row freed inside it may stay allocated in the interpreter's cache of
-    # freed tuples (Python 3.11 keeps 20-item ones), counted or not as the tests
-    # before left that cache; that the history keeps none of them is read from their
+    # it: a row freed inside it may stay allocated in the interpreter's caches of
+    # freed objects, counted or not as the tests before left them (377 B a row after
+    # a gc.collect()); that the history keeps none of them is read from their
     # reference counts instead.
     readings = []
     for _ in range(3):
