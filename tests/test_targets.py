@@ -279,9 +279,8 @@ def test_a_full_history_keeps_its_last_rows_exactly_in_178_bytes_a_row() -> None
     # running in this process (CI measured 177 B once, 159 B alone) add to one
     # reading, so the least of three is the history's own. The rows are made before
     # it: a row freed inside it may stay allocated in the interpreter's caches of
-    # freed objects, counted or not as the tests before left them (377 B a row after
-    # a gc.collect()); that the history keeps none of them is read from their
-    # reference counts instead.
+    # freed objects, counted or not as the tests before (or a gc.collect()) left
+    # them; that the history keeps none of them is read from their reference counts.
     readings = []
     for _ in range(3):
         made = [_row(i + 0.5, cpu_user_s=i / 3, energy_j=i * 1.5) for i in range(300)]
