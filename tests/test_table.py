@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.lookups import Lookups
 from edgewatt.core.sampling import procfs
 from edgewatt.core.sampling.cgroup_names import CgroupName
 from edgewatt.core.targets import Limits, Resolver, TargetTable
@@ -360,7 +361,10 @@ def test_a_users_name_lookups_are_bounded_but_not_a_restores() -> None:
         looked.append(name.name)
         raise ValueError(f"no unit {name.name}")
 
-    resolver = Resolver(procfs.boot_time(), procfs.CLOCK_TICKS, locate_cgroup=locate)
+    lookups = Lookups(clock=lambda: 100.0)  # no time passes: a failure is remembered 10 s
+    resolver = Resolver(
+        procfs.boot_time(), procfs.CLOCK_TICKS, locate_cgroup=locate, lookups=lookups
+    )
     table = TargetTable(Limits(max_targets=10, history_samples=10, exited_retention_s=60), resolver)
     unit = CgroupName("unit", "web.service")
     for _ in range(2):
