@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import tracemalloc
 import types
 
@@ -276,19 +277,25 @@ def test_a_full_history_keeps_its_last_rows_exactly_in_178_bytes_a_row() -> None
 
     # tracemalloc counts every thread's allocations: threads an earlier test left
     # running in this process (CI measured 177 B once, 159 B alone) add to one
-    # reading, so the least of three is the history's own.
+    # reading, so the least of three is the history's own. The rows are made before
+    # it: a row freed inside it may stay allocated in the interpreter's caches of
+    # freed objects, counted or not as the tests before (or a gc.collect()) left
+    # them; that the history keeps none of them is read from their reference counts.
     readings = []
     for _ in range(3):
+        made = [_row(i + 0.5, cpu_user_s=i / 3, energy_j=i * 1.5) for i in range(300)]
+        references = [sys.getrefcount(row) for row in made]
         tracemalloc.start()
         try:
             before = tracemalloc.get_traced_memory()[0]
-            held = _history_of(
-                [_row(i + 0.5, cpu_user_s=i / 3, energy_j=i * 1.5) for i in range(300)], 300
-            )
+            held = _history_of(made, 300)
             readings.append((tracemalloc.get_traced_memory()[0] - before) / 300)
         finally:
             tracemalloc.stop()
         assert len(held.rows) == 300
+        # Only the first and the last rows are held (History.first, .last), once each.
+        now = [sys.getrefcount(row) for row in made]
+        assert [b - a for a, b in zip(references, now)] == [1] + [0] * 298 + [1]
         del held
     assert min(readings) <= 178, f"{min(readings):.0f} B a row ({readings})"
 

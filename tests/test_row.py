@@ -1,0 +1,55 @@
+"""A history row as users read it: every figure by name with its unit, and how old its
+PSS figures are."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from edgewatt.core.targets.row import SAMPLE_FIELDS, SAMPLE_UNITS, pss_age, row_of, sample_dict
+from tests.snapshots import process
+
+
+def test_every_figure_a_sample_shows_has_the_unit_its_name_says() -> None:
+    assert list(SAMPLE_UNITS) == [*SAMPLE_FIELDS, "memory_pss_age_s"]
+    by_suffix = {
+        "_bytes": "bytes",
+        "_at": "unix seconds",
+        "_s": "seconds",
+        "_utilization": "share of all logical CPUs",
+        "_w": "watts",
+        "_j": "joules",
+    }
+    counts = {"threads", "open_fds", "processes"}
+    for name, unit in SAMPLE_UNITS.items():
+        if name == "time":
+            assert unit == "unix seconds"
+        elif name in counts:
+            assert unit.startswith("count"), name
+        else:
+            (suffix,) = [s for s in by_suffix if name.endswith(s) and not name.endswith("_at_s")]
+            # The unit first, after what is counted where the name does not say it.
+            counted = unit[len("TCP ") :] if unit.startswith("TCP ") else unit
+            assert counted.startswith(by_suffix[suffix]), (name, unit)
+        # Words, ending as a phrase does (a word, a bound, a parenthesis closed).
+        assert unit[-1].islower() or unit[-1].isdigit() or unit[-1] == ")", unit
+    # The cumulative figures say so: a window's figure is the difference of two.
+    cumulative = [n for n, unit in SAMPLE_UNITS.items() if re.search(r"\bcumulative\b", unit)]
+    assert cumulative == [
+        "cpu_user_s", "cpu_system_s", "disk_read_bytes", "disk_write_bytes",
+        "network_transmit_bytes", "network_receive_bytes", "energy_j", "device_energy_j",
+    ]  # fmt: skip
+
+
+def test_a_rows_pss_age_is_to_the_millisecond_and_never_negative() -> None:
+    sample = dataclasses.replace(process(0), time=1_700_000_100.0)
+    row = row_of(dataclasses.replace(sample, memory_pss_read_at=1_700_000_098.7654), 50.0)
+    assert pss_age(row) == 1.235
+    # Read after the sample's date (the wall clock stepped back between): no age.
+    assert pss_age(row._replace(memory_pss_read_at=1_700_000_100.5)) == 0.0
+    assert pss_age(row._replace(memory_pss_read_at=None)) is None
+    shown = sample_dict(row)
+    assert list(shown) == [*SAMPLE_FIELDS, "memory_pss_age_s"]
+    assert (shown["time"], shown["memory_pss_age_s"], shown["cpu_user_s"]) == (
+        1_700_000_100.0, 1.235, 1.5
+    )  # fmt: skip
