@@ -249,3 +249,30 @@ def test_an_ended_phase_is_final_only_with_its_closing_row() -> None:
     assert not phase.final and not phase.running and not phase.done
     phase.add(_row(3.0))
     assert phase.closed and phase.final and phase.done
+
+
+def test_young_rows_settle_oldest_first_up_to_the_first_not_final() -> None:
+    history = History(10)
+    for i, joules in enumerate([1.0, None, 3.5, 4.5, 6.0]):
+        history.add(_row(float(i), device_energy_j=joules))
+    assert history.young == 5
+    # The trace has a reading up to 3.2 s: rows at 0..3 s settle, the one at 4 s waits.
+    truth = {0.0: 0.5, 2.0: 3.0, 3.0: 4.0}
+    assert history.settle_rows(lambda t: truth.get(t) if t <= 3.2 else None) is False
+    assert history.young == 1
+    # The row without a sensor's energy stays without one; the others are the trace's.
+    assert [r.device_energy_j for r in history.rows] == [0.5, None, 3.0, 4.0, 6.0]
+    assert history.settle_rows(lambda t: 5.25) is True
+    assert [r.device_energy_j for r in history.rows] == [0.5, None, 3.0, 4.0, 5.25]
+    assert history.young == 0
+
+
+def test_a_young_row_older_than_the_trace_keeps_its_energy_and_the_rest_settle() -> None:
+    history = History(4)
+    for i in range(6):  # the ring keeps rows 2 to 5: the two dropped are not settled
+        history.add(_row(float(i), device_energy_j=float(i)))
+    assert history.young == 6
+    # The trace has dropped its readings before 3 s (None there) but has them after.
+    assert history.settle_rows(lambda t: None if t < 3.0 else t + 0.5) is True
+    assert [r.device_energy_j for r in history.rows] == [2.0, 3.5, 4.5, 5.5]
+    assert history.young == 0

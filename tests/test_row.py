@@ -6,7 +6,15 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from edgewatt.core.targets.row import SAMPLE_FIELDS, SAMPLE_UNITS, pss_age, row_of, sample_dict
+from edgewatt.core.targets.row import (
+    SAMPLE_FIELDS,
+    SAMPLE_UNITS,
+    RowRing,
+    SampleRow,
+    pss_age,
+    row_of,
+    sample_dict,
+)
 from tests.snapshots import process
 
 
@@ -53,3 +61,21 @@ def test_a_rows_pss_age_is_to_the_millisecond_and_never_negative() -> None:
     assert (shown["time"], shown["memory_pss_age_s"], shown["cpu_user_s"]) == (
         1_700_000_100.0, 1.235, 1.5
     )  # fmt: skip
+
+
+def _row(at: float, **figures: float | int | None) -> SampleRow:
+    """A row read at ``at`` s (monotonic) from tests/snapshots.py's sample."""
+    return row_of(dataclasses.replace(process(0), time=1_700_000_000.0 + at, **figures), at)
+
+
+def test_a_ring_row_takes_its_settled_energy_in_place_after_the_ring_wraps() -> None:
+    ring = RowRing(3)
+    for i in range(5):  # rows 2, 3 and 4 kept: the records wrapped
+        ring.append(_row(float(i), device_energy_j=10.0 * i))
+    assert [ring.device_energy(i) for i in range(3)] == [(2.0, 20.0), (3.0, 30.0), (4.0, 40.0)]
+    ring.settle_device_energy(1, 27.5)
+    assert [r.device_energy_j for r in ring] == [20.0, 27.5, 40.0]
+    assert [r.monotonic for r in ring] == [2.0, 3.0, 4.0]
+    assert ring[1]._replace(device_energy_j=30.0) == _row(
+        3.0, device_energy_j=30.0
+    )  # nothing else moved

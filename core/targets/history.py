@@ -27,10 +27,6 @@ MAX_PHASES = 1000
 MAX_PERSON_PHASES = 1000
 MAX_USERS_PHASES = 1000
 MAX_PHASE_NAME = 128  # bytes of UTF-8
-# Rows whose device energy the trace may still settle, at most: a row settles a pass or
-# two after it is taken (the reading after it), or once the source is silent beyond the
-# gap limit; older ones keep the energy their pass saw.
-MAX_YOUNG_ROWS = 64
 # Phases running inside each other at most (a depth beyond is refused): bounds what
 # every pass adds each row to.
 MAX_PHASE_DEPTH = 16
@@ -242,7 +238,7 @@ class History:
         self.last = row
         self.count += 1
         if row.device_energy_j is not None or self.young:  # the young: the newest rows
-            self.young = min(self.young + 1, MAX_YOUNG_ROWS)
+            self.young += 1
         if execs != self.execs:  # the memory so far was the registrant's fork's
             self.execs = execs
             self.memory = Memory()
@@ -269,17 +265,23 @@ class History:
         """The young rows' device energy, taken at their pass past the last reading (a
         push source's last power held), made the trace's integral up to each row's
         instant once final, oldest first: the rows' differences are then the energy
-        between them, never below 0. Whether none is left to settle."""
+        between them, never below 0. A row older than the readings the trace keeps (a
+        source stalled for minutes) keeps the energy its pass saw. Whether none is left
+        to settle."""
         rows = self.rows
         count = len(rows)
-        young = min(self.young, count)
+        young = min(self.young, count)  # those the ring dropped are gone
         while young:
             index = count - young
             at, held = rows.device_energy(index)
             if at is not None and held is not None:  # a row without a sensor stays so
                 joules = settle(at)
                 if joules is None:
-                    break  # not yet: nor the rows after it
+                    newest, _ = rows.device_energy(count - 1)
+                    if newest is None or settle(newest) is None:
+                        break  # the reading after it has not come: nor after the rest
+                    young -= 1  # too old for the trace, as the newest is settled
+                    continue
                 rows.settle_device_energy(index, joules)
             young -= 1
         self.young = young

@@ -356,7 +356,10 @@ class TargetTable:
 
     def samples(self, target_id: str, since: float | None = None) -> list[dict[str, Any]]:
         with self._lock:
-            rows = list(_find(self._targets, target_id).history.rows)
+            history = _find(self._targets, target_id).history
+            if self.settled_energy is not None:  # what the trace has now, not at the pass
+                history.settle_rows(self.settled_energy)
+            rows = list(history.rows)
         return [sample_dict(r) for r in rows if since is None or r.time > since]
 
     # -- sampler side -------------------------------------------------------------
