@@ -35,7 +35,13 @@ from edgewatt.exporter.registration import (
     reject_unknown,
 )
 from edgewatt.exporter.shared_answer import Listing, OncePerPass
-from edgewatt.exporter.unix_http import HttpError, Request, Response, UnixHttpServer
+from edgewatt.exporter.unix_http import (
+    HttpError,
+    PeerPerson,
+    Request,
+    Response,
+    UnixHttpServer,
+)
 
 LOOKUP_HOLD_S = 1.0  # the longest a registration over its user's lookup bound is held
 # The longest ?final=S waits for a window's power readings to come (its edges never
@@ -60,6 +66,8 @@ class ApiContext:
     min_interval: float = 0.1  # seconds between fresh samples; a reload may change it
     pid_max: int = field(init=False)
     top: OncePerPass[Listing] = field(init=False, default_factory=OncePerPass)  # GET /v1/top's
+    # The person of a uid (core/persons.py): what the table counts a target's uid as.
+    person: Callable[[int], int] = lambda uid: uid
 
     def __post_init__(self) -> None:
         self.pid_max = procfs.pid_max(self.proc)
@@ -145,6 +153,11 @@ def list_targets(api: ApiContext, request: Request) -> Response:
 
 def register_target(api: ApiContext, request: Request) -> Response:
     registration = parse_request(request.json(), request.peer_pid, api.pid_max)
+    if request.person is not None and api.person(request.peer_uid) != request.person:
+        # A uid of her namespace the daemon could not learn as hers (persons.py):
+        # the table would count its targets as nobody's share.
+        detail = f"uid {request.peer_uid} of user {request.person}'s namespaces: too many known"
+        raise TooMany("too many uids", detail)
     if registration.cgroup is not None:
         try:
             held = api.table.register_cgroup(
@@ -351,7 +364,7 @@ ROUTES = Router(
 class ApiServer(UnixHttpServer):
     """The registration API at ``path``, answering from ``context``."""
 
-    def __init__(self, path: str, context: ApiContext, person: Callable[[int], int]) -> None:
+    def __init__(self, path: str, context: ApiContext, person: PeerPerson) -> None:
         self.context = context
         super().__init__(path, self.respond, person)
 

@@ -82,6 +82,7 @@ class Daemon:
             person=self.persons.of,
             context=self.context,
         )
+        self.persons.in_use = self.table.uids  # a uid learned as a person's, kept while held
         resource = resource_attributes(config, machine_id() or statefile.instance_id(), self.carbon)
         self.exposition = Exposition(resource)
         # The OTel SDK runs only to push: /metrics is rendered from the snapshot.
@@ -213,8 +214,9 @@ class Daemon:
                 sample_now=self._sample_now,
                 wait_settled=self._wait_settled,
                 min_interval=self.config.min_interval,
+                person=self.persons.of,
             )
-            return ApiServer(self.config.socket, context, self.persons.of)
+            return ApiServer(self.config.socket, context, self.persons.of_peer)
         except OSError as exc:
             self.exposition.shutdown()
             raise StartError(f"cannot serve the API at {self.config.socket}: {exc}") from exc
