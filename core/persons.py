@@ -36,7 +36,7 @@ from edgewatt.core.compat import SLOTS
 SUBUID = "/etc/subuid"
 RECHECK_S = 1.0  # an edited file holds from the next lookup at most this much later
 MAX_LEARNED_PER_PERSON = 2048  # above the targets (running and kept) one person can hold
-MAX_LEARNED = 65536  # ~7 MiB of the daemon's memory at most
+MAX_LEARNED = 16384  # 3.1 MiB of the daemon's memory when full (tracemalloc)
 LEARNED_IDLE_S = 3600.0
 
 
