@@ -215,6 +215,7 @@ class Daemon:
                 wait_settled=self._wait_settled,
                 min_interval=self.config.min_interval,
                 person=self.persons.of,
+                pass_key=lambda: self.sampler.snapshot.sequence,
             )
             return ApiServer(self.config.socket, context, self.persons.of_peer)
         except OSError as exc:
