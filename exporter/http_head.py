@@ -3,7 +3,7 @@ same way for both of the daemon's servers (the API on the Unix socket, /metrics)
 
 Ours rather than ``http.server``'s: that one imports ``http.client``, and with it the
 ``email`` package and ``ssl`` (libssl and libcrypto mapped): ~7 MiB of the daemon's
-RSS for a parser of a few lines (issue 45). Ours rather than h11's (sans-IO, well
+RSS for a parser of a few lines. Ours rather than h11's (sans-IO, well
 kept): for the API's requests h11 took 3.7 times the CPU (25 us a request against
 6.7 us) and twice the memory (784 KiB imported against 372 KiB), measured side by
 side by benchmarks/http_parser.py; the requests that parser is trusted with are few

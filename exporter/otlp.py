@@ -59,7 +59,7 @@ def build_exporter(options: OtlpOptions) -> MetricExporter:
     class NoRedirects(requests.Session):
         """A 3xx is never followed: the batch fails (OutageLoggingExporter logs why)
         and its headers, a token among them, go to the configured endpoint alone,
-        never to a host a redirect names (issue 39). Raised, since the exporter
+        never to a host a redirect names. Raised, since the exporter
         would take a 3xx for success (requests' ``ok`` is any status below 400)."""
 
         def send(self, request: Any, **kwargs: Any) -> requests.Response:
