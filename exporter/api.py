@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +34,14 @@ from edgewatt.exporter.registration import (
     parse_request,
     reject_unknown,
 )
-from edgewatt.exporter.shared_answer import Listing, OncePerPass
-from edgewatt.exporter.unix_http import HttpError, Request, Response, UnixHttpServer
+from edgewatt.exporter.shared_answer import Listing, OncePerPass, PerPass, Shared
+from edgewatt.exporter.unix_http import (
+    HttpError,
+    PeerPerson,
+    Request,
+    Response,
+    UnixHttpServer,
+)
 
 LOOKUP_HOLD_S = 1.0  # the longest a registration over its user's lookup bound is held
 # The longest ?final=S waits for a window's power readings to come (its edges never
@@ -59,10 +65,32 @@ class ApiContext:
     proc: str = "/proc"
     min_interval: float = 0.1  # seconds between fresh samples; a reload may change it
     pid_max: int = field(init=False)
+    # The pass the answers are built for (the snapshot's sequence; None: none shared).
+    pass_key: Callable[[], Hashable] = lambda: None
+    changes: int = 0  # what requests changed in the table: a key of shared answers too
     top: OncePerPass[Listing] = field(init=False, default_factory=OncePerPass)  # GET /v1/top's
+    listing: OncePerPass[Listing] = field(init=False, default_factory=OncePerPass)  # /v1/targets
+    # Each target's description, summary and samples, by (kind, id), for the pass.
+    shared: PerPass[Shared] = field(init=False, default_factory=PerPass)
+    # The person of a uid (core/persons.py): what the table counts a target's uid as.
+    person: Callable[[int], int] = lambda uid: uid
 
     def __post_init__(self) -> None:
         self.pid_max = procfs.pid_max(self.proc)
+
+    def key(self) -> Hashable:
+        """The key the answers shared now are built for (None: none is)."""
+        at = self.pass_key()
+        return None if at is None else (at, self.changes)
+
+    def changed(self) -> None:
+        self.changes += 1  # after the change: a build racing it is built again
+
+    def target(self, kind: str, target_id: str, build: Callable[[], dict[str, Any]]) -> Shared:
+        """The target's ``kind`` of document for this pass, built once."""
+        return self.shared.get(
+            self.key(), (kind, target_id), lambda: Shared(build(), _owner(self, target_id))
+        )
 
 
 Handler = typing.Callable[[ApiContext, Request], Response]  # 3.8: abc.Callable takes no [...]
@@ -97,7 +125,7 @@ def get_top(api: ApiContext, request: Request) -> Response:
     built once a pass, whoever asks how often (a flood of it costs its sending), each
     reader sent what she may read of it (shared_answer.Listing)."""
     device = api.host()
-    listing = api.top.get(device["time"], lambda: _top(api, device))
+    listing = api.top.get((device["time"], api.changes), lambda: _top(api, device))
     return ok(listing.read_by(request.peer_uid))
 
 
@@ -133,18 +161,29 @@ def _owner(api: ApiContext, target_id: str) -> int | None:
 def list_targets(api: ApiContext, request: Request) -> Response:
     member = request.argument("member")
     if member is None:
-        described = api.table.describe_all()
-    elif len(member) != 1 or not member[0].isdigit() or len(member[0]) > 10:
+        listing = api.listing.get(api.key(), lambda: _listing(api))
+        return ok(listing.read_by(request.peer_uid))
+    if len(member) != 1 or not member[0].isdigit() or len(member[0]) > 10:
         raise HttpError(400, "invalid member", "member must be one process id")
-    else:
-        api.sample_now(None)  # a process forked since the last pass is known
-        described = api.table.describe_all(int(member[0]))
+    api.sample_now(None)  # a process forked since the last pass is known
+    described = api.table.describe_all(int(member[0]))
     reader = request.peer_uid
     return ok(documents.targets([_readable(t, reader, _owner(api, t["id"])) for t in described]))
 
 
+def _listing(api: ApiContext) -> Listing:
+    described = api.table.describe_all()
+    owners = [_owner(api, t["id"]) for t in described]
+    return Listing(documents.targets(described), "targets", owners)
+
+
 def register_target(api: ApiContext, request: Request) -> Response:
     registration = parse_request(request.json(), request.peer_pid, api.pid_max)
+    if request.person is not None and api.person(request.peer_uid) != request.person:
+        # A uid of her namespace the daemon could not learn as hers (persons.py):
+        # the table would count its targets as nobody's share.
+        detail = f"uid {request.peer_uid} of user {request.person}'s namespaces: too many known"
+        raise TooMany("too many uids", detail)
     if registration.cgroup is not None:
         try:
             held = api.table.register_cgroup(
@@ -163,6 +202,7 @@ def register_target(api: ApiContext, request: Request) -> Response:
         held = api.table.register(
             registration.pid, registration.labels, registration.children, request.peer_uid
         )
+    api.changed()
     if held.created:
         # Registration is a sample: the summary's baseline is read now, so what the
         # process did before is excluded and nothing after it is lost.
@@ -175,8 +215,8 @@ def get_target(api: ApiContext, request: Request) -> Response:
     target_id = request.params["id"]
     if request.argument("fresh") == ["1"]:
         _fresh(api, target_id)
-    owner = _owner(api, target_id)
-    return ok(_readable(api.table.describe(target_id), request.peer_uid, owner))
+    shared = api.target("target", target_id, lambda: api.table.describe(target_id))
+    return ok(shared.read_by(request.peer_uid))
 
 
 def delete_target(api: ApiContext, request: Request) -> Response:
@@ -187,7 +227,10 @@ def delete_target(api: ApiContext, request: Request) -> Response:
         # Its last registration goes: its figures run to now, then it ends (kept to read).
         check_owner(target, request.peer_uid)
         api.sample_now(target_id)
-    return ok(api.table.delete(target_id, request.peer_uid).describe())
+    try:
+        return ok(api.table.delete(target_id, request.peer_uid).describe())
+    finally:
+        api.changed()
 
 
 # A phase's edges are samples: the pass taken at each closes the phase that ends and
@@ -211,6 +254,7 @@ def start_phase(api: ApiContext, request: Request) -> Response:
         raise HttpError(400, "invalid phase depth", "depth is a count, inside true or false")
     at = None if inside else depth
     phase = api.table.start_phase(target_id, body.get("name"), request.peer_uid, at)
+    api.changed()
     api.sample_now(target_id)
     answer = documents.phase_started(target_id, phase.name, phase.started_at, phase.depth)
     return Response(201, answer)
@@ -221,6 +265,7 @@ def end_phase(api: ApiContext, request: Request) -> Response:
     request.body()
     depth = _count(request, "depth")
     ended = api.table.end_phase(target_id, request.peer_uid, depth)
+    api.changed()
     if ended is None:
         return ok(documents.phase_ended(target_id))
     api.sample_now(target_id)
@@ -236,8 +281,11 @@ def get_summary(api: ApiContext, request: Request) -> Response:
     if request.argument("fresh") == ["1"] and api.table.get(target_id).state == "running":
         api.sample_now(target_id)
     _wait_final(api, target_id, request)
-    summary = api.table.summary(target_id, api.logical_cpus)
-    return ok(_readable(summary, request.peer_uid, _owner(api, target_id)))
+    # Final or not is part of its name: one built before its energy settled is not
+    # the answer once it has.
+    kind = "summary final" if api.table.final(target_id) else "summary"
+    shared = api.target(kind, target_id, lambda: api.table.summary(target_id, api.logical_cpus))
+    return ok(shared.read_by(request.peer_uid))
 
 
 def _wait_final(api: ApiContext, target_id: str, request: Request) -> None:
@@ -267,9 +315,15 @@ def _count(request: Request, name: str) -> int | None:
 
 def get_samples(api: ApiContext, request: Request) -> Response:
     target_id = request.params["id"]
-    rows = api.table.samples(target_id, _since(request))
-    document = documents.samples(target_id, api.sample_units, rows)
-    return ok(_readable(document, request.peer_uid, _owner(api, target_id)))
+    since = _since(request)
+
+    def build() -> dict[str, Any]:
+        rows = api.table.samples(target_id, since)
+        return documents.samples(target_id, api.sample_units, rows)
+
+    if since is None:  # the whole history: the same for every request in the pass
+        return ok(api.target("samples", target_id, build).read_by(request.peer_uid))
+    return ok(_readable(build(), request.peer_uid, _owner(api, target_id)))
 
 
 def _fresh(api: ApiContext, target_id: str) -> None:
@@ -351,7 +405,7 @@ ROUTES = Router(
 class ApiServer(UnixHttpServer):
     """The registration API at ``path``, answering from ``context``."""
 
-    def __init__(self, path: str, context: ApiContext, person: Callable[[int], int]) -> None:
+    def __init__(self, path: str, context: ApiContext, person: PeerPerson) -> None:
         self.context = context
         super().__init__(path, self.respond, person)
 

@@ -1,8 +1,8 @@
 """The API's CPU per person: what one user's requests may make the root daemon spend.
 
 Answers from memory are cheap, but not free: 2,200 failing lookups a second over 4
-connections kept a core of the daemon busy, at Nice -10, above the sender's own
-priority. So each person (core/persons.py) has a bucket of CPU seconds,
+connections would keep a core of the daemon busy, at Nice -10, above the sender's
+own priority. So each person (core/persons.py) has a bucket of CPU seconds,
 refilled at ``SHARE`` of one core up to ``BURST_S``; each request's handling is
 charged to it (the connection thread's own CPU time, from reading the request to the
 answer sent); a person whose bucket is empty has her connections read later, once it

@@ -76,6 +76,7 @@ class Daemon:
             person=self.persons.of,
             context=self.context,
         )
+        self.persons.in_use = self.table.uids  # a uid learned as a person's, kept while held
         resource = resource_attributes(config, machine_id() or statefile.instance_id(), self.carbon)
         self.outputs = outputs.build(config, resource, lambda: self.config)
         self.exposition = self.outputs.exposition
@@ -186,8 +187,10 @@ class Daemon:
                 sample_now=self._sample_now,
                 wait_settled=self._wait_settled,
                 min_interval=self.config.min_interval,
+                person=self.persons.of,
+                pass_key=lambda: self.sampler.snapshot.sequence,
             )
-            return ApiServer(self.config.socket, context, self.persons.of)
+            return ApiServer(self.config.socket, context, self.persons.of_peer)
         except OSError as exc:
             self.exposition.shutdown()
             raise StartError(f"cannot serve the API at {self.config.socket}: {exc}") from exc

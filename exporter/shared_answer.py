@@ -2,9 +2,12 @@
 and however many clients ask, the daemon builds and encodes it once a pass, and every
 connection sends the same bytes (one copy in memory, whichever client reads slowly).
 
-Keyed by the pass's instant: the snapshot's time moves with every pass, the regular
-ones and those a registration, a phase or an exit takes, so an answer is never older
-than the figures it is built from.
+Keyed by the pass and the API's count of changes (api.py): the snapshot's sequence
+(/v1/top: its time) moves with every pass, the regular ones and those a
+registration, a phase or an exit takes, and the count with every change a request
+makes without one (a second holder leaving, labels joined), so an answer is never
+older than what it is built from. GET /v1/top, /v1/targets and each target's
+description, summary and samples (without ``since``) are shared so.
 
 Readers may read it differently (read_rules.py: root all of it, a user the owner-only
 fields of her own targets alone): a list of targets is built as fragments, each entry
@@ -59,6 +62,47 @@ class Listing:
             parts.pop()
         parts.append(b"]}")
         return Encoded(*parts)
+
+
+class Shared:
+    """One target's document (its description, summary or samples): encoded once
+    whole and once redacted (read_rules.py), the document itself not kept."""
+
+    __slots__ = ("_other", "_owner", "_whole")
+
+    def __init__(self, document: dict[str, Any], owner: int | None) -> None:
+        """``owner``: its registrant (None: unknown, gone between two reads)."""
+        self._owner = owner
+        self._whole = json.dumps(document).encode()
+        self._other = json.dumps(redacted(document)).encode()
+
+    def read_by(self, reader: int) -> Encoded:
+        return Encoded(self._whole if may_read_all(reader, self._owner) else self._other)
+
+
+class PerPass(Generic[T]):
+    """Answers of the pass by name (each target's summary, say): each built when first
+    asked in the pass, all let go when the pass moves on. At most one for each name
+    a pass can have (a target's, of those the table holds)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # one builder at a time, as OncePerPass
+        self._key: Hashable = None
+        self._built: dict[Hashable, T] = {}
+
+    def get(self, key: Hashable, name: Hashable, build: Callable[[], T]) -> T:
+        """What ``build()`` built for ``name`` in the pass ``key`` (None: no pass
+        known, built anew and not kept)."""
+        if key is None:
+            return build()
+        with self._lock:
+            if key != self._key:
+                self._built = {}
+                self._key = key
+            found = self._built.get(name)
+            if found is None:
+                found = self._built[name] = build()
+            return found
 
 
 class OncePerPass(Generic[T]):

@@ -8,7 +8,8 @@ trickles a byte at a time holds its thread no longer than one that stalls. At mo
 ``MAX_CONNECTIONS`` connections are served at once. Users together hold at most all
 but ``RESERVED_CONNECTIONS`` of them, which only root and the daemon's own uid may
 take: a flood of users' connections never keeps the administrator out. One person (a
-user and her subordinate uids: core/persons.py; the uid from SO_PEERCRED) holds at
+user, her subordinate uids and whoever runs in her user namespaces: core/persons.py,
+from SO_PEERCRED's pid and uid) holds at
 most ``MAX_CONNECTIONS_PER_PERSON``, so one user cannot take the others' share; more
 are answered 429 at once. Her requests' CPU has a budget too (cpu_budget.py: 5 % of
 a core): past it her connections are read later, root's and others' at once. Every
@@ -47,6 +48,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from edgewatt.core.transport import directory_problem, peer_credentials
+from edgewatt.core.user_namespaces import peer_pidfd
 from edgewatt.exporter import documents
 from edgewatt.exporter.cpu_budget import CpuBudget
 from edgewatt.exporter.http_head import BadHead, Head, parse_fields, parse_request_line
@@ -91,6 +93,7 @@ class Request:
     peer_uid: int
     read_body: Callable[[], bytes] = field(repr=False)
     params: dict[str, str] = field(default_factory=dict)  # the path's {names}, by the router
+    person: int | None = None  # whose share the connection took (None: an administrator's)
 
     def argument(self, name: str) -> list[str] | None:
         """The query's values for ``name``; None when it has none."""
@@ -116,6 +119,8 @@ class Request:
 
 
 Application = typing.Callable[[Request], Response]  # 3.8: abc.Callable takes no [...]
+# The person of a peer from its (pid, uid, pidfd or None): Persons.of_peer.
+PeerPerson = typing.Callable[[int, int, typing.Optional[int]], int]
 
 
 def credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -308,6 +313,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 self.peer_pid,
                 self.peer_uid,
                 self._read_body,
+                person=self._person,
             )
             return self.server.application(request)
         except HttpError as exc:
@@ -356,8 +362,8 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
     block_on_close = False
     request_queue_size = 128  # a burst of connects must not hit a full backlog (EAGAIN)
 
-    def __init__(self, path: str, application: Application, person: Callable[[int], int]) -> None:
-        """``person``: the person a peer's uid is, whose share its connections take."""
+    def __init__(self, path: str, application: Application, person: PeerPerson) -> None:
+        """``person``: the person a peer is, whose share its connections take."""
         self.application = application
         self._person = person
         self.budget = CpuBudget()  # the CPU each person's requests may take
@@ -394,8 +400,8 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
             pass
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        uid = credentials(request)[1]
-        share = None if uid in self._administrators else self._person(uid)
+        pid, uid, _ = credentials(request)
+        share = None if uid in self._administrators else self._peer_person(request, pid, uid)
         with self._open_lock:
             total = sum(self._open.values())  # Counter.total() is 3.10+
             users = MAX_CONNECTIONS - RESERVED_CONNECTIONS
@@ -415,6 +421,14 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
             self.shutdown_request(request)
             return
         super().process_request(request, (share, client_address))
+
+    def _peer_person(self, request: socket.socket, pid: int, uid: int) -> int:
+        pidfd = peer_pidfd(request)
+        try:
+            return self._person(pid, uid, pidfd)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         share, _ = client_address

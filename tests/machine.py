@@ -69,3 +69,16 @@ def proc_connector_without_net_admin() -> bool:
 def destroy_groups_without_net_admin() -> bool:
     """Whether a process without CAP_NET_ADMIN may hear TCP sockets destroyed."""
     return _allowed_without_net_admin(_DESTROY_GROUPS)
+
+
+@functools.lru_cache(maxsize=None)  # 3.8: no functools.cache
+def user_namespace_as(uid: int) -> str | None:
+    """Why a process of ``uid`` may not make a user namespace of its own here (the
+    sysctls, a security module); None where it may."""
+    if shutil.which("unshare") is None:
+        return "no unshare (util-linux)"
+    done = subprocess.run(
+        ["unshare", "--user", "true"], user=uid, group=uid, cwd="/",
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return None if done.returncode == 0 else done.stderr.strip() or "unshare --user failed"

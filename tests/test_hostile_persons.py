@@ -334,7 +334,17 @@ def registrations_as(uid: int, public: Path, socket_path: str, count: int, churn
     with ``churn``, each unregistered at once (a finished target); without, the
     process stays registered once and its children are registered (sleepers it
     starts, killed at its end). Returns the statuses."""
-    code = f"""
+    return subprocess.Popen(
+        [SYSTEM_PYTHON, "-c", registrations(socket_path, count, churn)], user=uid, group=uid,
+        cwd="/", env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public)},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def registrations(socket_path: str, count: int, churn: bool) -> str:
+    """The code of registrations_as: it prints the statuses, then waits for its stdin
+    to end."""
+    return f"""
 import json, subprocess, sys
 from edgewatt.core import transport
 path, statuses, children = {socket_path!r}, [], []
@@ -354,11 +364,6 @@ if children:
 for child in children:
     child.kill()
 """
-    return subprocess.Popen(
-        [SYSTEM_PYTHON, "-c", code], user=uid, group=uid, cwd="/",
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public)},
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
 
 
 def statuses(process: subprocess.Popen) -> list[int]:

@@ -287,6 +287,11 @@ class TargetTable:
         with self._lock:
             return [t for t in self._targets.values() if t.exited_at is None]
 
+    def uids(self) -> set[int]:
+        """The uids whose targets the table holds, running or kept."""
+        with self._lock:
+            return {t.uid for t in self._targets.values()}
+
     def youngest_phase_age(self) -> float | None:
         """Seconds since the youngest phase still running started (on the monotonic
         clock); None where none runs."""
