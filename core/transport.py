@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -176,7 +177,10 @@ class _Channel:
         head = f"{method} {target} HTTP/1.1\r\nHost: localhost\r\n"
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        self.sock.sendall((head + "\r\n").encode("latin-1") + (body or b""))
+        # A daemon that refuses a connection (429: too many) writes its answer and
+        # closes without reading: the answer is there to read all the same.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.sock.sendall((head + "\r\n").encode("latin-1") + (body or b""))
         data = self._recv(b"")
         if not data:
             raise _Closed(f"{self.path} closed the connection before answering")
