@@ -86,6 +86,33 @@ def assert_within(joules: float, edges: Edges, wave: Waveform, rel: float) -> No
     assert (1 - rel) * inner <= joules <= (1 + rel) * outer, (joules, inner, outer)
 
 
+def phase_holding_a_call(
+    reg: client.Registration, start: float, names: tuple[str, str], at: tuple[float, ...]
+) -> tuple[Edges, Edges, dict[str, Any], client.track]:
+    """A phase ``names[0]`` from ``start`` + ``at[0]`` to ``at[3]`` s holding a tracked
+    call ``names[1]`` from ``at[1]`` to ``at[2]``, each edge timed around and inside its
+    call; then the final summary."""
+    step = client.track(names[1], reg)
+    phase, call = Edges(), Edges()
+    sleep_until(start + at[0])
+    phase.before = time.monotonic()
+    with reg.phase(names[0]):
+        phase.inside_from = time.monotonic()
+        sleep_until(start + at[1])
+        call.before = time.monotonic()
+        with step:
+            call.inside_from = time.monotonic()
+            sleep_until(start + at[2])
+            call.inside_to = time.monotonic()
+        call.after = time.monotonic()
+        sleep_until(start + at[3])
+        phase.inside_to = time.monotonic()
+    phase.after = time.monotonic()
+    summary = reg.summary(final_wait_s=5.0)
+    reg.close()
+    return phase, call, summary, step
+
+
 @pytest.mark.parametrize(("source", "hz"), [("ina3221", 50), ("tegrastats", 50)])
 def test_a_phase_and_a_tracked_call_in_it_over_a_square_wave_within_one_percent(
     board: Any, daemon_factory: Any, source: str, hz: int
@@ -97,24 +124,9 @@ def test_a_phase_and_a_tracked_call_in_it_over_a_square_wave_within_one_percent(
     reg = registration(daemon)
     wave = board[2](square_hz=3.0, bursts=[(4.2, 0.15)])
     start = wave.changes()[0][0]
-    step = client.track("step", reg)
-    phase, call = Edges(), Edges()
-    sleep_until(start + 0.3)
-    phase.before = time.monotonic()
-    with reg.phase("square"):
-        phase.inside_from = time.monotonic()
-        sleep_until(start + 2.0)
-        call.before = time.monotonic()
-        with step:
-            call.inside_from = time.monotonic()
-            sleep_until(start + 6.0)
-            call.inside_to = time.monotonic()
-        call.after = time.monotonic()
-        sleep_until(start + 10.3)
-        phase.inside_to = time.monotonic()
-    phase.after = time.monotonic()
-    summary = reg.summary(final_wait_s=5.0)
-    reg.close()
+    phase, call, summary, step = phase_holding_a_call(
+        reg, start, ("square", "step"), (0.3, 2.0, 6.0, 10.3)
+    )
     square, tracked = summary["phases"]
     assert (square["name"], tracked["name"]) == ("square", "step")
     assert square["final"] is True and tracked["final"] is True
@@ -142,24 +154,9 @@ def test_a_phase_and_a_tracked_call_in_it_over_a_burst(
     reg = registration(daemon)
     wave = board[2](square_hz=0.0, bursts=[(3.0, 0.15)])
     start = wave.changes()[0][0]
-    step = client.track("burst", reg)
-    phase, call = Edges(), Edges()
-    sleep_until(start + 2.8)
-    phase.before = time.monotonic()
-    with reg.phase("burst-phase"):
-        phase.inside_from = time.monotonic()
-        sleep_until(start + 2.95)
-        call.before = time.monotonic()
-        with step:
-            call.inside_from = time.monotonic()
-            sleep_until(start + 3.2)
-            call.inside_to = time.monotonic()
-        call.after = time.monotonic()
-        sleep_until(start + 3.25)
-        phase.inside_to = time.monotonic()
-    phase.after = time.monotonic()
-    summary = reg.summary(final_wait_s=5.0)
-    reg.close()
+    phase, call, summary, step = phase_holding_a_call(
+        reg, start, ("burst-phase", "burst"), (2.8, 2.95, 3.2, 3.25)
+    )
     outer, inner = summary["phases"]
     for window, edges in ((outer, phase), (inner, call)):
         assert window["final"] is True
