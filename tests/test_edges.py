@@ -409,6 +409,16 @@ def test_a_phase_over_changing_power_is_the_interpolated_integral_over_its_edges
     # The phase's edges: the samples taken at its start and end (its first row at or
     # after its start, and at or after its end), on the monotonic clock.
     rows = once_a_second.call("GET", f"/v1/targets/{reg.id}/samples")[1]["samples"]
+    assert_the_interpolated_integral(phase, rows, offset, tmp_path)
+
+
+def assert_the_interpolated_integral(
+    phase: dict[str, Any], rows: list[dict[str, Any]], offset: float, tmp_path: Path
+) -> None:
+    """The phase over the 5, 15, 5 W steps: its edges are the samples taken at its start
+    and end (its first row at or after each, on the monotonic clock: wall time less
+    ``offset``), and its device energy the trace's integral between them (12.5 J),
+    not what holding each line's power would give."""
     times = sorted(r["time"] for r in rows)
     start = min(t for t in times if t >= phase["started_at"] - 0.0005) - offset
     end = min(t for t in times if t >= phase["ended_at"] - 0.0005) - offset

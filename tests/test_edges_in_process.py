@@ -20,11 +20,9 @@ from tests.test_edges import (
     WATTS,
     after_a_line,
     assert_none_waited,
+    assert_the_interpolated_integral,
     burn,
-    held_at,
-    integral,
     none_printed,
-    printed,
 )
 
 
@@ -115,15 +113,7 @@ def test_a_phase_over_changing_power_is_the_interpolated_integral_over_its_edges
     [phase] = reg.summary(final_wait_s=5.0)["phases"]
     assert phase["final"] is True
     backend: Any = reg.backend
-    times = sorted(r["time"] for r in backend.samples())
-    start = min(t for t in times if t >= phase["started_at"] - 0.0005) - offset
-    end = min(t for t in times if t >= phase["ended_at"] - 0.0005) - offset
-    assert end - start == pytest.approx(phase["duration_s"], abs=0.0006)
-    trace = [(t, w) for t, w in printed(tmp_path) if t <= end + 1.5]
-    exact = integral(trace, start, end)
-    held = held_at(trace, end) - held_at(trace, start)
-    assert exact == pytest.approx(12.5, abs=0.2) and held - exact > 1.0, (exact, held)
-    assert phase["device_energy_j"] == pytest.approx(exact, abs=0.05), (phase, exact, trace)
+    assert_the_interpolated_integral(phase, backend.samples(), offset, tmp_path)
 
 
 def test_a_tracked_call_inside_a_phase_leaves_it_running(in_process: client.Registration) -> None:

@@ -19,23 +19,9 @@ from edgewatt.core.sampling.cgroup_names import CgroupName
 from edgewatt.core.targets import Limits, Resolver, TargetTable
 from edgewatt.core.targets.errors import Conflict, Forbidden, NotFound, TargetError, TooMany
 from tests.snapshots import process
+from tests.test_targets import Clocks
 
 UID = os.getuid()
-
-
-class Clocks:
-    """The table's two clocks: ``t`` seconds of monotonic time; the wall clock 1.7e9 s
-    ahead, plus what a step adds."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.step = 0.0
-
-    def wall(self) -> float:
-        return 1_700_000_000.0 + self.t + self.step
-
-    def monotonic(self) -> float:
-        return self.t
 
 
 def _table(**options: Any) -> tuple[TargetTable, Clocks]:
