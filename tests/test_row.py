@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import pytest
+
 from edgewatt.core.targets.row import (
     SAMPLE_FIELDS,
     SAMPLE_UNITS,
@@ -79,3 +81,9 @@ def test_a_ring_row_takes_its_settled_energy_in_place_after_the_ring_wraps() -> 
     assert ring[1]._replace(device_energy_j=30.0) == _row(
         3.0, device_energy_j=30.0
     )  # nothing else moved
+    # Past the newest row is no row: the ring's next record is nobody's to write.
+    for index in (3, -1):
+        with pytest.raises(IndexError):
+            ring.device_energy(index)
+        with pytest.raises(IndexError):
+            ring.settle_device_energy(index, 1.0)
