@@ -256,6 +256,31 @@ def test_an_exited_targets_last_edge_is_settled_while_the_trace_holds_it() -> No
     assert summary["phases"][0]["device_energy_j"] == 20.0 and table.final(target.id)
 
 
+def test_a_targets_rows_take_the_settled_energy_at_any_pass_and_when_read() -> None:
+    trace: dict[float, float] = {}
+    table, clocks = _table()
+    table.settled_energy = trace.get
+    mine = table.register(os.getpid(), {}, True, UID).target
+    other = table.register(os.getppid(), {}, True, UID).target
+
+    def rows(target: Any) -> list[float | None]:
+        return [r.device_energy_j for r in target.history.rows]
+
+    clocks.t = 10.0  # the pass's edge: the power held past the last reading
+    table.record([_sample(t.id, clocks, device_energy_j=100.5) for t in (mine, other)], 2)
+    assert rows(mine) == rows(other) == [100.5]
+    trace[10.0] = 100.0  # the reading after it came
+    clocks.t = 11.0
+    table.record([_sample(other.id, clocks, device_energy_j=111.0)], 2, {other.id})
+    # A pass on demand for the other target settles mine too.
+    assert (rows(mine), rows(other)) == ([100.0], [100.0, 111.0])
+    clocks.t = 12.0
+    table.record([_sample(mine.id, clocks, device_energy_j=121.0)], 2, {mine.id})
+    trace[12.0] = 120.0  # come after the last pass: a read settles what the trace has
+    assert [r["device_energy_j"] for r in table.samples(mine.id)] == [100.0, 120.0]
+    assert rows(mine) == [100.0, 120.0]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as other users")
 def test_a_users_registrations_count_in_her_persons_shares() -> None:
     # Uids 1000 and 1001 are one person's (core/persons.py): one running target each
