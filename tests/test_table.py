@@ -62,6 +62,7 @@ def test_a_registration_holds_a_target_until_its_last_holder_lets_go() -> None:
     assert table.persistent_state() == []
     with pytest.raises(Conflict) as refused:
         table.delete(target.id, UID)
+    assert refused.value.error == "not registered"  # the API's answer names it so
     assert refused.value.detail == f"target {target.id} has no registration left"
     # Its process registered again is a new target.
     anew = table.register(os.getpid(), {}, True, UID)
