@@ -1,5 +1,5 @@
 """What one local user can make the daemon hold, and what she may read of others'
-targets (issue 56, items 2 and 10). Labels are counted against their person in bytes
+targets. Labels are counted against their person in bytes
 (core/labels.py, access.label_room), so /metrics and every answer that lists them are
 bounded; a scraper that does not read holds a bounded buffer (scrape_server.py); a
 target's labels, PSS and disk bytes are its registrant's and root's to read

@@ -1,5 +1,5 @@
 """`edgewatt run` puts its command in a cgroup of its own without being asked, where the
-machine allows it (issue 44): every byte of a connection opened and closed between two
+machine allows it: every byte of a connection opened and closed between two
 passes is counted; a process that registers itself inside joins that target; where no
 cgroup can be had, one line says what the process target costs. The real daemon over
 its socket, real cgroups and nftables, a normal user (``nobody``) with and without a

@@ -1,7 +1,6 @@
-"""`edgewatt run`'s table and --output hold the command's own figures (issue 52 items
-1, 3 and 4): its disk bytes as the kernel counted them, however short the run; its
-network bytes under one name, the host's apart under "host"; memory "not measured"
-only with the reason."""
+"""`edgewatt run`'s table and --output hold the command's own figures: its disk bytes
+as the kernel counted them, however short the run; its network bytes under one name,
+the host's apart under "host"; memory "not measured" only with the reason."""
 
 from __future__ import annotations
 
@@ -170,7 +169,7 @@ def test_a_monitors_host_bytes_are_never_in_the_commands_rows() -> None:
 
 def test_a_memory_figure_not_measured_says_why(daemon_factory: Any, tmp_path: Path) -> None:
     """A command no pass saw alive (/bin/true): its memory rows are a figure or "not
-    measured" with the reason, never bare (issue 52 item 3); a process target's peak
+    measured" with the reason, never bare; a process target's peak
     RSS is the kernel's exit record's."""
     daemon = daemon_factory(interval=1.0)
     for mode in ([], ["--no-cgroup"]):

@@ -626,7 +626,7 @@ def test_a_single_sample_is_drawn_as_a_point_and_the_axes_hold_the_peaks(
     assert len(samples) == 1
     drawn = _drawn(out, tmp_path)
     figure = draw(drawn)
-    # One point per curve says nothing: the run's cost as bars (issue 52 item 2), its
+    # One point per curve says nothing: the run's cost as bars, its
     # CPU the kernel's count.
     assert summary is not None and drawn.bars
     assert [p.get_height() for p in figure.axes[0].patches] == [summary["cpu_time_s"]]
@@ -725,7 +725,7 @@ def test_a_thousand_phases_keep_the_table_and_the_plot_readable(tmp_path: Path) 
 
 
 def test_the_picture_says_what_each_phase_cost(tmp_path: Path) -> None:
-    """30 phases (issue 52 item 2): each shaded in a colour of its own and keyed below
+    """30 phases: each shaded in a colour of its own and keyed below
     with its seconds, CPU and joules (device and attributed), as the table has them."""
     from edgewatt.cli.report import draw
 

@@ -1,6 +1,6 @@
 """What the table of a run shorter than the readings says of its spread: never a mean
 outside its own lowest and highest, never a lone "-, mean, -", and the mean CPU use the
-table's own CPU time over the run (issue 52: every figure says what it is)."""
+table's own CPU time over the run (every figure says what it is)."""
 
 from __future__ import annotations
 

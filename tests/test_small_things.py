@@ -1,4 +1,4 @@
-"""The small things a user meets (issue 52 item 11): doctor's port check as the
+"""The small things a user meets: doctor's port check as the
 daemon binds, each message once, no traceback on a closed pipe, "did you mean"."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the state directory costs the flash it lives on (issue 56, item 5): the real
+"""What the state directory costs the flash it lives on: the real
 daemon over its real socket, bytes written counted by the kernel (/proc/PID/io's
 write_bytes: pages the daemon dirtied), and the state read back by a restarted daemon.
 """
