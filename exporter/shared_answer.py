@@ -86,7 +86,9 @@ class PerPass(Generic[T]):
     a pass can have (a target's, of those the table holds)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # one builder at a time, as OncePerPass
+        # One builder at a time: requests that come together wait for the one build
+        # rather than each building its own.
+        self._lock = threading.Lock()
         self._key: Hashable = None
         self._built: dict[Hashable, T] = {}
 
@@ -106,17 +108,12 @@ class PerPass(Generic[T]):
 
 
 class OncePerPass(Generic[T]):
+    """The one answer of its kind for the pass (GET /v1/top's, /v1/targets'): a
+    PerPass of one name."""
+
     def __init__(self) -> None:
-        # One builder at a time: requests that come together wait for the one build
-        # rather than each building its own.
-        self._lock = threading.Lock()
-        self._key: Hashable = None
-        self._built: T | None = None
+        self._answers: PerPass[T] = PerPass()
 
     def get(self, key: Hashable, build: Callable[[], T]) -> T:
         """What ``build()`` built for the pass ``key``: built now if not yet."""
-        with self._lock:
-            if self._built is None or key is None or key != self._key:
-                self._built = build()
-                self._key = key
-            return self._built
+        return self._answers.get(key, None, build)
