@@ -12,9 +12,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 VOLTS_MV = 5000
 LOW_MA, HIGH_MA, BURST_MA = 800, 2800, 4800  # 4 W, 14 W, 24 W at 5 V
@@ -118,3 +119,20 @@ def start_writer(
     ):
         time.sleep(0.01)
     return Waveform(log_path, process)
+
+
+def stand_in_board(tmp_path: Path) -> Iterator[tuple[Path, Path, Callable[..., Waveform]]]:
+    """A fixture's body: (the sysfs root, the current file, start a writer of a
+    waveform into it); the writers started are stopped after the test."""
+    root = tmp_path / "sys"
+    current = build_tree(root)
+    writers: list[Waveform] = []
+
+    def writer(**kw: Any) -> Waveform:
+        wave = start_writer(current, tmp_path / f"writer{len(writers)}.log", **kw)
+        writers.append(wave)
+        return wave
+
+    yield root, current, writer
+    for wave in writers:
+        wave.stop()

@@ -19,7 +19,7 @@ import pytest
 from edgewatt import client
 from edgewatt.client import DaemonBackend, Options
 from tests.conftest import ROOT, DaemonProcess
-from tests.power_standin import Waveform, build_tree, start_writer
+from tests.power_standin import Waveform, stand_in_board
 
 STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
 
@@ -27,18 +27,7 @@ STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
 @pytest.fixture
 def board(tmp_path: Path) -> Any:
     """(sysfs root, current file, start a writer)."""
-    root = tmp_path / "sys"
-    current = build_tree(root)
-    writers: list[Waveform] = []
-
-    def writer(**kw: Any) -> Waveform:
-        wave = start_writer(current, tmp_path / f"writer{len(writers)}.log", **kw)
-        writers.append(wave)
-        return wave
-
-    yield root, current, writer
-    for wave in writers:
-        wave.stop()
+    yield from stand_in_board(tmp_path)
 
 
 def start_daemon(daemon_factory: Any, board: Any, source: str, hz: int) -> DaemonProcess:

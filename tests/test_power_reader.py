@@ -29,7 +29,7 @@ from edgewatt.core.power.rate import RateController, auto_rate
 from edgewatt.core.power.source import AUTO_BUDGET, PowerOptions, PowerReading, PullSource
 from edgewatt.core.power.values import PowerStatus
 from tests.conftest import ROOT, DaemonProcess, wait_for
-from tests.power_standin import Waveform, build_tree, start_writer
+from tests.power_standin import Waveform, stand_in_board
 from tests.test_native_reader import thread_priority_allowed
 
 STAND_IN = str(ROOT / "tests" / "bin" / "tegrastats")
@@ -65,18 +65,7 @@ def test_the_native_reader_is_built_where_the_machine_can_build_it() -> None:
 @pytest.fixture
 def board(tmp_path: Path) -> Any:
     """(sysfs root, current file, start a writer)."""
-    root = tmp_path / "sys"
-    current = build_tree(root)
-    writers: list[Waveform] = []
-
-    def writer(**kw: Any) -> Waveform:
-        wave = start_writer(current, tmp_path / f"writer{len(writers)}.log", **kw)
-        writers.append(wave)
-        return wave
-
-    yield root, current, writer
-    for wave in writers:
-        wave.stop()
+    yield from stand_in_board(tmp_path)
 
 
 @pytest.fixture(params=["native", "python"])
