@@ -393,8 +393,17 @@ def test_a_phase_over_changing_power_is_the_interpolated_integral_over_its_edges
     # a second after the first to half a second after the second holds its
     # integral over exactly its two edges, 12.5 J, not what the held power gives
     # (5 W then 15 W past the last line: 15 J).
+    phase, offset = a_phase_over_a_step(reg, tmp_path)
+    rows = once_a_second.call("GET", f"/v1/targets/{reg.id}/samples")[1]["samples"]
+    assert_the_interpolated_integral(phase, rows, offset, tmp_path)
+
+
+def a_phase_over_a_step(reg: client.Registration, tmp_path: Path) -> tuple[dict[str, Any], float]:
+    """The phase "step" from half a second after a line at 5 W to half a second after
+    the next, the one after at 15 W, then 5 W again; its final figures, and the
+    offset of the wall clock (row times) from the monotonic one (the trace's)."""
     current = tmp_path / "curr1_input"
-    offset = time.time() - time.monotonic()  # row times are wall times: the same clocks
+    offset = time.time() - time.monotonic()
     first = after_a_line(tmp_path)
     current.write_text("3000\n")  # 15 W from the next line on
     time.sleep(max(0.0, first + 0.5 - time.monotonic()))
@@ -406,10 +415,7 @@ def test_a_phase_over_changing_power_is_the_interpolated_integral_over_its_edges
     assert ended is not None and ended["final"] is False  # the next line is 0.5 s away
     [phase] = reg.summary(final_wait_s=5.0)["phases"]
     assert phase["final"] is True
-    # The phase's edges: the samples taken at its start and end (its first row at or
-    # after its start, and at or after its end), on the monotonic clock.
-    rows = once_a_second.call("GET", f"/v1/targets/{reg.id}/samples")[1]["samples"]
-    assert_the_interpolated_integral(phase, rows, offset, tmp_path)
+    return phase, offset
 
 
 def assert_the_interpolated_integral(

@@ -18,6 +18,7 @@ from edgewatt import client
 from tests.test_edges import (
     STAND_IN,
     WATTS,
+    a_phase_over_a_step,
     after_a_line,
     assert_none_waited,
     assert_the_interpolated_integral,
@@ -99,19 +100,7 @@ def test_a_phase_over_changing_power_is_the_interpolated_integral_over_its_edges
     # half a second after the first line to half a second after the second holds
     # 12.5 J, where the held power would give 15 J.
     reg = in_process
-    current = tmp_path / "curr1_input"
-    offset = time.time() - time.monotonic()
-    first = after_a_line(tmp_path)
-    current.write_text("3000\n")
-    time.sleep(max(0.0, first + 0.5 - time.monotonic()))
-    reg.phase("step")
-    second = after_a_line(tmp_path)
-    current.write_text("1000\n")
-    time.sleep(max(0.0, second + 0.5 - time.monotonic()))
-    ended = reg.end_phase()
-    assert ended is not None and ended["final"] is False
-    [phase] = reg.summary(final_wait_s=5.0)["phases"]
-    assert phase["final"] is True
+    phase, offset = a_phase_over_a_step(reg, tmp_path)
     backend: Any = reg.backend
     assert_the_interpolated_integral(phase, backend.samples(), offset, tmp_path)
 
