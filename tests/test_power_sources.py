@@ -79,8 +79,12 @@ def rails(reading: Any) -> dict[str, float]:
 
 
 def test_the_power_sources_key_knows_each_registered_source_in_order() -> None:
-    # The key's parser sits below the sensors: it reads their names, not the registry.
+    # The key's parser sits below the sensors: it reads their names, not the registry,
+    # and the registry takes each name's module's discover.
     assert tuple(power.SOURCES) == SOURCE_NAMES
+    assert power.SOURCES["ina3221"] is ina3221.discover
+    assert power.SOURCES["nvml"] is nvml.discover
+    assert power.SOURCES["tegra_gpu"] is tegra_gpu.discover
     parse = opt.lookup(PowerOptions, "sources").parse
     assert parse("rapl, nvml") == ("rapl", "nvml")
     known = "ina3221, tegrastats, tegra_gpu, pi5, rapl, nvml, powermetrics$"

@@ -38,8 +38,9 @@ MAX_SAMPLE_HZ = 1000.0
 WINDOW_HZ = 200.0
 
 
-# The sources' names in discovery order, for the key's parser below the sensors: the
-# registry (SOURCES in power/__init__.py) has a discover function for each, in this order.
+# The sources in discovery order, each the name of its module in this package: the
+# registry (SOURCES in power/__init__.py) imports each module's discover by it, and the
+# key's parser below the sensors reads it without importing them.
 SOURCE_NAMES = ("ina3221", "tegrastats", "tegra_gpu", "pi5", "rapl", "nvml", "powermetrics")
 
 
