@@ -1,6 +1,6 @@
-"""The process variant's helper: ``python -m client._helper``.
+"""HelperProcessWorker's helper (``_workers.py``): ``python -m edgewatt.client._helper``.
 
-Reads the monitor's spec as one JSON line on stdin, answers one JSON line
+Reads the monitor's spec (``_loop.Spec``) as one JSON line on stdin, answers one JSON line
 ``{"error", "info"}``, then one JSON line per reading on stdout. End of stdin (the
 caller stopped, or died) ends it after a last reading.
 
@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 
-from edgewatt.client._monitor import Mark, edges, sampling_loop
+from edgewatt.client._loop import LoopState, Mark, Spec, sampling_loop
 from edgewatt.client._samples import Reading
 
 
@@ -54,8 +54,8 @@ def without_self(reading: Reading) -> Reading:
 
 
 def main() -> int:
-    spec = json.loads(sys.stdin.readline())
-    stop = threading.Event()
+    spec = Spec(**json.loads(sys.stdin.readline()))
+    state = LoopState()
     out_lock = threading.Lock()
 
     def send(message: dict) -> None:
@@ -63,29 +63,22 @@ def main() -> int:
             sys.stdout.write(json.dumps(message) + "\n")
             sys.stdout.flush()
 
-    shared: dict = {}
-
-    wake, marks = edges(shared)
-
     def read_input() -> None:
         # Phase marks, one JSON line each, until end of input: then stop. Each is
         # answered once the loop's reading at its edge is in (the caller waits for it).
         for line in sys.stdin:
             mark = json.loads(line)
             at = mark["at"]
-            marks.put(Mark(mark["phase"], at, lambda at=at: send({"marked": at})))
-            wake.set()
-        stop.set()
-        wake.set()
+            state.mark(Mark(mark["phase"], at, lambda at=at: send({"marked": at})))
+        state.end()
 
     threading.Thread(target=read_input, daemon=True).start()
     try:
         sampling_loop(
             spec,
-            stop,
+            state,
             emit=lambda reading: send(dataclasses.asdict(reading)),
             ready=lambda error, info: send({"error": error, "info": info}),
-            shared=shared,
             adjust=without_self,
         )
     except BrokenPipeError:

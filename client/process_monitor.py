@@ -6,23 +6,34 @@ names, wire format and attributes (``records="edgewatt"`` for edgewatt's own); n
 bytes are the process's own TCP bytes, loopback to other processes included.
 """
 
-from edgewatt.client import _monitor
+from __future__ import annotations
+
+import threading
+
+from edgewatt.client import _monitor, _workers
 
 
-class FileMonitor(_monitor.FileMonitor):
-    variant = "process"
+class _Flag:
+    @property
+    def monitoring(self) -> threading.Event:
+        """heflwr's multiprocessing.Event: set while monitoring."""
+        return self._running  # type: ignore[attr-defined]
+
+
+class FileMonitor(_Flag, _monitor.FileMonitor):
+    worker = _workers.HelperProcessWorker
     records = "heflwr"
     network = "process"
 
 
-class PrometheusMonitor(_monitor.PrometheusMonitor):
-    variant = "process"
+class PrometheusMonitor(_Flag, _monitor.PrometheusMonitor):
+    worker = _workers.HelperProcessWorker
     records = "heflwr"
     network = "process"
 
 
-class RemoteMonitor(_monitor.RemoteMonitor):
-    variant = "process"
+class RemoteMonitor(_Flag, _monitor.RemoteMonitor):
+    worker = _workers.HelperProcessWorker
     records = "heflwr"
     network = "process"
 

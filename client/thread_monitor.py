@@ -5,23 +5,23 @@ names, wire format and attributes (``records="edgewatt"`` for edgewatt's own); n
 bytes are the process's own TCP bytes, loopback to other processes included.
 """
 
-from edgewatt.client import _monitor
+from edgewatt.client import _monitor, _workers
 
 
 class FileMonitor(_monitor.FileMonitor):
-    variant = "thread"
+    worker = _workers.ThreadWorker
     records = "heflwr"
     network = "process"
 
 
 class PrometheusMonitor(_monitor.PrometheusMonitor):
-    variant = "thread"
+    worker = _workers.ThreadWorker
     records = "heflwr"
     network = "process"
 
 
 class RemoteMonitor(_monitor.RemoteMonitor):
-    variant = "thread"
+    worker = _workers.ThreadWorker
     records = "heflwr"
     network = "process"
 
