@@ -6,27 +6,25 @@ A monitor's class names its worker (``_workers.py``), where the sampling loop
 stats() and summary() work in the caller, and the daemon does the sampling when one
 answers.
 
-The drop-in classes (thread_monitor.py, process_monitor.py) give heflwr 0.1.91's
-shapes (``records="heflwr"``: ``_heflwr.py``); ``records="edgewatt"`` gives edgewatt's
-own (the JSON Lines file, the daemon's metric names, stats() and summary() with every
-figure), which `edgewatt run` uses.
+The drop-in classes (``heflwr/``) give heflwr 0.1.91's shapes (``records="heflwr"``:
+``heflwr/records.py``); ``records="edgewatt"`` gives edgewatt's own (the JSON Lines
+file, the daemon's metric names, stats() and summary() with every figure).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from typing import Any, ClassVar
 
-from edgewatt.client import _heflwr
 from edgewatt.client._loop import Final, Mark, Spec
 from edgewatt.client._samples import Reading, Recorder
-from edgewatt.client._workers import HelperProcessWorker, ThreadWorker, Worker
+from edgewatt.client._workers import ThreadWorker, Worker
+from edgewatt.client.heflwr import records as heflwr_records
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +36,10 @@ EDGE_WAIT_S = 2.0
 
 
 class Monitor:
-    """Base of FileMonitor, PrometheusMonitor and RemoteMonitor.
+    """Base of FileMonitor, PrometheusMonitor and RemoteMonitor (heflwr's attributes:
+    the drop-ins', ``heflwr/shape.py``)."""
 
-    heflwr's public attributes: ``monitoring`` (True while monitoring; the process
-    drop-ins' is an Event, as heflwr's), ``thread`` (the sampling thread),
-    ``monitor_process`` (the helper, a ``subprocess.Popen``), ``process`` (a
-    ``psutil.Process`` of the monitored pid) and ``update_metrics()``.
-    """
-
-    worker: ClassVar[type[Worker]] = ThreadWorker  # the drop-ins: HelperProcessWorker too
+    worker: ClassVar[type[Worker]] = ThreadWorker  # the process drop-ins: HelperProcessWorker
     sink = ""
     records = "edgewatt"  # the drop-ins: "heflwr"
     network = "host"  # what network bytes count; the drop-ins: "process" (its own TCP)
@@ -76,8 +69,7 @@ class Monitor:
         self._recorder = Recorder(dict(self.metrics), self.interval, self.network)
         # The last worker started, kept after stop() for what its loop opened and wrote.
         self._worker: Worker | None = None
-        self._running = threading.Event()  # the process drop-ins' ``monitoring``
-        self._process: Any = None  # psutil's, made on first use (psutil is optional)
+        self._running = threading.Event()  # set while monitoring
 
     def _sink_options(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -107,35 +99,6 @@ class Monitor:
             cgroup=self.cgroup,
             command=self.command,
         )
-
-    @property
-    def monitoring(self) -> Any:
-        """heflwr's flag: True while monitoring."""
-        return self.running
-
-    @property
-    def thread(self) -> threading.Thread | None:
-        """heflwr's sampling thread, where a ThreadWorker runs the loop."""
-        return self._worker.thread if isinstance(self._worker, ThreadWorker) else None
-
-    @property
-    def monitor_process(self) -> subprocess.Popen[str] | None:
-        """The helper, where a HelperProcessWorker runs the loop (heflwr's is a
-        multiprocessing.Process)."""
-        return self._worker.helper if isinstance(self._worker, HelperProcessWorker) else None
-
-    @property
-    def process(self) -> Any:
-        """The monitored process as a ``psutil.Process`` (heflwr's thread variant's),
-        one object, so its cpu_percent() compares with its previous call."""
-        if self._process is None or self._process.pid != self.pid:
-            try:
-                import psutil
-            except ImportError:
-                why = "monitor.process is a psutil.Process: install psutil"
-                raise AttributeError(why) from None
-            self._process = psutil.Process(self.pid)
-        return self._process
 
     @property
     def registration(self) -> Any:
@@ -177,16 +140,6 @@ class Monitor:
         """A new segment in the recorder, at the interval really used."""
         self._recorder.begin(info.get("interval", self.interval), self.metrics)
         self.source = info.get("source")
-
-    def update_metrics(self) -> None:
-        """heflwr's sampling loop: sample every interval until stop(), in the calling
-        thread (a script may run it, as heflwr's)."""
-        if self.running:
-            return
-        worker = ThreadWorker()
-        self._worker = worker
-        self._running.set()
-        worker.run_here(self._spec(), self._observe, self._begin)
 
     def _observe(self, reading: Reading) -> dict[str, Any] | None:
         return self._recorder.observe(reading)
@@ -232,7 +185,7 @@ class Monitor:
         list, empty where a metric is off or unmeasured (``records="edgewatt"``: every
         figure a sample has)."""
         if self.records == "heflwr":
-            return _heflwr.stats(self._recorder.samples)
+            return heflwr_records.stats(self._recorder.samples)
         return self._recorder.stats()
 
     def summary(self) -> dict[str, Any]:
@@ -240,7 +193,7 @@ class Monitor:
         (``records="edgewatt"``: every figure, with its unit in its name)."""
         final = self._worker.state.summary if self._worker is not None else None
         figures = final or self._recorder.summary()
-        return _heflwr.summary(figures) if self.records == "heflwr" else figures
+        return heflwr_records.summary(figures) if self.records == "heflwr" else figures
 
     def __enter__(self) -> Monitor:
         self.start()
@@ -342,7 +295,7 @@ class RemoteMonitor(Monitor):
     def _observe(self, reading: Reading) -> dict[str, Any] | None:
         sample = super()._observe(reading)
         if sample is not None and self.records == "heflwr" and self.protocol == "heflwr":
-            _heflwr.echo(_heflwr.message(sample))
+            heflwr_records.echo(heflwr_records.message(sample))
         return sample
 
 

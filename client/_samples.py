@@ -7,7 +7,7 @@ bytes are per interval: the monitored process's own TCP bytes where the scope is
 ``power_vdd_*`` are milliwatts and ``total_power_vdd_*`` millijoules (heflwr's units;
 its docs said mV), integrated over the real elapsed time. Keys ending in ``_s``,
 ``_bytes``, ``_w`` and ``_j`` say their unit. A metric that is off, or that the device
-lacks, is absent from a sample: never a 0 (``_heflwr.py`` gives heflwr's shapes).
+lacks, is absent from a sample: never a 0 (``heflwr/records.py`` gives heflwr's shapes).
 
 A monitor keeps one Recorder for its life: each start() opens a segment whose first
 reading is a baseline, so stats() and summary() accumulate over start()/stop() as

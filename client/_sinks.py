@@ -16,8 +16,8 @@ import time
 import urllib.parse
 from typing import Any
 
-from edgewatt.client import _heflwr
 from edgewatt.client._samples import Reading, units
+from edgewatt.client.heflwr import records as _heflwr
 from edgewatt.core import compat
 from edgewatt.core.http_exchange import Exchanges
 from edgewatt.core.metrics import BY_NAME, HOST_HW_ID

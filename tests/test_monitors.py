@@ -26,8 +26,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from edgewatt.client import process_monitor, thread_monitor
-from edgewatt.client._heflwr import STATS_KEYS as HEFLWR_STATS
-from edgewatt.client._heflwr import SUMMARY_KEYS as HEFLWR_SUMMARY
+from edgewatt.client.heflwr.records import STATS_KEYS as HEFLWR_STATS
+from edgewatt.client.heflwr.records import SUMMARY_KEYS as HEFLWR_SUMMARY
 from tests.conftest import free_port, kernel_cpu_seconds, wait_for
 
 VARIANTS = [thread_monitor, process_monitor]
