@@ -36,8 +36,10 @@ from edgewatt.cli import run_cgroup, spreads
 from edgewatt.cli.exit_peaks import ExitPeak, ExitPeaks
 from edgewatt.cli.report import HOST_KEYS, TOTAL_KEYS, amount, summary_table
 from edgewatt.client import NO_DAEMON_SAID
-from edgewatt.client._monitor import FileMonitor
+from edgewatt.client._loop import LoopState, Spec
+from edgewatt.client._samples import Recorder
 from edgewatt.client._sinks import measured_phases
+from edgewatt.client._workers import ThreadWorker
 from edgewatt.core import compat, transport
 from edgewatt.core.facts import procfs
 from edgewatt.core.labels import validate_labels
@@ -65,6 +67,7 @@ ZOMBIE_PASS_S = 2.0
 MEMORY_KEYS = ("memory_pss_peak_bytes", "memory_rss_largest_peak_bytes", "memory_rss_peak_bytes")
 LARGEST = "memory_rss_largest_peak_bytes"
 LARGEST_SOURCE = "memory_rss_largest_source"  # sampled, or at exit from which record
+METRICS = {"cpu": True, "memory": True, "network": True, "power": True}
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -130,11 +133,8 @@ def run(
         print(f"edgewatt run: a process target, not a cgroup of its own ({exc}): "
               f"{run_cgroup.COST}; --no-cgroup says you know", file=sys.stderr)  # fmt: skip
         own = None
-    monitor = FileMonitor(output or os.devnull, interval, labels=labels, socket=socket)
-    if output is None:
-        monitor.sink = "none"
-    monitor.set_metrics(power=True)
-    monitor.command = shlex.join(command)
+    sampling = ThreadWorker()  # the monitors' loop, in a thread of this process
+    state = sampling.state  # its registration and file, once it runs
     subreaper = become_subreaper()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
@@ -142,7 +142,6 @@ def run(
     if own is not None:
         try:
             own.add(child.pid)  # before its exec: every process it starts is a member
-            monitor.cgroup = own.path
         except OSError as exc:
             print(f"edgewatt run: cannot move the command into {own.path}: {exc}: a process "
                   f"target, so {run_cgroup.COST}", file=sys.stderr)  # fmt: skip
@@ -152,30 +151,38 @@ def run(
 
     def forward(signum: int, _frame: Any) -> None:
         # Once the command is gone: the orphans it left, adopted by this process.
-        pids = [child.pid] if child.returncode is None else _orphans(monitor.helper_pids())
+        pids = [child.pid] if child.returncode is None else _orphans(state.helper_pids())
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signum)
 
     for sig in FORWARDED:
         previous[sig] = signal.signal(sig, forward)
-    monitor.pid = child.pid
-    try:
-        monitor.start()  # registered, and its first reading taken, before the exec
-    except OSError as exc:
-        print(f"edgewatt run: monitoring unavailable: {exc}", file=sys.stderr)
+    spec = Spec(
+        pid=child.pid,
+        labels=labels,
+        interval=float(interval),
+        metrics=dict(METRICS),
+        socket=socket,
+        sink="file" if output else "none",
+        sink_options={"path": os.path.abspath(output), "network": "host"} if output else {},
+        cgroup=own.path if own is not None else None,
+        command=shlex.join(command),
+    )
+    recorder = Recorder(dict(METRICS), interval)
+    source = _start(sampling, spec, recorder)  # registered, its first reading taken
     try:
         # The command's own clients (a training script's register(), a Flower mod) find
         # the daemon that measures it.
-        said = getattr(monitor.registration, "no_daemon_at", None)
+        said = getattr(state.registration, "no_daemon_at", None)
         peaks = ExitPeaks(child.pid)  # listening before the command runs
-        failure = child.release(monitor.daemon_socket, said)
+        failure = child.release(state.daemon_socket, said)
         if child.fork_peak is not None:
             peaks.fork_peak = peaks.bytes(child.fork_peak)
-        last_pass = _last_pass(monitor)
-        code = _wait_all(child, subreaper, monitor.helper_pids, last_pass, peaks)
+        last_pass = _last_pass(state)
+        code = _wait_all(child, subreaper, state.helper_pids, last_pass, peaks)
         # Whether the device has a power source, asked before the target is closed.
-        power = _power_state(monitor.registration)
+        power = _power_state(state.registration)
         if own is not None:
             last_pass()  # its cgroup empty: the counters of every process that was in it
             if own.remove() is None:
@@ -183,8 +190,8 @@ def run(
         wall_s = time.monotonic() - started
         usage = _difference(resource.getrusage(resource.RUSAGE_CHILDREN), before)
         final = _final(usage if subreaper else None, wall_s, power, peaks.result())
-        if monitor.running:
-            monitor.stop(final=final)
+        if source is not None:
+            sampling.stop(final)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -200,21 +207,36 @@ def run(
     shown = " ".join(shlex.join(command).split())
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     where = f", cgroup {own.path}" if own is not None else ""
-    via = _monitored_via(monitor.source, getattr(monitor.registration, "lost", None))
+    via = _monitored_via(source, getattr(state.registration, "lost", None))
     title = f"edgewatt run: {shown} (exit status {status}, monitored via {via}){where}"
-    summary = monitor.summary() if monitor.source else final(monitor.summary(), None)
+    summary = (state.summary or recorder.summary()) if source else final(recorder.summary(), None)
     table = summary_table(summary, title, summary.get("power_source"), measured_phases(summary))
     print(table, file=sys.stderr)
-    if output and monitor.write_failure:
+    if output and state.write_failure:
         # A file without its summary must not pass for a whole run: a script that
         # checks the status learns of it (EX_IOERR where the command itself succeeded).
-        print(f"edgewatt run: --output incomplete: {monitor.write_failure}", file=sys.stderr)
+        print(f"edgewatt run: --output incomplete: {state.write_failure}", file=sys.stderr)
         return status or EX_IOERR
-    if output and monitor.source:
+    if output and source:
         print(f"  samples written to {output}", file=sys.stderr)
     if emissions:  # codecarbon's emissions.csv, a row appended (cli/emissions.py)
         return _emissions(emissions, summary, labels, status)
     return status
+
+
+def _start(sampling: ThreadWorker, spec: Spec, recorder: Recorder) -> str | None:
+    """Start sampling the command, before its exec: what samples it (the daemon, or
+    in-process), or None where monitoring is unavailable (said on stderr)."""
+
+    def begin(info: dict[str, Any]) -> None:  # before its first reading is recorded
+        recorder.begin(info["interval"], spec.metrics)
+
+    try:
+        info = sampling.start(spec, recorder.observe, begin)
+    except OSError as exc:
+        print(f"edgewatt run: monitoring unavailable: {exc}", file=sys.stderr)
+        return None
+    return info.get("source")
 
 
 def _emissions(path: str, summary: dict[str, Any], labels: dict[str, str], status: int) -> int:
@@ -406,20 +428,20 @@ def _monitored_via(source: str | None, lost: tuple[float, str, str] | None) -> s
     return f"daemon until {when} UTC (it {why}), then {then}"
 
 
-def _last_pass(monitor: FileMonitor) -> Callable[[], None]:
+def _last_pass(state: LoopState) -> Callable[[], None]:
     """A pass now, the command a zombie: its counters final, and its comm the command's
     (in-process too: then the memory read before its exec is known as the fork's)."""
 
     def sample() -> None:
-        registration = monitor.registration
+        registration = state.registration
         if registration is not None and registration.mode == "local":
             registration.summary()  # a pass while the target runs
             return
-        if registration is None or registration.mode != "daemon" or monitor.daemon_socket is None:
+        if registration is None or registration.mode != "daemon" or state.daemon_socket is None:
             return
         path = f"/v1/targets/{registration.id}/summary?fresh=1"
         with contextlib.suppress(OSError, transport.DaemonError):
-            transport.call_ok(monitor.daemon_socket, "GET", path, timeout=ZOMBIE_PASS_S)
+            transport.call_ok(state.daemon_socket, "GET", path, timeout=ZOMBIE_PASS_S)
 
     return sample
 

@@ -73,6 +73,23 @@ class LoopState:
     final: Final | None = None  # set by stop() before the last reading
     summary: dict[str, Any] | None = None  # what final() gave, once written
 
+    @property
+    def daemon_socket(self) -> str | None:
+        """The socket of the daemon that samples the pid, or None."""
+        source = self.registration
+        return source.socket if source is not None and source.mode == "daemon" else None
+
+    def helper_pids(self) -> set[int]:
+        """The processes the monitoring itself runs (a power source's powermetrics or
+        tegrastats, where it samples in-process), not the monitored work's."""
+        return self.registration.helper_pids() if self.registration is not None else set()
+
+    @property
+    def write_failure(self) -> str | None:
+        """Why the file stopped being written, and what it kept; None while every line
+        was written."""
+        return getattr(self.sink, "failure", None)
+
     def mark(self, mark: Mark) -> None:
         self.marks.put(mark)
         self.wake.set()

@@ -4,7 +4,7 @@ A monitor's class names its worker (``_workers.py``), where the sampling loop
 (``_loop.py``) runs: a thread of the caller (ThreadWorker) or a helper interpreter
 (HelperProcessWorker). Either way the readings reach the monitor's recorder, so
 stats() and summary() work in the caller, and the daemon does the sampling when one
-answers.
+answers. (`edgewatt run` runs the loop itself: cli/run.py.)
 
 The drop-in classes (``heflwr/``) give heflwr 0.1.91's shapes (``records="heflwr"``:
 ``heflwr/records.py``); ``records="edgewatt"`` gives edgewatt's own (the JSON Lines
@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import Any, ClassVar
 
-from edgewatt.client._loop import Final, Mark, Spec
+from edgewatt.client._loop import Mark, Spec
 from edgewatt.client._samples import Reading, Recorder
 from edgewatt.client._workers import ThreadWorker, Worker
 from edgewatt.client.heflwr import records as heflwr_records
@@ -60,14 +60,13 @@ class Monitor:
         self.labels = dict(labels or {})
         self.socket = socket  # None: looked for as register() looks (core.transport)
         self.pid = os.getpid()
-        self.cgroup: str | None = None  # the daemon measures this cgroup (edgewatt run)
-        # What the file's header names the run by (`edgewatt run` sets the command).
+        # What the file's header names the run by.
         self.command = " ".join(" ".join(_command_line()).split())
         self.metrics = {"cpu": True, "memory": True, "network": True, "power": False}
         self.source: str | None = None
         # One for the monitor's life: stats() and summary() accumulate over start()/stop().
         self._recorder = Recorder(dict(self.metrics), self.interval, self.network)
-        # The last worker started, kept after stop() for what its loop opened and wrote.
+        # The last worker started (heflwr's thread and monitor_process read off it).
         self._worker: Worker | None = None
         self._running = threading.Event()  # set while monitoring
 
@@ -96,32 +95,12 @@ class Monitor:
             sink=self.sink,
             sink_options=self._sink_options(),
             network=self.network,
-            cgroup=self.cgroup,
             command=self.command,
         )
 
     @property
-    def registration(self) -> Any:
-        """The registration that samples the process (where the loop runs in this
-        process), or None."""
-        return self._worker.state.registration if self._worker is not None else None
-
-    @property
-    def daemon_socket(self) -> str | None:
-        """The socket of the daemon that samples the process (where the loop runs in
-        this process), or None."""
-        source = self.registration
-        return source.socket if source is not None and source.mode == "daemon" else None
-
-    @property
     def running(self) -> bool:
         return self._running.is_set()
-
-    def helper_pids(self) -> set[int]:
-        """The processes the monitoring itself runs (a power source's powermetrics or
-        tegrastats, where it samples in-process), not the monitored work's."""
-        source = self.registration
-        return source.helper_pids() if source is not None else set()
 
     def start(self) -> None:
         """Start monitoring; a path that cannot be written or a port in use raises here.
@@ -144,22 +123,14 @@ class Monitor:
     def _observe(self, reading: Reading) -> dict[str, Any] | None:
         return self._recorder.observe(reading)
 
-    def stop(self, final: Final | None = None) -> None:
+    def stop(self) -> None:
         """Stop, after one last reading (merged into the previous sample when it comes
         less than a quarter interval after it); the JSON Lines file gets its summary
-        line. ``final`` (where the loop runs in this process): ``final(summary,
-        registration)`` gives the summary written and kept, once the last reading is in."""
+        line."""
         if not self.running or self._worker is None:
             return
-        self._worker.stop(final)
+        self._worker.stop()
         self._running.clear()
-
-    @property
-    def write_failure(self) -> str | None:
-        """Why the file stopped being written, and what it kept (where the loop runs in
-        this process; the helper logs it); None while every line was written."""
-        sink = self._worker.state.sink if self._worker is not None else None
-        return getattr(sink, "failure", None)
 
     def phase(self, name: str) -> None:
         """Mark the start of a named phase (an epoch, a round) in the file and summary."""
@@ -191,8 +162,7 @@ class Monitor:
     def summary(self) -> dict[str, Any]:
         """Over every start()/stop(): heflwr's seven keys, 0 where nothing was measured
         (``records="edgewatt"``: every figure, with its unit in its name)."""
-        final = self._worker.state.summary if self._worker is not None else None
-        figures = final or self._recorder.summary()
+        figures = self._recorder.summary()
         return heflwr_records.summary(figures) if self.records == "heflwr" else figures
 
     def __enter__(self) -> Monitor:
@@ -224,7 +194,7 @@ class FileMonitor(Monitor):
     def _sink_options(self) -> dict[str, Any]:
         if self.sink == "file":
             return {"path": self.file, "network": self.network}
-        return {"path": self.file} if self.sink == "heflwr-file" else {}
+        return {"path": self.file}
 
 
 class PrometheusMonitor(Monitor):

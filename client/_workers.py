@@ -44,9 +44,8 @@ class Worker(Protocol):
     def mark(self, mark: Mark) -> None:
         """A phase's start: ``mark.done()`` once the loop's reading at it is in."""
 
-    def stop(self, final: Final | None = None) -> None:
-        """Stop after one last reading; ``final`` gives the summary written, where the
-        loop runs in this process."""
+    def stop(self) -> None:
+        """Stop after one last reading."""
 
 
 class ThreadWorker:
@@ -99,6 +98,8 @@ class ThreadWorker:
         self.state.mark(mark)
 
     def stop(self, final: Final | None = None) -> None:
+        """Stop after one last reading; ``final(summary, registration)`` gives the
+        summary written, kept in ``state.summary`` (`edgewatt run`'s last word)."""
         self.state.end(final)
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=STOP_WAIT_S)
@@ -157,8 +158,7 @@ class HelperProcessWorker:
         self.helper.stdin.write(json.dumps({"phase": mark.name, "at": mark.at}) + "\n")
         self.helper.stdin.flush()
 
-    def stop(self, final: Final | None = None) -> None:
-        # ``final`` is not for the helper: its summary is its own.
+    def stop(self) -> None:
         assert self.helper is not None and self.helper.stdin is not None
         with contextlib.suppress(OSError):
             self.helper.stdin.close()  # end of input: a last reading, then it exits
