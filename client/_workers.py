@@ -35,8 +35,6 @@ STOP_WAIT_S = 15.0
 class Worker(Protocol):
     """Runs one monitor's sampling loop from start() to stop()."""
 
-    state: LoopState  # what the loop opened, where it runs in this process
-
     def start(self, spec: Spec, observe: Observe, begin: Begin) -> dict[str, Any]:
         """Start the loop and return its info once its baseline reading is taken;
         raise OSError where it cannot start (a path not writable, a port in use)."""
@@ -52,7 +50,7 @@ class ThreadWorker:
     """The loop in a thread of this process (or in the caller's own: :meth:`run_here`)."""
 
     def __init__(self) -> None:
-        self.state = LoopState()
+        self.state = LoopState()  # what the loop opened and wrote, for `edgewatt run`
         self.thread: threading.Thread | None = None
 
     def start(self, spec: Spec, observe: Observe, begin: Begin) -> dict[str, Any]:
@@ -109,7 +107,6 @@ class HelperProcessWorker:
     """The loop in the helper interpreter; its readings come back over its stdout."""
 
     def __init__(self) -> None:
-        self.state = LoopState()  # nothing opened here: the helper holds it
         self.helper: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self._marked: dict[float, Callable[[], None]] = {}  # marks sent, by their time
