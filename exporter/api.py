@@ -124,13 +124,12 @@ def get_top(api: ApiContext, request: Request) -> Response:
     every target with its summary, all from the snapshot and tables the sampler built;
     built once a pass, whoever asks how often (a flood of it costs its sending), each
     reader sent what she may read of it (shared_answer.Listing)."""
-    device = api.host()
-    listing = api.top.get((device["time"], api.changes), lambda: _top(api, device))
+    listing = api.top.get(api.key(), lambda: _top(api))
     return ok(listing.read_by(request.peer_uid))
 
 
-def _top(api: ApiContext, device: dict[str, Any]) -> Listing:
-    table = api.table
+def _top(api: ApiContext) -> Listing:
+    device, table = api.host(), api.table
     targets, owners = [], []
     for described in table.describe_all():
         try:
