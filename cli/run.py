@@ -135,6 +135,7 @@ def run(
         monitor.sink = "none"
     monitor.set_metrics(power=True)
     monitor.command = shlex.join(command)
+    monitor.argv = command  # the daemon's name for the held fork (the launcher's until its exec)
     subreaper = become_subreaper()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()

@@ -190,6 +190,7 @@ def register_target(api: ApiContext, request: Request) -> Response:
                 registration.labels,
                 request.peer_uid,
                 procfs.groups(request.peer_pid, api.proc),
+                command=registration.command,
             )
         except TooManyLookups as refused:
             # The 429 comes when a lookup could run again (at most 1 s): a flood
@@ -199,7 +200,11 @@ def register_target(api: ApiContext, request: Request) -> Response:
             raise
     else:
         held = api.table.register(
-            registration.pid, registration.labels, registration.children, request.peer_uid
+            registration.pid,
+            registration.labels,
+            registration.children,
+            request.peer_uid,
+            command=registration.command,
         )
     api.changed()
     if held.created:

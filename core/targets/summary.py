@@ -198,6 +198,7 @@ def summarize(
         "id": target.id,
         "kind": target.kind,
         "pid": target.pid,
+        "command": target.command,  # what runs (``python3 train.py``), as describe() names it
         "labels": dict(target.labels),
         "state": target.state,
         "registered_at": round(target.identity.registered_at, 3),

@@ -46,6 +46,14 @@ class Identity:
     # The registrant's groups at registration: their rights, checked again whenever
     # the name is followed to a new cgroup.
     gids: frozenset[int] = frozenset()
+    # What its registrant said it runs (`edgewatt run`'s command, registered before its
+    # exec): its name until a pass sees the command itself (Target._name).
+    command: str | None = None
+
+    @property
+    def held_bytes(self) -> int:
+        """What it counts against its person's label bytes: labels, and the command."""
+        return label_bytes(self.labels) + len((self.command or "").encode())
 
     @property
     def key(self) -> tuple[int, int]:
@@ -112,6 +120,7 @@ class Target:
 
     def __post_init__(self) -> None:
         self.id = self.identity.id
+        self.command = self.command or self.identity.command
 
     @property
     def pid(self) -> int:
@@ -217,6 +226,12 @@ class Target:
         """Its command (and a process's executable) as ``sample``'s pass finds them:
         after a held fork's exec, the command's, no longer its registrant's. A
         container or a unit keeps the name it was registered by (what runs there)."""
+        if self.identity.command is not None and not sample.root_execs:
+            # The registrant's word: its held fork's own command line is the launcher's
+            # (python3 .../edgewatt run), and a command that exec'd and exited before a
+            # pass saw it may never be seen.
+            self.command, self.named_execs = self.identity.command, sample.root_execs
+            return
         name = self.cgroup_name
         pid = self.pid or min(sample.members, default=0)
         if not pid or (name is not None and name.kind != "cgroup"):
