@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from edgewatt.cli.status import human_bytes
 from tests.conftest import ROOT, SYSTEM_PYTHON
 from tests.test_api import NOBODY
 
@@ -110,3 +111,31 @@ def test_in_process_without_taskstats_wait4_is_the_commands_or_a_bound(public_di
         r"edgewatt run's fork before the exec; taskstats: Operation not permitted\)",
         rss[1],
     ), rss[1]
+
+
+def test_a_process_targets_sample_rows_hold_the_commands_memory_not_the_forks(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    """`--no-cgroup` with a daemon, a command shorter than a pass: the only pass that read
+    a process of it alive read `edgewatt run`'s fork before the exec (17-19 MiB of
+    Python). The file's sample rows, the daemon's exit sample and the summary hold the
+    command's own peak RSS, its exit record's, as the table says."""
+    daemon = daemon_factory(interval=5.0)
+    out = tmp_path / "true.jsonl"
+    result = _run(["--no-cgroup", "--socket", daemon.socket, "--output", str(out), "--",
+                   "/bin/true"])  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    summary = rows[-1]
+    peak = summary["memory_rss_largest_peak_bytes"]
+    assert summary["memory_rss_largest_source"] == "at exit: the kernel's exit records (taskstats)"
+    samples = [row for row in rows if row["type"] == "sample"]
+    assert samples and all(row["memory_rss_bytes"] == peak for row in samples), rows
+    assert summary["memory_rss_peak_bytes"] == peak
+    (target,) = daemon.call("GET", "/v1/targets")[1]["targets"]
+    kept = daemon.call("GET", f"/v1/targets/{target['id']}/samples")[1]["samples"]
+    assert kept[-1]["memory_rss_bytes"] == peak and kept[-1]["processes"] == 0
+    assert target["command"] == "true"
+    mib = human_bytes(peak)  # as the table writes it
+    assert f"peak RSS {mib} (of the largest process; " in result.stderr, result.stderr
+    assert re.search(rf"^  RSS sum +peak {mib} ", result.stderr, re.M), result.stderr

@@ -69,6 +69,8 @@ def exit_reading(
     # A held fork's exec seen at the exit (a zombie's comm) counts: its memory before
     # was the registrant's (held_fork.py).
     execs = max(last.root_execs, getattr(tree, "root_execs", 0))
+    peak = figures.rss_peak_bytes if figures is not None else None
+    memory = _commands_memory(last, execs, peak)
     if figures is None:
         # A cgroup's root (`edgewatt run`'s command), where it has one: its own record.
         ending.exit_status = getattr(tree, "exit_status", None)
@@ -79,6 +81,7 @@ def exit_reading(
             pids=(),
             idle_pids=frozenset(),
             root_execs=execs,
+            **memory,
         )
     ending.rss_peak_bytes = figures.rss_peak_bytes
     ending.exit_status = figures.exit_status
@@ -99,7 +102,19 @@ def exit_reading(
         pids=(),
         idle_pids=frozenset(),
         root_execs=execs,
+        **memory,
     )
+
+
+def _commands_memory(last: TreeReading, execs: int, peak: int | None) -> dict[str, int]:
+    """The exit reading's memory where the held fork exec'd after the last pass: that
+    pass read `edgewatt run`'s fork (17-19 MiB of Python), never the command. The
+    command's own is its exit record's peak RSS where the kernel gave one (a target of
+    one process), else none was read alive: 0, as an emptied cgroup's reading holds.
+    {} where the last pass read the command itself."""
+    if execs <= last.root_execs:
+        return {}
+    return {"rss_bytes": peak or 0, "vms_bytes": 0}
 
 
 def mark_exited(
