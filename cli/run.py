@@ -65,6 +65,7 @@ ZOMBIE_PASS_S = 2.0
 MEMORY_KEYS = ("memory_pss_peak_bytes", "memory_rss_largest_peak_bytes", "memory_rss_peak_bytes")
 LARGEST = "memory_rss_largest_peak_bytes"
 LARGEST_SOURCE = "memory_rss_largest_source"  # sampled, or at exit from which record
+AT_EXIT = "memory_rss_largest_at_exit"  # the sampler's largest is an exit record's
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -169,7 +170,8 @@ def run(
         # The command's own clients (a training script's register(), a Flower mod) find
         # the daemon that measures it.
         said = getattr(monitor.registration, "no_daemon_at", None)
-        peaks = ExitPeaks(child.pid)  # listening before the command runs
+        # Listening before the command runs, unless a daemon hears every exit already.
+        peaks = ExitPeaks(child.pid, listen=getattr(monitor.registration, "mode", None) != "daemon")
         failure = child.release(monitor.daemon_socket, said)
         if child.fork_peak is not None:
             peaks.fork_peak = peaks.bytes(child.fork_peak)
@@ -499,7 +501,7 @@ def _final(
         for key in MEMORY_KEYS:
             if key in sampled:
                 summary[key] = sampled[key]
-        summary.update(_largest(summary.get(LARGEST), exit_peak))
+        summary.update(_largest(summary.get(LARGEST), exit_peak, sampled.get(AT_EXIT, False)))
         cgroup = (api or {}).get("cgroup") or {}
         if cgroup.get("memory_peak_bytes") is not None:  # the kernel's, however short
             summary["memory_cgroup_peak_bytes"] = cgroup["memory_peak_bytes"]
@@ -593,16 +595,16 @@ def _disk(api: dict[str, Any] | None, usage: dict | None) -> dict[str, Any]:
     return {"disk_read_bytes": read, "disk_write_bytes": written, "disk_source": source}
 
 
-def _largest(sampled: int | None, exit_peak: ExitPeak | None) -> dict[str, Any]:
-    """The largest process's peak RSS: the larger of the passes' and the exit records'
-    (a pass reads below a peak between passes; an exit record is that process's peak),
-    and which it is."""
-    if (
-        exit_peak is not None
-        and not exit_peak.bound
-        and (sampled is None or exit_peak.bytes >= sampled)
-    ):
-        return {LARGEST: exit_peak.bytes, LARGEST_SOURCE: f"at exit: {exit_peak.source}"}
+def _largest(sampled: int | None, exit_peak: ExitPeak | None, at_exit: bool) -> dict[str, Any]:
+    """The largest process's peak RSS: the larger of the sampler's (``at_exit``: from
+    the daemon's exit records, kept where as large) and this process's exit records
+    (a pass reads below a peak between passes; an exit record is that process's
+    peak), and which it is."""
+    counted = exit_peak if exit_peak is not None and not exit_peak.bound else None
+    if sampled is not None and at_exit and (counted is None or sampled >= counted.bytes):
+        return {LARGEST_SOURCE: "at exit: the daemon's exit records (taskstats)"}
+    if counted is not None and (sampled is None or counted.bytes >= sampled):
+        return {LARGEST: counted.bytes, LARGEST_SOURCE: f"at exit: {counted.source}"}
     if sampled is None:
         return {}
     return {LARGEST_SOURCE: "sampled by the passes"}

@@ -430,13 +430,14 @@ class TargetTable:
         rss_peak_bytes: int | None = None,
         end_reason: str | None = None,
         exit_status: int | None = None,
+        largest_peak_bytes: int | None = None,
     ) -> None:
         """The target ended, at ``when`` (Target.end); its identity may be registered anew."""
         with self._lock:
             target = self._targets.get(target_id)
             if target is None or target.exited_at is not None:
                 return
-            target.end(when, exit_mode, rss_peak_bytes, end_reason, exit_status)
+            target.end(when, exit_mode, rss_peak_bytes, end_reason, exit_status, largest_peak_bytes)
             self._by_identity.pop(target.identity.key, None)
             self._unsettled.add(target_id)
         self.persist()

@@ -265,16 +265,18 @@ class Target:
         rss_peak_bytes: int | None = None,
         end_reason: str | None = None,
         exit_status: int | None = None,
+        largest_peak_bytes: int | None = None,
     ) -> None:
         """It exited at ``when``; its last sample (taken at the exit, see Sampler) ends
         its history. ``exit_mode`` says how exact that sample is; ``rss_peak_bytes`` is
         the kernel's peak RSS of a one-process target, which no sample can miss;
-        ``exit_status`` its root's exit code, or -N for signal N, where known."""
+        ``exit_status`` its root's exit code, or -N for signal N, where known;
+        ``largest_peak_bytes`` the largest peak RSS in its processes' exit records."""
         self.exited_at = when
         self.exit_mode = exit_mode
         self.end_reason = end_reason
         self.exit_status = exit_status
-        self.history.end(when, rss_peak_bytes)
+        self.history.end(when, rss_peak_bytes, largest_peak_bytes)
         self.handle = None
 
     def cgroup_info(self) -> dict[str, Any] | None:
