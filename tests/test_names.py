@@ -54,22 +54,27 @@ def test_a_run_is_named_after_its_command_not_edgewatts_python(daemon: Any, tmp_
     assert run.returncode == 0
 
 
-def test_a_held_fork_takes_its_commands_executable_after_the_exec(
-    daemon: Any, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("mode", ["--no-cgroup", "--cgroup"])
+def test_a_held_fork_takes_its_commands_executable_after_the_exec(daemon: Any, mode: str) -> None:
     run = subprocess.Popen(
-        [*EDGEWATT, "run", "--socket", daemon.socket, "--interval", "0.2", "--no-cgroup",
+        [*EDGEWATT, "run", "--socket", daemon.socket, "--interval", "0.2", mode,
          "--", "sleep", "30"],
         stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     try:
         (target,) = wait_for(lambda: [t for t in targets(daemon) if t.get("command") == "sleep 30"])
+        assert target["kind"] == ("cgroup" if mode == "--cgroup" else "process")
         wait_for(
             lambda: daemon.call("GET", f"/v1/targets/{target['id']}")[1]["executable"] == "sleep"
         )
-        # Its series say so too: not the registrant's python3.11.
+        # Its series say so too: not the registrant's python3.11, nor a cgroup's path
+        # (/edgewatt/run-PID).
         wait_for(
-            lambda: daemon.series("process_cpu_time_seconds_total", process_executable_name="sleep")
+            lambda: daemon.series(
+                "process_cpu_time_seconds_total",
+                process_executable_name="sleep",
+                edgewatt_target_id=target["id"],
+            )
         )
     finally:
         run.send_signal(signal.SIGTERM)  # forwarded to the command
@@ -112,28 +117,6 @@ def test_a_cgroup_run_shorter_than_a_pass_is_named_after_its_command(
     row = next(x for x in shown["status"].splitlines() if x.startswith(target["id"]))
     assert row.split()[2:3] == ["true"], shown["status"]
     assert "  command    true\n" in shown["summary"], shown["summary"]
-
-
-def test_a_cgroup_runs_series_carry_its_commands_executable(daemon: Any) -> None:
-    run = subprocess.Popen(
-        [*EDGEWATT, "run", "--socket", daemon.socket, "--interval", "0.2", "--cgroup",
-         "--", "sleep", "30"],
-        stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
-    try:
-        (target,) = wait_for(lambda: targets(daemon))
-        assert target["kind"] == "cgroup" and target["command"] == "sleep 30"
-        # Not the cgroup's path (/edgewatt/run-PID): the command's program.
-        wait_for(
-            lambda: daemon.series(
-                "process_cpu_time_seconds_total",
-                process_executable_name="sleep",
-                edgewatt_target_id=target["id"],
-            )
-        )
-    finally:
-        run.send_signal(signal.SIGTERM)  # forwarded to the command
-        run.communicate(timeout=60)
 
 
 def test_the_command_field_is_named_bounded_escaped_and_kept() -> None:
