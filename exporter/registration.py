@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from edgewatt.core.facts import cgroup_names
+from edgewatt.core.facts.cgroup_names import CgroupName
+from edgewatt.core.facts.cgroups import InvalidCgroup
+from edgewatt.core.facts.commands import MAX_COMMAND, command_name
 from edgewatt.core.labels import LabelError, validate_labels
-from edgewatt.core.sampling import cgroup_names
-from edgewatt.core.sampling.cgroup_names import CgroupName
-from edgewatt.core.sampling.cgroups import InvalidCgroup
-from edgewatt.core.sampling.commands import MAX_COMMAND, command_name
 from edgewatt.core.targets.access import MAX_HOLDERS
 from edgewatt.core.text import printable
 

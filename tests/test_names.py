@@ -16,8 +16,8 @@ import pytest
 
 from edgewatt import client
 from edgewatt.core import transport
+from edgewatt.core.facts.commands import MAX_COMMAND, command_line
 from edgewatt.core.labels import MAX_PERSON_LABEL_BYTES
-from edgewatt.core.sampling.commands import MAX_COMMAND, command_line
 from edgewatt.core.targets.access import label_refusal, label_room
 from edgewatt.core.targets.history import History
 from edgewatt.core.targets.target import Identity, Target
