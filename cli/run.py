@@ -170,8 +170,11 @@ def run(
         # The command's own clients (a training script's register(), a Flower mod) find
         # the daemon that measures it.
         said = getattr(monitor.registration, "no_daemon_at", None)
-        # Listening before the command runs, unless a daemon hears every exit already.
-        peaks = ExitPeaks(child.pid, listen=getattr(monitor.registration, "mode", None) != "daemon")
+        # Listening before the command runs, unless a daemon hears every exit already
+        # and keeps each member's (a process target's; for a cgroup it keeps its first
+        # process's alone: the exit record does not name the cgroup).
+        daemon = getattr(monitor.registration, "mode", None) == "daemon"
+        peaks = ExitPeaks(child.pid, listen=not daemon or own is not None)
         failure = child.release(monitor.daemon_socket, said)
         if child.fork_peak is not None:
             peaks.fork_peak = peaks.bytes(child.fork_peak)
