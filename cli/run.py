@@ -547,13 +547,10 @@ def _final(
             return summary
         summary["cpu_time_s"] = cpu_s
         summary["avg_cpu_usage"] = cpu_s / wall_s * 100 if wall_s > 0 else 0.0
-        if (
-            wall_s > 0
-            and "cpu_avg_utilization" in summary
-            and summary.get("cpu_utilization_min") is None
-        ):
-            # No interval of the daemon's: its mean is over its target's span, a few ms
-            # for a short command; the run's is this CPU time over the run.
+        if wall_s > 0 and "cpu_avg_utilization" in summary:
+            # The daemon's mean is over its target's span (from the registration to the
+            # exit it saw: tens of ms off the run's for a short command); the run's is
+            # this CPU time over the run, the CPU time row's own figure.
             summary["cpu_avg_utilization"] = cpu_s / wall_s / (os.cpu_count() or 1)
         return summary
 
