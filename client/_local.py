@@ -109,7 +109,7 @@ class LocalSampler:
                     sample_hz=options.sample_hz,
                     window_hz=options.window_hz,
                 )
-                meter.start()
+                meter.start(first_line_wait_s=0.0)  # the registration is an edge: no wait
         tcp_counted = sys.platform.startswith("linux")  # sock_diag, /proc/PID/fd
 
         accounting = _network_accounting() if network and tcp_counted else None
