@@ -92,9 +92,9 @@ class FinalRows:
 
 def settled_energies(registration: Any, readings: list[Reading], wait_s: float) -> list[Any]:
     """Each reading's device energy once final, by whatever sampled it: the in-process
-    sampler's power trace, or the daemon's rows (its GET samples, once its summary says
-    every row up to the last is final); None for a reading another sampler took (the
-    daemon lost mid-run) or not final yet."""
+    sampler's power trace, or the daemon's rows (GET samples: each says whether it is
+    final); None for a reading another sampler took (the daemon lost mid-run) or not
+    final yet."""
     backend = registration.backend if registration is not None else None
     if backend is None or not readings:
         return [None] * len(readings)
@@ -104,13 +104,10 @@ def settled_energies(registration: Any, readings: list[Reading], wait_s: float) 
     if not any(ours):
         return [None] * len(readings)
     base = f"/v1/targets/{backend.id}"
-    timeout = wait_s + transport.REQUEST_TIMEOUT_S
-    summary = transport.call_ok(
-        backend.socket, "GET", f"{base}/summary?final={wait_s:g}", None, timeout
-    )
-    if summary.get("final") is not True:
-        return [None] * len(readings)
+    if wait_s > 0:  # the power readings after the last rows, at most that long
+        timeout = wait_s + transport.REQUEST_TIMEOUT_S
+        transport.call_ok(backend.socket, "GET", f"{base}/summary?final={wait_s:g}", None, timeout)
     since = min(r.time for r in readings) - 0.001
     rows = transport.call_ok(backend.socket, "GET", f"{base}/samples?since={since!r}")["samples"]
-    energy = {row["time"]: row.get("device_energy_j") for row in rows}
+    energy = {row["time"]: row["device_energy_j"] for row in rows if row.get("final")}
     return [energy.get(r.time) if mine else None for r, mine in zip(readings, ours)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -17,8 +18,9 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import ROOT, wait_for
 from tests.test_edges import STAND_IN, integral, printed
-from tests.test_run_report import _drawn, run
+from tests.test_run_report import EDGEWATT, _drawn
 
 LOW_MA, HIGH_MA = 1000, 3000  # 5 V times these: 5 W and 15 W
 
@@ -69,15 +71,20 @@ def test_each_row_holds_the_trace_integral_over_its_interval(
     flipper.start()
     out = tmp_path / "run.jsonl"
     try:
-        result = run(
-            ["run", "--socket", socket, "--interval", "0.5", "--output", str(out),
+        proc = subprocess.Popen(
+            [*EDGEWATT, "run", "--socket", socket, "--interval", "0.5", "--output", str(out),
              "--", "sleep", "4"],
-            env=env,
+            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        # Streamed: a row is in the file a reading after its end, while the run goes on.
+        written = lambda: out.exists() and '"sample"' in out.read_text()  # noqa: E731
+        wait_for(lambda: written() or proc.poll() is not None)
+        assert proc.poll() is None, "no row written before the run ended"
+        _, stderr = proc.communicate(timeout=60)
     finally:
         stop.set()
         flipper.join()
-    assert result.returncode == 0, result.stderr
+    assert proc.returncode == 0, stderr
     offset = time.time() - time.monotonic()  # row times are wall clock, lines monotonic
     records = [json.loads(line) for line in out.read_text().splitlines()]
     rows = [r for r in records if r["type"] == "sample"]
