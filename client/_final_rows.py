@@ -71,20 +71,27 @@ class FinalRows:
         except (OSError, transport.DaemonError) as exc:  # the daemon lost: said at the end
             log.debug("settling the rows' energy: %s", exc)
             energies = [None] * len(readings)
-        written = 0
         found = iter(energies)
-        for entry in held:
+        settled = [
+            (next(found), next(found)) if entry[0] == "sample" else (None, None) for entry in held
+        ]
+        # Rows settle oldest first: one held behind a settled row never will (its
+        # readings another sampler's, the daemon lost mid-run), nor will any at the end.
+        done = [i for i, (a, b) in enumerate(settled) if a is not None and b is not None]
+        given_up = len(held) if last else (done[-1] if done else 0)
+        written = 0
+        for i, entry in enumerate(held):
             if entry[0] == "phase":
                 self._sink.phase(entry[1], entry[2])
             else:
                 sample, end = entry[1], entry[3]
-                begin_j, end_j = next(found), next(found)
+                begin_j, end_j = settled[i]
                 if begin_j is not None and end_j is not None:
                     sample["energy_j"] = end_j - begin_j  # in place: the monitor's too
-                elif not last:
-                    break
-                else:
+                elif i < given_up:
                     sample["final"] = False
+                else:
+                    break
                 self._sink.sample(sample, end)
             written += 1
         del held[:written]

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from edgewatt.client._samples import Reading
 from tests.conftest import ROOT, wait_for
 from tests.test_edges import STAND_IN, integral, printed
 from tests.test_run_report import EDGEWATT, _drawn
@@ -116,7 +117,6 @@ def test_each_row_holds_the_trace_integral_over_its_interval(
 
 def test_a_row_never_settled_is_written_marked_not_final() -> None:
     from edgewatt.client._final_rows import FinalRows
-    from edgewatt.client._samples import Reading
 
     written: list[tuple[str, Any]] = []
 
@@ -144,3 +144,27 @@ def test_a_row_never_settled_is_written_marked_not_final() -> None:
     assert written == [("sample", {"energy_j": 4.0}), ("phase", "next")]
     rows.flush(last=True)
     assert written[2:] == [("sample", {"energy_j": 5.0, "final": False})]
+
+
+def test_a_row_behind_a_settled_one_is_written_at_once_marked_not_final() -> None:
+    # Rows settle oldest first: one that did not while a later one did never will (its
+    # readings were a lost daemon's), and holds no row back.
+    from edgewatt.client._final_rows import FinalRows
+
+    written: list[dict[str, Any]] = []
+
+    class Sink:
+        final_rows = True
+
+        def sample(self, sample: dict[str, Any], reading: Reading) -> None:
+            written.append(dict(sample))
+
+    def reading(t: float, energy: float) -> Reading:
+        return Reading(t, 0.0, 0.0, 1, 2, 0, 0, power_w=5.0, energy_j=energy)
+
+    known = {3.0: 30.0, 4.0: 36.0}  # the new sampler's; the lost one's at 1 s, 2 s never
+    rows = FinalRows(Sink(), lambda readings, _wait: [known.get(r.time) for r in readings])
+    rows.sample({"energy_j": 5.0}, reading(1.0, 10.0), reading(2.0, 15.0))
+    rows.sample({"energy_j": 5.0}, reading(3.0, 30.0), reading(4.0, 35.0))
+    rows.flush()
+    assert written == [{"energy_j": 5.0, "final": False}, {"energy_j": 6.0}]
