@@ -166,10 +166,13 @@ def sampling_loop(
         # busy thread holds the GIL) gets one more, else its end would be missed.
         last = stop.is_set()
         reading = read()
-    rows.flush(FINAL_WAIT_S, last=True)  # the monitor's samples then final too
+    run_final = shared.get("final") if shared is not None else None  # edgewatt run's last word
+    if run_final is None or source.mode != "daemon":  # else its summary waits for them
+        rows.flush(FINAL_WAIT_S, last=True)  # the monitor's samples then final too
     summary = recorder.summary()
-    if shared is not None and shared.get("final") is not None:  # edgewatt run's last word
-        summary = shared["summary"] = shared["final"](summary, source)
+    if run_final is not None:
+        summary = shared["summary"] = run_final(summary, source)
+    rows.flush(last=True)
     sink.stop(summary)
     source.close()
 
