@@ -75,9 +75,15 @@ class FinalRows:
         settled = [
             (next(found), next(found)) if entry[0] == "sample" else (None, None) for entry in held
         ]
-        # Rows settle oldest first: one held behind a settled row never will (its
-        # readings another sampler's, the daemon lost mid-run), nor will any at the end.
-        done = [i for i, (a, b) in enumerate(settled) if a is not None and b is not None]
+        # Rows settle oldest first: one held behind a settled row (or one with no
+        # energy: the source silent beyond its gap) never will (its readings another
+        # sampler's, the daemon lost mid-run; the source's first line never came), nor
+        # will any at the end.
+        done = [
+            i
+            for i, (entry, (a, b)) in enumerate(zip(held, settled))
+            if entry[0] == "sample" and ("energy_j" not in entry[1] or None not in (a, b))
+        ]
         given_up = len(held) if last else (done[-1] if done else 0)
         written = 0
         for i, entry in enumerate(held):
@@ -86,7 +92,9 @@ class FinalRows:
             else:
                 sample, end = entry[1], entry[3]
                 begin_j, end_j = settled[i]
-                if begin_j is not None and end_j is not None:
+                if "energy_j" not in sample:
+                    pass  # nothing to settle
+                elif begin_j is not None and end_j is not None:
                     sample["energy_j"] = end_j - begin_j  # in place: the monitor's too
                 elif i < given_up:
                     sample["final"] = False

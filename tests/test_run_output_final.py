@@ -168,3 +168,9 @@ def test_a_row_behind_a_settled_one_is_written_at_once_marked_not_final() -> Non
     rows.sample({"energy_j": 5.0}, reading(3.0, 30.0), reading(4.0, 35.0))
     rows.flush()
     assert written == [{"energy_j": 5.0, "final": False}, {"energy_j": 6.0}]
+    # A source silent beyond its gap: rows without energy, nothing to settle; the one
+    # held before them (its first line never came) is given up too.
+    rows.sample({"energy_j": 1.0}, reading(5.0, 40.0), reading(6.0, 41.0))
+    rows.sample({"cpu_usage": 1.0}, reading(6.0, 41.0), reading(7.0, 41.0))
+    rows.flush()
+    assert written[2:] == [{"energy_j": 1.0, "final": False}, {"cpu_usage": 1.0}]
