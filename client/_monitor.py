@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgewatt.client import _heflwr
+from edgewatt.client._final_rows import FINAL_WAIT_S, FinalRows, settled_energies
 from edgewatt.client._samples import Reading, Recorder
 from edgewatt.client._sinks import (
     FileSink,
@@ -135,18 +136,23 @@ def sampling_loop(
     last = False
     wake, marks = edges(shared)
     taken: list[Mark] = []
+    rows = FinalRows(sink, lambda readings, wait_s: settled_energies(source, readings, wait_s))
     while True:
         if reading is not None:
             # A phase's first reading is an edge: never merged into the sample before
             # it, so a phase's samples hold its whole CPU and energy.
+            previous = recorder.last
             sample = recorder.observe(reading, edge=bool(taken))
             emit(reading)
-            if sample is not None:
-                sink.sample(sample, reading)
+            if sample is not None and previous is not None:
+                rows.sample(sample, previous, reading)
+            elif recorder.extended is not None:
+                rows.extend(recorder.extended, reading)
         for mark in taken:  # after the sample that ends at it
             if hasattr(sink, "phase"):
-                sink.phase(mark.name, mark.at)
+                rows.phase(mark.name, mark.at)
             mark.done()
+        rows.flush()
         if last:
             break
         if taken:  # the next interval a whole one from the edge
@@ -161,9 +167,13 @@ def sampling_loop(
         # busy thread holds the GIL) gets one more, else its end would be missed.
         last = stop.is_set()
         reading = read()
+    run_final = shared.get("final") if shared is not None else None  # edgewatt run's last word
+    if run_final is None or source.mode != "daemon":  # else its summary waits for them
+        rows.flush(FINAL_WAIT_S, last=True)  # the monitor's samples then final too
     summary = recorder.summary()
-    if shared is not None and shared.get("final") is not None:  # edgewatt run's last word
-        summary = shared["summary"] = shared["final"](summary, source)
+    if run_final is not None:
+        summary = shared["summary"] = run_final(summary, source)
+    rows.flush(last=True)
     sink.stop(summary)
     source.close()
 

@@ -364,12 +364,19 @@ class TargetTable:
             return None if target.exited_at is not None else target.history.network_rate()
 
     def samples(self, target_id: str, since: float | None = None) -> list[dict[str, Any]]:
+        """The rows kept, each with ``final``: its device energy settled (History.young:
+        the newest rows are not, until the power reading after them has come)."""
         with self._lock:
             history = _find(self._targets, target_id).history
             if self.settled_energy is not None:  # what the trace has now, not at the pass
                 history.settle_rows(self.settled_energy)
             rows = list(history.rows)
-        return [sample_dict(r) for r in rows if since is None or r.time > since]
+            settled = len(rows) - min(history.young, len(rows))
+        return [
+            {**sample_dict(r), "final": i < settled}
+            for i, r in enumerate(rows)
+            if since is None or r.time > since
+        ]
 
     # -- sampler side -------------------------------------------------------------
 
