@@ -109,7 +109,7 @@ class LocalSampler:
                     sample_hz=options.sample_hz,
                     window_hz=options.window_hz,
                 )
-                meter.start()
+                meter.start(first_line_wait_s=0.0)  # the registration is an edge: no wait
         tcp_counted = sys.platform.startswith("linux")  # sock_diag, /proc/PID/fd
 
         accounting = _network_accounting() if network and tcp_counted else None
@@ -205,6 +205,19 @@ class LocalSampler:
 
     def samples(self) -> list[dict[str, Any]]:
         return self.table.samples(self.target.id)
+
+    def settled_energies(self, readings: list[Reading], wait_s: float = 0.0) -> list[Any]:
+        """The device's energy at each reading's instant once final (the power trace's
+        integral up to it: PowerMeter.settled_energy), waiting at most ``wait_s`` for the
+        reading after the newest; None where not final yet, or not this sampler's."""
+        power = self.sampler.power
+        if power is None:
+            return [None] * len(readings)
+        if wait_s > 0 and readings:
+            power.wait_settled(max(r.instant for r in readings), wait_s)
+        return [
+            power.settled_energy(r.instant) if r.source == "in-process" else None for r in readings
+        ]
 
     def start_phase(self, name: str, depth: int | None = 0) -> int:
         """Start a phase at ``depth`` (None: inside every running one); its edge is a

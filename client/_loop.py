@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
 
+from edgewatt.client._final_rows import FINAL_WAIT_S, FinalRows, settled_energies
 from edgewatt.client._samples import Reading, Recorder
 from edgewatt.client._sinks import (
     FileSink,
@@ -47,6 +48,9 @@ class Spec:
     network: str = "host"  # what network bytes count: "host", or "process" (its own TCP)
     cgroup: str | None = None  # the daemon measures this cgroup (edgewatt run)
     command: str = ""  # what the file's header names the run by
+    # What the pid will exec (`edgewatt run`'s held fork): the daemon's name for it
+    # until then, as its own command line is still the launcher's.
+    argv: list[str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -141,6 +145,7 @@ def sampling_loop(
             power=spec.metrics["power"],
             sample_on_read=True,
             cgroup=spec.cgroup,
+            argv=spec.argv,
             # The process's own TCP bytes, counted in-process too (sock_diag).
             network=spec.network == "process" and spec.metrics["network"],
         )
@@ -176,18 +181,23 @@ def sampling_loop(
     deadline = time.monotonic()
     last = False
     taken: list[Mark] = []
+    rows = FinalRows(sink, lambda readings, wait_s: settled_energies(source, readings, wait_s))
     while True:
         if reading is not None:
             # A phase's first reading is an edge: never merged into the sample before
             # it, so a phase's samples hold its whole CPU and energy.
+            previous = recorder.last
             sample = recorder.observe(reading, edge=bool(taken))
             emit(reading)
-            if sample is not None:
-                sink.sample(sample, reading)
+            if sample is not None and previous is not None:
+                rows.sample(sample, previous, reading)
+            elif recorder.extended is not None:
+                rows.extend(recorder.extended, reading)
         for mark in taken:  # after the sample that ends at it
             if hasattr(sink, "phase"):
-                sink.phase(mark.name, mark.at)
+                rows.phase(mark.name, mark.at)
             mark.done()
+        rows.flush()
         if last:
             break
         if taken:  # the next interval a whole one from the edge
@@ -202,8 +212,12 @@ def sampling_loop(
         # busy thread holds the GIL) gets one more, else its end would be missed.
         last = state.stop.is_set()
         reading = read()
+    final = state.final  # edgewatt run's last word
+    if final is None or source.mode != "daemon":  # else its summary waits for them
+        rows.flush(FINAL_WAIT_S, last=True)  # the monitor's samples then final too
     summary = recorder.summary()
-    if state.final is not None:  # edgewatt run's last word
-        summary = state.summary = state.final(summary, source)
+    if final is not None:
+        summary = state.summary = final(summary, source)
+    rows.flush(last=True)
     sink.stop(summary)
     source.close()

@@ -163,6 +163,8 @@ class Recorder:
         self.segments: list[Segment] = []
         self.phases: list[dict[str, Any]] = []
         self._open = False  # whether the next reading continues the last segment
+        # The last sample, where the latest observe() merged its reading into it.
+        self.extended: dict[str, Any] | None = None
 
     def begin(self, interval: float, metrics: dict[str, bool]) -> None:
         """A new segment (start()): its first reading is a baseline."""
@@ -180,8 +182,10 @@ class Recorder:
 
     def observe(self, reading: Reading, edge: bool = False) -> dict[str, Any] | None:
         """The new sample, or None (a baseline, a reading not newer than the last, or
-        one merged into the previous sample). ``edge``: the reading at a phase's start,
-        never merged, nor merged into after (a sample ends at it)."""
+        one merged into the previous sample: ``extended`` is then that sample). ``edge``:
+        the reading at a phase's start, never merged, nor merged into after (a sample
+        ends at it)."""
+        self.extended = None
         if not self._open:
             self.segments.append(Segment(reading, reading))
             self._open = True
@@ -199,7 +203,8 @@ class Recorder:
         segment.last = reading
         short = reading.instant - previous.instant < self.short_s
         if segment.samples and segment.base and short and not edge:
-            segment.samples[-1] = sample_from(segment.base, reading, self.metrics, self.network)
+            merged = sample_from(segment.base, reading, self.metrics, self.network)
+            segment.samples[-1] = self.extended = merged
             segment.instants[-1] = reading.instant
             return None
         segment.base = None if edge else previous

@@ -41,6 +41,9 @@ class FileSink:
     ``failure`` says what was kept; monitoring goes on.
     """
 
+    # Its sample rows are written once their device energy is final (_final_rows.py).
+    final_rows = True
+
     def __init__(self, path: str, network: str = "host") -> None:
         self.path = path
         self.network = network  # what its network bytes count (the header's units say)
@@ -119,6 +122,8 @@ class HeflwrFileSink(FileSink):
     """heflwr's text log: at each start a line with the local date and time, then one
     line per sample (``CPU Usage: 1.0%, Memory Usage: 0.5%, Bytes Sent: 0, ...``, the
     rails when power is on and measured), appended; no header, phase or summary line."""
+
+    final_rows = False  # no energy in its lines: each written as it comes
 
     def start(self, header: dict[str, Any]) -> None:
         self._open()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from edgewatt import client
+from tests.conftest import wait_for
 from tests.test_edges import (
     STAND_IN,
     WATTS,
@@ -24,11 +25,18 @@ from tests.test_edges import (
     assert_the_interpolated_integral,
     burn,
     none_printed,
+    printed,
 )
 
 
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[client.Registration]:
+    registration = register_in_process(monkeypatch, tmp_path)
+    yield registration
+    registration.close()
+
+
+def register_in_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> client.Registration:
     """This process registered in-process (fallback="always"), its power the stand-in
     tegrastats alone (named by the daemon's variable; an empty sysfs holds no other
     source), printing once a second."""
@@ -42,12 +50,12 @@ def in_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[clie
     monkeypatch.setenv("FAKE_TEGRASTATS_LINES", str(tmp_path / "lines.log"))
     registration = client.register(fallback="always")
     assert registration.mode == "local"
-    # The stand-in runs, this process's child, the one source.
-    assert registration.helper_pids()
+    # The stand-in runs (started by its reader's thread), this process's child, the one
+    # source.
+    assert wait_for(registration.helper_pids, timeout=10)
     backend: Any = registration.backend
     assert [s.name for s in backend.sampler.power.sources] == ["tegrastats"]
-    yield registration
-    registration.close()
+    return registration
 
 
 def test_no_edge_waits_and_each_window_becomes_final(
@@ -91,6 +99,41 @@ def test_no_edge_waits_and_each_window_becomes_final(
         assert phase["final"] is True
         assert phase["device_energy_j"] == pytest.approx(WATTS * phase["duration_s"], rel=0.01)
         assert phase["cpu_user_s"] + phase["cpu_system_s"] >= 0.03  # burn()'s, in ticks
+
+
+def test_the_first_registration_waits_for_no_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The registration starts the stand-in, whose first line comes a period (1 s) after
+    # it starts: the registration and the first phase edge return before that line,
+    # their counters taken at the call; the window before the first line is counted
+    # all the same, final once the line has come.
+    monkeypatch.setenv("FAKE_TEGRASTATS_FIRST_LATE", "1")
+    asked = time.time()
+    reg = register_in_process(monkeypatch, tmp_path)
+    try:
+        returned = time.time()
+        reg.phase("first")
+        entered = time.monotonic()
+        lines = printed(tmp_path)
+        assert all(t > entered for t, _ in lines), (entered, lines)
+        backend: Any = reg.backend
+        first = backend.samples()[0]
+        assert asked <= first["time"] <= returned
+        burn(0.05)
+        assert reg.summary()["final"] is False  # no line yet: the energy is not known
+        after_a_line(tmp_path)
+        ended = reg.end_phase(final_wait_s=5.0)
+        summary = reg.summary(final_wait_s=5.0)
+    finally:
+        reg.close()
+    assert ended is not None and ended["final"] is True
+    assert ended["device_energy_j"] == pytest.approx(WATTS * ended["duration_s"], rel=0.01)
+    assert summary["final"] is True
+    assert summary["device_energy_j"] == pytest.approx(WATTS * summary["duration_s"], rel=0.01)
+    (phase,) = summary["phases"]
+    assert phase["device_energy_j"] == ended["device_energy_j"]
+    assert phase["cpu_user_s"] + phase["cpu_system_s"] >= 0.03  # burn()'s, in ticks
 
 
 def test_a_phase_over_changing_power_is_the_interpolated_integral_over_its_edges(

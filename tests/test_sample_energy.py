@@ -77,6 +77,8 @@ def test_sample_rows_hold_the_settled_energy_between_them(
         status, answer = daemon.call("GET", f"/v1/targets/{target}/samples")
         assert status == 200
         rows = [r for r in answer["samples"] if r["device_energy_j"] is not None]
+        # The summary is final to its last row: each row says it is final too.
+        assert all(r["final"] is True for r in answer["samples"]), answer["samples"][-3:]
         gaps = intervals(rows)
         # Row times are shown to the ms: a 10 ms interval's power is good to 10 %.
         assert all(j >= 0 and j <= 12.0 * (dt + 0.001) for dt, j in gaps), gaps

@@ -80,9 +80,9 @@ def _rate_from_environment(name: str, lowest: float, accepted: str) -> float | N
         return default
 
 
-# At start, a push source's first line is waited for this long at most: a target
-# registered at once (the client's own, in-process) has the device's energy from its
-# first sample on, not from the second pass.
+# At the daemon's start, a push source's first line is waited for this long at most,
+# so its first pass has the device's power; the in-process client waits for none (its
+# first registration is an edge).
 FIRST_LINE_WAIT_S = 2.0
 # Windows (phases, ``track`` calls, FL rounds) are read at WINDOW_HZ (source.py) for
 # their first WINDOW_BOOST_S: a step of the power inside a window of a few hundred ms
@@ -115,16 +115,21 @@ class PowerMeter:
         self._reader: StreamReader | None = None
         self._last_edge: float | None = None
 
-    def start(self) -> PowerMeter:
+    def start(self, first_line_wait_s: float = FIRST_LINE_WAIT_S) -> PowerMeter:
         """The reader of the streamed sources at ``sample_hz``, after the push sources'
-        first lines (within FIRST_LINE_WAIT_S)."""
-        deadline = time.monotonic() + FIRST_LINE_WAIT_S
+        first lines (within ``first_line_wait_s``; 0: none waited for). A push source
+        still silent counts from now: its first line's power is held back to now
+        (Traces.begin), so an edge before that line settles once it comes."""
+        began = time.monotonic()
+        deadline = began + first_line_wait_s
         for source in self.sources:
-            if source.pushed:
+            if source.pushed and first_line_wait_s > 0:
                 source.wait_newer(0.0, max(0.0, deadline - time.monotonic()))
         with self.traces.lock:
             for source in self.sources:
                 self.traces.take(source)
+                if source.pushed:
+                    self.traces.begin(source, began)
         streamed = [s for s in self.sources if s.name in self.traces.streamed]
         if streamed and self._reader is None:
             self._reader = self._start_reader(streamed)

@@ -37,11 +37,21 @@ class Traces:
         self._rails: dict[str, Trace] = {}
         self._latest: dict[str, PowerReading] = {}
         self._failing: set[str] = set()
+        # Push sources started and silent so far, and since when (begin).
+        self._silent_since: dict[str, float] = {}
         self._host_energy = 0.0  # as last reported: never backwards
         self._reported_at = float("-inf")  # the instant of the latest energy reported
 
     def latest(self, source: str) -> PowerReading | None:
         return self._latest.get(source)
+
+    def begin(self, source: PowerSource, t: float) -> None:
+        """``source``, a push source, runs from ``t`` (monotonic): while it has printed
+        nothing (for max_gap_s at most) an edge's energy is not known yet, and its
+        first reading's power is held back to ``t`` once it comes, as the last is held
+        past its last reading (lock held; a source that has spoken: nothing to do)."""
+        if source.name in self.contributing and source.name not in self.totals:
+            self._silent_since[source.name] = t
 
     def take(self, source: PowerSource) -> None:
         """Read ``source`` (its lines since the last take, for a push source) into the
@@ -80,6 +90,13 @@ class Traces:
                 trace = self.totals[source.name] = Trace(self.max_gap_s, counter=counter)
                 if not counter and not source.pushed:
                     self.streamed.add(source.name)
+                since = self._silent_since.pop(source.name, None)
+                if since is not None and since < t and reading.total_w is not None:
+                    # Its power from its start (a counter's count back by as much); a
+                    # start beyond the gap limit is not bridged (Trace.add).
+                    back = reading.total_w * (t - since)
+                    raw = reading.total_energy_j
+                    trace.add(since, reading.total_w, None if raw is None else raw - back)
             trace.add(t, reading.total_w, reading.total_energy_j)
         self._latest[source.name] = reading
         self.readings += 1
@@ -148,7 +165,7 @@ class Traces:
             power_min_w=low if complete else None,
             power_max_w=high if complete else None,
             provenance=Provenance(MEASURED, sensors)
-            if host_energy is not None
+            if host_energy is not None and sensors  # none: a source's first line to come
             else unknown(f"no reading from {', '.join(sorted(self.contributing))} yet"),
         )
 
@@ -179,7 +196,7 @@ class Traces:
     def settled_at(self, t: float, now: float) -> float | None:
         """The contributing traces' joules up to ``t`` once final in every one of them
         (Trace.settled_at; lock held); None while one may still change, or none yet."""
-        if not self.totals:
+        if not self.totals or self._silent(now):
             return None
         total = 0.0
         for trace in self.totals.values():
@@ -190,7 +207,14 @@ class Traces:
         return total
 
     def _energy_at(self, t: float) -> float | None:
-        """The contributing traces' joules up to ``t``, summed (None: no trace yet)."""
-        if not self.totals:
+        """The contributing traces' joules up to ``t``, summed (None: no trace yet, nor
+        a push source started and silent within the gap limit: then what the others
+        have, its own counted once it speaks)."""
+        if not self.totals and not self._silent(t):
             return None
         return sum(trace.at(t) for trace in self.totals.values())
+
+    def _silent(self, t: float) -> bool:
+        """A push source begun no longer than max_gap_s before ``t`` has not spoken
+        yet: its first reading may still count back to ``t``."""
+        return any(t - since <= self.max_gap_s for since in self._silent_since.values())
