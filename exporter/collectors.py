@@ -14,11 +14,10 @@ from edgewatt.core.platforms import Platform
 from edgewatt.core.sampler import Parts
 from edgewatt.core.sampling import cgroups, procfs
 from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
-from edgewatt.core.sampling.contributors import CgroupTrafficCounts, Contributor, TcpAccounting
+from edgewatt.core.sampling.contributor_list import contributors
 from edgewatt.core.sampling.membership import LINEAGE, Membership
 from edgewatt.core.sampling.network import NetworkAccounting
 from edgewatt.core.sampling.proc_events import ProcEvents
-from edgewatt.core.sampling.pss import ProportionalMemory
 from edgewatt.core.sampling.sockets import DestroyListener
 from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
 from edgewatt.core.sampling.trees import ProcessTrees
@@ -48,13 +47,16 @@ def start_collectors(
     membership = _start_lineage(config, table)
     network = _start_network(config)
     traffic, problem = _start_cgroup_traffic(config, person)
-    contributors: list[Contributor] = [] if network is None else [TcpAccounting(network)]
-    contributors.append(CgroupTrafficCounts(traffic, problem))
-    contributors.append(ProportionalMemory(getattr(platform, "proc", "/proc")))
     return Collectors(
         parts=Parts(
             ProcessTrees(platform, exits=exits, membership=membership),
-            tuple(contributors),
+            contributors(
+                network,
+                pss_proc=getattr(platform, "proc", "/proc"),
+                cgroups=True,
+                traffic=traffic,
+                traffic_problem=problem,
+            ),
         ),
         exact_exits=exits is not None and (network is None or network.destroyed is not None),
         cgroup_traffic_problem=problem,

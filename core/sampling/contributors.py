@@ -5,7 +5,7 @@ order: ``begin`` before any target is read, ``contribute`` once every target is
 (network accounting needs them all at once: one socket dump per pass), ``forget``
 when a target goes, ``status`` for the pass's counters, ``close`` at the end. A new
 per-target figure is a field of ProcessSample and a contributor (or a key of one's
-``contribute``): see docs/reference.md, Layout.
+``contribute``), listed in contributor_list.py: see docs/architecture.md, Layout.
 """
 
 from __future__ import annotations
