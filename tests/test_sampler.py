@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import threading
 import time
@@ -17,6 +18,7 @@ from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.sampler import Parts, Sampler
 from edgewatt.core.sampling import tracked
 from edgewatt.core.sampling.clock import Clock
+from edgewatt.core.sampling.contributor_list import contributors
 from edgewatt.core.sampling.contributors import Figures, Status
 from edgewatt.core.sampling.exits import final_cpu
 from edgewatt.core.sampling.tracked import TargetState
@@ -257,6 +259,69 @@ def test_a_misspelt_figure_name_raises_on_every_python(spawn: Any, monkeypatch: 
     try:
         with pytest.raises(AttributeError, match=r"^not a ProcessSample field: network_count$"):
             sampler.sample_once()
+    finally:
+        sampler.close()
+
+
+class Declaring(Handed):
+    """Handed, declaring the fields it sets and the targets it counts."""
+
+    def __init__(self, sets: tuple[str, ...], counts: str = "any") -> None:
+        super().__init__()
+        self.sets, self.counts = sets, counts
+
+
+@pytest.mark.parametrize(
+    ("declared", "problem"),
+    [
+        (
+            [Declaring(("network_count",))],
+            "handing out a figure: 'network_count' is not a ProcessSample field",
+        ),
+        (
+            [Declaring(("gpu_utilization",)), Declaring(("threads", "gpu_utilization"))],
+            "'gpu_utilization' of process targets is set by two contributors",
+        ),
+        (  # cgroup traffic sets the network bytes of cgroup targets: both would
+            [Declaring(("network_transmit_bytes",), "cgroup")],
+            "'network_transmit_bytes' of cgroup targets is set by two contributors: "
+            "reading cgroup traffic counters, handing out a figure",
+        ),
+        ([Declaring(("threads",), "processes")], "counts 'processes', not one of"),
+    ],
+)
+def test_a_contributor_s_declared_fields_are_checked_when_the_sampler_is_built(
+    declared: list[Declaring], problem: str
+) -> None:
+    parts = Parts(
+        ProcessTrees(LinuxPlatform()),
+        (*contributors(None, pss_proc="/proc", cgroups=True), *declared),
+    )
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        Sampler(table_with(os.getpid()), interval=0.1, host_name="h", parts=parts)
+
+
+def test_every_contributor_declares_what_it_sets_and_they_agree(spawn: Any) -> None:
+    # The daemon's whole list (TCP bytes of process targets and cgroup traffic set the
+    # same fields, of different targets): built, and each one's figures in a pass are
+    # among the fields it declares.
+    child = spawn("import time; time.sleep(60)")
+    trees = ProcessTrees(LinuxPlatform())
+    listed = contributors(None, pss_proc="/proc", cgroups=True)
+    sampler = Sampler(
+        table_with(child.pid), interval=0.1, host_name="h", parts=Parts(trees, listed)
+    )
+    try:
+        sampler.sample_once()
+        states = list(sampler._states.values())
+        for contributor in (trees, *listed):
+            assert contributor.counts in ("process", "cgroup", "any")
+            for figures in contributor.contribute(states).values():
+                assert set(figures) <= set(contributor.sets), contributor.name
+        assert [c.name for c in listed] == [
+            "reading cgroup traffic counters",
+            "reading smaps_rollup",
+        ]
     finally:
         sampler.close()
 
