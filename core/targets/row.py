@@ -11,6 +11,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
+from edgewatt.core.figures import KEPT
 from edgewatt.core.snapshot import ProcessSample
 
 
@@ -43,27 +44,7 @@ class SampleRow(NamedTuple):
 SAMPLE_FIELDS: tuple[str, ...] = SampleRow._fields[:-1]
 
 SAMPLE_UNITS = {
-    "time": "unix seconds",
-    "cpu_user_s": "seconds of CPU time, cumulative",
-    "cpu_system_s": "seconds of CPU time, cumulative",
-    "cpu_utilization": "share of all logical CPUs over the last interval, 0..1",
-    "memory_rss_bytes": "bytes",  # summed over the processes: a shared page once per process
-    "memory_virtual_bytes": "bytes",
-    "disk_read_bytes": "bytes read from storage, cumulative",
-    "disk_write_bytes": "bytes written to storage, cumulative",
-    "network_transmit_bytes": "TCP bytes sent and acknowledged, cumulative (not UDP/Unix)",
-    "network_receive_bytes": "TCP bytes received, cumulative (not UDP/Unix)",
-    "threads": "count",
-    "open_fds": "count",
-    "processes": "count (the target and its live descendants)",
-    "power_w": "watts attributed over the last interval (docs/attribution.md)",
-    "energy_j": "joules attributed since registration, cumulative",
-    "device_energy_j": "joules the device's power sensors measured up to this sample's instant, "
-    "cumulative since the daemon started (the whole device: a window's difference is what "
-    "the sensor saw in it)",
-    "memory_pss_bytes": "bytes",  # PSS summed (sampling/pss.py); null where not read
-    "memory_rss_largest_bytes": "bytes",  # the largest process's RSS; null where not read
-    "memory_pss_read_at": "unix seconds the PSS figures were read at (a dear read waits)",
+    **{f.name: f.unit for f in KEPT},
     "memory_pss_age_s": "seconds between the PSS figures' read and this sample",
 }
 
@@ -93,8 +74,7 @@ def pss_age(row: SampleRow) -> float | None:
 
 
 # Columns whose figures are counts or bytes (SampleRow's ints): read back as ints.
-_COUNTS = {"threads", "open_fds", "processes"}
-_WHOLE = tuple(f.endswith("_bytes") or f in _COUNTS for f in SampleRow._fields)
+_WHOLE = (*(f.whole for f in KEPT), False)  # the monotonic time last
 _NONE = float("nan")  # an absent figure (None) in a ring's doubles
 
 # What every row keeps of its own: its two times and the device's energy at its
