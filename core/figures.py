@@ -86,6 +86,20 @@ KEPT: tuple[Figure, ...] = (
         "unix seconds the PSS figures were read at (a dear read waits)",
         "instant",
     ),
+    Figure(
+        "context_switches_voluntary",
+        "count of context switches where a process waited (I/O, a lock, a sleep), cumulative",
+        "cumulative",
+        whole=True,
+        increase=True,
+    ),
+    Figure(
+        "context_switches_involuntary",
+        "count of context switches where a process was preempted, cumulative",
+        "cumulative",
+        whole=True,
+        increase=True,
+    ),
 )
 
 INCREASES: tuple[str, ...] = tuple(f.name for f in KEPT if f.increase)
