@@ -48,9 +48,12 @@ class Counters(NamedTuple):
     system_s: float
     read_bytes: int
     write_bytes: int
+    # Context switches: its own on every OS (no parent shows its reaped children's).
+    voluntary_switches: int
+    involuntary_switches: int
 
 
-ZERO = Counters(0.0, 0.0, 0, 0)
+ZERO = Counters(0.0, 0.0, 0, 0, 0, 0)
 
 
 def _sum(counters: Iterable[Counters]) -> Counters:
@@ -102,9 +105,11 @@ def _read(process: psutil.Process) -> tuple[Counters, dict[str, Any]]:
         except (AttributeError, psutil.AccessDenied):  # Windows has handles
             fds = None
         ppid = process.ppid()
+        switches = process.num_ctx_switches()
     user = cpu.user + getattr(cpu, "children_user", 0.0)
     system = cpu.system + getattr(cpu, "children_system", 0.0)
-    counters = Counters(user, system, io.read_bytes if io else 0, io.write_bytes if io else 0)
+    read, write = (io.read_bytes, io.write_bytes) if io else (0, 0)
+    counters = Counters(user, system, read, write, switches.voluntary, switches.involuntary)
     other = {"rss": memory.rss, "vms": memory.vms, "threads": threads, "fds": fds, "io": io}
     return counters, {**other, "ppid": ppid, "stamp": stamp}
 
@@ -208,6 +213,7 @@ class PsutilTree:
             open_fds=None if None in fds else sum(fds),
             pids=tuple(pid for pid, _ in members),
             root_execs=self.root_execs,
+            switches=(value.voluntary_switches, value.involuntary_switches),
         )
         return self.last
 
@@ -237,8 +243,14 @@ class PsutilTree:
         self.lost_members = bool(departed)
         self._carried = _sum(
             [self._carried]
-            # Reaped by a live member: the kernel moved its figures there.
-            + [c for c, ppid in departed if not (_REAPED_IN_PARENT and ppid in live_pids)]
+            # Reaped by a live member: the kernel moved its figures there, all but its
+            # context switches.
+            + [
+                c._replace(user_s=0.0, system_s=0.0, read_bytes=0, write_bytes=0)
+                if _REAPED_IN_PARENT and ppid in live_pids
+                else c
+                for c, ppid in departed
+            ]
         )
         self._last = {k: (v[0], v[1]["ppid"]) for k, v in members.items()}
 
