@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.ebpf_counter import CgroupCounter  # noqa: E402
 from benchmarks.measure import free_port, start_daemon  # noqa: E402
 from edgewatt.core import transport  # noqa: E402
-from edgewatt.core.sampling import cgroups  # noqa: E402
+from edgewatt.core.facts import cgroups  # noqa: E402
 
 WORKER = """
 import socket, sys, time

@@ -1,4 +1,4 @@
-"""What one read of the device's context costs (core/context.py's ``read``, as the
+"""What one read of the device's context costs (core/platforms/context.py's ``read``, as the
 daemon's context thread makes it every ``context_interval``): CPU of the reading
 thread plus its reaped children's, and wall time, per read.
 
@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgewatt.core.context import read  # noqa: E402
 from edgewatt.core.platforms.board import Roots  # noqa: E402
+from edgewatt.core.platforms.context import read  # noqa: E402
 
 NVPMODEL_C = r"""
 #include <stdio.h>

@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgewatt.core.sampling.network import NetworkAccounting  # noqa: E402
-from edgewatt.core.sampling.sockets import SockDiag  # noqa: E402
+from edgewatt.core.facts.network import NetworkAccounting  # noqa: E402
+from edgewatt.core.kernel.sockets import SockDiag  # noqa: E402
 
 # Two processes hold the two ends of the unrelated connections (one process could not
 # hold 20,000 descriptors under a 20,000 limit).

@@ -28,8 +28,8 @@ import time
 from types import SimpleNamespace
 from unittest import mock
 
+from edgewatt.core.facts.procfs import ProcHandle
 from edgewatt.core.sampling import pss
-from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.sampling.pss import ProportionalMemory, read_rollup
 
 HOLDER = """

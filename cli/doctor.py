@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from edgewatt.core import transport
 from edgewatt.core.carbon import resolve_carbon
-from edgewatt.core.sampling import procfs
+from edgewatt.core.facts import procfs
 from edgewatt.core.text import printable
 from edgewatt.exporter.config import Config
 
@@ -162,7 +162,7 @@ CONTEXT_SOURCES = {
 def device_context(ctx: Context) -> tuple[str, str]:
     """What the summaries will say of the board's setting, read as this user reads it
     (the configured roots, this PATH's nvpmodel and vcgencmd)."""
-    from edgewatt.core import context
+    from edgewatt.core.platforms import context
 
     found = context.read(ctx.config.roots())
     mode, pinned, zone = found.power_mode, found.clocks_pinned, found.hottest_zone

@@ -44,7 +44,7 @@ class Listener:
     into the command's processes' largest peak RSS as the records come."""
 
     def __init__(self, root: int) -> None:
-        from edgewatt.core.sampling.taskstats import TaskstatsSocket
+        from edgewatt.core.kernel.taskstats import TaskstatsSocket
 
         self.root = root
         self._own = os.getpid()

@@ -40,7 +40,7 @@ def _call(path: str, command: str, method: str, url: str, body: Any = None) -> A
 def container_id(name: str, runtime: str | None) -> tuple[str, str] | None:
     """(runtime, full id) of the container as the caller's own runtime tells it, or
     None (no runtime, no such container, no right to ask: the daemon asks itself)."""
-    from edgewatt.core.sampling.cgroup_names import (
+    from edgewatt.core.facts.cgroup_names import (
         CONTAINER_ID,
         RUNTIMES,
         UnknownName,

@@ -39,8 +39,8 @@ from edgewatt.client import NO_DAEMON_SAID
 from edgewatt.client._monitor import FileMonitor
 from edgewatt.client._sinks import measured_phases
 from edgewatt.core import compat, transport
+from edgewatt.core.facts import procfs
 from edgewatt.core.labels import validate_labels
-from edgewatt.core.sampling import procfs
 
 FORWARDED = (
     signal.SIGINT,

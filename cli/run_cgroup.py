@@ -26,7 +26,7 @@ import sys
 from typing import Callable, NoReturn
 
 from edgewatt.core import transport
-from edgewatt.core.sampling import cgroups
+from edgewatt.core.facts import cgroups
 
 AUTO, INSIST, NO = "auto", "insist", "no"
 # Set in the environment of the `edgewatt run` that systemd-run starts in the scope: it

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 def _network_accounting() -> Any:
     """The daemon's per-target TCP bytes (sock_diag, no privilege needed for this
     user's processes), or None where netlink refuses."""
-    from edgewatt.core.sampling.network import NetworkAccounting
+    from edgewatt.core.facts.network import NetworkAccounting
 
     try:
         return NetworkAccounting("/proc")
@@ -65,8 +65,8 @@ class LocalSampler:
             window_hz_from_environment,
         )
         from edgewatt.core.power.source import PowerOptions
-        from edgewatt.core.sampler import Parts, Sampler
         from edgewatt.core.sampling.contributor_list import contributors
+        from edgewatt.core.sampling.sampler import Parts, Sampler
         from edgewatt.core.sampling.trees import ProcessTrees
         from edgewatt.core.targets import Limits, Resolver, TargetTable
 

@@ -335,8 +335,8 @@ TABLE: tuple[Metric, ...] = (
         "edgewatt.device.info",
         "gauge",
         "1",
-        "1, labelled with the device's context as last read (core/context.py): the board's "
-        "model, L4T release, nvpmodel power mode and its id, whether the clocks are pinned "
+        "1, labelled with the device's context as last read (core/platforms/context.py): the "
+        "board's model, L4T release, nvpmodel power mode and its id, whether the clocks are pinned "
         "(jetson_clocks); a label is absent where the device has no such fact",
         ("model", "l4t_release", "power_mode", "power_mode_id", "clocks_pinned"),
         _H,

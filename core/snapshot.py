@@ -12,9 +12,9 @@ from typing import Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.context import DeviceContext
+from edgewatt.core.facts.system import HostCpu, HostMemory, InterfaceBytes
+from edgewatt.core.platforms.context import DeviceContext
 from edgewatt.core.power.values import PowerSnapshot
-from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
 
 
 class PhaseFigures(NamedTuple):

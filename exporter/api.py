@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgewatt.core.sampling import procfs
+from edgewatt.core.facts import procfs
 from edgewatt.core.targets import (
     Conflict,
     Forbidden,

@@ -10,16 +10,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edgewatt.core.facts import cgroups, procfs
+from edgewatt.core.facts.cgroup_traffic import CgroupTraffic
+from edgewatt.core.facts.membership import LINEAGE, Membership
+from edgewatt.core.facts.network import NetworkAccounting
+from edgewatt.core.kernel.proc_events import ProcEvents
+from edgewatt.core.kernel.sockets import DestroyListener
+from edgewatt.core.kernel.taskstats import TaskExits, TaskstatsSocket
 from edgewatt.core.platforms import Platform
-from edgewatt.core.sampler import Parts
-from edgewatt.core.sampling import cgroups, procfs
-from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
 from edgewatt.core.sampling.contributor_list import contributors
-from edgewatt.core.sampling.membership import LINEAGE, Membership
-from edgewatt.core.sampling.network import NetworkAccounting
-from edgewatt.core.sampling.proc_events import ProcEvents
-from edgewatt.core.sampling.sockets import DestroyListener
-from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
+from edgewatt.core.sampling.sampler import Parts
 from edgewatt.core.sampling.trees import ProcessTrees
 from edgewatt.core.targets import TargetTable
 from edgewatt.exporter.config import Config
@@ -82,7 +82,7 @@ def _start_exits(config: Config) -> TaskExits | None:
 
 def _start_lineage(config: Config, table: TargetTable) -> Membership | None:
     """The kernel's process events: every fork of a target's members is heard, so
-    its descendants count until they exit (sampling/membership.py)."""
+    its descendants count until they exit (facts/membership.py)."""
     if not config.follow_forks:
         return None
     try:

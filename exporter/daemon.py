@@ -19,16 +19,16 @@ from typing import Any
 from edgewatt.core import __version__, power
 from edgewatt.core.carbon import resolve_carbon
 from edgewatt.core.compat import name_thread
-from edgewatt.core.context import ContextLog
-from edgewatt.core.context import read as read_context
+from edgewatt.core.facts import procfs
 from edgewatt.core.lookups import Lookups
 from edgewatt.core.persons import Persons
+from edgewatt.core.platforms.context import ContextLog
+from edgewatt.core.platforms.context import read as read_context
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.power.values import PowerStatus
-from edgewatt.core.sampler import Sampler
-from edgewatt.core.sampling import procfs
+from edgewatt.core.sampling.sampler import Sampler
 from edgewatt.core.snapshot import Snapshot
 from edgewatt.core.targets import SAMPLE_UNITS, Resolver, TargetTable
 from edgewatt.exporter import documents, health, outputs

@@ -138,7 +138,7 @@ def host(
                 for g in power.gpus
             ],
         },
-        # The device's setting as last read (core/context.py); null before the first read.
+        # The device's setting as last read (core/platforms/context.py); null before the first read.
         "context": None if snapshot.context is None else snapshot.context.document(),
     }
     carbon = snapshot.carbon

@@ -83,7 +83,7 @@ def document(
         # Whether a target's figures end at its exit (the kernel's exit records and
         # TCP destroy notifications, CAP_NET_ADMIN) or at the last pass before it.
         "exit_figures": "exact" if facts.collectors.exact_exits else "last-sample",
-        # How a target's descendants are learnt (sampling/membership.py).
+        # How a target's descendants are learnt (facts/membership.py).
         "membership": facts.membership,
         # Cgroup targets' network figures: None where counted, else why not.
         "cgroup_traffic": facts.collectors.cgroup_traffic_problem,

@@ -392,7 +392,7 @@ class Config:
         return replace(self, **{c: replace(getattr(self, c), **kw) for c, kw in changes.items()})
 
     def roots(self) -> Roots:
-        """Where the device's context is read (core/context.py): the configured trees,
+        """Where the device's context is read (core/platforms/context.py): the configured trees,
         the executables on this process's PATH."""
         return Roots(sysfs=self.sysfs_path, proc=self.proc_path, etc=self.etc_path)
 

@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from edgewatt.core.facts import cgroup_names
+from edgewatt.core.facts.cgroup_names import CgroupName
+from edgewatt.core.facts.cgroups import InvalidCgroup
 from edgewatt.core.labels import LabelError, validate_labels
-from edgewatt.core.sampling import cgroup_names
-from edgewatt.core.sampling.cgroup_names import CgroupName
-from edgewatt.core.sampling.cgroups import InvalidCgroup
 from edgewatt.core.targets.access import MAX_HOLDERS
 
 TARGET_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from edgewatt.core.sampler import Sampler
+from edgewatt.core.sampling.sampler import Sampler
 from edgewatt.core.targets import TargetTable
 from edgewatt.exporter.api import ApiServer
 from edgewatt.exporter.config import KEYS, WHERE, Config

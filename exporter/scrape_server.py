@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgewatt.core.compat import name_thread
-from edgewatt.core.sampling.sockets import SockDiag
+from edgewatt.core.kernel.sockets import SockDiag
 from edgewatt.core.uids import alone
 from edgewatt.exporter.http_head import BadHead, parse_head
 

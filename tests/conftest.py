@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgewatt.core import transport
-from edgewatt.core.sampling import procfs
+from edgewatt.core.facts import procfs
 from edgewatt.core.targets import Limits, Resolver, TargetTable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -524,7 +524,7 @@ def tcp_sent(printed: bytes | str, payload: int) -> int:
 def cgroup_dir() -> Iterator[Path]:
     """A cgroup v2 directory of the test's own (root and a v2 mount: the tests that use
     it say so); at the end its members and sub-cgroups are removed with it."""
-    from edgewatt.core.sampling import cgroups
+    from edgewatt.core.facts import cgroups
 
     where = cgroups.mounts().v2
     assert where is not None
@@ -551,9 +551,9 @@ def cgroup_dir() -> Iterator[Path]:
 def traffic() -> Iterator[Any]:
     """A CgroupTraffic of the test's own (root, cgroup v2 and nftables: the tests that
     use it say so); closed at the end, its table with it."""
-    from edgewatt.core.sampling import cgroups
-    from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
-    from edgewatt.core.sampling.nftables import Nft
+    from edgewatt.core.facts import cgroups
+    from edgewatt.core.facts.cgroup_traffic import CgroupTraffic
+    from edgewatt.core.kernel.nftables import Nft
 
     where = cgroups.mounts().v2
     assert where is not None

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling import cgroups
+from edgewatt.core.facts import cgroups
 from edgewatt.exporter.registration import InvalidRegistration, parse_request, parse_saved
 from tests.conftest import WITHOUT_SYS_ADMIN, call_as, wait_for
 

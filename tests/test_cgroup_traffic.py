@@ -1,4 +1,4 @@
-"""A cgroup's traffic from real nftables counters (sampling/cgroup_traffic.py): short
+"""A cgroup's traffic from real nftables counters (facts/cgroup_traffic.py): short
 connections and UDP counted, loopback between members not, and no rule or table
 left behind (at forget, at close, and after a kill -9 at the next start)."""
 
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from edgewatt.core.sampling import cgroups, nftables
-from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic, Counts
-from edgewatt.core.sampling.nftables import Nft
+from edgewatt.core.facts import cgroups
+from edgewatt.core.facts.cgroup_traffic import CgroupTraffic, Counts
+from edgewatt.core.kernel import nftables
+from edgewatt.core.kernel.nftables import Nft
 from tests.conftest import assert_tcp_ip_bytes
 
 WHERE = cgroups.mounts()
@@ -222,14 +223,14 @@ def test_a_target_whose_cgroup_is_gone_leaves_the_others_counted(
 def test_a_table_left_by_a_killed_daemon_is_removed_at_the_next_start(cgroup_dir: Path) -> None:
     live_code = (
         "import os, sys\n"
-        "from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic, Counts\n"
+        "from edgewatt.core.facts.cgroup_traffic import CgroupTraffic, Counts\n"
         f"t = CgroupTraffic({WHERE.v2!r})\n"
         f"t.watch('t2', '/{cgroup_dir.name}', 1, [os.getpid()])\n"
         "print(t.table, flush=True); sys.stdin.read(); t.close()\n"
     )
     code = (
         "import os, sys\n"
-        "from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic, Counts\n"
+        "from edgewatt.core.facts.cgroup_traffic import CgroupTraffic, Counts\n"
         f"t = CgroupTraffic({WHERE.v2!r})\n"
         f"t.watch('t1', '/{cgroup_dir.name}', 1, [os.getpid()])\n"
         "os.kill(os.getpid(), 9)\n"  # as kill -9: nothing cleaned up

@@ -1,4 +1,4 @@
-"""Cgroup facts (sampling/cgroups.py, cgroup_names.py): the kernel's files parsed, names
+"""Cgroup facts (facts/cgroups.py, cgroup_names.py): the kernel's files parsed, names
 checked and resolved, and a real cgroup v2 read against what the kernel counted."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from edgewatt.core.sampling import cgroups
-from edgewatt.core.sampling.cgroup_names import CgroupName, UnknownName, parse
-from edgewatt.core.sampling.cgroups import (
+from edgewatt.core.facts import cgroups
+from edgewatt.core.facts.cgroup_names import CgroupName, UnknownName, parse
+from edgewatt.core.facts.cgroups import (
     Cgroup,
     CgroupTree,
     InvalidCgroup,
@@ -23,7 +23,7 @@ from edgewatt.core.sampling.cgroups import (
     parse_cpu_stat,
     parse_io_stat,
 )
-from edgewatt.core.sampling.procfs import NoSuchProcess
+from edgewatt.core.facts.procfs import NoSuchProcess
 
 HYBRID_MOUNTS = """\
 tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling import cgroups, nftables
+from edgewatt.core.facts import cgroups
+from edgewatt.core.kernel import nftables
 from tests.conftest import ROOT, WITHOUT_SYS_ADMIN, DaemonProcess, assert_tcp_ip_bytes, wait_for
 
 WHERE = cgroups.mounts()

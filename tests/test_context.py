@@ -1,4 +1,4 @@
-"""The device's context (core/platforms/board.py, core/context.py): each fact read on
+"""The device's context (core/platforms/board.py, core/platforms/context.py): each fact read on
 its fixture (tests/fixtures/context/, sources in its README), absent facts as None,
 a change during a run as an event with its time."""
 
@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from edgewatt.cli import device, report
-from edgewatt.core import context
-from edgewatt.core.platforms import board
+from edgewatt.core.platforms import board, context
 from edgewatt.core.platforms.board import Clock, PowerMode, Roots, Zone
 from tests.conftest import wait_for
 

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edgewatt.core.kernel.taskstats import TaskExits, TaskstatsSocket
 from edgewatt.core.platforms.linux import LinuxPlatform
-from edgewatt.core.sampler import Parts, Sampler
-from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
+from edgewatt.core.sampling.sampler import Parts, Sampler
 from edgewatt.core.sampling.trees import ProcessTrees
 from tests.conftest import table_with, wait_for
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from edgewatt.core.sampling.departures import Departures, ExitFigures
-from edgewatt.core.sampling.member_counters import (
+from edgewatt.core.facts.departures import Departures, ExitFigures
+from edgewatt.core.facts.member_counters import (
     NO_SWITCHES,
     ZERO,
     Counters,
@@ -22,9 +22,9 @@ from edgewatt.core.sampling.member_counters import (
     Switches,
     add,
 )
-from edgewatt.core.sampling.procfs import CLOCK_TICKS, Stat
-from edgewatt.core.sampling.taskstats import TICK_S, TaskExit, TaskExits, unix_start
-from edgewatt.core.sampling.tree_walk import Departed, Walked
+from edgewatt.core.facts.procfs import CLOCK_TICKS, Stat
+from edgewatt.core.facts.tree_walk import Departed, Walked
+from edgewatt.core.kernel.taskstats import TICK_S, TaskExit, TaskExits, unix_start
 
 ROOT, CHILD, GRANDCHILD, OUTSIDE = 1000, 1001, 1002, 1  # OUTSIDE: not in the target
 # Now, in /proc's start ticks: the members started after the exit listener.

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling import sockets, taskstats
-from edgewatt.core.sampling.netlink import drain
-from edgewatt.core.sampling.sockets import DestroyListener, SockDiag, cookie
+from edgewatt.core.kernel import sockets, taskstats
+from edgewatt.core.kernel.netlink import drain
+from edgewatt.core.kernel.sockets import DestroyListener, SockDiag, cookie
 from tests.conftest import wait_for
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="taskstats needs CAP_NET_ADMIN")

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling.departures import ExitFigures
+from edgewatt.core.facts.departures import ExitFigures
+from edgewatt.core.facts.process import TreeReading
 from edgewatt.core.sampling.exits import Ending, exit_reading, mark_exited
-from edgewatt.core.sampling.process import TreeReading
 
 LAST = TreeReading(
     time=100.0,

@@ -30,10 +30,10 @@ from prometheus_client.utils import floatToGoString
 
 from edgewatt.core import compat
 from edgewatt.core.carbon import CarbonIntensity
-from edgewatt.core.context import DeviceContext
+from edgewatt.core.facts import system
 from edgewatt.core.metrics import BY_NAME, TABLE, Metric
 from edgewatt.core.platforms.board import PowerMode
-from edgewatt.core.sampling import system
+from edgewatt.core.platforms.context import DeviceContext
 from edgewatt.core.snapshot import HostSample, SamplerStats, Snapshot
 from edgewatt.exporter.exposition import (
     UNEXPORTED,

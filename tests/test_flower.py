@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling import cgroups, nftables
+from edgewatt.core.facts import cgroups
+from edgewatt.core.kernel import nftables
 from tests.conftest import ROOT, DaemonProcess, fetched, free_port, wait_for
 
 FLOWER = ROOT / ".cache" / "flower"  # tests/bin/fetch-flower

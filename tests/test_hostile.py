@@ -474,7 +474,7 @@ def test_a_user_may_not_watch_a_setuid_or_undumpable_process_it_started(
 
 
 def test_the_owner_is_checked_on_the_opened_process(spawn: Any) -> None:
-    from edgewatt.core.sampling import procfs
+    from edgewatt.core.facts import procfs
 
     child = spawn("import time; time.sleep(60)")
     handle = procfs.ProcHandle(child.pid)
@@ -554,7 +554,7 @@ def test_every_command_escapes_what_changes_how_text_reads(
 
 
 def test_an_older_save_never_overwrites_a_newer_one(spawn: Any) -> None:
-    from edgewatt.core.sampling import procfs
+    from edgewatt.core.facts import procfs
     from edgewatt.core.targets import Limits, Resolver, TargetTable
 
     saved: list[list[int]] = []

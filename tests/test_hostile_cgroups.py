@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling import cgroups
-from edgewatt.core.sampling.cgroups import Cgroup, CgroupTree
+from edgewatt.core.facts import cgroups
+from edgewatt.core.facts.cgroups import Cgroup, CgroupTree
 from tests.conftest import ROOT, SYSTEM_PYTHON, DaemonProcess, call_as, wait_for
 from tests.test_containers import AVAILABLE as PODMAN
 from tests.test_containers import LIMITS, podman
@@ -192,7 +192,7 @@ def test_the_docker_group_cannot_reach_a_podman_container_by_its_id(
 def test_docker_group_rights_hold_for_dockers_naming_only(
     cgroup_dir: Path, docker_gid: int
 ) -> None:
-    from edgewatt.core.sampling.cgroup_names import CgroupName, refusal
+    from edgewatt.core.facts.cgroup_names import CgroupName, refusal
 
     cid = secrets.token_hex(32)
     name = CgroupName("container", "x", "docker", cid)

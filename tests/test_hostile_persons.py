@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
+from edgewatt.core.facts import cgroups
+from edgewatt.core.facts.cgroup_traffic import CgroupTraffic
+from edgewatt.core.kernel import nftables
 from edgewatt.core.lookups import LookupLimits, LookupRefused, Lookups
 from edgewatt.core.persons import RECHECK_S, Persons, Range, parse_ranges
-from edgewatt.core.sampling import cgroups, nftables
-from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
 from edgewatt.core.targets import History, Identity, Limits, Target, TooMany
 from edgewatt.core.uids import alone
 from tests.conftest import SYSTEM_PYTHON, DaemonProcess, call_as, wait_for

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling import cgroup_traffic, cgroups, nftables
-from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic, Counts
-from edgewatt.core.sampling.nftables import Nft
+from edgewatt.core.facts import cgroup_traffic, cgroups
+from edgewatt.core.facts.cgroup_traffic import CgroupTraffic, Counts
+from edgewatt.core.kernel import nftables
+from edgewatt.core.kernel.nftables import Nft
 from tests.conftest import PRINT_TCP_SENT, ROOT, assert_tcp_ip_bytes, tcp_sent, wait_for
 from tests.machine import WITHOUT_NET_ADMIN
 from tests.test_cgroup_traffic import UDP_HEADERS, member, stop_server, tcp_server
@@ -166,7 +167,7 @@ def test_other_programs_marks_are_kept(cgroup_dir: Path, traffic: CgroupTraffic)
         # The rules a daemon killed with -9 leaves behind touch no mark either.
         code = (
             "import os\n"
-            "from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic\n"
+            "from edgewatt.core.facts.cgroup_traffic import CgroupTraffic\n"
             f"t = CgroupTraffic({WHERE.v2!r})\n"
             f"t.watch('t1', '/{cgroup_dir.name}', 1, [os.getpid()])\n"
             "os.kill(os.getpid(), 9)\n"

@@ -1,6 +1,7 @@
 """The layers import one way: cli -> exporter (the daemon) and client (the library) ->
-core. Checked over the source tree, so a new import that reaches up or across fails
-here before it ships; and the built wheel installs nothing but ``edgewatt``."""
+core, and inside core its floors import down, with no circle among its modules.
+Checked over the source tree, so a new import that reaches up or across fails here
+before it ships; and the built wheel installs nothing but ``edgewatt``."""
 
 from __future__ import annotations
 
@@ -68,6 +69,160 @@ def test_the_checker_sees_an_import_that_reaches_up(tmp_path: Path) -> None:
     )
     found = _imports(module, "core", tmp_path)
     assert found == [(1, "exporter"), (2, "client"), (3, "top-level exporter")]
+
+
+# Inside core, floor -> the floors below it that its modules may import besides their
+# own, bottom to top. A floor is a folder of core/ (kernel/: the wire clients, facts/:
+# the readers and accounting, platforms/, power/, targets/, sampling/: the sampler and
+# its pass); the modules loose in core/ are the base floor, but snapshot.py, what a
+# pass produces, which holds figures of the facts, power and platforms floors.
+FLOORS = {
+    "base": set(),
+    "kernel": {"base"},
+    "facts": {"base", "kernel"},
+    "power": {"base"},
+    "platforms": {"base", "kernel", "facts"},
+    "snapshot": {"base", "facts", "power", "platforms"},
+    "targets": {"base", "facts", "power", "platforms", "snapshot"},
+    "sampling": {"base", "kernel", "facts", "power", "platforms", "snapshot", "targets"},
+}
+
+
+def _core_modules(root: Path) -> dict[str, Path]:
+    """Every module of core by its dotted name (a package by its own; a C extension by
+    its source)."""
+    modules = {}
+    for path in [*(root / "core").rglob("*.py"), *(root / "core").rglob("*.c")]:
+        parts = path.relative_to(root).with_suffix("").parts
+        modules[".".join(["edgewatt", *parts[: -1 if parts[-1] == "__init__" else None]])] = path
+    return modules
+
+
+def _graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """core module -> {the core module it imports: the line}, every import counted:
+    a circle through a function's import or a type's is a circle all the same."""
+    modules = _core_modules(root)
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in modules.items():
+        package = module.split(".")[: None if path.name == "__init__.py" else -1]
+        edges = graph[module] = {}
+        text = path.read_text() if path.suffix == ".py" else ""  # a C source imports none
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                source = ".".join([*base, *([node.module] if node.module else [])])
+                # ``from package import module`` imports that module
+                names = [f"{source}.{a.name}" for a in node.names]
+                names = [n if n in modules else source for n in names]
+            else:
+                continue
+            for name in names:
+                while name and name not in modules:
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    edges.setdefault(name, node.lineno)
+    return graph
+
+
+def _floor(module: str, root: Path = ROOT) -> str:
+    first = module.split(".")[2:3]
+    if first and (root / "core" / first[0]).is_dir():
+        return first[0]
+    return "snapshot" if first == ["snapshot"] else "base"
+
+
+def _reaching_up(root: Path = ROOT) -> list[str]:
+    modules = _core_modules(root)
+    wrong = []
+    for module, edges in sorted(_graph(root).items()):
+        floor = _floor(module, root)
+        for imported, line in edges.items():
+            other = _floor(imported, root)
+            if other != floor and other not in FLOORS.get(floor, ()):
+                wrong.append(f"{modules[module].relative_to(root)}:{line} imports {imported}")
+    return wrong
+
+
+def _circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The graph's circles: each set of modules that reach one another (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in graph.get(module, {}):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            circle = []
+            while not circle or circle[-1] != module:
+                circle.append(stack.pop())
+            if len(circle) > 1:
+                found.append(sorted(circle))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_the_floors_are_listed_bottom_to_top_and_cover_core() -> None:
+    order = list(FLOORS)
+    assert all(order.index(b) < order.index(f) for f, below in FLOORS.items() for b in below)
+    folders = {p.parent.name for p in (ROOT / "core").glob("*/*.py")}
+    assert folders == set(FLOORS) - {"base", "snapshot"}
+
+
+def test_inside_core_every_import_goes_down_the_floors() -> None:
+    assert _reaching_up() == []
+
+
+def test_the_floor_check_sees_an_import_that_reaches_up(tmp_path: Path) -> None:
+    # A fact reader importing the pass above it, and the snapshot a floor up.
+    for floor in ("facts", "sampling"):
+        (tmp_path / "core" / floor).mkdir(parents=True)
+        (tmp_path / "core" / floor / "__init__.py").write_text("")
+    (tmp_path / "core" / "snapshot.py").write_text("from edgewatt.core import compat\n")
+    (tmp_path / "core" / "compat.py").write_text("")
+    (tmp_path / "core" / "sampling" / "tracked.py").write_text("")
+    (tmp_path / "core" / "facts" / "probe.py").write_text(
+        "from edgewatt.core import compat, snapshot\n"
+        "if 0:\n    from ..sampling.tracked import TargetState\n"
+    )
+    assert _reaching_up(tmp_path) == [
+        "core/facts/probe.py:1 imports edgewatt.core.snapshot",
+        "core/facts/probe.py:3 imports edgewatt.core.sampling.tracked",
+    ]
+
+
+def test_no_import_circle_among_core_modules() -> None:
+    assert _circles(_graph()) == []
+
+
+def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
+    # Two modules of one floor, one importing the other only for a type.
+    (tmp_path / "core" / "sampling").mkdir(parents=True)
+    (tmp_path / "core" / "sampling" / "contributors.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from edgewatt.core.sampling.tracked import TargetState\n"
+    )
+    (tmp_path / "core" / "sampling" / "tracked.py").write_text(
+        "from edgewatt.core.sampling.contributors import NOT_COUNTED\n"
+    )
+    (tmp_path / "core" / "sampling" / "exits.py").write_text(
+        "from edgewatt.core.sampling import tracked\n"
+    )
+    assert _circles(_graph(tmp_path)) == [
+        ["edgewatt.core.sampling.contributors", "edgewatt.core.sampling.tracked"]
+    ]
 
 
 @pytest.fixture(scope="module")

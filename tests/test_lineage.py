@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling.membership import Membership
-from edgewatt.core.sampling.proc_events import ProcEvents
-from edgewatt.core.sampling.process import ProcessTree
-from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle
-from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
+from edgewatt.core.facts.membership import Membership
+from edgewatt.core.facts.process import ProcessTree
+from edgewatt.core.facts.procfs import NoSuchProcess, ProcHandle
+from edgewatt.core.kernel.proc_events import ProcEvents
+from edgewatt.core.kernel.taskstats import TaskExits, TaskstatsSocket
 from tests.conftest import ROOT, DaemonProcess
 
 OWN = """

@@ -4,8 +4,8 @@ stand-in /proc handle."""
 
 from __future__ import annotations
 
-from edgewatt.core.sampling.member_counters import ZERO, Counters, MemberReader, Switches, sub_floor
-from edgewatt.core.sampling.procfs import NoSuchProcess, Stat
+from edgewatt.core.facts.member_counters import ZERO, Counters, MemberReader, Switches, sub_floor
+from edgewatt.core.facts.procfs import NoSuchProcess, Stat
 
 
 class Handle:

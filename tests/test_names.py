@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgewatt.core.sampling.commands import MAX_COMMAND, command_line
+from edgewatt.core.facts.commands import MAX_COMMAND, command_line
 from tests.conftest import ROOT, wait_for
 
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]

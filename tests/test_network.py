@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling.network import NetworkAccounting
-from edgewatt.core.sampling.sockets import SockDiag
+from edgewatt.core.facts.network import NetworkAccounting
+from edgewatt.core.kernel.sockets import SockDiag
 from tests.conftest import DaemonProcess, copy_package, wait_for
 
 N = 3_000_000
@@ -258,7 +258,7 @@ def test_unprivileged_accounting_counts_own_processes_and_says_what_it_cannot_se
             f"""
             import json, logging, os, socket, sys
             logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
-            from edgewatt.core.sampling.network import NetworkAccounting
+            from edgewatt.core.facts.network import NetworkAccounting
             mine = socket.create_connection(("127.0.0.1", {port}))
             mine.sendall(b"n" * 5000)
             import time; time.sleep(0.3)

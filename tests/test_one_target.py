@@ -175,7 +175,7 @@ def test_the_readme_script_under_edgewatt_run_is_one_target(
 
 def run_members(daemon: DaemonProcess, target_id: str) -> tuple[int, ...]:
     """The processes in a cgroup target's cgroup now (the command edgewatt run started)."""
-    from edgewatt.core.sampling import cgroups
+    from edgewatt.core.facts import cgroups
 
     path = daemon.call("GET", f"/v1/targets/{target_id}/summary")[1]["cgroup"]["path"]
     where = cgroups.mounts().v2

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from edgewatt.core import options as opt
 from edgewatt.core import power
 from edgewatt.core.power import ina3221, nvml, rapl, tegra_gpu
-from edgewatt.core.power.source import NoData, PowerOptions
+from edgewatt.core.power.source import SOURCE_NAMES, NoData, PowerOptions
 
 
 def write(root: Path, files: dict[str, str]) -> None:
@@ -75,6 +76,20 @@ THOR = {
 
 def rails(reading: Any) -> dict[str, float]:
     return {r.name: r.power_w for r in reading.rails}
+
+
+def test_the_power_sources_key_knows_each_registered_source_in_order() -> None:
+    # The key's parser sits below the sensors: it reads their names, not the registry,
+    # and the registry takes each name's module's discover.
+    assert tuple(power.SOURCES) == SOURCE_NAMES
+    assert power.SOURCES["ina3221"] is ina3221.discover
+    assert power.SOURCES["nvml"] is nvml.discover
+    assert power.SOURCES["tegra_gpu"] is tegra_gpu.discover
+    parse = opt.lookup(PowerOptions, "sources").parse
+    assert parse("rapl, nvml") == ("rapl", "nvml")
+    known = "ina3221, tegrastats, tegra_gpu, pi5, rapl, nvml, powermetrics$"
+    with pytest.raises(ValueError, match="unknown power source 'ina'; known: " + known):
+        parse("ina")
 
 
 def test_nano_jetpack4_iio_layout(tmp_path: Path) -> None:

@@ -10,9 +10,11 @@ import subprocess
 
 import pytest
 
-from edgewatt.core.sampling.membership import LINEAGE, PARENT_LINKS, Membership
-from edgewatt.core.sampling.netlink import NLMSGHDR
-from edgewatt.core.sampling.proc_events import (
+from edgewatt.core.facts.membership import LINEAGE, PARENT_LINKS, Membership
+from edgewatt.core.facts.process import ProcessTree
+from edgewatt.core.facts.procfs import ProcHandle
+from edgewatt.core.kernel.netlink import NLMSGHDR
+from edgewatt.core.kernel.proc_events import (
     CN_IDX_PROC,
     CN_VAL_PROC,
     NLMSG_DONE,
@@ -22,9 +24,7 @@ from edgewatt.core.sampling.proc_events import (
     ProcEvents,
     parse,
 )
-from edgewatt.core.sampling.process import ProcessTree
-from edgewatt.core.sampling.procfs import ProcHandle
-from edgewatt.core.sampling.taskstats import TaskExits, TaskstatsSocket
+from edgewatt.core.kernel.taskstats import TaskExits, TaskstatsSocket
 from tests.conftest import wait_for
 
 

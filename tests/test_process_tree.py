@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from edgewatt.core.sampling import procfs
-from edgewatt.core.sampling.cpu_rate import cpu_shares
-from edgewatt.core.sampling.network import NetworkAccounting
-from edgewatt.core.sampling.process import RECHECK_EVERY, ProcessTree, TreeReading
+from edgewatt.core.facts import procfs
+from edgewatt.core.facts.cpu_rate import cpu_shares
+from edgewatt.core.facts.network import NetworkAccounting
+from edgewatt.core.facts.process import RECHECK_EVERY, ProcessTree, TreeReading
 from tests.conftest import wait_for
 
 # A single-threaded process that waits on stdin; each line it reads makes it open

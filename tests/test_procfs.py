@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edgewatt.core.sampling import procfs, system
+from edgewatt.core.facts import procfs, system
 from tests.conftest import wait_for
 
 # Real /proc/PID/stat of a process whose comm holds a space and a parenthesis.

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling import procfs
-from edgewatt.core.sampling.held_fork import HeldFork
+from edgewatt.core.facts import procfs
+from edgewatt.core.facts.held_fork import HeldFork
 from edgewatt.core.sampling.pss import REFRESH_EVERY, ProportionalMemory, parse_rollup
 from edgewatt.core.targets.history import History
 from edgewatt.core.targets.row import SAMPLE_FIELDS, SampleRow

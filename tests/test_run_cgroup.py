@@ -19,7 +19,8 @@ import pytest
 
 from edgewatt.cli.report import ESCAPES
 from edgewatt.cli.run_cgroup import COST
-from edgewatt.core.sampling import cgroups, nftables
+from edgewatt.core.facts import cgroups
+from edgewatt.core.kernel import nftables
 from edgewatt.core.targets.joining import within
 from tests.conftest import (
     PRINT_TCP_SENT,

@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgewatt.core.platforms.linux import LinuxPlatform
-from edgewatt.core.sampler import Parts, Sampler
 from edgewatt.core.sampling import tracked
 from edgewatt.core.sampling.clock import Clock
 from edgewatt.core.sampling.contributor_list import contributors
 from edgewatt.core.sampling.contributors import Figures, Status
 from edgewatt.core.sampling.exits import final_cpu
+from edgewatt.core.sampling.sampler import Parts, Sampler
 from edgewatt.core.sampling.tracked import TargetState
 from edgewatt.core.sampling.trees import ProcessTrees
 from edgewatt.core.snapshot import Snapshot

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from edgewatt.core.facts import procfs
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.power.source import Gpu, GpuProcess, PowerReading, PullSource, Rail
-from edgewatt.core.sampler import Sampler
-from edgewatt.core.sampling import procfs
+from edgewatt.core.sampling.sampler import Sampler
 from tests.conftest import table_with, wait_for
 
 

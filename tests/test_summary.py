@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.facts.cgroup_names import CgroupName
 from edgewatt.core.power.provenance import (
     ATTRIBUTED,
     ATTRIBUTION_RULE,
@@ -17,7 +18,6 @@ from edgewatt.core.power.provenance import (
     Sensor,
     unknown,
 )
-from edgewatt.core.sampling.cgroup_names import CgroupName
 from edgewatt.core.targets.history import History, Phase
 from edgewatt.core.targets.row import SampleRow, row_of
 from edgewatt.core.targets.summary import covers, phase_figures, span, summarize, with_provenance

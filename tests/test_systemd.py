@@ -21,8 +21,8 @@ import yaml
 
 from edgewatt.cli import service_env
 from edgewatt.cli.service import install, render_unit, uninstall
-from edgewatt.core.sampler import Sampler
-from edgewatt.core.sampling import procfs
+from edgewatt.core.facts import procfs
+from edgewatt.core.sampling.sampler import Sampler
 from edgewatt.core.targets import Limits, Resolver, TargetTable
 from edgewatt.exporter import config as cfg
 from edgewatt.exporter.notify import Notifier

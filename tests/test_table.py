@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.facts import procfs
+from edgewatt.core.facts.cgroup_names import CgroupName
 from edgewatt.core.lookups import Lookups
-from edgewatt.core.sampling import procfs
-from edgewatt.core.sampling.cgroup_names import CgroupName
 from edgewatt.core.targets import Limits, Resolver, TargetTable
 from edgewatt.core.targets.errors import Conflict, Forbidden, NotFound, TargetError, TooMany
 from tests.snapshots import process

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from edgewatt.core.facts.cgroup_names import CgroupName
+from edgewatt.core.facts.commands import command_line
 from edgewatt.core.labels import MAX_LABELS, Room
-from edgewatt.core.sampling.cgroup_names import CgroupName
-from edgewatt.core.sampling.commands import command_line
 from edgewatt.core.targets.errors import Conflict
 from edgewatt.core.targets.history import History
 from edgewatt.core.targets.row import row_of, sample_dict

@@ -6,7 +6,7 @@ A process's exit record is sent before it tears down its address space: a
 against the kernel's count for the whole tree (a driver that wait4s the workload and
 adds its own getrusage), through `edgewatt run` (its table, its --output file) and
 through the daemon's own summary of the target `edgewatt run` registered (as root); and
-the ledger that counts them (core/sampling/teardowns.py) in exact ticks."""
+the ledger that counts them (core/facts/teardowns.py) in exact ticks."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.sampling.teardowns import Teardowns
+from edgewatt.core.facts.teardowns import Teardowns
 from tests.conftest import ROOT, wait_for
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's events need root")

@@ -344,9 +344,9 @@ def test_each_core_is_labelled_by_its_number_across_hotplug(tmp_path: Path) -> N
     """/proc/stat lists online CPUs only: with cpu2 offline, then cpu1 taken offline and
     cpu2 brought online, a core's figure is its own CPU's, under its number."""
     from edgewatt.cli.top import device_lines
+    from edgewatt.core.facts.procfs import CLOCK_TICKS
     from edgewatt.core.platforms.linux import LinuxPlatform
     from edgewatt.core.sampling.host import HostReader
-    from edgewatt.core.sampling.procfs import CLOCK_TICKS
     from edgewatt.core.snapshot import Snapshot
     from edgewatt.exporter.documents import host
 

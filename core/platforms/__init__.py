@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from edgewatt.core.sampling.departures import ExitFigures
-    from edgewatt.core.sampling.membership import Lineage
-    from edgewatt.core.sampling.process import TreeReading
-    from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
-    from edgewatt.core.sampling.taskstats import TaskExits
+    from edgewatt.core.facts.departures import ExitFigures
+    from edgewatt.core.facts.membership import Lineage
+    from edgewatt.core.facts.process import TreeReading
+    from edgewatt.core.facts.system import HostCpu, HostMemory, InterfaceBytes
+    from edgewatt.core.kernel.taskstats import TaskExits
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from edgewatt.core.sampling import procfs, system
-from edgewatt.core.sampling.membership import Lineage
-from edgewatt.core.sampling.process import ProcessTree
-from edgewatt.core.sampling.taskstats import TaskExits
+from edgewatt.core.facts import procfs, system
+from edgewatt.core.facts.membership import Lineage
+from edgewatt.core.facts.process import ProcessTree
+from edgewatt.core.kernel.taskstats import TaskExits
 
 
 class LinuxPlatform:

@@ -25,10 +25,10 @@ from typing import Any, NamedTuple
 
 import psutil
 
-from edgewatt.core.sampling.cpu_rate import CpuRate
-from edgewatt.core.sampling.process import TreeReading
-from edgewatt.core.sampling.procfs import NoSuchProcess
-from edgewatt.core.sampling.system import HostCpu, HostMemory, InterfaceBytes
+from edgewatt.core.facts.cpu_rate import CpuRate
+from edgewatt.core.facts.process import TreeReading
+from edgewatt.core.facts.procfs import NoSuchProcess
+from edgewatt.core.facts.system import HostCpu, HostMemory, InterfaceBytes
 
 # Resolution of the start time that, with the pid, names a process: psutil gives the
 # creation time in seconds; the target table counts it in ticks since boot.
@@ -116,7 +116,7 @@ def _read(process: psutil.Process) -> tuple[Counters, dict[str, Any]]:
 
 class PsutilTree:
     """One target and (by default) its descendants, read through psutil; the same
-    counting rules as core/sampling/process.py: counters never go backwards.
+    counting rules as core/facts/process.py: counters never go backwards.
 
     Descendants are found once with ``children(recursive=True)`` and then followed by
     looking only at processes started since the last pass (``psutil.pids()``, one

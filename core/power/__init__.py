@@ -1,29 +1,31 @@
 """Power sources, registered in one place: adding a sensor means adding one module
-with a ``discover(options)`` that returns a source or raises NoData, and one line here.
+with a ``discover(options)`` that returns a source or raises NoData, and its name in
+``source.SOURCE_NAMES`` (the module's name, in discovery order).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable, MutableMapping
 
-from edgewatt.core.power import ina3221, nvml, pi5, powermetrics, rapl, tegra_gpu, tegrastats
-from edgewatt.core.power.source import CannotMeasure, NoData, PowerOptions, PowerSource
+from edgewatt.core.power.source import (
+    SOURCE_NAMES,
+    CannotMeasure,
+    NoData,
+    PowerOptions,
+    PowerSource,
+)
 
 log = logging.getLogger(__name__)
 
-# In discovery order. A Jetson's INA3221 monitors are preferred to tegrastats (no
-# child process, no root): with the default selection tegrastats runs only where
-# no board source was found, and the GPU's load file is read where the INA3221s are
-# (tegrastats prints the same load, GR3D).
+# In discovery order (SOURCE_NAMES). A Jetson's INA3221 monitors are preferred to
+# tegrastats (no child process, no root): with the default selection tegrastats runs
+# only where no board source was found, and the GPU's load file is read where the
+# INA3221s are (tegrastats prints the same load, GR3D). pi5 needs vcgencmd on PATH;
+# powermetrics is macOS's only source.
 SOURCES: dict[str, Callable[[PowerOptions], PowerSource]] = {
-    "ina3221": ina3221.discover,
-    "tegrastats": tegrastats.discover,
-    "tegra_gpu": tegra_gpu.discover,
-    "pi5": pi5.discover,  # Raspberry Pi 5: vcgencmd on PATH
-    "rapl": rapl.discover,
-    "nvml": nvml.discover,
-    "powermetrics": powermetrics.discover,  # macOS: the only one there
+    name: importlib.import_module(f"{__name__}.{name}").discover for name in SOURCE_NAMES
 }
 
 

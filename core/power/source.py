@@ -38,9 +38,13 @@ MAX_SAMPLE_HZ = 1000.0
 WINDOW_HZ = 200.0
 
 
-def _power_sources(value: Any) -> tuple[str, ...] | None:
-    from edgewatt.core.power import SOURCES  # the registry imports this module
+# The sources in discovery order, each the name of its module in this package: the
+# registry (SOURCES in power/__init__.py) imports each module's discover by it, and the
+# key's parser below the sensors reads it without importing them.
+SOURCE_NAMES = ("ina3221", "tegrastats", "tegra_gpu", "pi5", "rapl", "nvml", "powermetrics")
 
+
+def _power_sources(value: Any) -> tuple[str, ...] | None:
     if value == "auto":
         return None
     names = value.split(",") if isinstance(value, str) else value
@@ -48,8 +52,10 @@ def _power_sources(value: Any) -> tuple[str, ...] | None:
         raise ValueError("must be 'auto' or a list of source names")
     clean = tuple(str(n).strip() for n in names)
     for name in clean:
-        if name not in SOURCES:
-            raise ValueError(f"unknown power source {shown(name)}; known: {', '.join(SOURCES)}")
+        if name not in SOURCE_NAMES:
+            raise ValueError(
+                f"unknown power source {shown(name)}; known: {', '.join(SOURCE_NAMES)}"
+            )
     return clean
 
 

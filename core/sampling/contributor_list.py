@@ -10,8 +10,8 @@ from edgewatt.core.sampling.contributors import CgroupTrafficCounts, Contributor
 from edgewatt.core.sampling.pss import ProportionalMemory
 
 if TYPE_CHECKING:  # cgroup_traffic is the daemon's alone: the client never loads it (fcntl)
-    from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
-    from edgewatt.core.sampling.network import NetworkAccounting
+    from edgewatt.core.facts.cgroup_traffic import CgroupTraffic
+    from edgewatt.core.facts.network import NetworkAccounting
 
 
 def contributors(

@@ -17,17 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from edgewatt.core.facts.traffic_counts import NOT_COUNTED
 from edgewatt.core.snapshot import ProcessSample
 
 if TYPE_CHECKING:  # cgroup_traffic is the daemon's alone: the client never loads it (fcntl)
-    from edgewatt.core.sampling.cgroup_traffic import CgroupTraffic
-    from edgewatt.core.sampling.network import NetworkAccounting
+    from edgewatt.core.facts.cgroup_traffic import CgroupTraffic
+    from edgewatt.core.facts.network import NetworkAccounting
     from edgewatt.core.sampling.tracked import TargetState
 
 log = logging.getLogger(__name__)
-
-# Why cgroup targets have no network figures where no nftables counters are read.
-NOT_COUNTED = "cgroup traffic is not counted"
 
 Figures = typing.Mapping[str, typing.Mapping[str, Any]]  # target id -> ProcessSample fields
 

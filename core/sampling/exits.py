@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from edgewatt.core.facts.process import TreeReading
 from edgewatt.core.platforms import Tree
-from edgewatt.core.sampling.process import TreeReading
 
 if TYPE_CHECKING:
     from edgewatt.core.targets import TargetTable

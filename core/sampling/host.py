@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from edgewatt.core.facts import system
 from edgewatt.core.platforms import Platform
-from edgewatt.core.sampling import system
 from edgewatt.core.snapshot import HostSample
 
 log = logging.getLogger(__name__)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.facts.cgroups import Cgroup, CgroupTree
+from edgewatt.core.facts.process import TreeReading
+from edgewatt.core.facts.traffic_counts import NOT_COUNTED
 from edgewatt.core.platforms import Tree
-from edgewatt.core.sampling.cgroups import Cgroup, CgroupTree
-from edgewatt.core.sampling.contributors import NOT_COUNTED
 from edgewatt.core.sampling.exits import Ending
-from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.snapshot import ProcessSample
 
 if TYPE_CHECKING:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from edgewatt.core.facts import cgroups
+from edgewatt.core.facts.cgroups import Cgroup, CgroupGone, CgroupTree, InvalidCgroup, NotTheirs
+from edgewatt.core.facts.membership import Membership
+from edgewatt.core.facts.process import TreeReading
+from edgewatt.core.kernel.taskstats import TaskExits
 from edgewatt.core.platforms import Platform, Tree
-from edgewatt.core.sampling import cgroups
-from edgewatt.core.sampling.cgroups import Cgroup, CgroupGone, CgroupTree, InvalidCgroup, NotTheirs
 from edgewatt.core.sampling.contributors import Figures, Status
-from edgewatt.core.sampling.membership import Membership
-from edgewatt.core.sampling.process import TreeReading
-from edgewatt.core.sampling.taskstats import TaskExits
 from edgewatt.core.sampling.tracked import TargetState
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class ProcessTrees:
         mounts, name = self._cgroup_mounts, target.cgroup_name
         assert name is not None
 
-        from edgewatt.core.sampling import cgroup_names  # the daemon's alone (grp)
+        from edgewatt.core.facts import cgroup_names  # the daemon's alone (grp)
 
         def locate() -> Cgroup | None:
             """The cgroup the name names now, if the registrant may have it (checked

@@ -10,20 +10,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.facts.procfs import ProcHandle
 from edgewatt.core.labels import (
     MAX_PERSON_LABEL_BYTES,
     MAX_USERS_LABEL_BYTES,
     Room,
     label_bytes,
 )
-from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.targets.errors import Forbidden, TooMany
 from edgewatt.core.targets.history import MAX_PERSON_PHASES, MAX_USERS_PHASES
 from edgewatt.core.targets.target import Target
 
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
-    from edgewatt.core.sampling.cgroup_names import CgroupName
-    from edgewatt.core.sampling.cgroups import Cgroup
+    from edgewatt.core.facts.cgroup_names import CgroupName
+    from edgewatt.core.facts.cgroups import Cgroup
 
 
 # Registrations one target may hold at once (the state file keeps the count).
@@ -43,7 +43,7 @@ def check_cgroup(name: CgroupName, cgroup: Cgroup, uid: int, gids: frozenset[int
     """Forbidden unless ``uid`` (in groups ``gids``) may watch ``cgroup``: root any, a
     user the cgroups they own (a delegated subtree), the docker group docker's
     containers, as its socket lets it run them anyway (cgroup_names.refusal)."""
-    from edgewatt.core.sampling.cgroup_names import refusal
+    from edgewatt.core.facts.cgroup_names import refusal
 
     reason = refusal(name, cgroup, uid, gids)
     if reason is not None:

@@ -10,19 +10,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.facts.procfs import NoSuchProcess, ProcHandle
 from edgewatt.core.lookups import LookupRefused, Lookups
-from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle
 from edgewatt.core.targets.access import check_cgroup, check_process
 from edgewatt.core.targets.errors import TargetError, TooManyLookups
 
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
-    from edgewatt.core.sampling.cgroup_names import CgroupName
-    from edgewatt.core.sampling.cgroups import Cgroup
+    from edgewatt.core.facts.cgroup_names import CgroupName
+    from edgewatt.core.facts.cgroups import Cgroup
 
 
 def _cgroup_of(pid: int, proc: str) -> str | None:
     """The process's cgroup v2 path, None where it has none or is gone."""
-    from edgewatt.core.sampling import cgroups
+    from edgewatt.core.facts import cgroups
 
     try:
         return cgroups.cgroup_of(pid, proc)
@@ -31,7 +31,7 @@ def _cgroup_of(pid: int, proc: str) -> str | None:
 
 
 def _locate(name: CgroupName, uid: int) -> Cgroup:
-    from edgewatt.core.sampling import cgroup_names, cgroups
+    from edgewatt.core.facts import cgroup_names, cgroups
 
     return cgroup_names.locate(name, cgroups.mounts(), uid=uid)
 

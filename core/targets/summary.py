@@ -188,7 +188,7 @@ def summarize(
     period_s: float | None,
 ) -> dict[str, Any]:
     """Totals and per-phase figures; gCO2e beside each energy only when ``carbon``;
-    ``membership``: how descendants are learnt (sampling/membership.py); ``period_s``:
+    ``membership``: how descendants are learnt (facts/membership.py); ``period_s``:
     the power sensors' period now, for a window with no interval of its own yet (the
     others keep the coarsest period they were read at)."""
     h = target.history

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.facts.membership import PARENT_LINKS
+from edgewatt.core.facts.procfs import ProcHandle
 from edgewatt.core.labels import Room
 from edgewatt.core.power.provenance import NO_SOURCE, Provenance, unknown
-from edgewatt.core.sampling.membership import PARENT_LINKS
-from edgewatt.core.sampling.procfs import ProcHandle
 from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets import joining
 from edgewatt.core.targets.access import (
@@ -44,8 +44,8 @@ from edgewatt.core.uids import alone
 if (
     TYPE_CHECKING
 ):  # cgroups and the device's context are the daemon's, on Linux: the client never loads them
-    from edgewatt.core.context import ContextLog
-    from edgewatt.core.sampling.cgroup_names import CgroupName
+    from edgewatt.core.facts.cgroup_names import CgroupName
+    from edgewatt.core.platforms.context import ContextLog
 
 # A sample's age at record, measured on the wall clock, is taken as at most this (an
 # exit sample is dated at the exit, up to an interval before its pass): a wall-clock
@@ -94,7 +94,7 @@ class TargetTable:
         self._carbon = carbon
         self._context = context
         self._saver = StateSaver(on_change)
-        # How a target's members are learnt (sampling/membership.py): the daemon says
+        # How a target's members are learnt (facts/membership.py): the daemon says
         # "lineage" where it hears the kernel's process events.
         self.membership = PARENT_LINKS
         # The power sensors' period, as the sampler last saw it (None: no sensor).

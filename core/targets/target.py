@@ -8,17 +8,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.compat import SLOTS
+from edgewatt.core.facts.commands import command_line
+from edgewatt.core.facts.held_fork import read_stat
+from edgewatt.core.facts.procfs import ProcHandle, executable_name
 from edgewatt.core.labels import MAX_LABELS, Room, label_bytes
-from edgewatt.core.sampling.commands import command_line
-from edgewatt.core.sampling.held_fork import read_stat
-from edgewatt.core.sampling.procfs import ProcHandle, executable_name
 from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets.errors import Conflict
 from edgewatt.core.targets.history import History, Phase
 from edgewatt.core.targets.row import SampleRow, sample_dict
 
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
-    from edgewatt.core.sampling.cgroup_names import CgroupName
+    from edgewatt.core.facts.cgroup_names import CgroupName
 
 
 # A target's end_reason when its last registration let it go while it still ran.

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable
 
-from edgewatt.core.sampling.proc_events import ProcEvents
+from edgewatt.core.kernel.proc_events import ProcEvents
 
 log = logging.getLogger(__name__)
 

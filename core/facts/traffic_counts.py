@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgewatt.core.sampling.system import net_dev_rows
+from edgewatt.core.facts.system import net_dev_rows
+
+# Why cgroup targets have no network figures where no nftables counters are read.
+NOT_COUNTED = "cgroup traffic is not counted"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.sampling.netlink import NLMSGHDR, attributes, drain, messages
+from edgewatt.core.kernel.netlink import NLMSGHDR, attributes, drain, messages
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20

@@ -41,14 +41,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.sampling.cpu_rate import CpuRate
-from edgewatt.core.sampling.departures import Departures, ExitFigures
-from edgewatt.core.sampling.held_fork import HeldFork
-from edgewatt.core.sampling.member_counters import Member, MemberReader, Switches, counters_of
-from edgewatt.core.sampling.membership import Lineage
-from edgewatt.core.sampling.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
-from edgewatt.core.sampling.taskstats import TaskExits
-from edgewatt.core.sampling.tree_walk import TreeWalk
+from edgewatt.core.facts.cpu_rate import CpuRate
+from edgewatt.core.facts.departures import Departures, ExitFigures
+from edgewatt.core.facts.held_fork import HeldFork
+from edgewatt.core.facts.member_counters import Member, MemberReader, Switches, counters_of
+from edgewatt.core.facts.membership import Lineage
+from edgewatt.core.facts.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
+from edgewatt.core.facts.tree_walk import TreeWalk
+from edgewatt.core.kernel.taskstats import TaskExits
 
 # Every this many readings, idle members are read in full all the same: a safety net
 # should a kernel show no scheduler activity for a thread that ran, and the bound on

@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.sampling.cgroups import (
+from edgewatt.core.facts.cgroups import (
     Cgroup,
     CgroupGone,
     InvalidCgroup,

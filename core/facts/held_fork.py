@@ -12,7 +12,7 @@ exec (a script's own register(), a pid) never was the registrant's.
 
 from __future__ import annotations
 
-from edgewatt.core.sampling.procfs import Stat, parse_stat
+from edgewatt.core.facts.procfs import Stat, parse_stat
 
 
 def read_stat(pid: int, proc: str = "/proc") -> Stat | None:

@@ -12,9 +12,9 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from edgewatt.core.sampling.member_counters import Member, MemberReader
-from edgewatt.core.sampling.membership import Lineage
-from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle, Stat
+from edgewatt.core.facts.member_counters import Member, MemberReader
+from edgewatt.core.facts.membership import Lineage
+from edgewatt.core.facts.procfs import NoSuchProcess, ProcHandle, Stat
 
 # Departed members remembered, so that a zombie already counted is not let back in
 # by a walk of the parent links (bounded: a target may fork millions over its life).

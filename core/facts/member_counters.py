@@ -16,7 +16,7 @@ import typing  # runtime aliases: Python 3.8's builtins take no [...]
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.sampling.procfs import NoSuchProcess, ProcHandle, Stat
+from edgewatt.core.facts.procfs import NoSuchProcess, ProcHandle, Stat
 
 
 class Counters(typing.NamedTuple):

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.sampling.procfs import CLOCK_TICKS
+from edgewatt.core.facts.procfs import CLOCK_TICKS
 
 # /proc/stat "cpu" columns mapped to OTel semconv cpu.mode values; guest time is
 # already included in user and nice, so it is not counted twice.

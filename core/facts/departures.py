@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS, exit_code
-from edgewatt.core.sampling.member_counters import (
+from edgewatt.core.facts.member_counters import (
     NO_SWITCHES,
     ZERO,
     Counters,
@@ -23,10 +23,10 @@ from edgewatt.core.sampling.member_counters import (
     counters_of,
     sub_floor,
 )
-from edgewatt.core.sampling.procfs import CLOCK_TICKS, Stat
-from edgewatt.core.sampling.taskstats import ExitedProcess, TaskExits, unix_start
-from edgewatt.core.sampling.teardowns import Teardowns
-from edgewatt.core.sampling.tree_walk import Departed, Walked
+from edgewatt.core.facts.procfs import CLOCK_TICKS, Stat
+from edgewatt.core.facts.teardowns import Teardowns
+from edgewatt.core.facts.tree_walk import Departed, Walked
+from edgewatt.core.kernel.taskstats import ExitedProcess, TaskExits, unix_start
 
 
 @dataclass(frozen=True, **SLOTS)

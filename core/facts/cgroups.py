@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS, exit_code
-from edgewatt.core.sampling.cpu_rate import cpu_shares
-from edgewatt.core.sampling.held_fork import HeldFork
-from edgewatt.core.sampling.process import TreeReading
-from edgewatt.core.sampling.procfs import NoSuchProcess, parse_stat
-from edgewatt.core.sampling.taskstats import TaskExits, unix_start
+from edgewatt.core.facts.cpu_rate import cpu_shares
+from edgewatt.core.facts.held_fork import HeldFork
+from edgewatt.core.facts.process import TreeReading
+from edgewatt.core.facts.procfs import NoSuchProcess, parse_stat
+from edgewatt.core.kernel.taskstats import TaskExits, unix_start
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edgewatt.core.sampling import cgroup_rules
-from edgewatt.core.sampling.cgroup_rules import Spec
-from edgewatt.core.sampling.nftables import Nft, NftError
-from edgewatt.core.sampling.traffic_counts import Counts
+from edgewatt.core.facts import cgroup_rules
+from edgewatt.core.facts.cgroup_rules import Spec
+from edgewatt.core.facts.traffic_counts import Counts
+from edgewatt.core.kernel.nftables import Nft, NftError
 
 log = logging.getLogger(__name__)
 

@@ -17,18 +17,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgewatt.core.carbon import CarbonIntensity
-from edgewatt.core.context import DeviceContext
+from edgewatt.core.facts import procfs
+from edgewatt.core.facts.cgroups import CgroupEnded, CgroupGone
+from edgewatt.core.facts.process import TreeReading
+from edgewatt.core.platforms.context import DeviceContext
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution, PassInputs, TargetUse, gpu_totals
 from edgewatt.core.power.meter import WINDOW_BOOST_S, PowerMeter, PowerSnapshot
-from edgewatt.core.sampling import procfs
-from edgewatt.core.sampling.cgroups import CgroupEnded, CgroupGone
 from edgewatt.core.sampling.clock import Clock
 from edgewatt.core.sampling.contributors import Contributor, check_declared, gather
 from edgewatt.core.sampling.exits import Ending, exit_reading, mark_exited
 from edgewatt.core.sampling.host import HostReader
 from edgewatt.core.sampling.passes import Passes
-from edgewatt.core.sampling.process import TreeReading
 from edgewatt.core.sampling.tracked import TargetState
 from edgewatt.core.sampling.trees import ProcessTrees, TargetEnded
 from edgewatt.core.snapshot import ProcessSample, SamplerStats, Snapshot
@@ -66,7 +66,7 @@ class Sampler:
         parts: Parts | None = None,
         context: Callable[[], DeviceContext | None] | None = None,
     ) -> None:
-        """``context``: the device's latest context read (core/context.py: its own
+        """``context``: the device's latest context read (core/platforms/context.py: its own
         thread reads it, never a pass), put in each snapshot."""
         parts = parts or Parts(ProcessTrees(LinuxPlatform()))
         self.table = table

@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.sampling.netlink import NLMSGHDR, drain, messages
+from edgewatt.core.kernel.netlink import NLMSGHDR, drain, messages
 
 NETLINK_CONNECTOR = 11
 CN_IDX_PROC = 1

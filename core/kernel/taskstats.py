@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from edgewatt.core.compat import SLOTS
-from edgewatt.core.sampling.netlink import NLATTR, NLMSGHDR, align, attributes, drain, messages
+from edgewatt.core.kernel.netlink import NLATTR, NLMSGHDR, align, attributes, drain, messages
 
 NETLINK_GENERIC = 16
 GENL_ID_CTRL = 0x10

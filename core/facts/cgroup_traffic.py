@@ -41,10 +41,10 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from edgewatt.core.sampling.cgroup_rules import Spec
-from edgewatt.core.sampling.nftables import Nft, NftError
-from edgewatt.core.sampling.traffic_counts import Counts, interface_counts
-from edgewatt.core.sampling.traffic_tables import TrafficTables
+from edgewatt.core.facts.cgroup_rules import Spec
+from edgewatt.core.facts.traffic_counts import Counts, interface_counts
+from edgewatt.core.facts.traffic_tables import TrafficTables
+from edgewatt.core.kernel.nftables import Nft, NftError
 from edgewatt.core.uids import alone
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from edgewatt.core.sampling.sockets import (
+from edgewatt.core.kernel.sockets import (
     DestroyListener,
     SockDiag,
     TcpSocket,
