@@ -105,12 +105,17 @@ def counter_slack() -> int:
 class ExitPeaks:
     """The command's processes' exit records of peak RSS, gathered while it runs."""
 
-    def __init__(self, root: int) -> None:
+    def __init__(self, root: int, listen: bool = True) -> None:
+        """``listen`` False: a daemon hears every exit record already (its final
+        summary has the command's peaks), and no second listener is opened."""
         self.root = root
         self.fork_peak: int | None = None  # bytes: the fork's own, reported before its exec
         self.reaped: dict[int, int] = {}  # pid -> wait4's ru_maxrss, bytes
         self.listener: Listener | None = None
         self.why_not = ""  # why there is no taskstats listener
+        if not listen:
+            self.why_not = "taskstats: the daemon listens, and its records had no peak of it"
+            return
         try:
             self.listener = Listener(root)
         except OSError as exc:

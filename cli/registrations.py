@@ -152,6 +152,7 @@ def render(s: dict[str, Any]) -> str:
     )
     lines = [
         f"target {s['id']}: {name} ({s['state']}, {s['membership']})",
+        *([f"  command    {s['command']}"] if s.get("command") else []),
         f"  duration   {value('duration_s', 's')}",
         *_covers(s),
         f"  CPU        user {value('cpu_user_s', 's')}, system {value('cpu_system_s', 's')}",

@@ -65,6 +65,7 @@ ZOMBIE_PASS_S = 2.0
 MEMORY_KEYS = ("memory_pss_peak_bytes", "memory_rss_largest_peak_bytes", "memory_rss_peak_bytes")
 LARGEST = "memory_rss_largest_peak_bytes"
 LARGEST_SOURCE = "memory_rss_largest_source"  # sampled, or at exit from which record
+AT_EXIT = "memory_rss_largest_at_exit"  # the sampler's largest is an exit record's
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -135,6 +136,7 @@ def run(
         monitor.sink = "none"
     monitor.set_metrics(power=True)
     monitor.command = shlex.join(command)
+    monitor.argv = command  # the daemon's name for the held fork (the launcher's until its exec)
     subreaper = become_subreaper()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
@@ -168,7 +170,11 @@ def run(
         # The command's own clients (a training script's register(), a Flower mod) find
         # the daemon that measures it.
         said = getattr(monitor.registration, "no_daemon_at", None)
-        peaks = ExitPeaks(child.pid)  # listening before the command runs
+        # Listening before the command runs, unless a daemon hears every exit already
+        # and keeps each member's (a process target's; for a cgroup it keeps its first
+        # process's alone: the exit record does not name the cgroup).
+        daemon = getattr(monitor.registration, "mode", None) == "daemon"
+        peaks = ExitPeaks(child.pid, listen=not daemon or own is not None)
         failure = child.release(monitor.daemon_socket, said)
         if child.fork_peak is not None:
             peaks.fork_peak = peaks.bytes(child.fork_peak)
@@ -500,7 +506,7 @@ def _final(
         for key in MEMORY_KEYS:
             if key in sampled:
                 summary[key] = sampled[key]
-        summary.update(_largest(summary.get(LARGEST), exit_peak))
+        summary.update(_largest(summary.get(LARGEST), exit_peak, sampled.get(AT_EXIT, False)))
         cgroup = (api or {}).get("cgroup") or {}
         if cgroup.get("memory_peak_bytes") is not None:  # the kernel's, however short
             summary["memory_cgroup_peak_bytes"] = cgroup["memory_peak_bytes"]
@@ -549,13 +555,10 @@ def _final(
             return summary
         summary["cpu_time_s"] = cpu_s
         summary["avg_cpu_usage"] = cpu_s / wall_s * 100 if wall_s > 0 else 0.0
-        if (
-            wall_s > 0
-            and "cpu_avg_utilization" in summary
-            and summary.get("cpu_utilization_min") is None
-        ):
-            # No interval of the daemon's: its mean is over its target's span, a few ms
-            # for a short command; the run's is this CPU time over the run.
+        if wall_s > 0 and "cpu_avg_utilization" in summary:
+            # The daemon's mean is over its target's span (from the registration to the
+            # exit it saw: tens of ms off the run's for a short command); the run's is
+            # this CPU time over the run, the CPU time row's own figure.
             summary["cpu_avg_utilization"] = cpu_s / wall_s / (os.cpu_count() or 1)
         return summary
 
@@ -600,16 +603,16 @@ def _disk(api: dict[str, Any] | None, usage: dict | None) -> dict[str, Any]:
     return {"disk_read_bytes": read, "disk_write_bytes": written, "disk_source": source}
 
 
-def _largest(sampled: int | None, exit_peak: ExitPeak | None) -> dict[str, Any]:
-    """The largest process's peak RSS: the larger of the passes' and the exit records'
-    (a pass reads below a peak between passes; an exit record is that process's peak),
-    and which it is."""
-    if (
-        exit_peak is not None
-        and not exit_peak.bound
-        and (sampled is None or exit_peak.bytes >= sampled)
-    ):
-        return {LARGEST: exit_peak.bytes, LARGEST_SOURCE: f"at exit: {exit_peak.source}"}
+def _largest(sampled: int | None, exit_peak: ExitPeak | None, at_exit: bool) -> dict[str, Any]:
+    """The largest process's peak RSS: the larger of the sampler's (``at_exit``: from
+    the daemon's exit records, kept where as large) and this process's exit records
+    (a pass reads below a peak between passes; an exit record is that process's
+    peak), and which it is."""
+    counted = exit_peak if exit_peak is not None and not exit_peak.bound else None
+    if sampled is not None and at_exit and (counted is None or sampled >= counted.bytes):
+        return {LARGEST_SOURCE: "at exit: the daemon's exit records (taskstats)"}
+    if counted is not None and (sampled is None or counted.bytes >= sampled):
+        return {LARGEST: counted.bytes, LARGEST_SOURCE: f"at exit: {counted.source}"}
     if sampled is None:
         return {}
     return {LARGEST_SOURCE: "sampled by the passes"}

@@ -45,10 +45,18 @@ def spread_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         low, mean, high = (summary.get(key) for key in keys)
         if keys[0] not in summary or (low is None and mean is None):
             continue  # nothing, or a peak alone (shown with the memory rows)
-        if mean is not None and (low is None or high is None or not low <= mean <= high):
+        if mean is not None and (
+            low is None or high is None or (low == high and not low <= mean <= high)
+        ):
             # A run shorter than two readings (or intervals) apart: the one reading
             # around it is no lowest or highest of it; its mean over time still is.
             rows.append((label, f"mean {shown(mean)}{what}; {TOO_SHORT}"))
+            continue
+        if mean is not None and not low <= mean <= high:
+            # The mean over the whole run (its start and end included) against the
+            # lowest and highest of the intervals inside it.
+            rows.append((label, f"min {shown(low)}, max {shown(high)} per interval; "
+                                f"mean {shown(mean)}{what} over the run"))  # fmt: skip
             continue
         cells = (
             f"{name} {'-' if value is None else shown(value)}"

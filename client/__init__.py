@@ -453,10 +453,13 @@ def open_registration(
     power: bool = True,
     sample_on_read: bool = False,
     network: bool = False,
+    argv: list[str] | None = None,
 ) -> Registration:
     """register(), with what a monitor (client._monitor) sets: the in-process
     :class:`Options`, and ``cgroup``: the daemon measures that cgroup (`edgewatt run
-    --cgroup` put the command in it); in-process, the pid's tree is sampled as ever."""
+    --cgroup` put the command in it); in-process, the pid's tree is sampled as ever;
+    ``argv``: what the pid will exec (`edgewatt run`'s held fork), the daemon's name
+    for it until then."""
     if labels is not None and (
         not isinstance(labels, dict)
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
@@ -481,7 +484,7 @@ def open_registration(
         said = os.environ.get(NO_DAEMON_SAID) == found.looked
     elif found is not None:
         try:
-            info = transport.call_ok(path, "POST", "/v1/targets", _request(options, cgroup))
+            info = _post(path, _request(options, cgroup, argv))
         except DaemonError as exc:
             if exc.status == 400 and exc.body.get("error") == "invalid labels":
                 raise ValueError(exc.body.get("detail")) from None
@@ -506,9 +509,24 @@ def open_registration(
     return registration
 
 
-def _request(options: Options, cgroup: str | None) -> dict[str, Any]:
+def _post(path: str, body: dict[str, Any]) -> Any:
+    """POST /v1/targets; a daemon that predates the ``command`` field is asked again
+    without it (its target is then named after the launcher until the exec)."""
+    try:
+        return transport.call_ok(path, "POST", "/v1/targets", body)
+    except DaemonError as exc:
+        if exc.status != 400 or not str(exc.body.get("detail")).startswith("'command'"):
+            raise
+    return transport.call_ok(
+        path, "POST", "/v1/targets", {k: v for k, v in body.items() if k != "command"}
+    )
+
+
+def _request(options: Options, cgroup: str | None, argv: list[str] | None = None) -> dict[str, Any]:
     """The body of POST /v1/targets."""
     body: dict[str, Any] = {"labels": options.labels}
+    if argv:
+        body["command"] = argv
     if cgroup is not None:  # a cgroup is counted whole: no children flag
         body["cgroup"] = cgroup
     else:

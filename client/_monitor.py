@@ -88,6 +88,7 @@ def sampling_loop(
             power=spec["metrics"]["power"],
             sample_on_read=True,
             cgroup=spec.get("cgroup"),
+            argv=spec.get("argv"),
             # The process's own TCP bytes, counted in-process too (sock_diag).
             network=spec.get("network") == "process" and spec["metrics"]["network"],
         )
@@ -225,6 +226,9 @@ class Monitor:
         self.cgroup: str | None = None  # the daemon measures this cgroup (edgewatt run)
         # What the file's header names the run by (`edgewatt run` sets the command).
         self.command = " ".join(" ".join(_command_line()).split())
+        # What the pid will exec (`edgewatt run`'s held fork): the daemon's name for it
+        # until then, as its own command line is still the launcher's.
+        self.argv: list[str] | None = None
         self.metrics = {"cpu": True, "memory": True, "network": True, "power": False}
         self.source: str | None = None
         # One for the monitor's life: stats() and summary() accumulate over start()/stop().
@@ -259,6 +263,7 @@ class Monitor:
             "pid": self.pid,
             "cgroup": self.cgroup,
             "command": self.command,
+            "argv": self.argv,
             "labels": self.labels,
             "interval": self.interval,
             "metrics": dict(self.metrics),

@@ -124,13 +124,12 @@ def get_top(api: ApiContext, request: Request) -> Response:
     every target with its summary, all from the snapshot and tables the sampler built;
     built once a pass, whoever asks how often (a flood of it costs its sending), each
     reader sent what she may read of it (shared_answer.Listing)."""
-    device = api.host()
-    listing = api.top.get((device["time"], api.changes), lambda: _top(api, device))
+    listing = api.top.get(api.key(), lambda: _top(api))
     return ok(listing.read_by(request.peer_uid))
 
 
-def _top(api: ApiContext, device: dict[str, Any]) -> Listing:
-    table = api.table
+def _top(api: ApiContext) -> Listing:
+    device, table = api.host(), api.table
     targets, owners = [], []
     for described in table.describe_all():
         try:
@@ -191,6 +190,7 @@ def register_target(api: ApiContext, request: Request) -> Response:
                 registration.labels,
                 request.peer_uid,
                 procfs.groups(request.peer_pid, api.proc),
+                command=registration.command,
             )
         except TooManyLookups as refused:
             # The 429 comes when a lookup could run again (at most 1 s): a flood
@@ -200,7 +200,11 @@ def register_target(api: ApiContext, request: Request) -> Response:
             raise
     else:
         held = api.table.register(
-            registration.pid, registration.labels, registration.children, request.peer_uid
+            registration.pid,
+            registration.labels,
+            registration.children,
+            request.peer_uid,
+            command=registration.command,
         )
     api.changed()
     if held.created:

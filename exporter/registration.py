@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edgewatt.core.facts import cgroup_names
 from edgewatt.core.facts.cgroup_names import CgroupName
 from edgewatt.core.facts.cgroups import InvalidCgroup
+from edgewatt.core.facts.commands import MAX_COMMAND, command_name
 from edgewatt.core.labels import LabelError, validate_labels
 from edgewatt.core.targets.access import MAX_HOLDERS
+from edgewatt.core.text import printable
 
 TARGET_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_UID = 2**32 - 2  # (uid_t)-1 means "no uid"
@@ -38,6 +40,9 @@ class Registration:
     labels: dict[str, str]
     children: bool
     cgroup: CgroupName | None = None  # a cgroup target: a path, a unit or a container
+    # What it will exec, named as a person names it (``true``, ``python3 train.py``):
+    # `edgewatt run`'s word for its held fork, whose own command line is the launcher's.
+    command: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,8 @@ class Saved:
 def parse_request(body: dict[str, Any], caller_pid: int, pid_max: int) -> Registration:
     """A POST /v1/targets body: a process (``pid``, by default the caller's) or a
     cgroup (``cgroup`` path, ``unit`` or ``container`` with an optional ``runtime``)."""
-    reject_unknown(body, {"pid", "labels", "children", *CGROUP_FIELDS, "runtime", "container_id"})
+    known = {"pid", "labels", "children", "command", *CGROUP_FIELDS, "runtime", "container_id"}
+    reject_unknown(body, known)
     named = [k for k in ("pid", *CGROUP_FIELDS) if k in body]
     if len(named) > 1:
         raise InvalidRegistration("conflicting fields", f"give one of {', '.join(named)}")
@@ -66,8 +72,32 @@ def parse_request(body: dict[str, Any], caller_pid: int, pid_max: int) -> Regist
         if "children" in body:
             raise InvalidRegistration("invalid children", "a cgroup is counted whole")
         kind = named[0]
-        return Registration(0, _labels(body), True, _cgroup_name(kind, body[kind], body))
-    return _registration(body, caller_pid, pid_max)
+        name = _cgroup_name(kind, body[kind], body)
+        return Registration(0, _labels(body), True, name, _command(body.get("command")))
+    registration = _registration(body, caller_pid, pid_max)
+    return replace(registration, command=_command(body.get("command")))
+
+
+def _command(argv: object) -> str | None:
+    """The ``command`` field, argv as the command will have it, as its name (None:
+    not given): bounded and escaped as a command line read from /proc is."""
+    if argv is None:
+        return None
+    if not isinstance(argv, list) or not argv or not all(isinstance(w, str) for w in argv):
+        raise InvalidRegistration("invalid command", "command must be a list of strings (argv)")
+    name = command_name(argv)
+    if name is None:
+        raise InvalidRegistration("invalid command", "command has no non-empty word")
+    return name
+
+
+def _saved_command(name: object) -> str | None:
+    """A saved entry's ``command``: a name made by _command, checked as one again."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_COMMAND or printable(name) != name:
+        raise InvalidRegistration("invalid command", f"{name!r:.80} is not a command's name")
+    return name
 
 
 CGROUP_FIELDS = ("cgroup", "unit", "container")
@@ -85,7 +115,7 @@ def parse_saved(entry: object, pid_max: int) -> Saved:
     if not isinstance(entry, dict):
         raise InvalidRegistration("invalid entry", f"an object is needed, got {_kind(entry)}")
     reject_unknown(entry, {"id", "pid", "start_ticks", "labels", "children", "uid",
-                            "registered_at", "holders", "cgroup"})  # fmt: skip
+                            "registered_at", "holders", "cgroup", "command"})  # fmt: skip
     for key in ("id", "pid", "start_ticks", "uid"):
         if key not in entry:
             raise InvalidRegistration(f"no {key}", f"the entry has no {key!r}")
@@ -115,7 +145,7 @@ def parse_saved(entry: object, pid_max: int) -> Saved:
     else:
         registration = _registration(entry, None, pid_max)
     return Saved(
-        registration,
+        replace(registration, command=_saved_command(entry.get("command"))),
         target_id,
         _integer(entry, "start_ticks", 0, 2**63 - 1),
         _integer(entry, "uid", 0, MAX_UID),

@@ -102,6 +102,7 @@ class SavedState:
                         "target_id": saved.target_id,
                         "registered_at": saved.registered_at,
                         "holders": saved.holders,
+                        "command": request.command,
                     }
                     if request.cgroup is not None:  # resolved anew: it may have restarted
                         table.register_cgroup(

@@ -15,6 +15,7 @@ from edgewatt.exporter.api import (
     get_samples,
     get_summary,
     get_target,
+    get_top,
     list_targets,
 )
 from edgewatt.exporter.shared_answer import Encoded
@@ -35,7 +36,10 @@ class CountingTable:
     def get(self, target_id: str) -> Any:
         if target_id not in OWNERS:
             raise NotFound("no such target", target_id)
-        return SimpleNamespace(uid=OWNERS[target_id], state="running", holders=1)
+        return SimpleNamespace(uid=OWNERS[target_id], state="running", holders=1, members=(1,))
+
+    def network_rate(self, target_id: str) -> None:
+        return None
 
     def describe_all(self, member: int | None = None) -> list[dict[str, Any]]:
         self.asked["describe_all"] += 1
@@ -73,7 +77,7 @@ def test_n_requests_between_two_passes_build_each_answer_once() -> None:
     at = [1]  # the pass
     api = ApiContext(
         table,  # type: ignore[arg-type]
-        logical_cpus=2, health=dict, host=dict, sample_units={"cpu_seconds": "s"},
+        logical_cpus=2, health=dict, host=lambda: {"time": 1.0}, sample_units={"cpu_seconds": "s"},
         sample_now=lambda target_id: None, pass_key=lambda: at[0],
     )  # fmt: skip
     for _ in range(20):
@@ -82,6 +86,7 @@ def test_n_requests_between_two_passes_build_each_answer_once() -> None:
             target = read(get_target, api, uid, "/v1/targets/a", id="a")
             summary = read(get_summary, api, uid, "/v1/targets/a/summary", id="a")
             samples = read(get_samples, api, uid, "/v1/targets/a/samples", id="a")
+            top = read(get_top, api, uid, "/v1/top")["targets"]
             mine = uid != 2000  # her target: hers and root's to read whole
             assert ("labels" in listing[0]) == mine and ("labels" in listing[1]) == (uid == 0)
             assert target.get("labels") == ({"run": "a"} if mine else None)
@@ -89,15 +94,21 @@ def test_n_requests_between_two_passes_build_each_answer_once() -> None:
             assert summary["disk_read_bytes"] == (10 if mine else None)
             assert summary["cpu_seconds"] == 1.5  # what /proc shows anyone
             assert samples["samples"][0]["memory_pss_bytes"] == (4096 if mine else None)
-    assert table.asked == {"describe_all": 1, "describe": 1, "summary": 1, "samples": 1}
-    at[0] += 1  # the next pass: each built again, once
+            assert top[0].get("labels") == ({"run": "a"} if mine else None)
+    # /v1/top's once too: its own describe_all, and each target's summary.
+    assert table.asked == {"describe_all": 2, "describe": 1, "summary": 3, "samples": 1}
+    # The next pass, the host's time as it was (a pass on demand reads the targets
+    # alone): each built again, once, /v1/top's too.
+    at[0] += 1
     for uid in (1000, 2000, 0):
         read(list_targets, api, uid, "/v1/targets")
         read(get_summary, api, uid, "/v1/targets/a/summary", id="a")
-    assert table.asked["describe_all"] == 2 and table.asked["summary"] == 2
+        read(get_top, api, uid, "/v1/top")
+    assert table.asked["describe_all"] == 4 and table.asked["summary"] == 6
     api.changed()  # a request changed the table between two passes: built again
     read(list_targets, api, 0, "/v1/targets")
-    assert table.asked["describe_all"] == 3
+    read(get_top, api, 0, "/v1/top")
+    assert table.asked["describe_all"] == 6
 
 
 def test_a_change_between_two_passes_is_in_the_next_answer(daemon_factory: Any, spawn: Any) -> None:

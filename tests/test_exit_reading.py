@@ -165,15 +165,16 @@ def test_ended_targets_are_marked_exited_with_their_mode(caplog: Any, network_ex
     caplog.set_level(logging.INFO, logger="edgewatt.core.sampling.exits")
     table = Table()
     ended = [
-        ("a", Ending(5.0, None, True, 4096, True, 0)),
+        ("a", Ending(5.0, None, True, 4096, True, 0, 8192)),
         ("b", Ending(6.0, "removed", False, None, True, None)),
     ]
     mark_exited(table, ended, network_exact)  # type: ignore[arg-type]
     assert table.marked == [
         ("a", 5.0, {"exit_mode": "exact" if network_exact else "last-sample",
-                    "rss_peak_bytes": 4096, "end_reason": None, "exit_status": 0}),
+                    "rss_peak_bytes": 4096, "end_reason": None, "exit_status": 0,
+                    "largest_peak_bytes": 8192}),
         ("b", 6.0, {"exit_mode": "last-sample", "rss_peak_bytes": None,
-                    "end_reason": "removed", "exit_status": None}),
+                    "end_reason": "removed", "exit_status": None, "largest_peak_bytes": None}),
     ]  # fmt: skip
     # Only a target whose figures were final is told its TCP bytes end early.
     assert [r.getMessage() for r in caplog.records] == (

@@ -118,6 +118,7 @@ def test_a_process_targets_summary_is_every_figure_of_its_rows_and_phases() -> N
         "id": "t1",
         "kind": "process",
         "pid": 4242,
+        "command": None,  # no pass named it
         "labels": {"run": "a"},
         "state": "running",
         "registered_at": 1_700_000_000.123,
@@ -156,6 +157,7 @@ def test_a_process_targets_summary_is_every_figure_of_its_rows_and_phases() -> N
         "memory_rss_peak_bytes": 3000,
         "memory_rss_min_bytes": 1000,
         "memory_rss_avg_bytes": 2001,  # 6002 / 3
+        "memory_rss_largest_at_exit": False,  # the passes' (it runs)
         "memory_pss_age_s": 1.235,
         "phases_dropped": 0,
         "carbon_intensity_g_per_kwh": 400.0,

@@ -304,6 +304,7 @@ class CgroupTree:
         # a held fork (`edgewatt run`'s command), and the kernel's exit record of it came.
         # A container or unit has no such root: None.
         self.exit_status: int | None = None
+        self.root_peak_bytes: int | None = None  # that root's peak RSS, from the same record
 
     @property
     def root_execs(self) -> int:
@@ -371,6 +372,7 @@ class CgroupTree:
         record = self._exits.exited(held.pid, unix_start(held.held_start))
         if record is not None and record.exit_status is not None:
             self.exit_status = exit_code(record.exit_status)
+            self.root_peak_bytes = record.hiwater_rss_bytes
 
     def _next_incarnation(self) -> Usage | None:
         """The cgroup went: its next one (a restarted container), None while it may

@@ -28,9 +28,20 @@ def command_line(pid: int, proc: str = "/proc") -> str | None:
         return None
     finally:
         os.close(fd)
-    words = [w.decode("utf-8", "replace") for w in data.split(b"\0") if w]
+    return command_name([w.decode("utf-8", "replace") for w in data.split(b"\0")])
+
+
+def command_name(argv: list[str]) -> str | None:
+    """A command line's name: its program's base name and arguments (the empty ones
+    left out), bounded and escaped; None where it has no word to show."""
+    words = [w for w in argv if w]
     if not words:
         return None
     words[0] = os.path.basename(words[0]) or words[0]
     text = printable(" ".join(words))
     return text if len(text) <= MAX_COMMAND else text[: MAX_COMMAND - 3] + "..."
+
+
+def executable_of(name: str | None) -> str | None:
+    """The program of a command's name (command_name's first word), None for none."""
+    return name.split(" ", 1)[0] if name else None

@@ -44,6 +44,9 @@ class ExitFigures:
     teardowns_counted: bool = True
     # The root's exit code, or -N for signal N (its exit record's; None: none came).
     exit_status: int | None = None
+    # The largest peak RSS in its members' exit records (the root's included): the
+    # largest process's, where no pass saw it at its peak.
+    largest_peak_bytes: int | None = None
     switches: Switches = NO_SWITCHES  # context switches, every member's
 
 
@@ -69,6 +72,7 @@ class Departures:
         self._teardowns = Teardowns()
         self.exact = True  # every departed member's last figures came from the kernel
         self._ended_at = 0.0  # unix seconds of the last exit the records timed
+        self._largest_peak: int | None = None  # the departed members' records' largest
 
     @property
     def quiet(self) -> bool:
@@ -170,6 +174,7 @@ class Departures:
                 return ZERO
             self.exact = False
             return known.totals
+        self._largest_peak = max(self._largest_peak or 0, record.hiwater_rss_bytes)
         # In ticks as /proc counts, unrounded: a short process ran for less than one.
         user, system = record.user_s * CLOCK_TICKS, record.system_s * CLOCK_TICKS
         if known is None:
@@ -244,6 +249,9 @@ class Departures:
         v, c = self._value, self._with_teardowns(self._carried)
         cpu = c if c.cpu_ticks >= v.cpu_ticks else v
         record = self._exits.exited_pid(self._root_pid) if self._exits is not None else None
+        largest = self._largest_peak
+        if record is not None:
+            largest = max(largest or 0, record.hiwater_rss_bytes)
         return ExitFigures(
             cpu_user_s=cpu.user_ticks / CLOCK_TICKS,
             cpu_system_s=cpu.system_ticks / CLOCK_TICKS,
@@ -251,6 +259,7 @@ class Departures:
             write_bytes=max(v.write_bytes, c.write_bytes),
             time=self._ended_at or read_at,
             rss_peak_bytes=record.hiwater_rss_bytes if record is not None and alone else None,
+            largest_peak_bytes=largest,
             teardowns_counted=not self._own_cpu or self._teardowns.complete,
             exit_status=None
             if record is None or record.exit_status is None

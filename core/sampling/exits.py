@@ -34,6 +34,9 @@ class Ending:
     rss_peak_bytes: int | None = None  # the kernel's peak RSS, for a target of one process
     teardowns: bool = True  # every member's teardown is in the kernel's figures
     exit_status: int | None = None  # its root's exit code, or -N for signal N
+    # The largest peak RSS of one of its processes in the exit records (a cgroup's:
+    # its root's record only).
+    largest_peak_bytes: int | None = None
 
     def mode(self, network_exact: bool) -> str:
         """The exit mode its summary states, given whether every closed connection's
@@ -69,9 +72,12 @@ def exit_reading(
     # A held fork's exec seen at the exit (a zombie's comm) counts: its memory before
     # was the registrant's (held_fork.py).
     execs = max(last.root_execs, getattr(tree, "root_execs", 0))
+    peak = figures.rss_peak_bytes if figures is not None else None
+    memory = {} if cgroup else _commands_memory(last, execs, peak)
     if figures is None:
         # A cgroup's root (`edgewatt run`'s command), where it has one: its own record.
         ending.exit_status = getattr(tree, "exit_status", None)
+        ending.largest_peak_bytes = getattr(tree, "root_peak_bytes", None)
         return dataclasses.replace(
             last,
             cpu_utilization=None,
@@ -79,8 +85,10 @@ def exit_reading(
             pids=(),
             idle_pids=frozenset(),
             root_execs=execs,
+            **memory,
         )
     ending.rss_peak_bytes = figures.rss_peak_bytes
+    ending.largest_peak_bytes = figures.largest_peak_bytes
     ending.exit_status = figures.exit_status
     ending.teardowns = figures.teardowns_counted
     read, write = last.read_bytes, last.write_bytes
@@ -102,7 +110,19 @@ def exit_reading(
         pids=(),
         idle_pids=frozenset(),
         root_execs=execs,
+        **memory,
     )
+
+
+def _commands_memory(last: TreeReading, execs: int, peak: int | None) -> dict[str, int]:
+    """A process target's exit reading's memory where the held fork exec'd after the
+    last pass: that pass read `edgewatt run`'s fork (17-19 MiB of Python), never the
+    command. The command's own is its exit record's peak RSS where the kernel gave one
+    (a target of one process), else none was read alive: 0, as an emptied cgroup's
+    reading holds. {} where the last pass read the command itself."""
+    if execs <= last.root_execs:
+        return {}
+    return {"rss_bytes": peak or 0, "vms_bytes": 0}
 
 
 def mark_exited(
@@ -122,6 +142,7 @@ def mark_exited(
             ending.when,
             exit_mode=ending.mode(network_exact),
             rss_peak_bytes=ending.rss_peak_bytes,
+            largest_peak_bytes=ending.largest_peak_bytes,
             end_reason=ending.reason,
             exit_status=ending.exit_status,
         )

@@ -170,4 +170,6 @@ def _attributes(target: Target, host_name: str) -> dict[str, str | int]:
         identity = {"edgewatt.target.unit": name.name}
     else:
         identity = {"edgewatt.target.cgroup": name.name}
+        if target.identity.command is not None:  # `edgewatt run`'s: the command's program
+            identity["process.executable.name"] = target.executable
     return {**identity, "edgewatt.target.id": target.id, "host.name": host_name, **target.labels}

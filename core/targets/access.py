@@ -15,11 +15,10 @@ from edgewatt.core.labels import (
     MAX_PERSON_LABEL_BYTES,
     MAX_USERS_LABEL_BYTES,
     Room,
-    label_bytes,
 )
 from edgewatt.core.targets.errors import Forbidden, TooMany
 from edgewatt.core.targets.history import MAX_PERSON_PHASES, MAX_USERS_PHASES
-from edgewatt.core.targets.target import Target
+from edgewatt.core.targets.target import Identity, Target
 
 if TYPE_CHECKING:  # cgroups are the daemon's, on Linux: the client never loads them
     from edgewatt.core.facts.cgroup_names import CgroupName
@@ -92,7 +91,7 @@ def label_room(targets: Iterable[Target], uid: int, person: Callable[[int], int]
     for target in targets:
         owner = share(target.uid, person)
         if owner is not None:
-            size = label_bytes(target.labels)
+            size = target.identity.held_bytes
             users += size
             ours += size if owner == mine else 0
     person_room = Room(
@@ -105,12 +104,14 @@ def label_room(targets: Iterable[Target], uid: int, person: Callable[[int], int]
     return min(person_room, users_room)
 
 
-def label_refusal(labels: dict[str, str], room: Room | None) -> TooMany | None:
-    """Why a new target's ``labels`` do not fit ``room`` (label_room), None when they do."""
-    size = label_bytes(labels)
+def label_refusal(identity: Identity, room: Room | None) -> TooMany | None:
+    """Why a new target's labels and command do not fit ``room`` (label_room), None
+    when they do."""
+    size = identity.held_bytes
     if room is None or size <= room.left:
         return None
-    detail = f"{room.bound} (names and values): {size} asked, {max(0, room.left)} left"
+    what = "names and values" + (", and the command" if identity.command else "")
+    detail = f"{room.bound} ({what}): {size} asked, {max(0, room.left)} left"
     return TooMany("too many label bytes", detail)
 
 

@@ -71,6 +71,7 @@ class Memory:
     rows: int = 0
     pss_peak: int | None = None
     rss_largest_peak: int | None = None
+    largest_at_exit: bool = False  # rss_largest_peak is an exit record's, above the samples'
 
     def add(self, row: SampleRow) -> None:
         rss = row.memory_rss_bytes
@@ -94,11 +95,15 @@ class Memory:
         ):
             self.rss_largest_peak = largest
 
-    def exited(self, rss_peak_bytes: int) -> None:
-        """The kernel's peak RSS of a one-process target at its exit: no sample can
-        miss it, and that one process is the largest."""
-        self.rss.widen(None, rss_peak_bytes)
-        self.rss_largest_peak = max(self.rss_largest_peak or 0, rss_peak_bytes)
+    def exited(self, rss_peak_bytes: int | None, largest_peak_bytes: int | None) -> None:
+        """The kernel's peak RSS of a one-process target at its exit (no sample can
+        miss it, and that one process is the largest), and the largest in its
+        processes' exit records (a peak between two passes)."""
+        if rss_peak_bytes is not None:
+            self.rss.widen(None, rss_peak_bytes)
+        peak = max(rss_peak_bytes or 0, largest_peak_bytes or 0)
+        if peak and peak >= (self.rss_largest_peak or 0):
+            self.rss_largest_peak, self.largest_at_exit = peak, True
 
 
 @dataclass(**SLOTS)
@@ -365,12 +370,14 @@ class History:
             "to_time": last.time,
         }
 
-    def end(self, when: float, rss_peak_bytes: int | None) -> None:
+    def end(
+        self, when: float, rss_peak_bytes: int | None, largest_peak_bytes: int | None = None
+    ) -> None:
         """The target exited at ``when``: its running phase ends there, and the kernel's
         peak RSS of its one process (``rss_peak_bytes``, where known, of the program it
-        exec'd last) counts, as no sample can miss it."""
-        if rss_peak_bytes is not None:
-            self.memory.exited(rss_peak_bytes)
+        exec'd last) counts, as no sample can miss it, and so does the largest in its
+        processes' exit records (``largest_peak_bytes``)."""
+        self.memory.exited(rss_peak_bytes, largest_peak_bytes)
         for phase in self.pending:
             if phase.ended_at is None:
                 phase.ended_at = when

@@ -24,6 +24,8 @@ def saved(target: Target) -> dict[str, Any]:
         "registered_at": me.registered_at,
         "holders": target.holders,
     }
+    if me.command is not None:  # its name until a restarted daemon sees it exec'd too
+        entry["command"] = me.command
     if me.cgroup_name is not None:  # resolved again at restore: it may have restarted
         name = me.cgroup_name
         entry["cgroup"] = {

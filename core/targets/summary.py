@@ -196,6 +196,7 @@ def summarize(
         "id": target.id,
         "kind": target.kind,
         "pid": target.pid,
+        "command": target.command,  # what runs (``python3 train.py``), as describe() names it
         "labels": dict(target.labels),
         "state": target.state,
         "registered_at": round(target.identity.registered_at, 3),
@@ -226,6 +227,8 @@ def summarize(
     result["covers"] = covers(target)
     result.update(span(h.first, h.last, logical_cpus, carbon, h.period_s or period_s, h.edges))
     result.update(spreads(h.power, h.cpu_utilization, h.memory))
+    # Whether its largest process's peak is the kernel's record at an exit, not a pass's.
+    result["memory_rss_largest_at_exit"] = h.memory.largest_at_exit
     # How old the last PSS figure is at the last sample: a dear read waits (pss.py).
     result["memory_pss_age_s"] = None if h.last is None else pss_age(h.last)
     result["phases"] = [summarize_phase(p, logical_cpus, carbon, period_s) for p in h.phases]

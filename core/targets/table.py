@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.facts.commands import executable_of
 from edgewatt.core.facts.membership import PARENT_LINKS
 from edgewatt.core.facts.procfs import ProcHandle
 from edgewatt.core.labels import Room
@@ -138,10 +139,12 @@ class TargetTable:
         expect_start: int | None = None,
         registered_at: float | None = None,
         holders: int = 1,
+        command: str | None = None,
     ) -> Held:
         """Register a live process; registering it again (any labels) joins its target,
         whoever registers it, and so does one in a cgroup target ``uid`` may act on,
-        unless it asks for itself alone (``children`` false): joining.py."""
+        unless it asks for itself alone (``children`` false): joining.py. ``command``:
+        what it will exec, its name until then (Identity.command)."""
         handle = self._resolver.process(pid, uid, expect_start)
         if children and target_id is None:
             joined = self._join_cgroup(handle, uid, labels)
@@ -151,7 +154,7 @@ class TargetTable:
             id=target_id or secrets.token_hex(6), pid=pid, start_ticks=handle.start_ticks,
             start_time=self._resolver.start_time(handle.start_ticks), labels=labels,
             children=children, uid=uid, registered_at=registered_at or self._wall(),
-            executable=handle.executable,
+            executable=executable_of(command) or handle.executable, command=command,
         )  # fmt: skip
         history = History(self._limits.history_samples)
         target = Target(identity, history, handle=handle, holders=max(1, holders))
@@ -169,6 +172,7 @@ class TargetTable:
         registered_at: float | None = None,
         holders: int = 1,
         limited: bool = True,
+        command: str | None = None,
     ) -> Held:
         """Register the cgroup ``name`` names now (joining its live target). Who may
         register which: access.check_cgroup. ``limited``: the user's lookup bounds
@@ -178,8 +182,8 @@ class TargetTable:
         identity = Identity(
             id=target_id or secrets.token_hex(6), pid=0, start_ticks=cgroup.inode,
             start_time=now, labels=labels, children=True, uid=uid,
-            registered_at=registered_at or now, executable=name.display, cgroup_name=name,
-            gids=gids,
+            registered_at=registered_at or now, cgroup_name=name, gids=gids,
+            executable=executable_of(command) or name.display, command=command,
         )  # fmt: skip
         history, observed = History(self._limits.history_samples), Observed(cgroup=cgroup.path)
         target = Target(identity, history, observed, holders=max(1, holders))
@@ -217,7 +221,7 @@ class TargetTable:
                 refusal = self._limits.refusal(running, new.uid, self._person)
                 if refusal is None and not restored:  # kept labels are not refused again
                     room = self._label_room(new.uid)
-                    refusal = label_refusal(new.labels, room)
+                    refusal = label_refusal(new.identity, room)
                 if refusal is not None:
                     _discard(new)
                     raise refusal
@@ -426,13 +430,14 @@ class TargetTable:
         rss_peak_bytes: int | None = None,
         end_reason: str | None = None,
         exit_status: int | None = None,
+        largest_peak_bytes: int | None = None,
     ) -> None:
         """The target ended, at ``when`` (Target.end); its identity may be registered anew."""
         with self._lock:
             target = self._targets.get(target_id)
             if target is None or target.exited_at is not None:
                 return
-            target.end(when, exit_mode, rss_peak_bytes, end_reason, exit_status)
+            target.end(when, exit_mode, rss_peak_bytes, end_reason, exit_status, largest_peak_bytes)
             self._by_identity.pop(target.identity.key, None)
             self._unsettled.add(target_id)
         self.persist()

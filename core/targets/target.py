@@ -46,6 +46,14 @@ class Identity:
     # The registrant's groups at registration: their rights, checked again whenever
     # the name is followed to a new cgroup.
     gids: frozenset[int] = frozenset()
+    # What its registrant said it runs (`edgewatt run`'s command, registered before its
+    # exec): its name until a pass sees the command itself (Target._name).
+    command: str | None = None
+
+    @property
+    def held_bytes(self) -> int:
+        """What it counts against its person's label bytes: labels, and the command."""
+        return label_bytes(self.labels) + len((self.command or "").encode())
 
     @property
     def key(self) -> tuple[int, int]:
@@ -112,6 +120,7 @@ class Target:
 
     def __post_init__(self) -> None:
         self.id = self.identity.id
+        self.command = self.command or self.identity.command
 
     @property
     def pid(self) -> int:
@@ -217,6 +226,12 @@ class Target:
         """Its command (and a process's executable) as ``sample``'s pass finds them:
         after a held fork's exec, the command's, no longer its registrant's. A
         container or a unit keeps the name it was registered by (what runs there)."""
+        if self.identity.command is not None and not sample.root_execs:
+            # The registrant's word: its held fork's own command line is the launcher's
+            # (python3 .../edgewatt run), and a command that exec'd and exited before a
+            # pass saw it may never be seen.
+            self.command, self.named_execs = self.identity.command, sample.root_execs
+            return
         name = self.cgroup_name
         pid = self.pid or min(sample.members, default=0)
         if not pid or (name is not None and name.kind != "cgroup"):
@@ -250,16 +265,18 @@ class Target:
         rss_peak_bytes: int | None = None,
         end_reason: str | None = None,
         exit_status: int | None = None,
+        largest_peak_bytes: int | None = None,
     ) -> None:
         """It exited at ``when``; its last sample (taken at the exit, see Sampler) ends
         its history. ``exit_mode`` says how exact that sample is; ``rss_peak_bytes`` is
         the kernel's peak RSS of a one-process target, which no sample can miss;
-        ``exit_status`` its root's exit code, or -N for signal N, where known."""
+        ``exit_status`` its root's exit code, or -N for signal N, where known;
+        ``largest_peak_bytes`` the largest peak RSS in its processes' exit records."""
         self.exited_at = when
         self.exit_mode = exit_mode
         self.end_reason = end_reason
         self.exit_status = exit_status
-        self.history.end(when, rss_peak_bytes)
+        self.history.end(when, rss_peak_bytes, largest_peak_bytes)
         self.handle = None
 
     def cgroup_info(self) -> dict[str, Any] | None:
