@@ -30,6 +30,12 @@ class Figure:
 
 _CPU_S = "seconds of CPU time, cumulative"
 
+
+def _increase(name: str, unit: str) -> Figure:
+    """A whole cumulative figure whose window is its increase as is."""
+    return Figure(name, unit, "cumulative", whole=True, increase=True)
+
+
 KEPT: tuple[Figure, ...] = (
     Figure("time", "unix seconds", "instant"),
     Figure("cpu_user_s", _CPU_S, "cumulative"),
@@ -38,34 +44,12 @@ KEPT: tuple[Figure, ...] = (
     # Summed over the processes: a shared page once per process.
     Figure("memory_rss_bytes", "bytes", "gauge", whole=True),
     Figure("memory_virtual_bytes", "bytes", "gauge", whole=True),
-    Figure(
-        "disk_read_bytes",
-        "bytes read from storage, cumulative",
-        "cumulative",
-        whole=True,
-        increase=True,
+    _increase("disk_read_bytes", "bytes read from storage, cumulative"),
+    _increase("disk_write_bytes", "bytes written to storage, cumulative"),
+    _increase(
+        "network_transmit_bytes", "TCP bytes sent and acknowledged, cumulative (not UDP/Unix)"
     ),
-    Figure(
-        "disk_write_bytes",
-        "bytes written to storage, cumulative",
-        "cumulative",
-        whole=True,
-        increase=True,
-    ),
-    Figure(
-        "network_transmit_bytes",
-        "TCP bytes sent and acknowledged, cumulative (not UDP/Unix)",
-        "cumulative",
-        whole=True,
-        increase=True,
-    ),
-    Figure(
-        "network_receive_bytes",
-        "TCP bytes received, cumulative (not UDP/Unix)",
-        "cumulative",
-        whole=True,
-        increase=True,
-    ),
+    _increase("network_receive_bytes", "TCP bytes received, cumulative (not UDP/Unix)"),
     Figure("threads", "count", "count", whole=True),
     Figure("open_fds", "count", "count", whole=True),
     Figure("processes", "count (the target and its live descendants)", "count", whole=True),
@@ -86,19 +70,13 @@ KEPT: tuple[Figure, ...] = (
         "unix seconds the PSS figures were read at (a dear read waits)",
         "instant",
     ),
-    Figure(
+    _increase(
         "context_switches_voluntary",
         "count of context switches where a process waited (I/O, a lock, a sleep), cumulative",
-        "cumulative",
-        whole=True,
-        increase=True,
     ),
-    Figure(
+    _increase(
         "context_switches_involuntary",
         "count of context switches where a process was preempted, cumulative",
-        "cumulative",
-        whole=True,
-        increase=True,
     ),
 )
 

@@ -5,7 +5,6 @@ getrusage at its end: voluntary switches exact, as nothing it does after blocks)
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from edgewatt.core.kernel.taskstats import TaskExits, TaskstatsSocket
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.sampling.sampler import Parts, Sampler
 from edgewatt.core.sampling.trees import ProcessTrees
-from tests.conftest import table_with, wait_for
+from tests.conftest import settled, table_with, wait_for
 
 SLEEPS = 50
 # N sleeps of 1 ms (each a voluntary switch), then its own counts and its exit: a
@@ -34,19 +33,6 @@ def _kernel_switches(pid: int) -> tuple[int, int]:
     return int(lines[-2].split()[1]), int(lines[-1].split()[1])
 
 
-def _settled(pid: int) -> None:
-    """Until the process waits: its scheduler counters stand still for 0.2 s."""
-    before = None
-    for _ in range(100):
-        with open(f"/proc/{pid}/schedstat") as f:
-            now = f.read()
-        if now == before:
-            return
-        before = now
-        time.sleep(0.2)
-    raise AssertionError(f"pid {pid} never waited")
-
-
 def _sampler(pid: int, exits: TaskExits) -> Sampler:
     trees = ProcessTrees(LinuxPlatform(), exits=exits)
     return Sampler(table_with(pid), interval=0.1, host_name="h", parts=Parts(trees))
@@ -63,7 +49,7 @@ def test_a_target_s_switches_are_the_kernel_s_live_and_its_exit_record_s_at_its_
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
-    _settled(child.pid)
+    settled(child.pid)
     sampler = _sampler(child.pid, exits)
     try:
         (live,) = sampler.sample_once().processes
@@ -107,7 +93,7 @@ def test_a_departed_member_s_switches_stay_in_its_target_s_exactly(
         assert wait_for(lambda: len(sampler.sample_once().processes[0].members) == 2, timeout=10)
         go.touch()
         own = tuple(int(x) for x in child.stdout.readline().split())
-        _settled(child.pid)  # reaped it, and waits on its stdin
+        settled(child.pid)  # reaped it, and waits on its stdin
         (sample,) = sampler.sample_once().processes
         voluntary, involuntary = _kernel_switches(child.pid)
         assert sample.members == (child.pid,)

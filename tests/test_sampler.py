@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from edgewatt.core.sampling.sampler import Parts, Sampler
 from edgewatt.core.sampling.tracked import TargetState
 from edgewatt.core.sampling.trees import ProcessTrees
 from edgewatt.core.snapshot import Snapshot
-from tests.conftest import kernel_cpu_seconds, table_with, wait_for
+from tests.conftest import kernel_cpu_seconds, settled, table_with, wait_for
 
 
 def test_a_target_is_called_exited_only_once_the_exporters_have_dropped_it(
@@ -326,19 +325,6 @@ def test_every_contributor_declares_what_it_sets_and_they_agree(spawn: Any) -> N
         sampler.close()
 
 
-def _settled(pid: int) -> None:
-    """Until the process waits: its scheduler counters stand still for 0.2 s."""
-    before = None
-    for _ in range(100):
-        with open(f"/proc/{pid}/schedstat") as f:
-            now = f.read()
-        if now == before:
-            return
-        before = now
-        time.sleep(0.2)
-    raise AssertionError(f"pid {pid} never waited")
-
-
 def _figures(sample: Any) -> dict[str, Any]:
     figures = dataclasses.asdict(sample)
     for moving in ("time", "monotonic", "device_energy_j"):
@@ -358,7 +344,7 @@ def test_a_waiting_target_s_sample_is_its_last_dated_anew_until_a_figure_moves(
         "    while time.process_time() - t < 0.05: pass\n",
         stdin=subprocess.PIPE,
     )
-    _settled(child.pid)
+    settled(child.pid)
     table = table_with(child.pid)
     handed = Handed()
     sampler = Sampler(
@@ -386,7 +372,7 @@ def test_a_waiting_target_s_sample_is_its_last_dated_anew_until_a_figure_moves(
     child.stdin.write(b"run\n")  # it runs 50 ms of CPU, then waits again
     child.stdin.flush()
     wait_for(lambda: kernel_cpu_seconds(child.pid) >= ran_before + 0.04)
-    _settled(child.pid)
+    settled(child.pid)
     after_run = sampler.sample_once()
     (ran,) = after_run.processes
     assert after_run.figures_since[target_id] == after_run.sequence

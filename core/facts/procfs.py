@@ -172,12 +172,7 @@ class ProcHandle:
         a CPU, and at every tick while it runs. None where the kernel keeps none
         (without CONFIG_SCHED_INFO it shows "0 0 0")."""
         if self._sched_fd is None:
-            try:
-                self._sched_fd = os.open(
-                    f"{self.proc}/{self.pid}/schedstat", os.O_RDONLY | os.O_CLOEXEC
-                )
-            except OSError:
-                self._sched_fd = -1
+            self._sched_fd = self._open_held("schedstat")
         if self._sched_fd < 0:
             return None
         try:
@@ -191,12 +186,7 @@ class ProcHandle:
         lines of /proc/PID/status, as psutil and process-exporter read them. None where
         the file cannot be read."""
         if self._status_fd is None:
-            try:
-                self._status_fd = os.open(
-                    f"{self.proc}/{self.pid}/status", os.O_RDONLY | os.O_CLOEXEC
-                )
-            except OSError:
-                self._status_fd = -1
+            self._status_fd = self._open_held("status")
         if self._status_fd < 0:
             return None
         try:
@@ -210,6 +200,13 @@ class ProcHandle:
             return None
         voluntary, _, involuntary = data[at + 25 :].partition(b"\nnonvoluntary_ctxt_switches:")
         return int(voluntary), int(involuntary)
+
+    def _open_held(self, name: str) -> int:
+        """/proc/PID/``name`` opened to be held; -1 where it cannot be."""
+        try:
+            return os.open(f"{self.proc}/{self.pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return -1
 
     def close(self) -> None:
         for fd in (self._stat_fd, self._io_fd, self._sched_fd, self._status_fd):
