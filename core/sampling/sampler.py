@@ -25,7 +25,7 @@ from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution, PassInputs, TargetUse, gpu_totals
 from edgewatt.core.power.meter import WINDOW_BOOST_S, PowerMeter, PowerSnapshot
 from edgewatt.core.sampling.clock import Clock
-from edgewatt.core.sampling.contributors import Contributor, gather
+from edgewatt.core.sampling.contributors import Contributor, check_declared, gather
 from edgewatt.core.sampling.exits import Ending, exit_reading, mark_exited
 from edgewatt.core.sampling.host import HostReader
 from edgewatt.core.sampling.passes import Passes
@@ -79,6 +79,7 @@ class Sampler:
         self._context = context
         self._trees = parts.trees
         self._contributors: tuple[Contributor, ...] = (parts.trees, *parts.contributors)
+        check_declared(self._contributors)
         self._clock = parts.clock
         self._host = HostReader(parts.trees.platform)
         self._inputs = PassInputs(parts.trees.platform.holds_gpu)
