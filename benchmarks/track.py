@@ -11,7 +11,11 @@ answer over a Unix socket to another process at each edge, what no edge through 
 daemon can go under on the machine and load of the run.
 
     .venv/bin/python benchmarks/track.py [--calls 300] [--interval 5] [--json out.json]
-        [--sources none,ina3221,...] [--loads idle,...]
+        [--sources none,ina3221,...] [--loads idle,...] [--rev main]
+
+``--rev REV``: beside this checkout, the same modes with the daemon and the client of
+git revision REV (its tree extracted, this checkout's native reader copied into it),
+one after the other under the same load: "daemon @main" against "daemon".
 
 Side by side for each power source (no edge waits for a reading), each
 a stand-in the daemon and the in-process sampler read as the real one:
@@ -41,6 +45,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -137,6 +142,31 @@ def source_env(source: str, workdir: Path) -> dict[str, str]:
     return {**env, "EDGEWATT_POWER_SOURCES": source}
 
 
+def revision(rev: str, workdir: Path) -> Path:
+    """A folder to put first on PYTHONPATH that makes ``edgewatt`` revision ``rev``'s
+    tree, with this checkout's built native reader (a tree from git has none)."""
+    tree = workdir / "rev" / "tree"
+    tree.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    for built in (ROOT / "core" / "power").glob("_stream*.so"):
+        shutil.copy(built, tree / "core" / "power" / built.name)
+    # A folder named edgewatt without __init__.py: the import system finds it on
+    # PYTHONPATH before the editable install's finder (which comes after the path).
+    (workdir / "rev" / "edgewatt").symlink_to(tree)
+    return workdir / "rev"
+
+
+def with_path(env: dict[str, str], first: Path | None) -> dict[str, str]:
+    """``env`` with ``first`` (a revision's folder) put first on its PYTHONPATH."""
+    if first is None:
+        return env
+    rest = env.get("PYTHONPATH")
+    return {**env, "PYTHONPATH": str(first) + (os.pathsep + rest if rest else "")}
+
+
 def run_caller(calls: int, mode: str, socket_path: str, power_env: dict[str, str]) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", CALLER, str(calls), mode],
@@ -196,10 +226,15 @@ def main() -> None:
     parser.add_argument(
         "--no-unit-nice", dest="unit_nice", action="store_false", help="one daemon, at nice 0"
     )
+    parser.add_argument("--rev", help="a git revision measured beside this checkout")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="edgewatt-track-"))
+    # Each build's suffix in the modes' names, and its folder first on PYTHONPATH.
+    builds: dict[str, Path | None] = {"": None}
+    if args.rev:
+        builds[f" @{args.rev}"] = revision(args.rev, workdir)
     # The daemon as `edgewatt serve` runs by hand, and as the systemd unit runs it
     # (Nice=UNIT_NICE; root only can start it so here).
     nices = [0] + ([UNIT_NICE] if os.geteuid() == 0 and args.unit_nice else [])
@@ -209,17 +244,18 @@ def main() -> None:
         daemons = {}
         if source not in IN_PROCESS_ONLY:
             daemons = {
-                nice: start_daemon(
-                    f"{workdir}/{source}/ew{nice}.sock",
-                    workdir / source / f"state{nice}",
+                (nice, build): start_daemon(
+                    f"{workdir}/{source}/ew{nice}{build.strip()}.sock",
+                    workdir / source / f"state{nice}{build.strip()}",
                     "--listen",
                     "127.0.0.1:0",
                     "--interval",
                     str(args.interval),
-                    env={**os.environ, **power_env},
+                    env=with_path({**os.environ, **power_env}, first),
                     nice=nice,
                 )
                 for nice in nices
+                for build, first in builds.items()
             }
         try:
             for load in args.loads.split(","):
@@ -227,10 +263,13 @@ def main() -> None:
                     none = str(workdir / "none.sock")
                     runs = {"untracked": run_caller(args.calls, "untracked", none, power_env)}
                     runs["floor"] = run_caller(args.calls, "floor", none, power_env)
-                    for nice in daemons:
-                        sock = f"{workdir}/{source}/ew{nice}.sock"
-                        runs[DAEMON[nice]] = run_caller(args.calls, "daemon", sock, power_env)
-                    runs["in-process"] = run_caller(args.calls, "in-process", none, power_env)
+                    for nice, build in daemons:
+                        sock = f"{workdir}/{source}/ew{nice}{build.strip()}.sock"
+                        env = with_path(power_env, builds[build])
+                        runs[DAEMON[nice] + build] = run_caller(args.calls, "daemon", sock, env)
+                    for build, first in builds.items():
+                        env = with_path(power_env, first)
+                        runs["in-process" + build] = run_caller(args.calls, "in-process", none, env)
                 results[f"{source}/{load}"] = figures(runs)
         finally:
             for daemon in daemons.values():
@@ -241,7 +280,7 @@ def main() -> None:
         f"{os.cpu_count()} cores; a call's overhead over the untracked median, and each edge"
     )
     print(
-        f"{'source/load':24} {'':12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+        f"{'source/load':24} {'':18} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
         f"{'edge p50':>9} {'edge p99':>9}"
     )
     for where, modes in results.items():
@@ -249,7 +288,7 @@ def main() -> None:
             if mode == "untracked":
                 continue
             print(
-                f"{where:24} {mode:12} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['max_ms']:8.2f} "
+                f"{where:24} {mode:18} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['max_ms']:8.2f} "
                 f"{r['edge_p50_ms']:9.2f} {r['edge_p99_ms']:9.2f}"
             )
     if args.json:
