@@ -31,7 +31,7 @@ from edgewatt.core.sampling.host import HostReader
 from edgewatt.core.sampling.passes import Passes
 from edgewatt.core.sampling.tracked import TargetState
 from edgewatt.core.sampling.trees import ProcessTrees, TargetEnded
-from edgewatt.core.snapshot import ProcessSample, SamplerStats, Snapshot
+from edgewatt.core.snapshot import HostSample, ProcessSample, SamplerStats, Snapshot
 from edgewatt.core.targets import MAX_SAMPLE_AGE_S, Target, TargetTable
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class Sampler:
         started = self._clock.monotonic()
         for contributor in self._contributors:
             contributor.begin()
-        host = self._host.read()
+        host = self._host_figures(record)
         children_of = self._trees.platform.descendants(self._take_relist)
         running = self.table.running()
         read = [s for t in running if (s := self._read(t, children_of)) is not None]
@@ -198,6 +198,15 @@ class Sampler:
             exact = all(s.exact for s in statuses)
             mark_exited(self.table, [(s.target.id, s.ending) for s in ended if s.ending], exact)
         return snapshot
+
+    def _host_figures(self, record: set[str] | None) -> HostSample | None:
+        """The host's figures: read anew, except at an edge pass with no power to share
+        (the host's CPU is attribution's denominator only): there the last pass's,
+        and the next regular pass's utilization spans the whole interval."""
+        last = self.snapshot.host
+        if record is not None and self.power is None and last is not None:
+            return last
+        return self._host.read()
 
     def _read(self, target: Target, children_of: Callable[[int], list[int]]) -> TargetState | None:
         """The target's state with this pass's reading (its exit sample where it
