@@ -15,15 +15,20 @@ from tests.test_sampler_power import JetsonBoard
 
 
 class CountedHost(LinuxPlatform):
-    """The Linux platform, counting its reads of the host's files."""
+    """The Linux platform, counting its reads of the host's files: all three, and
+    /proc/stat alone."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.host_reads = 0
+        self.host_reads = self.cpu_reads = 0
 
     def read_host(self) -> Any:
         self.host_reads += 1
         return super().read_host()
+
+    def read_host_cpu(self) -> Any:
+        self.cpu_reads += 1
+        return super().read_host_cpu()
 
 
 def test_an_edge_pass_without_power_keeps_the_host_figures_of_the_last_pass(
@@ -40,14 +45,14 @@ def test_an_edge_pass_without_power_keeps_the_host_figures_of_the_last_pass(
     # Each edge is a pass with the target's row, and the host as the last pass read it.
     assert [e.sequence for e in edges] == [2, 3, 4]
     assert all(e.host is regular.host for e in edges)
-    assert platform.host_reads == 1
+    assert (platform.host_reads, platform.cpu_reads) == (1, 0)
     # The next regular pass reads it anew (its CPU use since the pass before the edges).
     after = sampler.sample_once()
     assert platform.host_reads == 2 and after.host is not regular.host
     sampler.close()
 
 
-def test_an_edge_pass_with_power_reads_the_host_cpu_that_attribution_shares_by(
+def test_an_edge_pass_with_power_reads_only_the_host_cpu_that_attribution_shares_by(
     spawn: Any,
 ) -> None:
     child = spawn("import time; time.sleep(60)")
@@ -62,7 +67,14 @@ def test_an_edge_pass_with_power_reads_the_host_cpu_that_attribution_shares_by(
         attribution=Attribution(idle_w=5.0, window_s=600.0),
         parts=Parts(ProcessTrees(platform)),
     )
+    regular = sampler.sample_once()
+    edge = sampler.sample_now(target.id)
+    assert (platform.host_reads, platform.cpu_reads) == (1, 1)
+    # The CPU read at the edge; memory and interfaces the regular pass's.
+    assert edge.host is not None and regular.host is not None
+    assert edge.host.cpu is not regular.host.cpu
+    assert edge.host.memory is regular.host.memory
+    assert edge.host.network is regular.host.network
     sampler.sample_once()
-    sampler.sample_now(target.id)
-    assert platform.host_reads == 2
+    assert (platform.host_reads, platform.cpu_reads) == (2, 1)
     sampler.close()

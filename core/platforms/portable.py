@@ -288,16 +288,6 @@ class PsutilPlatform:
         return False  # psutil lists regular files only; GPU rails are a Jetson's
 
     def read_host(self) -> tuple[HostCpu, HostMemory, dict[str, InterfaceBytes]]:
-        times = psutil.cpu_times()
-        modes = {
-            "user": times.user,
-            "nice": getattr(times, "nice", 0.0),
-            "system": times.system,
-            "idle": times.idle,
-            "iowait": getattr(times, "iowait", 0.0),
-            "interrupt": sum(getattr(times, k, 0.0) for k in _INTERRUPT_FIELDS),
-            "steal": getattr(times, "steal", 0.0),
-        }
         memory = psutil.virtual_memory()
         buffers = getattr(memory, "buffers", 0)
         cached = getattr(memory, "cached", 0)
@@ -308,7 +298,20 @@ class PsutilPlatform:
             name: InterfaceBytes(receive=io.bytes_recv, transmit=io.bytes_sent)
             for name, io in psutil.net_io_counters(pernic=True).items()
         }
-        return HostCpu(modes, self.logical_cpus()), HostMemory(memory.total, states), network
+        return self.read_host_cpu(), HostMemory(memory.total, states), network
+
+    def read_host_cpu(self) -> HostCpu:
+        times = psutil.cpu_times()
+        modes = {
+            "user": times.user,
+            "nice": getattr(times, "nice", 0.0),
+            "system": times.system,
+            "idle": times.idle,
+            "iowait": getattr(times, "iowait", 0.0),
+            "interrupt": sum(getattr(times, k, 0.0) for k in _INTERRUPT_FIELDS),
+            "steal": getattr(times, "steal", 0.0),
+        }
+        return HostCpu(modes, self.logical_cpus())
 
     def close(self) -> None:
         pass  # psutil holds nothing open between calls

@@ -200,13 +200,16 @@ class Sampler:
         return snapshot
 
     def _host_figures(self, record: set[str] | None) -> HostSample | None:
-        """The host's figures: read anew, except at an edge pass with no power to share
-        (the host's CPU is attribution's denominator only): there the last pass's,
-        and the next regular pass's utilization spans the whole interval."""
+        """The host's figures: read whole by a regular pass. An edge's pass reads only
+        what attribution shares by, the host's CPU, and with no power to share nothing
+        (the last pass's figures; the next regular pass's utilization then spans the
+        whole interval); memory and interfaces stay the last regular pass's."""
         last = self.snapshot.host
-        if record is not None and self.power is None and last is not None:
+        if record is None or last is None:
+            return self._host.read()
+        if self.power is None:
             return last
-        return self._host.read()
+        return self._host.read(kept=last)
 
     def _read(self, target: Target, children_of: Callable[[int], list[int]]) -> TargetState | None:
         """The target's state with this pass's reading (its exit sample where it
