@@ -8,7 +8,7 @@ from typing import Any
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
-from edgewatt.core.sampler import Parts, Sampler
+from edgewatt.core.sampling.sampler import Parts, Sampler
 from edgewatt.core.sampling.trees import ProcessTrees
 from tests.conftest import table_with
 from tests.test_sampler_power import JetsonBoard
