@@ -12,6 +12,8 @@ daemon can go under on the machine and load of the run. Each edge is reported wh
 and less the caller's own wait for a CPU in it (its run_delay in
 /proc/thread-self/schedstat, as the kernel counted it): with every core busy, what is
 left is what the daemon and the transport cost the caller, which the budget holds.
+Beside them, the daemon's CPU over each run (all its threads, from /proc/PID/stat's
+10 ms ticks) per edge: what a busy machine does not blur.
 
     .venv/bin/python benchmarks/track.py [--calls 300] [--interval 5] [--json out.json]
         [--sources none,ina3221,...] [--loads idle,...] [--rev main]
@@ -60,7 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measure import percentile, start_daemon  # noqa: E402
+from benchmarks.measure import checkout, percentile, start_daemon  # noqa: E402
 from tests.power_standin import build_tree  # noqa: E402
 from tests.test_power_sources import rapl_tree  # noqa: E402
 
@@ -158,21 +160,18 @@ def source_env(source: str, workdir: Path) -> dict[str, str]:
     return {**env, "EDGEWATT_POWER_SOURCES": source}
 
 
-def revision(rev: str, workdir: Path) -> Path:
-    """A folder to put first on PYTHONPATH that makes ``edgewatt`` revision ``rev``'s
-    tree, with this checkout's built native reader (a tree from git has none)."""
-    tree = workdir / "rev" / "tree"
-    tree.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+def with_native_reader(top: Path) -> Path:
+    """``top`` (a revision's checkout) with this checkout's built native reader (a tree
+    from git has none): both read power the same way."""
     for built in (ROOT / "core" / "power").glob("_stream*.so"):
-        shutil.copy(built, tree / "core" / "power" / built.name)
-    # A folder named edgewatt without __init__.py: the import system finds it on
-    # PYTHONPATH before the editable install's finder (which comes after the path).
-    (workdir / "rev" / "edgewatt").symlink_to(tree)
-    return workdir / "rev"
+        shutil.copy(built, top / "edgewatt" / "core" / "power" / built.name)
+    return top
+
+
+def daemon_cpu_s(pid: int) -> float:
+    """The daemon's CPU so far (s), its ended threads' (each connection's) included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def with_path(env: dict[str, str], first: Path | None) -> dict[str, str]:
@@ -230,6 +229,12 @@ def figures(runs: dict[str, dict]) -> dict[str, dict]:
             "edge_p50_ms": round(percentile(edges, 0.5), 3),
             "edge_p99_ms": round(percentile(edges, 0.99), 3),
             "edge_p99_less_own_wait_ms": round(percentile(less_wait or [0.0], 0.99), 3),
+            # The daemon's CPU over the run (10 ms ticks) per edge: what load leaves exact.
+            "daemon_cpu_us_per_edge": (
+                round(run["daemon_cpu_s"] / len(run["edges"]) * 1e6)
+                if "daemon_cpu_s" in run
+                else None
+            ),
             "cpu_known": run["cpu_known"],
             "p99_ratio_to_untracked": round(percentile(run["walls"], 0.99) / untracked_p99, 3),
         }
@@ -249,11 +254,18 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
 
+    with contextlib.ExitStack() as stack:
+        # Each build's suffix in the modes' names, and its folder first on PYTHONPATH.
+        builds: dict[str, Path | None] = {"": None}
+        if args.rev:
+            builds[f" @{args.rev}"] = with_native_reader(stack.enter_context(checkout(args.rev)))
+        results = measure(args, builds)
+    report(args, results)
+
+
+def measure(args: argparse.Namespace, builds: dict[str, Path | None]) -> dict[str, dict]:
+    """Every source's and load's figures, by "source/load", then by mode."""
     workdir = Path(tempfile.mkdtemp(prefix="edgewatt-track-"))
-    # Each build's suffix in the modes' names, and its folder first on PYTHONPATH.
-    builds: dict[str, Path | None] = {"": None}
-    if args.rev:
-        builds[f" @{args.rev}"] = revision(args.rev, workdir)
     # The daemon as `edgewatt serve` runs by hand, and as the systemd unit runs it
     # (Nice=UNIT_NICE; root only can start it so here).
     nices = [0] + ([UNIT_NICE] if os.geteuid() == 0 and args.unit_nice else [])
@@ -282,10 +294,13 @@ def main() -> None:
                     none = str(workdir / "none.sock")
                     runs = {"untracked": run_caller(args.calls, "untracked", none, power_env)}
                     runs["floor"] = run_caller(args.calls, "floor", none, power_env)
-                    for nice, build in daemons:
+                    for (nice, build), daemon in daemons.items():
                         sock = f"{workdir}/{source}/ew{nice}{build.strip()}.sock"
                         env = with_path(power_env, builds[build])
-                        runs[DAEMON[nice] + build] = run_caller(args.calls, "daemon", sock, env)
+                        cpu = daemon_cpu_s(daemon.pid)
+                        run = run_caller(args.calls, "daemon", sock, env)
+                        run["daemon_cpu_s"] = daemon_cpu_s(daemon.pid) - cpu
+                        runs[DAEMON[nice] + build] = run
                     for build, first in builds.items():
                         env = with_path(power_env, first)
                         runs["in-process" + build] = run_caller(args.calls, "in-process", none, env)
@@ -294,13 +309,17 @@ def main() -> None:
             for daemon in daemons.values():
                 daemon.terminate()
                 daemon.wait()
+    return results
+
+
+def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
     print(
         f"10 ms function, {args.calls} calls each, daemon interval {args.interval:g} s, "
         f"{os.cpu_count()} cores; a call's overhead over the untracked median, and each edge"
     )
     print(
         f"{'source/load':24} {'':18} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
-        f"{'edge p50':>9} {'edge p99':>9} {'p99 less own wait':>18}"
+        f"{'edge p50':>9} {'edge p99':>9} {'p99 less own wait':>18} {'daemon CPU us':>14}"
     )
     for where, modes in results.items():
         for mode, r in modes.items():
@@ -309,7 +328,7 @@ def main() -> None:
             print(
                 f"{where:24} {mode:18} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['max_ms']:8.2f} "
                 f"{r['edge_p50_ms']:9.2f} {r['edge_p99_ms']:9.2f} "
-                f"{r['edge_p99_less_own_wait_ms']:18.2f}"
+                f"{r['edge_p99_less_own_wait_ms']:18.2f} {r['daemon_cpu_us_per_edge'] or '':>14}"
             )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
