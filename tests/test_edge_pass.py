@@ -31,17 +31,31 @@ class CountedHost(LinuxPlatform):
         return super().read_host_cpu()
 
 
-def test_an_edge_pass_without_power_keeps_the_host_figures_of_the_last_pass(
-    spawn: Any,
-) -> None:
+def sampling(spawn: Any, power: bool) -> tuple[str, CountedHost, Sampler]:
+    """A sleeping child's target id, the counted platform, and a sampler over it (with
+    power: a JetsonBoard's, attribution sharing by the host's CPU)."""
     child = spawn("import time; time.sleep(60)")
     table = table_with(child.pid)
     (target,) = table.running()
     platform = CountedHost()
-    sampler = Sampler(table, interval=0.1, host_name="h", parts=Parts(ProcessTrees(platform)))
+    sampler = Sampler(
+        table,
+        interval=0.2,
+        host_name="h",
+        power=PowerMeter([JetsonBoard(gpu_w=10.0)], max_gap_s=5.0) if power else None,
+        attribution=Attribution(idle_w=5.0, window_s=600.0) if power else None,
+        parts=Parts(ProcessTrees(platform)),
+    )
+    return target.id, platform, sampler
+
+
+def test_an_edge_pass_without_power_keeps_the_host_figures_of_the_last_pass(
+    spawn: Any,
+) -> None:
+    target_id, platform, sampler = sampling(spawn, power=False)
     regular = sampler.sample_once()
     assert platform.host_reads == 1 and regular.host is not None
-    edges = [sampler.sample_now(target.id) for _ in range(3)]
+    edges = [sampler.sample_now(target_id) for _ in range(3)]
     # Each edge is a pass with the target's row, and the host as the last pass read it.
     assert [e.sequence for e in edges] == [2, 3, 4]
     assert all(e.host is regular.host for e in edges)
@@ -55,20 +69,9 @@ def test_an_edge_pass_without_power_keeps_the_host_figures_of_the_last_pass(
 def test_an_edge_pass_with_power_reads_only_the_host_cpu_that_attribution_shares_by(
     spawn: Any,
 ) -> None:
-    child = spawn("import time; time.sleep(60)")
-    table = table_with(child.pid)
-    (target,) = table.running()
-    platform = CountedHost()
-    sampler = Sampler(
-        table,
-        interval=0.2,
-        host_name="h",
-        power=PowerMeter([JetsonBoard(gpu_w=10.0)], max_gap_s=5.0),
-        attribution=Attribution(idle_w=5.0, window_s=600.0),
-        parts=Parts(ProcessTrees(platform)),
-    )
+    target_id, platform, sampler = sampling(spawn, power=True)
     regular = sampler.sample_once()
-    edge = sampler.sample_now(target.id)
+    edge = sampler.sample_now(target_id)
     assert (platform.host_reads, platform.cpu_reads) == (1, 1)
     # The CPU read at the edge; memory and interfaces the regular pass's.
     assert edge.host is not None and regular.host is not None
