@@ -8,10 +8,19 @@ p50/p99 in ms and as the ratio of the tracked p99 to the untracked p99; each edg
 (entering, leaving: one request and one pass each) is timed by itself too. Beside
 them, the machine's floor ("floor"): the same call with a bare 200-byte request and
 answer over a Unix socket to another process at each edge, what no edge through a
-daemon can go under on the machine and load of the run.
+daemon can go under on the machine and load of the run. Each edge is reported whole
+and less the caller's own wait for a CPU in it (its run_delay in
+/proc/thread-self/schedstat, as the kernel counted it): with every core busy, what is
+left is what the daemon and the transport cost the caller, which the budget holds.
+Beside them, the daemon's CPU over each run (all its threads, from /proc/PID/stat's
+10 ms ticks) per edge: what a busy machine does not blur.
 
     .venv/bin/python benchmarks/track.py [--calls 300] [--interval 5] [--json out.json]
-        [--sources none,ina3221,...] [--loads idle,...]
+        [--sources none,ina3221,...] [--loads idle,...] [--rev main]
+
+``--rev REV``: beside this checkout, the same modes with the daemon and the client of
+git revision REV (its tree extracted, this checkout's native reader copied into it),
+one after the other under the same load: "daemon @main" against "daemon".
 
 Side by side for each power source (no edge waits for a reading), each
 a stand-in the daemon and the in-process sampler read as the real one:
@@ -41,6 +50,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,17 +62,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measure import percentile, start_daemon  # noqa: E402
+from benchmarks.measure import checkout, percentile, start_daemon  # noqa: E402
 from tests.power_standin import build_tree  # noqa: E402
 from tests.test_power_sources import rapl_tree  # noqa: E402
 
 CALLER = """
-import json, sys, time
+import json, os, sys, time
 from edgewatt import client
 calls, mode = int(sys.argv[1]), sys.argv[2]
+# The caller's own wait for a CPU (run_delay, ns, as the kernel counts it): an edge
+# less that wait is what the daemon and the transport cost it.
+schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+def waited():
+    return int(os.pread(schedstat, 200, 0).split()[1]) / 1e9
 reg = None
 if mode == "floor":  # a bare request and answer with another process: the machine's floor
-    import os, socket
+    import socket
     mine, theirs = socket.socketpair()
     if os.fork() == 0:
         mine.close()
@@ -76,28 +91,36 @@ elif mode != "untracked":
 tracked = client.track("step", registration=reg)
 def step():
     time.sleep(0.010)
-walls, edges, cpu = [], [], []
-for _ in range(calls):
-    started = time.perf_counter()
+def edge():
     if mode == "floor":
         mine.sendall(b"x" * 200); mine.recv(4096)
-        entered = time.perf_counter()
-        step()
-        leaving = time.perf_counter()
-        mine.sendall(b"x" * 200); mine.recv(4096)
-        edges += [entered - started, time.perf_counter() - leaving]
-    elif reg is None:
-        step()
     else:
-        tracked.__enter__()
-        entered = time.perf_counter()
+        (tracked.__exit__(None, None, None) if entering is None else tracked.__enter__())
+walls, edges, own, cpu = [], [], [], []
+for _ in range(calls):
+    if reg is None and mode != "floor":
+        started = time.perf_counter()
         step()
-        leaving = time.perf_counter()
-        tracked.__exit__(None, None, None)
-        edges += [entered - started, time.perf_counter() - leaving]
+        walls.append(time.perf_counter() - started)
+        continue
+    entering = True
+    wait = waited()
+    started = time.perf_counter()
+    edge()
+    entered = time.perf_counter()
+    own.append(waited() - wait)
+    step()
+    entering, wait = None, waited()
+    leaving = time.perf_counter()
+    edge()
+    left = time.perf_counter()
+    own.append(waited() - wait)
+    edges += [entered - started, left - leaving]
+    walls.append(left - started)
+    if reg is not None:
         cpu.append(tracked.last.cpu_s)
-    walls.append(time.perf_counter() - started)
-print(json.dumps({"walls": walls, "edges": edges, "cpu_known": sum(c is not None for c in cpu)}))
+print(json.dumps({"walls": walls, "edges": edges, "own_wait": own,
+                  "cpu_known": sum(c is not None for c in cpu)}))
 """
 
 # A pynvml that is FakeNvml (tests/test_power_sources.py): imported, it puts the fake
@@ -135,6 +158,28 @@ def source_env(source: str, workdir: Path) -> dict[str, str]:
     elif source == "powermetrics":
         env["EDGEWATT_POWERMETRICS"] = str(ROOT / "tests" / "bin" / "powermetrics")
     return {**env, "EDGEWATT_POWER_SOURCES": source}
+
+
+def with_native_reader(top: Path) -> Path:
+    """``top`` (a revision's checkout) with this checkout's built native reader (a tree
+    from git has none): both read power the same way."""
+    for built in (ROOT / "core" / "power").glob("_stream*.so"):
+        shutil.copy(built, top / "edgewatt" / "core" / "power" / built.name)
+    return top
+
+
+def daemon_cpu_s(pid: int) -> float:
+    """The daemon's CPU so far (s), its ended threads' (each connection's) included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def with_path(env: dict[str, str], first: Path | None) -> dict[str, str]:
+    """``env`` with ``first`` (a revision's folder) put first on its PYTHONPATH."""
+    if first is None:
+        return env
+    rest = env.get("PYTHONPATH")
+    return {**env, "PYTHONPATH": str(first) + (os.pathsep + rest if rest else "")}
 
 
 def run_caller(calls: int, mode: str, socket_path: str, power_env: dict[str, str]) -> dict:
@@ -175,12 +220,21 @@ def figures(runs: dict[str, dict]) -> dict[str, dict]:
     for mode, run in runs.items():
         overhead = sorted((w - base) * 1000 for w in run["walls"])
         edges = sorted(e * 1000 for e in run["edges"]) or [0.0]
+        # Each edge less the caller's own wait for a CPU in it (as the kernel counted).
+        less_wait = sorted(max(0.0, e - w) * 1000 for e, w in zip(run["edges"], run["own_wait"]))
         results[mode] = {
             "p50_ms": round(percentile(overhead, 0.5), 3),
             "p99_ms": round(percentile(overhead, 0.99), 3),
             "max_ms": round(overhead[-1], 3),
             "edge_p50_ms": round(percentile(edges, 0.5), 3),
             "edge_p99_ms": round(percentile(edges, 0.99), 3),
+            "edge_p99_less_own_wait_ms": round(percentile(less_wait or [0.0], 0.99), 3),
+            # The daemon's CPU over the run (10 ms ticks) per edge: what load leaves exact.
+            "daemon_cpu_us_per_edge": (
+                round(run["daemon_cpu_s"] / len(run["edges"]) * 1e6)
+                if "daemon_cpu_s" in run
+                else None
+            ),
             "cpu_known": run["cpu_known"],
             "p99_ratio_to_untracked": round(percentile(run["walls"], 0.99) / untracked_p99, 3),
         }
@@ -196,9 +250,21 @@ def main() -> None:
     parser.add_argument(
         "--no-unit-nice", dest="unit_nice", action="store_false", help="one daemon, at nice 0"
     )
+    parser.add_argument("--rev", help="a git revision measured beside this checkout")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
 
+    with contextlib.ExitStack() as stack:
+        # Each build's suffix in the modes' names, and its folder first on PYTHONPATH.
+        builds: dict[str, Path | None] = {"": None}
+        if args.rev:
+            builds[f" @{args.rev}"] = with_native_reader(stack.enter_context(checkout(args.rev)))
+        results = measure(args, builds)
+    report(args, results)
+
+
+def measure(args: argparse.Namespace, builds: dict[str, Path | None]) -> dict[str, dict]:
+    """Every source's and load's figures, by "source/load", then by mode."""
     workdir = Path(tempfile.mkdtemp(prefix="edgewatt-track-"))
     # The daemon as `edgewatt serve` runs by hand, and as the systemd unit runs it
     # (Nice=UNIT_NICE; root only can start it so here).
@@ -209,17 +275,18 @@ def main() -> None:
         daemons = {}
         if source not in IN_PROCESS_ONLY:
             daemons = {
-                nice: start_daemon(
-                    f"{workdir}/{source}/ew{nice}.sock",
-                    workdir / source / f"state{nice}",
+                (nice, build): start_daemon(
+                    f"{workdir}/{source}/ew{nice}{build.strip()}.sock",
+                    workdir / source / f"state{nice}{build.strip()}",
                     "--listen",
                     "127.0.0.1:0",
                     "--interval",
                     str(args.interval),
-                    env={**os.environ, **power_env},
+                    env=with_path({**os.environ, **power_env}, first),
                     nice=nice,
                 )
                 for nice in nices
+                for build, first in builds.items()
             }
         try:
             for load in args.loads.split(","):
@@ -227,30 +294,41 @@ def main() -> None:
                     none = str(workdir / "none.sock")
                     runs = {"untracked": run_caller(args.calls, "untracked", none, power_env)}
                     runs["floor"] = run_caller(args.calls, "floor", none, power_env)
-                    for nice in daemons:
-                        sock = f"{workdir}/{source}/ew{nice}.sock"
-                        runs[DAEMON[nice]] = run_caller(args.calls, "daemon", sock, power_env)
-                    runs["in-process"] = run_caller(args.calls, "in-process", none, power_env)
+                    for (nice, build), daemon in daemons.items():
+                        sock = f"{workdir}/{source}/ew{nice}{build.strip()}.sock"
+                        env = with_path(power_env, builds[build])
+                        cpu = daemon_cpu_s(daemon.pid)
+                        run = run_caller(args.calls, "daemon", sock, env)
+                        run["daemon_cpu_s"] = daemon_cpu_s(daemon.pid) - cpu
+                        runs[DAEMON[nice] + build] = run
+                    for build, first in builds.items():
+                        env = with_path(power_env, first)
+                        runs["in-process" + build] = run_caller(args.calls, "in-process", none, env)
                 results[f"{source}/{load}"] = figures(runs)
         finally:
             for daemon in daemons.values():
                 daemon.terminate()
                 daemon.wait()
+    return results
+
+
+def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
     print(
         f"10 ms function, {args.calls} calls each, daemon interval {args.interval:g} s, "
         f"{os.cpu_count()} cores; a call's overhead over the untracked median, and each edge"
     )
     print(
-        f"{'source/load':24} {'':12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
-        f"{'edge p50':>9} {'edge p99':>9}"
+        f"{'source/load':24} {'':18} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+        f"{'edge p50':>9} {'edge p99':>9} {'p99 less own wait':>18} {'daemon CPU us':>14}"
     )
     for where, modes in results.items():
         for mode, r in modes.items():
             if mode == "untracked":
                 continue
             print(
-                f"{where:24} {mode:12} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['max_ms']:8.2f} "
-                f"{r['edge_p50_ms']:9.2f} {r['edge_p99_ms']:9.2f}"
+                f"{where:24} {mode:18} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['max_ms']:8.2f} "
+                f"{r['edge_p50_ms']:9.2f} {r['edge_p99_ms']:9.2f} "
+                f"{r['edge_p99_less_own_wait_ms']:18.2f} {r['daemon_cpu_us_per_edge'] or '':>14}"
             )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -63,6 +63,7 @@ def summary_table(
             rows.append(("counted by", printable(str(summary["cpu_source"]))))
     rows += memory_rows(summary)
     rows += disk_rows(summary)
+    rows += switch_rows(summary)
     rows += network_rows(summary, host_network)
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
@@ -159,6 +160,19 @@ def disk_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return [("disk", line)]
 
 
+# A run's context switches (the sampler's summary: every process of the command's).
+SWITCH_KEYS = ("context_switches_voluntary", "context_switches_involuntary")
+
+
+def switch_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Context switches: voluntary (a process waited: I/O, a lock, a sleep) and
+    involuntary (preempted)."""
+    voluntary, involuntary = (summary.get(k) for k in SWITCH_KEYS)
+    if voluntary is None or involuntary is None:
+        return []
+    return [("switches", f"{voluntary} voluntary (waits), {involuntary} involuntary (preempted)")]
+
+
 def covers_line(covers: dict[str, Any]) -> str:
     """What part of the run a summary's figures cover ("covers" where not "whole")."""
 
@@ -237,7 +251,7 @@ SUMMARY_NUMBERS = (
     "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
     "phases_dropped", "disk_read_bytes", "disk_write_bytes", "host_network_bytes_sent",
     "memory_cgroup_peak_bytes",
-    "host_network_bytes_recv", *KEYS,
+    "host_network_bytes_recv", *SWITCH_KEYS, *KEYS,
 )  # fmt: skip
 
 
@@ -247,6 +261,7 @@ PHASE_NUMBERS = (
     "energy_j", "device_energy_j", "memory_rss_peak_bytes", "memory_pss_peak_bytes",
     "memory_rss_largest_peak_bytes", "disk_read_bytes",
     "disk_write_bytes", "network_transmit_bytes", "network_receive_bytes", PEAK_POWER,
+    *SWITCH_KEYS,
 )  # fmt: skip
 
 

@@ -65,8 +65,7 @@ class LocalSampler:
             window_hz_from_environment,
         )
         from edgewatt.core.power.source import PowerOptions
-        from edgewatt.core.sampling.contributors import Contributor, TcpAccounting
-        from edgewatt.core.sampling.pss import ProportionalMemory
+        from edgewatt.core.sampling.contributor_list import contributors
         from edgewatt.core.sampling.sampler import Parts, Sampler
         from edgewatt.core.sampling.trees import ProcessTrees
         from edgewatt.core.targets import Limits, Resolver, TargetTable
@@ -113,16 +112,16 @@ class LocalSampler:
         tcp_counted = sys.platform.startswith("linux")  # sock_diag, /proc/PID/fd
 
         accounting = _network_accounting() if network and tcp_counted else None
-        contributors: tuple[Contributor, ...] = (
-            () if accounting is None else (TcpAccounting(accounting),)
-        )
-        if os.path.exists(f"/proc/{os.getpid()}/smaps_rollup"):  # PSS: Linux 4.14 on
-            contributors += (ProportionalMemory(),)
+        pss = os.path.exists(f"/proc/{os.getpid()}/smaps_rollup")  # Linux 4.14 on
         self.sampler = Sampler(
             self.table,
             interval=interval,
             host_name=socket.gethostname(),
-            parts=Parts(ProcessTrees(platform), contributors),
+            # Its own process alone: no cgroup target.
+            parts=Parts(
+                ProcessTrees(platform),
+                contributors(accounting, pss_proc="/proc" if pss else None, cgroups=False),
+            ),
             power=meter,
             attribution=Attribution(None, 3600.0),
             on_pass=on_snapshot,

@@ -133,6 +133,19 @@ TABLE: tuple[Metric, ...] = (
         split=(("transmit", "network_transmit_bytes"), ("receive", "network_receive_bytes")),
     ),
     Metric(
+        "process.context_switches",
+        "counter",
+        "{context_switch}",
+        "Context switches of the target and its descendants, by type: voluntary (it "
+        "waited: I/O, a lock, a sleep) and involuntary (preempted); a live process's main "
+        "thread's (/proc/PID/status), a departed one's whole count (its exit record's)",
+        ("process.context_switch.type",),
+        split=(
+            ("voluntary", "context_switches_voluntary"),
+            ("involuntary", "context_switches_involuntary"),
+        ),
+    ),
+    Metric(
         "process.threads",
         "updowncounter",
         "{thread}",

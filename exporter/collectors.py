@@ -18,8 +18,7 @@ from edgewatt.core.kernel.proc_events import ProcEvents
 from edgewatt.core.kernel.sockets import DestroyListener
 from edgewatt.core.kernel.taskstats import TaskExits, TaskstatsSocket
 from edgewatt.core.platforms import Platform
-from edgewatt.core.sampling.contributors import CgroupTrafficCounts, Contributor, TcpAccounting
-from edgewatt.core.sampling.pss import ProportionalMemory
+from edgewatt.core.sampling.contributor_list import contributors
 from edgewatt.core.sampling.sampler import Parts
 from edgewatt.core.sampling.trees import ProcessTrees
 from edgewatt.core.targets import TargetTable
@@ -48,13 +47,16 @@ def start_collectors(
     membership = _start_lineage(config, table)
     network = _start_network(config)
     traffic, problem = _start_cgroup_traffic(config, person)
-    contributors: list[Contributor] = [] if network is None else [TcpAccounting(network)]
-    contributors.append(CgroupTrafficCounts(traffic, problem))
-    contributors.append(ProportionalMemory(getattr(platform, "proc", "/proc")))
     return Collectors(
         parts=Parts(
             ProcessTrees(platform, exits=exits, membership=membership),
-            tuple(contributors),
+            contributors(
+                network,
+                pss_proc=getattr(platform, "proc", "/proc"),
+                cgroups=True,
+                traffic=traffic,
+                traffic_problem=problem,
+            ),
         ),
         exact_exits=exits is not None and (network is None or network.destroyed is not None),
         cgroup_traffic_problem=problem,

@@ -257,8 +257,9 @@ STOP_WRITE_S = 4.5
 # The most descriptors asked for when the hard limit is unlimited (the kernel's
 # default nr_open).
 MAX_OPEN_FILES = 1 << 20
-# /proc files a lone target keeps open: stat, io, schedstat and its fd directory.
-FILES_PER_TARGET = 4
+# /proc files a lone target keeps open: stat, io, schedstat, status (its context
+# switches) and its fd directory.
+FILES_PER_TARGET = 5
 
 
 def _status(snapshot: Snapshot) -> str:

@@ -266,6 +266,19 @@ def spawn() -> Iterator[Any]:
             p.wait()
 
 
+def settled(pid: int) -> None:
+    """Until the process waits: its scheduler counters stand still for 0.2 s."""
+    before = None
+    for _ in range(100):
+        with open(f"/proc/{pid}/schedstat") as f:
+            now = f.read()
+        if now == before:
+            return
+        before = now
+        time.sleep(0.2)
+    raise AssertionError(f"pid {pid} never waited")
+
+
 def kernel_cpu_seconds(pid: int) -> float:
     """utime+stime+cutime+cstime of a live process, straight from the kernel."""
     with open(f"/proc/{pid}/stat") as f:

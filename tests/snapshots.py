@@ -39,6 +39,8 @@ def process(i: int, cpu: float = 1.5) -> ProcessSample:
         network_receive_bytes=2000,
         gpu_utilization=0.4,
         gpu_memory_bytes=2**30,
+        context_switches_voluntary=120,
+        context_switches_involuntary=7,
         phases=(
             PhaseFigures("warmup", False, 3.5, 12.0, 19.5),
             PhaseFigures("train", True, 1.25, 4.5, None),  # no reading in it yet

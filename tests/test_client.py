@@ -93,6 +93,42 @@ def test_summary_runs_to_now(daemon_factory: Any, fallback: str) -> None:
     assert figures["summary"] == pytest.approx(figures["used"], abs=0.025), figures
 
 
+SWITCHES = """
+import json, time
+from edgewatt import client
+
+def voluntary():
+    with open("/proc/self/status") as f:
+        return int(f.read().splitlines()[-2].split()[1])
+
+before = voluntary()
+with client.register(fallback=FALLBACK) as reg:
+    for _ in range(50):
+        time.sleep(0.001)
+    s = reg.summary()
+    after = voluntary()
+    print(json.dumps({"mode": reg.mode, "before": before, "after": after,
+                      "summary": s["context_switches_voluntary"],
+                      "latest": reg.stats()["context_switches_voluntary"]}))
+"""
+
+
+@pytest.mark.parametrize("fallback", ["never", "always"])
+def test_a_registration_reads_its_context_switches_as_the_kernel_counted_them(
+    daemon_factory: Any, fallback: str
+) -> None:
+    # 50 sleeps of 1 ms: 50 voluntary switches at least, and no more than the kernel
+    # counted for the process (its main thread) from before the registration to after
+    # the summary, daemon or not.
+    daemon = daemon_factory(interval=5.0)
+    out = run_python(SWITCHES.replace("FALLBACK", repr(fallback)), EDGEWATT_SOCKET=daemon.socket)
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    assert figures["mode"] == ("daemon" if fallback == "never" else "local")
+    assert 50 <= figures["summary"] <= figures["after"] - figures["before"], figures
+    assert figures["before"] + 50 <= figures["latest"] <= figures["after"], figures
+
+
 MANY_PHASES = """
 import json, time
 from edgewatt import client

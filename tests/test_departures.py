@@ -8,12 +8,20 @@ the exit records come through the real TaskExits from a stand-in socket.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 
 from edgewatt.core.facts.departures import Departures, ExitFigures
-from edgewatt.core.facts.member_counters import ZERO, Counters, Member, add
+from edgewatt.core.facts.member_counters import (
+    NO_SWITCHES,
+    ZERO,
+    Counters,
+    Member,
+    Switches,
+    add,
+)
 from edgewatt.core.facts.procfs import CLOCK_TICKS, Stat
 from edgewatt.core.facts.tree_walk import Departed, Walked
 from edgewatt.core.kernel.taskstats import TICK_S, TaskExit, TaskExits, unix_start
@@ -445,3 +453,51 @@ def test_by_owner_a_zombie_reaped_outside_with_its_childs_record_in_the_same_pas
     assert t.sample([root], gone) == (75, 21.25 + 0.75, 0, 0)
     t.exit(ROOT, OUTSIDE, user_us=100_000, system_us=50_000, read=0, write=0)
     assert t.end([(ROOT, root, OUTSIDE)], alone=False).teardowns_counted
+
+
+def _switches(t: Target, live: list[Member]) -> Switches:
+    """The target's context switches after a pass over ``live`` (each its own)."""
+    total = NO_SWITCHES
+    for m in live:
+        assert m.switches is not None
+        total = Switches(total[0] + m.switches[0], total[1] + m.switches[1])
+    return t.departures.switches(total)
+
+
+@pytest.mark.parametrize("own_cpu", [False, True], ids=["by-reaper", "by-owner"])
+def test_a_departed_member_s_context_switches_are_carried_at_once_its_record_s_where_one_came(
+    own_cpu: bool,
+) -> None:
+    """No reaper's counters show a reaped child's switches: a departed member's are
+    carried at once, in either mode, its exit record's (all its threads, to its exit)
+    where one came, else as last read; the sum never goes back."""
+    t = Target(own_cpu=own_cpu)
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0))
+    root.switches = Switches(7, 1)
+    child = t.member(CHILD, ROOT, (20, 5, 0, 0))
+    child.switches = Switches(30, 4)
+    t.sample([root, child])
+    assert _switches(t, [root, child]) == (37, 5)
+    # The child ran on (40 waits, 6 preemptions in all) and exited; its parent reaped it.
+    t.exit(CHILD, ROOT, user_us=300_000, system_us=50_000, read=0, write=0)
+    t.records.queued[-1] = dataclasses.replace(
+        t.records.queued[-1], voluntary_switches=40, involuntary_switches=6
+    )
+    t.sample([root], [(CHILD, child, ROOT)])
+    assert _switches(t, [root]) == (47, 7)
+    # A grandchild gone without a record: its last reading counts.
+    grandchild = t.member(GRANDCHILD, ROOT, (1, 0, 0, 0))
+    grandchild.switches = Switches(5, 0)
+    t.sample([root, grandchild])
+    assert _switches(t, [root, grandchild]) == (52, 7)
+    t.sample([root], [(GRANDCHILD, grandchild, ROOT)])
+    assert _switches(t, [root]) == (52, 7)
+    # The root read lower (its main thread alone after another exit): never back.
+    root.switches = Switches(6, 1)
+    assert _switches(t, [root]) == (52, 7)
+    # Its own exit: its record's, all its threads.
+    t.exit(ROOT, OUTSIDE, user_us=200_000, system_us=60_000, read=0, write=0)
+    t.records.queued[-1] = dataclasses.replace(
+        t.records.queued[-1], voluntary_switches=9, involuntary_switches=2
+    )
+    assert t.end([(ROOT, root, OUTSIDE)], alone=True).switches == (54, 8)

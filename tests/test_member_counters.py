@@ -4,7 +4,7 @@ stand-in /proc handle."""
 
 from __future__ import annotations
 
-from edgewatt.core.facts.member_counters import ZERO, Counters, MemberReader, sub_floor
+from edgewatt.core.facts.member_counters import ZERO, Counters, MemberReader, Switches, sub_floor
 from edgewatt.core.facts.procfs import NoSuchProcess, Stat
 
 
@@ -19,6 +19,8 @@ class Handle:
         self.gone = False
         self.reads = 0
         self.closed = False
+        self.switches_value: tuple[int, int] | None = (40, 3)
+        self.switch_reads = 0
 
     def activity(self) -> bytes:
         return self.activity_value
@@ -31,6 +33,12 @@ class Handle:
 
     def fd_count(self) -> int:
         return 7
+
+    def switches(self) -> tuple[int, int] | None:
+        if self.gone:
+            raise NoSuchProcess(self.pid)
+        self.switch_reads += 1
+        return self.switches_value
 
     def stat(self) -> Stat:
         if self.gone:
@@ -80,6 +88,26 @@ def test_a_member_that_did_not_run_keeps_its_io_and_a_recheck_reads_it() -> None
     other = Handle(10)
     fresh = reader.read(other, stat(), ran, False)  # type: ignore[arg-type]
     assert fresh is not None and not fresh.idle and other.reads == 1
+
+
+def test_a_member_s_context_switches_are_read_where_it_ran_and_kept_where_not() -> None:
+    root = Handle(10)
+    reader = MemberReader(root, own_cpu=False, children=True)  # type: ignore[arg-type]
+    first = reader.read(root, stat(), None, False)  # type: ignore[arg-type]
+    assert first is not None and first.switches == Switches(40, 3) and root.switch_reads == 1
+    root.switches_value = (41, 3)  # what a read would find now
+    idle = reader.read(root, stat(), first, False)  # type: ignore[arg-type]
+    assert idle is not None and idle.switches is first.switches and root.switch_reads == 1
+    root.activity_value = b"1 2 4"  # it ran
+    ran = reader.read(root, stat(), first, False)  # type: ignore[arg-type]
+    assert ran is not None and ran.switches == (41, 3) and root.switch_reads == 2
+    # Read again unchanged: the same object, so the target's sum is not rebuilt.
+    root.activity_value = b"1 2 5"
+    again = reader.read(root, stat(), ran, False)  # type: ignore[arg-type]
+    assert again is not None and again.switches is ran.switches
+    root.switches_value = None  # not shown: None, not 0
+    unread = reader.read(root, stat(threads=2), ran, False)  # type: ignore[arg-type]
+    assert unread is not None and unread.switches is None
 
 
 def test_unreadable_io_counts_zero_and_says_so_for_the_root_only() -> None:

@@ -8,6 +8,9 @@ import re
 
 import pytest
 
+from edgewatt.core.figures import INCREASES, KEPT, KINDS
+from edgewatt.core.metrics import TABLE
+from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets.row import (
     SAMPLE_FIELDS,
     SAMPLE_UNITS,
@@ -17,6 +20,7 @@ from edgewatt.core.targets.row import (
     row_of,
     sample_dict,
 )
+from edgewatt.core.targets.summary import span
 from tests.snapshots import process
 
 
@@ -30,7 +34,10 @@ def test_every_figure_a_sample_shows_has_the_unit_its_name_says() -> None:
         "_w": "watts",
         "_j": "joules",
     }
-    counts = {"threads", "open_fds", "processes"}
+    counts = {
+        "threads", "open_fds", "processes",
+        "context_switches_voluntary", "context_switches_involuntary",
+    }  # fmt: skip
     for name, unit in SAMPLE_UNITS.items():
         if name == "time":
             assert unit == "unix seconds"
@@ -48,6 +55,7 @@ def test_every_figure_a_sample_shows_has_the_unit_its_name_says() -> None:
     assert cumulative == [
         "cpu_user_s", "cpu_system_s", "disk_read_bytes", "disk_write_bytes",
         "network_transmit_bytes", "network_receive_bytes", "energy_j", "device_energy_j",
+        "context_switches_voluntary", "context_switches_involuntary",
     ]  # fmt: skip
 
 
@@ -87,3 +95,49 @@ def test_a_ring_row_takes_its_settled_energy_in_place_after_the_ring_wraps() -> 
             ring.device_energy(index)
         with pytest.raises(IndexError):
             ring.settle_device_energy(index, 1.0)
+
+
+def test_the_row_s_columns_are_the_declared_figures_each_a_sample_field() -> None:
+    # One declaration (core/figures.py) gives the row's units, its ints and the
+    # summary's increases: its figures are the row's columns, in order, and the
+    # sample's fields.
+    assert tuple(f.name for f in KEPT) == SAMPLE_FIELDS
+    sample_fields = {f.name for f in dataclasses.fields(ProcessSample)}
+    for figure in KEPT:
+        assert figure.name in sample_fields and figure.kind in KINDS, figure
+        # A figure whose window is its increase is cumulative; a cumulative one says so.
+        assert not figure.increase or figure.kind == "cumulative", figure
+        assert (figure.kind == "cumulative") == bool(re.search(r"\bcumulative\b", figure.unit)), (
+            figure
+        )
+
+
+def test_an_exported_figure_s_instrument_agrees_with_its_declared_kind() -> None:
+    # A counter's figure never decreases (cumulative); a level is no counter.
+    kinds = {f.name: f.kind for f in KEPT}
+    checked = 0
+    for metric in TABLE:
+        for name in (metric.field, *(field for _, field in metric.split)):
+            if metric.per_phase or name not in kinds:
+                continue
+            checked += 1
+            assert (metric.instrument == "counter") == (kinds[name] == "cumulative"), (
+                metric.name,
+                name,
+            )
+    assert checked == 17  # every kept figure that is exported
+
+
+def test_a_summary_gives_each_declared_increase_as_the_difference_of_its_rows() -> None:
+    first = _row(0.0, disk_read_bytes=10, network_receive_bytes=None)
+    last = _row(2.0, disk_read_bytes=4106, network_receive_bytes=7)
+    figures = span(first, last, logical_cpus=2, carbon=None)
+    for name in INCREASES:
+        before, after = getattr(first, name), getattr(last, name)
+        expected = None if before is None or after is None else after - before
+        assert figures[name] == expected, name
+    assert figures["disk_read_bytes"] == 4096 and figures["network_receive_bytes"] is None
+    assert INCREASES == (
+        "disk_read_bytes", "disk_write_bytes", "network_transmit_bytes", "network_receive_bytes",
+        "context_switches_voluntary", "context_switches_involuntary",
+    )  # fmt: skip

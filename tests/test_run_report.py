@@ -73,6 +73,42 @@ def test_run_exit_code_output_and_summary(tmp_path: Path) -> None:
     assert lines[-1]["memory_rss_peak_bytes"] > 80 * 2**20
 
 
+SLEEPER = (
+    "import os, resource, time\n"
+    "for _ in range(50):\n"
+    "    time.sleep(0.001)\n"
+    "usage = resource.getrusage(resource.RUSAGE_SELF)\n"
+    "os.write(1, f'{usage.ru_nvcsw} {usage.ru_nivcsw}'.encode())\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["daemon", "local"])
+def test_run_shows_the_commands_context_switches_in_its_table_and_file(
+    mode: str, daemon_factory: Any, tmp_path: Path
+) -> None:
+    # 50 sleeps of 1 ms: the voluntary switches the command counted itself, exactly
+    # (wait4's, of every process it started: it blocks nowhere after its count), and
+    # the sampler's where wait4 has none.
+    socket_path = daemon_factory().socket if mode == "daemon" else str(tmp_path / "none.sock")
+    out_file = tmp_path / "run.jsonl"
+    result = run(
+        ["run", "--socket", socket_path, "--interval", "0.2", "--output", str(out_file),
+         "--", sys.executable, "-c", SLEEPER]
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"monitored via {mode}" in result.stderr
+    voluntary, involuntary = (int(x) for x in result.stdout.split())
+    shown = re.search(r"switches +(\d+) voluntary \(waits\), (\d+) involuntary", result.stderr)
+    assert shown is not None, result.stderr
+    summary = json.loads(out_file.read_text().splitlines()[-1])
+    assert summary["type"] == "summary"
+    figures = (summary["context_switches_voluntary"], summary["context_switches_involuntary"])
+    assert (int(shown[1]), int(shown[2])) == figures
+    # One more than its own count: its switch away at its exit (TASK_DEAD).
+    assert figures[0] == voluntary + 1 and voluntary >= 50
+    assert figures[1] >= involuntary  # a preemption may come after its count
+
+
 def test_signals_are_forwarded_and_exit_status_follows(tmp_path: Path) -> None:
     trap = (
         "import signal, sys, time\n"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -16,13 +16,14 @@ from hypothesis import strategies as st
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.sampling import tracked
 from edgewatt.core.sampling.clock import Clock
+from edgewatt.core.sampling.contributor_list import contributors
 from edgewatt.core.sampling.contributors import Figures, Status
 from edgewatt.core.sampling.exits import final_cpu
 from edgewatt.core.sampling.sampler import Parts, Sampler
 from edgewatt.core.sampling.tracked import TargetState
 from edgewatt.core.sampling.trees import ProcessTrees
 from edgewatt.core.snapshot import Snapshot
-from tests.conftest import kernel_cpu_seconds, table_with, wait_for
+from tests.conftest import kernel_cpu_seconds, settled, table_with, wait_for
 
 
 def test_a_target_is_called_exited_only_once_the_exporters_have_dropped_it(
@@ -261,17 +262,67 @@ def test_a_misspelt_figure_name_raises_on_every_python(spawn: Any, monkeypatch: 
         sampler.close()
 
 
-def _settled(pid: int) -> None:
-    """Until the process waits: its scheduler counters stand still for 0.2 s."""
-    before = None
-    for _ in range(100):
-        with open(f"/proc/{pid}/schedstat") as f:
-            now = f.read()
-        if now == before:
-            return
-        before = now
-        time.sleep(0.2)
-    raise AssertionError(f"pid {pid} never waited")
+class Declaring(Handed):
+    """Handed, declaring the fields it sets and the targets it counts."""
+
+    def __init__(self, sets: tuple[str, ...], counts: str = "any") -> None:
+        super().__init__()
+        self.sets, self.counts = sets, counts
+
+
+@pytest.mark.parametrize(
+    ("declared", "problem"),
+    [
+        (
+            [Declaring(("network_count",))],
+            "handing out a figure: 'network_count' is not a ProcessSample field",
+        ),
+        (
+            [Declaring(("gpu_utilization",)), Declaring(("threads", "gpu_utilization"))],
+            "'gpu_utilization' of process targets is set by two contributors",
+        ),
+        (  # cgroup traffic sets the network bytes of cgroup targets: both would
+            [Declaring(("network_transmit_bytes",), "cgroup")],
+            "'network_transmit_bytes' of cgroup targets is set by two contributors: "
+            "reading cgroup traffic counters, handing out a figure",
+        ),
+        ([Declaring(("threads",), "processes")], "counts 'processes', not one of"),
+    ],
+)
+def test_a_contributor_s_declared_fields_are_checked_when_the_sampler_is_built(
+    declared: list[Declaring], problem: str
+) -> None:
+    parts = Parts(
+        ProcessTrees(LinuxPlatform()),
+        (*contributors(None, pss_proc="/proc", cgroups=True), *declared),
+    )
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        Sampler(table_with(os.getpid()), interval=0.1, host_name="h", parts=parts)
+
+
+def test_every_contributor_declares_what_it_sets_and_they_agree(spawn: Any) -> None:
+    # The daemon's whole list (TCP bytes of process targets and cgroup traffic set the
+    # same fields, of different targets): built, and each one's figures in a pass are
+    # among the fields it declares.
+    child = spawn("import time; time.sleep(60)")
+    trees = ProcessTrees(LinuxPlatform())
+    listed = contributors(None, pss_proc="/proc", cgroups=True)
+    sampler = Sampler(
+        table_with(child.pid), interval=0.1, host_name="h", parts=Parts(trees, listed)
+    )
+    try:
+        sampler.sample_once()
+        states = list(sampler._states.values())
+        for contributor in (trees, *listed):
+            assert contributor.counts in ("process", "cgroup", "any")
+            for figures in contributor.contribute(states).values():
+                assert set(figures) <= set(contributor.sets), contributor.name
+        assert [c.name for c in listed] == [
+            "reading cgroup traffic counters",
+            "reading smaps_rollup",
+        ]
+    finally:
+        sampler.close()
 
 
 def _figures(sample: Any) -> dict[str, Any]:
@@ -293,7 +344,7 @@ def test_a_waiting_target_s_sample_is_its_last_dated_anew_until_a_figure_moves(
         "    while time.process_time() - t < 0.05: pass\n",
         stdin=subprocess.PIPE,
     )
-    _settled(child.pid)
+    settled(child.pid)
     table = table_with(child.pid)
     handed = Handed()
     sampler = Sampler(
@@ -321,7 +372,7 @@ def test_a_waiting_target_s_sample_is_its_last_dated_anew_until_a_figure_moves(
     child.stdin.write(b"run\n")  # it runs 50 ms of CPU, then waits again
     child.stdin.flush()
     wait_for(lambda: kernel_cpu_seconds(child.pid) >= ran_before + 0.04)
-    _settled(child.pid)
+    settled(child.pid)
     after_run = sampler.sample_once()
     (ran,) = after_run.processes
     assert after_run.figures_since[target_id] == after_run.sequence

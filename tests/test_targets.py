@@ -248,7 +248,7 @@ def _history_of(rows: list[SampleRow], capacity: int) -> History:
     return history
 
 
-def test_a_full_history_keeps_its_last_rows_exactly_in_178_bytes_a_row() -> None:
+def test_a_full_history_keeps_its_last_rows_exactly_in_194_bytes_a_row() -> None:
     # Every row's figures are new objects, as a target that runs makes them: the ring
     # must hold their values, not the objects (200 targets' full rings).
     rows = [
@@ -276,7 +276,7 @@ def test_a_full_history_keeps_its_last_rows_exactly_in_178_bytes_a_row() -> None
     assert list(_history_of(rows[:5], 0).rows) == []
 
     # tracemalloc counts every thread's allocations: threads an earlier test left
-    # running in this process (CI measured 177 B once, 159 B alone) add to one
+    # running in this process (CI measured 193 B once, 175 B alone) add to one
     # reading, so the least of three is the history's own. The rows are made before
     # it: a row freed inside it may stay allocated in the interpreter's caches of
     # freed objects, counted or not as the tests before (or a gc.collect()) left
@@ -297,7 +297,7 @@ def test_a_full_history_keeps_its_last_rows_exactly_in_178_bytes_a_row() -> None
         now = [sys.getrefcount(row) for row in made]
         assert [b - a for a, b in zip(references, now)] == [1] + [0] * 298 + [1]
         del held
-    assert min(readings) <= 178, f"{min(readings):.0f} B a row ({readings})"
+    assert min(readings) <= 194, f"{min(readings):.0f} B a row ({readings})"
 
 
 def _read_back(row: SampleRow) -> SampleRow:
@@ -432,6 +432,8 @@ def test_a_span_is_what_was_consumed_between_two_named_rows() -> None:
         "disk_write_bytes": None,  # unknown at both ends: unknown, never 0
         "network_transmit_bytes": 500,
         "network_receive_bytes": 0,
+        "context_switches_voluntary": 0,
+        "context_switches_involuntary": 0,
         "energy_j": 8.0,
         "power_avg_w": 2.0,
         "device_energy_j": 40.0,

@@ -38,6 +38,18 @@ class Counters(typing.NamedTuple):
 
 
 ZERO = Counters(0, 0, 0, 0)
+
+
+class Switches(typing.NamedTuple):
+    """Context switches, voluntary (it waited) and involuntary (preempted): each
+    process's own, never in a reaper's counters (/proc shows no reaped children's), so
+    a departed member's are carried at once (departures.py)."""
+
+    voluntary: int
+    involuntary: int
+
+
+NO_SWITCHES = Switches(0, 0)
 # Counters from the tuple of its four figures in order, as Counters(...) makes them at
 # half the cost (NamedTuple's __new__ is Python): for the paths run for each member or
 # target each pass.
@@ -77,6 +89,7 @@ class Member:
     idle: bool  # did not run since the previous reading: io and fds carried over
     reaped_cpu: float  # its reaped children's CPU ticks (cutime + cstime)
     zombie: bool = False  # read after its exit, before its reaping: figures final
+    switches: Switches | None = None  # its main thread's, as last read (None: not shown)
 
 
 class MemberReader:
@@ -110,9 +123,16 @@ class MemberReader:
             )
             if idle:
                 assert before is not None
-                io, fds = before.io, before.fds
+                io, fds, switches = before.io, before.fds, before.switches
             else:
                 io, fds = handle.io(), handle.fd_count()
+                switches = handle.switches()
+                if switches is not None:
+                    switches = (
+                        before.switches
+                        if before is not None and before.switches == switches
+                        else Switches(*switches)
+                    )
         except NoSuchProcess:
             if before is None and handle is not self._root:
                 handle.close()  # opened this pass: no one else holds it
@@ -136,7 +156,10 @@ class MemberReader:
             totals, reaped = before.totals, before.reaped
         else:
             totals, reaped = counters_of(now), counters_of(now_reaped)
-        return Member(handle, stat.ppid, totals, reaped, io, fds, activity, idle, reaped_cpu)
+        return Member(
+            handle, stat.ppid, totals, reaped, io, fds, activity, idle, reaped_cpu,
+            switches=switches,
+        )  # fmt: skip
 
     def read_zombie(self, member: Member) -> None:
         """A member the events say exited, read once more if it is not reaped yet (by

@@ -44,7 +44,7 @@ from edgewatt.core.compat import SLOTS
 from edgewatt.core.facts.cpu_rate import CpuRate
 from edgewatt.core.facts.departures import Departures, ExitFigures
 from edgewatt.core.facts.held_fork import HeldFork
-from edgewatt.core.facts.member_counters import Member, MemberReader, counters_of
+from edgewatt.core.facts.member_counters import Member, MemberReader, Switches, counters_of
 from edgewatt.core.facts.membership import Lineage
 from edgewatt.core.facts.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
 from edgewatt.core.facts.tree_walk import TreeWalk
@@ -78,6 +78,9 @@ class TreeReading:
     # 1 once its first process, a fork held before its exec at the first reading
     # (`edgewatt run`'s), exec'd: memory read before was the registrant's (held_fork.py).
     root_execs: int = 0
+    # Context switches (voluntary, involuntary), cumulative: each live member's main
+    # thread's and every departed member's whole count. None: not read (psutil, cgroups).
+    switches: tuple[int, int] | None = None
 
     @property
     def processes(self) -> int:
@@ -211,9 +214,13 @@ class ProcessTree:
     def _reading(
         self, read_at: float, read_at_monotonic: float, live: dict[int, tuple[Member, Stat]]
     ) -> TreeReading:
-        user = system = read = write = rss = vms = threads = fds = 0
+        user = system = read = write = rss = vms = threads = fds = voluntary = involuntary = 0
         fds_known = True
         for member, stat in live.values():
+            switches = member.switches
+            if switches is not None:
+                voluntary += switches[0]
+                involuntary += switches[1]
             totals = member.totals
             user += totals.user_ticks
             system += totals.system_ticks
@@ -246,6 +253,7 @@ class ProcessTree:
             pids=tuple(live),
             idle_pids=frozenset(pid for pid, (m, _) in live.items() if m.idle),
             root_execs=self._held.execs,
+            switches=self._departures.switches(Switches(voluntary, involuntary)),
         )
         return self.last
 

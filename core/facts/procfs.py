@@ -103,7 +103,7 @@ class ProcHandle:
     """
 
     __slots__ = (
-        "_io_fd", "_sched_fd", "_stat", "_stat_bytes", "_stat_fd",
+        "_io_fd", "_sched_fd", "_stat", "_stat_bytes", "_stat_fd", "_status_fd",
         "executable", "pid", "proc", "start_ticks",
     )  # fmt: skip
 
@@ -112,6 +112,7 @@ class ProcHandle:
         self.proc = proc
         self._io_fd: int | None = None
         self._sched_fd: int | None = None  # opened on first use: threaded processes never ask
+        self._status_fd: int | None = None  # opened on first use: a member that ran
         self._stat_bytes = b""  # the stat file as last read, and its parse
         self._stat: Stat | None = None
         try:
@@ -171,12 +172,7 @@ class ProcHandle:
         a CPU, and at every tick while it runs. None where the kernel keeps none
         (without CONFIG_SCHED_INFO it shows "0 0 0")."""
         if self._sched_fd is None:
-            try:
-                self._sched_fd = os.open(
-                    f"{self.proc}/{self.pid}/schedstat", os.O_RDONLY | os.O_CLOEXEC
-                )
-            except OSError:
-                self._sched_fd = -1
+            self._sched_fd = self._open_held("schedstat")
         if self._sched_fd < 0:
             return None
         try:
@@ -185,13 +181,41 @@ class ProcHandle:
             raise NoSuchProcess(self.pid) from exc
         return None if data.startswith(b"0 ") else data
 
+    def switches(self) -> tuple[int, int] | None:
+        """The main thread's (voluntary, involuntary) context switches: the last two
+        lines of /proc/PID/status, as psutil and process-exporter read them. None where
+        the file cannot be read."""
+        if self._status_fd is None:
+            self._status_fd = self._open_held("status")
+        if self._status_fd < 0:
+            return None
+        try:
+            data = os.pread(self._status_fd, 8192, 0)
+        except OSError as exc:
+            if exc.errno in _GONE:
+                raise NoSuchProcess(self.pid) from exc
+            return None
+        at = data.rfind(b"\nvoluntary_ctxt_switches:")
+        if at < 0:
+            return None
+        voluntary, _, involuntary = data[at + 25 :].partition(b"\nnonvoluntary_ctxt_switches:")
+        return int(voluntary), int(involuntary)
+
+    def _open_held(self, name: str) -> int:
+        """/proc/PID/``name`` opened to be held; -1 where it cannot be."""
+        try:
+            return os.open(f"{self.proc}/{self.pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return -1
+
     def close(self) -> None:
-        for fd in (self._stat_fd, self._io_fd, self._sched_fd):
+        for fd in (self._stat_fd, self._io_fd, self._sched_fd, self._status_fd):
             if fd is not None and fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._io_fd = None
         self._sched_fd = None
+        self._status_fd = None
         self._stat_fd = -1
 
     def refuses(self, uid: int) -> str | None:

@@ -151,6 +151,10 @@ class HostFiles:
         stat, meminfo, netdev = (self._whole(fd) for fd in self._fds)
         return parse_cpu(stat), parse_memory(meminfo), parse_network(netdev)
 
+    def read_cpu(self) -> HostCpu:
+        """/proc/stat alone."""
+        return parse_cpu(self._whole(self._fds[0]))
+
     def _whole(self, fd: int) -> bytes:
         data = os.pread(fd, self.SIZE, 0)
         while len(data) % self.SIZE == 0 and data:  # a host of many interfaces: read on

@@ -57,6 +57,7 @@ _RUNTIME = struct.Struct("=Q")  # cpu_run_virtual_total (ns) at 72
 _CPU = struct.Struct("=QQ")  # ac_utime, ac_stime (us) at 152
 _HIWATER = struct.Struct("=Q")  # hiwater_rss (KiB) at 200
 _IO = struct.Struct("=QQ")  # read_bytes, write_bytes at 248
+_SWITCHES = struct.Struct("=QQ")  # nvcsw, nivcsw (voluntary, involuntary) at 272
 _BTIME64 = struct.Struct("=Q")  # ac_btime64 (unix s) at 344
 _TGID = struct.Struct("=I")  # ac_tgid at 368
 _NEEDED = 372
@@ -79,6 +80,8 @@ class TaskExit:
     write_bytes: int
     hiwater_rss_bytes: int
     exit_status: int = 0  # the thread's, as wait() gives it (exit code << 8, or signal)
+    voluntary_switches: int = 0  # its context switches: it waited
+    involuntary_switches: int = 0  # preempted
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -143,9 +146,10 @@ def _record(data: bytes, at: int) -> TaskExit:
     (tgid,) = _TGID.unpack_from(data, at + 368)
     (elapsed,) = _ELAPSED.unpack_from(data, at + 144)
     (status,) = _EXIT_CODE.unpack_from(data, at + 4)
+    voluntary, involuntary = _SWITCHES.unpack_from(data, at + 272)
     return TaskExit(
         pid, tgid, ppid, float(btime), elapsed, user, system, read, write, hiwater_kib * 1024,
-        status,
+        status, voluntary, involuntary,
     )  # fmt: skip
 
 
@@ -230,6 +234,8 @@ class ExitedProcess:
     read_bytes: int = 0
     write_bytes: int = 0
     hiwater_rss_bytes: int = 0
+    voluntary_switches: int = 0  # context switches, every thread's
+    involuntary_switches: int = 0
     elapsed_s: float = 0.0  # the leader's life: start to exit
     leader_exited: bool = False
     exit_status: int | None = None  # the leader's wait status, once it exited
@@ -270,6 +276,8 @@ class TaskExits:
             p.system_s += r.system_us / 1e6
             p.read_bytes += r.read_bytes
             p.write_bytes += r.write_bytes
+            p.voluntary_switches += r.voluntary_switches
+            p.involuntary_switches += r.involuntary_switches
             p.hiwater_rss_bytes = max(p.hiwater_rss_bytes, r.hiwater_rss_bytes)
             if r.pid == r.tgid:
                 p.leader_exited = True

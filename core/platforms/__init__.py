@@ -70,6 +70,9 @@ class Platform(Protocol):
 
     def read_host(self) -> tuple[HostCpu, HostMemory, dict[str, InterfaceBytes]]: ...
 
+    def read_host_cpu(self) -> HostCpu:
+        """The host's CPU alone, as read_host gives it (an edge's: cheaper)."""
+
     def descendants(self, fresh: Callable[[], bool]) -> Callable[[int], list[int]]:
         """A lookup pid -> child pids for one pass; ``fresh()`` says (once, when the
         lookup is first used) whether cached knowledge must be dropped."""

@@ -61,6 +61,11 @@ class LinuxPlatform:
             self._host = system.HostFiles(self.proc)
         return self._host.read()
 
+    def read_host_cpu(self) -> system.HostCpu:
+        if self._host is None:
+            self._host = system.HostFiles(self.proc)
+        return self._host.read_cpu()
+
     def descendants(self, fresh: Callable[[], bool]) -> Callable[[int], list[int]]:
         if self._children_files:
             return lambda pid: procfs.child_pids(pid, self.proc)

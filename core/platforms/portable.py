@@ -20,8 +20,8 @@ it is absent (None), never 0:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -38,6 +38,26 @@ _REAPED_IN_PARENT = psutil.LINUX
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 # Host CPU time in interrupts: irq + softirq on Linux, interrupt + dpc on Windows.
 _INTERRUPT_FIELDS = ("irq", "softirq", "interrupt", "dpc")
+
+
+class Counters(NamedTuple):
+    """A process's cumulative counters as psutil gives them (CPU in seconds, where
+    member_counters.Counters counts /proc's ticks), by name."""
+
+    user_s: float  # reaped children's included where the OS adds them (Linux)
+    system_s: float
+    read_bytes: int
+    write_bytes: int
+    # Context switches: its own on every OS (no parent shows its reaped children's).
+    voluntary_switches: int
+    involuntary_switches: int
+
+
+ZERO = Counters(0.0, 0.0, 0, 0, 0, 0)
+
+
+def _sum(counters: Iterable[Counters]) -> Counters:
+    return Counters._make(map(sum, zip(ZERO, *counters)))
 
 
 class PsutilHandle:
@@ -66,9 +86,8 @@ class PsutilHandle:
         pass  # psutil holds nothing open between calls
 
 
-def _read(process: psutil.Process) -> tuple[tuple[float, float, int, int], dict[str, Any]]:
-    """((user s, system s, read B, write B) with reaped children's where the OS adds
-    them, other figures and when the CPU was read) of one process."""
+def _read(process: psutil.Process) -> tuple[Counters, dict[str, Any]]:
+    """(Its counters, its other figures and when the CPU was read) of one process."""
     with process.oneshot():
         # Rates divide by the time between two reads: stamp just before the CPU read.
         # The thread holds the GIL until the read's syscall; after it, each GIL
@@ -86,9 +105,11 @@ def _read(process: psutil.Process) -> tuple[tuple[float, float, int, int], dict[
         except (AttributeError, psutil.AccessDenied):  # Windows has handles
             fds = None
         ppid = process.ppid()
+        switches = process.num_ctx_switches()
     user = cpu.user + getattr(cpu, "children_user", 0.0)
     system = cpu.system + getattr(cpu, "children_system", 0.0)
-    counters = (user, system, io.read_bytes if io else 0, io.write_bytes if io else 0)
+    read, write = (io.read_bytes, io.write_bytes) if io else (0, 0)
+    counters = Counters(user, system, read, write, switches.voluntary, switches.involuntary)
     other = {"rss": memory.rss, "vms": memory.vms, "threads": threads, "fds": fds, "io": io}
     return counters, {**other, "ppid": ppid, "stamp": stamp}
 
@@ -111,9 +132,9 @@ class PsutilTree:
         self._members: dict[int, psutil.Process] = {self.root.pid: self.root}
         self._pids: set[int] | None = None  # every pid at the last discovery
         # (pid, create time) -> (counters, ppid) as last seen
-        self._last: dict[tuple[int, float], tuple[tuple[float, float, int, int], int]] = {}
-        self._carried = (0.0, 0.0, 0, 0)
-        self._value = (0.0, 0.0, 0, 0)
+        self._last: dict[tuple[int, float], tuple[Counters, int]] = {}
+        self._carried = ZERO
+        self._value = ZERO
         self.lost_members = False
         self.last: TreeReading | None = None
         # As held_fork.py on Linux: 1 once a first process that was a held fork (its
@@ -171,10 +192,9 @@ class PsutilTree:
             except (*_GONE, psutil.AccessDenied):
                 del self._members[pid]
         self._carry_departed(members)
-        raw = [sum(m[0][i] for m in members.values()) for i in range(4)]
-        combined = [raw[i] + self._carried[i] for i in range(4)]
-        self._value = tuple(max(v, c) for v, c in zip(self._value, combined))  # type: ignore[assignment]
-        user, system, read, write = self._value
+        combined = _sum([*(m[0] for m in members.values()), self._carried])
+        self._value = value = Counters._make(map(max, self._value, combined))
+        user, system = value.user_s, value.system_s
         figures = [m[1] for m in members.values()]
         io_known = root[1]["io"] is not None
         fds = [f["fds"] for f in figures]
@@ -187,12 +207,13 @@ class PsutilTree:
             cpu_mode_utilization=by_mode,
             rss_bytes=sum(f["rss"] for f in figures),
             vms_bytes=sum(f["vms"] for f in figures),
-            read_bytes=int(read) if io_known else None,
-            write_bytes=int(write) if io_known else None,
+            read_bytes=int(value.read_bytes) if io_known else None,
+            write_bytes=int(value.write_bytes) if io_known else None,
             threads=sum(f["threads"] for f in figures),
             open_fds=None if None in fds else sum(fds),
             pids=tuple(pid for pid, _ in members),
             root_execs=self.root_execs,
+            switches=(value.voluntary_switches, value.involuntary_switches),
         )
         return self.last
 
@@ -220,13 +241,17 @@ class PsutilTree:
         live_pids = {pid for pid, _ in members}
         departed = [v for k, v in self._last.items() if k not in members]
         self.lost_members = bool(departed)
-        carried = list(self._carried)
-        for counters, ppid in departed:
-            if _REAPED_IN_PARENT and ppid in live_pids:
-                continue  # reaped by a live member: the kernel moved its figures there
-            for i in range(4):
-                carried[i] += counters[i]
-        self._carried = tuple(carried)  # type: ignore[assignment]
+        self._carried = _sum(
+            [self._carried]
+            # Reaped by a live member: the kernel moved its figures there, all but its
+            # context switches.
+            + [
+                c._replace(user_s=0.0, system_s=0.0, read_bytes=0, write_bytes=0)
+                if _REAPED_IN_PARENT and ppid in live_pids
+                else c
+                for c, ppid in departed
+            ]
+        )
         self._last = {k: (v[0], v[1]["ppid"]) for k, v in members.items()}
 
     def close(self) -> None:
@@ -263,16 +288,6 @@ class PsutilPlatform:
         return False  # psutil lists regular files only; GPU rails are a Jetson's
 
     def read_host(self) -> tuple[HostCpu, HostMemory, dict[str, InterfaceBytes]]:
-        times = psutil.cpu_times()
-        modes = {
-            "user": times.user,
-            "nice": getattr(times, "nice", 0.0),
-            "system": times.system,
-            "idle": times.idle,
-            "iowait": getattr(times, "iowait", 0.0),
-            "interrupt": sum(getattr(times, k, 0.0) for k in _INTERRUPT_FIELDS),
-            "steal": getattr(times, "steal", 0.0),
-        }
         memory = psutil.virtual_memory()
         buffers = getattr(memory, "buffers", 0)
         cached = getattr(memory, "cached", 0)
@@ -283,7 +298,20 @@ class PsutilPlatform:
             name: InterfaceBytes(receive=io.bytes_recv, transmit=io.bytes_sent)
             for name, io in psutil.net_io_counters(pernic=True).items()
         }
-        return HostCpu(modes, self.logical_cpus()), HostMemory(memory.total, states), network
+        return self.read_host_cpu(), HostMemory(memory.total, states), network
+
+    def read_host_cpu(self) -> HostCpu:
+        times = psutil.cpu_times()
+        modes = {
+            "user": times.user,
+            "nice": getattr(times, "nice", 0.0),
+            "system": times.system,
+            "idle": times.idle,
+            "iowait": getattr(times, "iowait", 0.0),
+            "interrupt": sum(getattr(times, k, 0.0) for k in _INTERRUPT_FIELDS),
+            "steal": getattr(times, "steal", 0.0),
+        }
+        return HostCpu(modes, self.logical_cpus())
 
     def close(self) -> None:
         pass  # psutil holds nothing open between calls

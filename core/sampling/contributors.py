@@ -5,11 +5,12 @@ order: ``begin`` before any target is read, ``contribute`` once every target is
 (network accounting needs them all at once: one socket dump per pass), ``forget``
 when a target goes, ``status`` for the pass's counters, ``close`` at the end. A new
 per-target figure is a field of ProcessSample and a contributor (or a key of one's
-``contribute``): see docs/reference.md, Layout.
+``contribute``), listed in contributor_list.py: see docs/architecture.md, Layout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import typing  # runtime aliases: Python 3.8's builtins take no [...]
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from edgewatt.core.facts.traffic_counts import NOT_COUNTED
+from edgewatt.core.snapshot import ProcessSample
 
 if TYPE_CHECKING:  # cgroup_traffic is the daemon's alone: the client never loads it (fcntl)
     from edgewatt.core.facts.cgroup_traffic import CgroupTraffic
@@ -26,6 +28,14 @@ if TYPE_CHECKING:  # cgroup_traffic is the daemon's alone: the client never load
 log = logging.getLogger(__name__)
 
 Figures = typing.Mapping[str, typing.Mapping[str, Any]]  # target id -> ProcessSample fields
+
+# The targets a contributor counts (its ``counts``), by kind: a cgroup target is one
+# registered by its cgroup (Target.cgroup_name), a process target the others.
+TARGET_KINDS: Mapping[str, tuple[str, ...]] = {
+    "process": ("process",),
+    "cgroup": ("cgroup",),
+    "any": ("process", "cgroup"),
+}
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,10 @@ class Contributor(Protocol):
     """
 
     name: str  # what it does, for the log: "<name> failed: <why>"
+    # The ProcessSample fields its figures set, and the targets it counts (a key of
+    # TARGET_KINDS): checked when the sampler is built (check_declared).
+    sets: tuple[str, ...]
+    counts: str
 
     def begin(self) -> None:
         """A pass begins: take what the kernel queued since the last one."""
@@ -70,6 +84,35 @@ class Contributor(Protocol):
     def status(self) -> Status: ...
 
     def close(self) -> None: ...
+
+
+def check_declared(contributors: Sequence[Contributor]) -> None:
+    """Each field a contributor declares is a ProcessSample field, and no two
+    contributors set one for the same kind of target (one would overwrite the other's
+    figure unseen): ValueError naming the field. A contributor that declares nothing
+    (no ``sets``) is not checked."""
+    names = {f.name for f in dataclasses.fields(ProcessSample)}
+    setters: dict[tuple[str, str], Contributor] = {}
+    for contributor in contributors:
+        declared = getattr(contributor, "sets", None)
+        if declared is None:
+            continue
+        kinds = TARGET_KINDS.get(contributor.counts)
+        if kinds is None:
+            raise ValueError(
+                f"{contributor.name}: counts {contributor.counts!r}, not one of "
+                f"{', '.join(TARGET_KINDS)}"
+            )
+        for name in declared:
+            if name not in names:
+                raise ValueError(f"{contributor.name}: {name!r} is not a ProcessSample field")
+            for kind in kinds:
+                other = setters.setdefault((name, kind), contributor)
+                if other is not contributor:
+                    raise ValueError(
+                        f"{name!r} of {kind} targets is set by two contributors: "
+                        f"{other.name}, {contributor.name}"
+                    )
 
 
 def gather(
@@ -102,6 +145,8 @@ class TcpAccounting:
     """Process targets' TCP bytes (sock_diag; network.py)."""
 
     name = "reading TCP socket counters"
+    sets = ("network_transmit_bytes", "network_receive_bytes")
+    counts = "process"
 
     def __init__(self, network: NetworkAccounting) -> None:
         self.network = network
@@ -167,6 +212,14 @@ class CgroupTrafficCounts:
     them (``traffic`` None), why their network figures are absent."""
 
     name = "reading cgroup traffic counters"
+    sets = (
+        "network_transmit_bytes",
+        "network_receive_bytes",
+        "network_unknown",
+        "cgroup_packets",
+        "network_counts",
+    )
+    counts = "cgroup"
 
     def __init__(self, traffic: CgroupTraffic | None, problem: str | None = None) -> None:
         self.traffic = traffic

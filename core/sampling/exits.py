@@ -104,6 +104,9 @@ def exit_reading(
         cpu_mode_utilization=None,
         read_bytes=None if read is None else max(read, figures.read_bytes),
         write_bytes=None if write is None else max(write, figures.write_bytes),
+        switches=None
+        if last.switches is None
+        else tuple(map(max, last.switches, figures.switches)),
         pids=(),
         idle_pids=frozenset(),
         root_execs=execs,

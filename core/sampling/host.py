@@ -21,9 +21,14 @@ class HostReader:
         # None: not known (a first reading, a failed one, a counter that went back).
         self.busy_delta: float | None = None
 
-    def read(self) -> HostSample | None:
+    def read(self, kept: HostSample | None = None) -> HostSample | None:
+        """The host's figures; with ``kept``, its CPU only, with ``kept``'s memory and
+        interfaces (an edge's pass: attribution shares by the host's CPU alone)."""
         try:
-            cpu, memory, network = self._platform.read_host()
+            if kept is None:
+                cpu, memory, network = self._platform.read_host()
+            else:
+                cpu, memory, network = self._platform.read_host_cpu(), kept.memory, kept.network
         except (OSError, ValueError, KeyError) as exc:
             log.warning("reading host figures failed: %s", exc)
             return None

@@ -129,6 +129,8 @@ class ProportionalMemory:
     the unix time they were read at."""
 
     name = "reading smaps_rollup"
+    sets = ("memory_pss_bytes", "memory_rss_largest_bytes", "memory_pss_read_at")
+    counts = "any"
 
     def __init__(self, proc: str = "/proc") -> None:
         self.proc = proc

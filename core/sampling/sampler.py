@@ -25,13 +25,13 @@ from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution, PassInputs, TargetUse, gpu_totals
 from edgewatt.core.power.meter import WINDOW_BOOST_S, PowerMeter, PowerSnapshot
 from edgewatt.core.sampling.clock import Clock
-from edgewatt.core.sampling.contributors import Contributor, gather
+from edgewatt.core.sampling.contributors import Contributor, check_declared, gather
 from edgewatt.core.sampling.exits import Ending, exit_reading, mark_exited
 from edgewatt.core.sampling.host import HostReader
 from edgewatt.core.sampling.passes import Passes
 from edgewatt.core.sampling.tracked import TargetState
 from edgewatt.core.sampling.trees import ProcessTrees, TargetEnded
-from edgewatt.core.snapshot import ProcessSample, SamplerStats, Snapshot
+from edgewatt.core.snapshot import HostSample, ProcessSample, SamplerStats, Snapshot
 from edgewatt.core.targets import MAX_SAMPLE_AGE_S, Target, TargetTable
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class Sampler:
         self._context = context
         self._trees = parts.trees
         self._contributors: tuple[Contributor, ...] = (parts.trees, *parts.contributors)
+        check_declared(self._contributors)
         self._clock = parts.clock
         self._host = HostReader(parts.trees.platform)
         self._inputs = PassInputs(parts.trees.platform.holds_gpu)
@@ -117,7 +118,7 @@ class Sampler:
         started = self._clock.monotonic()
         for contributor in self._contributors:
             contributor.begin()
-        host = self._host.read()
+        host = self._host_figures(record)
         children_of = self._trees.platform.descendants(self._take_relist)
         running = self.table.running()
         read = [s for t in running if (s := self._read(t, children_of)) is not None]
@@ -197,6 +198,18 @@ class Sampler:
             exact = all(s.exact for s in statuses)
             mark_exited(self.table, [(s.target.id, s.ending) for s in ended if s.ending], exact)
         return snapshot
+
+    def _host_figures(self, record: set[str] | None) -> HostSample | None:
+        """The host's figures: read whole by a regular pass. An edge's pass reads only
+        what attribution shares by, the host's CPU, and with no power to share nothing
+        (the last pass's figures; the next regular pass's utilization then spans the
+        whole interval); memory and interfaces stay the last regular pass's."""
+        last = self.snapshot.host
+        if record is None or last is None:
+            return self._host.read()
+        if self.power is None:
+            return last
+        return self._host.read(kept=last)
 
     def _read(self, target: Target, children_of: Callable[[int], list[int]]) -> TargetState | None:
         """The target's state with this pass's reading (its exit sample where it

@@ -104,6 +104,7 @@ class TargetState:
             self.last = last.redated(reading.time, monotonic, device_energy_j)
             self.copied = True
             return self.last
+        switches = reading.switches
         sample = ProcessSample(
             target_id=target.id,
             pid=target.pid,
@@ -128,6 +129,8 @@ class TargetState:
             gpu_memory_bytes=gpu[1],
             members=reading.pids,
             root_execs=reading.root_execs,
+            context_switches_voluntary=None if switches is None else switches[0],
+            context_switches_involuntary=None if switches is None else switches[1],
             monotonic=monotonic,
             # A cgroup target's network figures come from a contributor, or are absent.
             network_unknown=NOT_COUNTED if self.cgroup is not None else None,

@@ -37,6 +37,8 @@ class ProcessTrees:
     process events at each pass's start and gives a cgroup target's cgroup figures."""
 
     name = "reading cgroup accounts"
+    sets = ("cgroup", "cgroup_memory")
+    counts = "cgroup"
 
     def __init__(
         self,

@@ -11,6 +11,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
+from edgewatt.core.figures import KEPT
 from edgewatt.core.snapshot import ProcessSample
 
 
@@ -34,6 +35,8 @@ class SampleRow(NamedTuple):
     memory_pss_bytes: int | None
     memory_rss_largest_bytes: int | None
     memory_pss_read_at: float | None  # unix seconds: when the two above were read
+    context_switches_voluntary: int | None
+    context_switches_involuntary: int | None
     # Not a figure users read: time.monotonic at record (less the sample's age), from
     # which durations come, as no NTP step moves it.
     monotonic: float
@@ -43,27 +46,7 @@ class SampleRow(NamedTuple):
 SAMPLE_FIELDS: tuple[str, ...] = SampleRow._fields[:-1]
 
 SAMPLE_UNITS = {
-    "time": "unix seconds",
-    "cpu_user_s": "seconds of CPU time, cumulative",
-    "cpu_system_s": "seconds of CPU time, cumulative",
-    "cpu_utilization": "share of all logical CPUs over the last interval, 0..1",
-    "memory_rss_bytes": "bytes",  # summed over the processes: a shared page once per process
-    "memory_virtual_bytes": "bytes",
-    "disk_read_bytes": "bytes read from storage, cumulative",
-    "disk_write_bytes": "bytes written to storage, cumulative",
-    "network_transmit_bytes": "TCP bytes sent and acknowledged, cumulative (not UDP/Unix)",
-    "network_receive_bytes": "TCP bytes received, cumulative (not UDP/Unix)",
-    "threads": "count",
-    "open_fds": "count",
-    "processes": "count (the target and its live descendants)",
-    "power_w": "watts attributed over the last interval (docs/attribution.md)",
-    "energy_j": "joules attributed since registration, cumulative",
-    "device_energy_j": "joules the device's power sensors measured up to this sample's instant, "
-    "cumulative since the daemon started (the whole device: a window's difference is what "
-    "the sensor saw in it)",
-    "memory_pss_bytes": "bytes",  # PSS summed (sampling/pss.py); null where not read
-    "memory_rss_largest_bytes": "bytes",  # the largest process's RSS; null where not read
-    "memory_pss_read_at": "unix seconds the PSS figures were read at (a dear read waits)",
+    **{f.name: f.unit for f in KEPT},
     "memory_pss_age_s": "seconds between the PSS figures' read and this sample",
 }
 
@@ -93,8 +76,7 @@ def pss_age(row: SampleRow) -> float | None:
 
 
 # Columns whose figures are counts or bytes (SampleRow's ints): read back as ints.
-_COUNTS = {"threads", "open_fds", "processes"}
-_WHOLE = tuple(f.endswith("_bytes") or f in _COUNTS for f in SampleRow._fields)
+_WHOLE = (*(f.whole for f in KEPT), False)  # the monotonic time last
 _NONE = float("nan")  # an absent figure (None) in a ring's doubles
 
 # What every row keeps of its own: its two times and the device's energy at its
@@ -104,7 +86,7 @@ _DEVICE = SampleRow._fields.index("device_energy_j")
 _figures_of = operator.itemgetter(
     *range(1, _DEVICE), *range(_DEVICE + 1, len(SampleRow._fields) - 1)
 )
-_FIGURES = struct.Struct(f"={len(SampleRow._fields) - 3}d")  # 17 doubles, 136 B
+_FIGURES = struct.Struct(f"={len(SampleRow._fields) - 3}d")  # 19 doubles, 152 B
 _RECORD = struct.Struct("=3d")  # time, device_energy_j, monotonic: 24 B, and a slot: 4 B
 _RECORD_SIZE, _FIGURES_SIZE = _RECORD.size, _FIGURES.size
 _DOUBLE = struct.Struct("=d")
@@ -114,7 +96,7 @@ _BLANK = bytes(_FIGURES_SIZE)
 
 class RowRing:
     """The last ``capacity`` rows, oldest first: per row a 28 B record (its times, the
-    device's energy, the slot of its figures), and the target's figures (136 B) once per
+    device's energy, the slot of its figures), and the target's figures (152 B) once per
     run of rows that repeat them, where a deque of tuples cost ~300 B a row for every
     target at every pass. A None figure is kept as NaN, so a NaN figure reads
     back as None (JSON has no NaN); a count or byte figure reads back as an int, exact

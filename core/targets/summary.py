@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.figures import INCREASES
 from edgewatt.core.power.provenance import UNKNOWN, Provenance, unknown
 from edgewatt.core.snapshot import PhaseFigures
 from edgewatt.core.targets.edges import EdgeEnergy
@@ -78,10 +79,7 @@ def span(
         "cpu_system_s": None if system is None else round(system, 3),
         "cpu_avg_cores": round(cpu / duration, 4) if per_second else None,
         "cpu_avg_utilization": round(cpu / duration / logical_cpus, 4) if per_second else None,
-        "disk_read_bytes": delta("disk_read_bytes"),
-        "disk_write_bytes": delta("disk_write_bytes"),
-        "network_transmit_bytes": delta("network_transmit_bytes"),
-        "network_receive_bytes": delta("network_receive_bytes"),
+        **{name: delta(name) for name in INCREASES},
         "energy_j": None if energy is None else round(energy, 3),
         "power_avg_w": round(energy / duration, 3) if energy is not None and duration > 0 else None,
         "device_energy_j": None if device is None else round(device, 3),
