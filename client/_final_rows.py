@@ -5,8 +5,11 @@ last line (tegrastats, powermetrics) its last power held. A row is therefore hel
 until the energy at both of its readings is settled (the power reading after its end
 has come: a lag of one power reading, plus the interval it is noticed in), then
 written with the trace's integral over it; the phase marks after it keep their place
-behind it. At the end, the rows still held are waited for at most FINAL_WAIT_S, and a
-row whose reading never came is written as it was, marked ``"final": false``.
+behind it. The newest row waits for the next reading in any case: a reading a quarter
+of an interval after it (stop() just after a sample) is merged into it, and the file
+holds the rows the monitor's summary counts. At the end, the rows still held are
+waited for at most FINAL_WAIT_S, and a row whose reading never came is written as it
+was, marked ``"final": false``.
 """
 
 from __future__ import annotations
@@ -42,14 +45,15 @@ class FinalRows:
 
     def sample(self, sample: dict[str, Any], start: Reading, end: Reading) -> None:
         """A row over the interval from ``start`` to ``end``."""
-        if not self._held and not (self._holds and "energy_j" in sample):
+        if not self._held and not self._holds:
             self._sink.sample(sample, end)
         else:
             self._held.append(["sample", sample, start, end])
 
     def extend(self, sample: dict[str, Any], end: Reading) -> None:
-        """The last row now ends at ``end`` (a short reading merged into it), where it is
-        still held; one already written stays as it was."""
+        """The last row now ends at ``end`` (a short reading merged into it): still held
+        where the sink holds rows; one already written (heflwr's text, the live sinks)
+        stays as it was."""
         if self._held and self._held[-1][0] == "sample":
             self._held[-1][1], self._held[-1][3] = sample, end
 
@@ -85,8 +89,12 @@ class FinalRows:
             if entry[0] == "sample" and ("energy_j" not in entry[1] or None not in (a, b))
         ]
         given_up = len(held) if last else (done[-1] if done else 0)
+        # The newest row, where no phase mark follows it, may yet be extended.
+        newest = len(held) - 1 if self._holds and not last and held[-1][0] == "sample" else None
         written = 0
         for i, entry in enumerate(held):
+            if i == newest:
+                break
             if entry[0] == "phase":
                 self._sink.phase(entry[1], entry[2])
             else:

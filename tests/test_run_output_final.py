@@ -167,10 +167,56 @@ def test_a_row_behind_a_settled_one_is_written_at_once_marked_not_final() -> Non
     rows.sample({"energy_j": 5.0}, reading(1.0, 10.0), reading(2.0, 15.0))
     rows.sample({"energy_j": 5.0}, reading(3.0, 30.0), reading(4.0, 35.0))
     rows.flush()
-    assert written == [{"energy_j": 5.0, "final": False}, {"energy_j": 6.0}]
+    # The newest row waits for the next reading (it may yet be extended).
+    assert written == [{"energy_j": 5.0, "final": False}]
     # A source silent beyond its gap: rows without energy, nothing to settle; the one
     # held before them (its first line never came) is given up too.
     rows.sample({"energy_j": 1.0}, reading(5.0, 40.0), reading(6.0, 41.0))
     rows.sample({"cpu_usage": 1.0}, reading(6.0, 41.0), reading(7.0, 41.0))
     rows.flush()
-    assert written[2:] == [{"energy_j": 1.0, "final": False}, {"cpu_usage": 1.0}]
+    assert written[1:] == [{"energy_j": 6.0}, {"energy_j": 1.0, "final": False}]
+    rows.flush(last=True)
+    assert written[3:] == [{"cpu_usage": 1.0}]
+
+
+def test_the_newest_row_waits_for_a_short_last_reading_merged_into_it() -> None:
+    # stop() 0.05 s after an interval's reading (a quarter of the interval): the
+    # recorder merges it into the last sample; the file's row of it waits for that, so
+    # a phase read from the file holds its last 0.05 s of CPU, and the file the rows
+    # its summary counts.
+    from edgewatt.client._final_rows import FinalRows
+    from edgewatt.client._samples import Recorder
+
+    written: list[dict[str, Any]] = []
+
+    class Sink:
+        final_rows = True
+
+        def sample(self, sample: dict[str, Any], reading: Reading) -> None:
+            written.append(dict(sample, end=reading.time))
+
+    def reading(t: float, cpu_s: float) -> Reading:
+        return Reading(t, cpu_s, 0.0, 1, 2, None, None)
+
+    recorder = Recorder({"cpu": True, "memory": False, "network": False, "power": False}, 1.0)
+    rows = FinalRows(Sink(), lambda readings, _wait: [None] * len(readings))
+    previous = None
+    for t, cpu in ((0.0, 0.0), (1.0, 0.5), (2.0, 1.0), (2.05, 1.04)):
+        now = reading(t, cpu)
+        sample = recorder.observe(now)
+        if sample is not None and previous is not None:
+            rows.sample(sample, previous, now)
+        elif recorder.extended is not None:
+            rows.extend(recorder.extended, now)
+        rows.flush()
+        previous = now
+    assert [r["end"] for r in written] == [1.0]  # the newest row held: it may grow
+    rows.flush(last=True)
+    # 50 % of the first second, then 54 % of 1.05 s: the recorder's samples exactly.
+    assert [(r["end"], round(r["cpu_usage"], 6)) for r in written] == [
+        (1.0, 50.0), (2.05, round(0.54 / 1.05 * 100, 6))
+    ]  # fmt: skip
+    assert [round(s["cpu_usage"], 6) for s in recorder.samples] == [
+        50.0,
+        round(0.54 / 1.05 * 100, 6),
+    ]
