@@ -56,13 +56,14 @@ class Daemon:
         self.stop_event = threading.Event()
         proc = config.proc_path
         self.carbon = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
-        budget = WriteBudget(config.state_write_budget)
+        # Every per-user share (targets, API and /metrics connections, state writes)
+        # is a person's.
+        self.persons = Persons(config.subuid_path)
+        budget = WriteBudget(config.state_write_budget, person=self.persons.of)
         statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc), budget)
         roots = config.roots()
         self.context = ContextLog(lambda: read_context(roots), config.context_interval)
         self.saved = SavedState(statefile)
-        # Every per-user share (targets, API and /metrics connections) is a person's.
-        self.persons = Persons(config.subuid_path)
         self.table = TargetTable(
             config.targets.limits(),
             Resolver(
