@@ -36,6 +36,7 @@ from edgewatt.exporter import reload as reloading
 from edgewatt.exporter.api import ApiContext, ApiServer
 from edgewatt.exporter.collectors import start_collectors
 from edgewatt.exporter.config import Config, ConfigError
+from edgewatt.exporter.heap import limit_arenas
 from edgewatt.exporter.log_limit import KindLimit, limit_handlers
 from edgewatt.exporter.notify import Notifier
 from edgewatt.exporter.otel_resource import machine_id, resource_attributes
@@ -52,6 +53,7 @@ class Daemon:
     then serves, stop() ends it all."""
 
     def __init__(self, config: Config) -> None:
+        limit_arenas()  # before its threads start: what they free is reused, not kept apart
         self.config = config
         self.stop_event = threading.Event()
         proc = config.proc_path
