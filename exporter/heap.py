@@ -4,9 +4,9 @@ glibc gives each thread that allocates while the others hold theirs an arena of 
 own, up to 8 a core, and keeps what a thread frees in its arena for that arena's next
 allocations. The daemon's threads are many (a connection's thread runs the pass on
 demand a phase's edge asks for, and builds answers), so five persons at their bounds
-left 230 MiB of RSS for ~25 MiB of live Python objects (tracemalloc): freed memory
-spread over a dozen arenas. Two arenas hold it to 182 MiB (docs/performance.md,
-"Memory").
+left 205-235 MiB of RSS at peak for 17-23 MiB of live Python objects (tracemalloc):
+freed memory kept apart in each thread's arena. Two arenas: 167-182 MiB
+(docs/performance.md, "Memory").
 """
 
 from __future__ import annotations
