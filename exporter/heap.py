@@ -4,8 +4,8 @@ glibc gives each thread that allocates while the others hold theirs an arena of 
 own, up to 8 a core, and keeps what a thread frees in its arena for that arena's next
 allocations. The daemon's threads are many (a connection's thread runs the pass on
 demand a phase's edge asks for, and builds answers), so five persons at their bounds
-left 205-235 MiB of RSS at peak for 17-23 MiB of live Python objects (tracemalloc):
-freed memory kept apart in each thread's arena. Two arenas: 167-182 MiB
+left 205-235 MiB of RSS at peak, of which malloc_trim handed back 30-70 MiB at a
+time: freed memory kept apart in each thread's arena. Two arenas: 167-182 MiB
 (docs/performance.md, "Memory").
 """
 
