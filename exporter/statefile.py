@@ -296,7 +296,10 @@ class StateFile:
         if held:
             self._lag(held, min(waits.values()))
         else:
-            self._wanted, self.deferred, self.lagging = None, 0, False
+            # A churn's held change coalesced away: still lagging (for the log) until
+            # the wait it was given is over, not once per registration and release.
+            self._wanted, self.deferred = None, 0
+            self.lagging = self.lagging and self._retry_at > self._clock()
 
     def _compact(self, entries: dict[str, Entry], budgeted: bool) -> bool:
         """A new snapshot of ``entries`` and an empty journal naming it (each replaced
