@@ -36,6 +36,7 @@ from edgewatt.exporter import reload as reloading
 from edgewatt.exporter.api import ApiContext, ApiServer
 from edgewatt.exporter.collectors import start_collectors
 from edgewatt.exporter.config import Config, ConfigError
+from edgewatt.exporter.heap import limit_arenas
 from edgewatt.exporter.log_limit import KindLimit, limit_handlers
 from edgewatt.exporter.notify import Notifier
 from edgewatt.exporter.otel_resource import machine_id, resource_attributes
@@ -52,17 +53,19 @@ class Daemon:
     then serves, stop() ends it all."""
 
     def __init__(self, config: Config) -> None:
+        limit_arenas()  # before its threads start: what they free is reused, not kept apart
         self.config = config
         self.stop_event = threading.Event()
         proc = config.proc_path
         self.carbon = resolve_carbon(config.carbon_intensity_g_per_kwh, config.carbon_country)
-        budget = WriteBudget(config.state_write_budget)
+        # Every per-user share (targets, API and /metrics connections, state writes)
+        # is a person's.
+        self.persons = Persons(config.subuid_path)
+        budget = WriteBudget(config.state_write_budget, person=self.persons.of)
         statefile = StateFile(Path(config.state_dir), procfs.boot_id(proc), budget)
         roots = config.roots()
         self.context = ContextLog(lambda: read_context(roots), config.context_interval)
         self.saved = SavedState(statefile)
-        # Every per-user share (targets, API and /metrics connections) is a person's.
-        self.persons = Persons(config.subuid_path)
         self.table = TargetTable(
             config.targets.limits(),
             Resolver(

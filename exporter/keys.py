@@ -142,8 +142,9 @@ class TargetOptions:
         16 << 20,
         opt.count(1 << 20, 1 << 40),
         "bytes an hour the daemon may write to state_dir (default 16 MiB; at most 1.5 times "
-        "it in any hour, plus one rewrite of the live set): past it, changes are answered "
-        "and kept in memory, and written as the budget refills",
+        "it in any hour, plus one rewrite of the live set): one user (a person) 1/8 of it, "
+        "users together 3/4, root any of it but the users' part in use; past her share, "
+        "a person's changes are answered and kept in memory, and written as it refills",
     )
     max_targets: int = option(
         "max_targets",

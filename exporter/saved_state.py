@@ -78,10 +78,14 @@ class SavedState:
         """Logged when the write budget starts holding changes back, and when it stops."""
         deferred = self.statefile.lagging
         if deferred and not self._deferred:
+            budget = self.statefile.budget
             log.warning(
-                "state writes over their budget of %d bytes an hour: changes are kept in "
-                "memory and written as the budget allows (a restart meanwhile loses them)",
-                self.statefile.budget.per_hour,
+                "state writes over their budget (%d bytes an hour a person, %d all users, "
+                "%d in all): those changes are kept in memory and written as the budget "
+                "allows (a restart meanwhile loses them); others are written at once",
+                budget.person_per_hour,
+                budget.users_per_hour,
+                budget.per_hour,
             )
         elif self._deferred and not deferred:
             log.info("state writes within their budget again: every change is persisted")

@@ -8,8 +8,10 @@ that, a kill of the daemon nothing, as the page cache outlives it). A registrati
 writes its target's labels once; an unregistration, a join or an exit writes a record
 of a few dozen bytes whatever the labels. The journal is folded into a new snapshot
 when it grows past COMPACT_RATIO times the live set (and COMPACT_MIN_BYTES), and at
-each start. Writes are paid from a WriteBudget (bytes per hour): past it, changes wait
-in memory and are written, coalesced, as the budget refills (``deferred`` counts them).
+each start. A change is paid from its person's WriteBudget (bytes per hour), its
+share of the snapshot that will fold it included: past it, her changes wait in memory
+and are written, coalesced, as her budget refills (``deferred`` counts them), and
+everyone else's are written at once.
 
 A file is replaced with write-to-temp, fsync, rename, fsync-directory: a crash at any
 point leaves either the old or the new file, never a torn one; a snapshot names its
@@ -61,6 +63,10 @@ COMPACT_MIN_BYTES = 1 << 20
 # hour, each rewriting at most the journal's last partial page (2.8 MiB an hour) and
 # the filesystem's commit of its size.
 SYNC_S = 5.0
+# What a record pays for each byte it writes: its own, and its share of the snapshot
+# that will fold it (a compaction writes at most 1 / COMPACT_RATIO of the journal it
+# ends), so compactions need no budget of their own and never make anyone wait.
+PREPAID = 1 + 1 / COMPACT_RATIO
 # Seconds before a write that failed (ENOSPC, EIO) is tried again without a change.
 RETRY_S = 5.0
 
@@ -162,15 +168,10 @@ class StateFile:
         return [*odd, *live.values()]
 
     def save(self, targets: list[dict[str, Any]]) -> None:
-        """Write the changes from the files' state to ``targets`` as the budget allows
-        (the rest waits: ``deferred``); OSError where a write failed."""
+        """Write the changes from the files' state to ``targets`` as their persons'
+        budgets allow (the rest waits: ``deferred``); OSError where a write failed."""
         with self._changed:
             self._wanted = {entry["id"]: entry for entry in targets}
-            if self.lagging and self._retry_at > self._clock():
-                # Over the budget: coalesced, written when due.
-                self.deferred = len(journal.changes(self._disk, self._wanted))
-                self._changed.notify()
-                return
             try:
                 self._write(budgeted=self._started)
             finally:
@@ -254,22 +255,34 @@ class StateFile:
             raise
 
     def _write_changes(self, budgeted: bool) -> None:
-        """The changes to ``_wanted``, smallest first, those the budget allows; a
-        snapshot instead where the journal is closed, or past its bound."""
+        """The changes to ``_wanted``, smallest first, those their payers' budgets
+        allow (a person past her share waits, nobody else); a snapshot instead where
+        the journal is closed, and one after them where it is past its bound."""
         wanted = self._wanted
         if wanted is None:
             return
         if self._journal_fd < 0:
-            self._compact(wanted, budgeted)
+            if self._compact(wanted, budgeted):
+                self._wanted, self.deferred, self.lagging = None, 0, False
             return
         pending = journal.changes(self._disk, wanted)
         pending.sort(key=lambda change: journal.weight(change[1]))
-        for n, (target_id, record) in enumerate(pending):
+        waits: dict[int | None, float] = {}  # payers refused, and how long they wait
+        held = 0
+        for target_id, record in pending:
+            entry = (self._disk if "drop" in record else wanted)[target_id]
+            payer = self.budget.payer(entry.get("uid"))
+            if payer in waits:  # her smaller change waits: so do her larger ones
+                held += 1
+                continue
             data = journal.encode(record)
-            if budgeted and not self.budget.allows(len(data)):
-                self._lag(len(pending) - n, self.budget.wait_s(len(data)))
-                return
-            self._spend(len(data), budgeted)
+            cost = len(data) * PREPAID
+            if budgeted and not self.budget.allows(payer, cost):
+                waits[payer] = self.budget.wait_s(payer, cost)
+                held += 1
+                continue
+            self._spend(payer, cost, budgeted)
+            self.written += len(data)
             self._append(data)
             if "drop" in record:
                 self._disk.pop(target_id, None)
@@ -279,25 +292,33 @@ class StateFile:
                 self._sizes[target_id] = self._sizes.get(target_id, 0) + len(data)
         live = sum(self._sizes.values())
         if self._journal_bytes > max(COMPACT_RATIO * live, COMPACT_MIN_BYTES):
-            self._compact(wanted, budgeted)
-            return
-        self._wanted, self.deferred, self.lagging = None, 0, False
+            self._compact(dict(self._disk), budgeted=False)  # the records prepaid it
+        if held:
+            self._lag(held, min(waits.values()))
+        else:
+            # A churn's held change coalesced away: still lagging (for the log) until
+            # the wait it was given is over, not once per registration and release.
+            self._wanted, self.deferred = None, 0
+            self.lagging = self.lagging and self._retry_at > self._clock()
 
-    def _compact(self, wanted: dict[str, Entry], budgeted: bool) -> None:
-        """A new snapshot of ``wanted`` and an empty journal naming it (each replaced
+    def _compact(self, entries: dict[str, Entry], budgeted: bool) -> bool:
+        """A new snapshot of ``entries`` and an empty journal naming it (each replaced
         atomically, the snapshot first: a crash between leaves the new snapshot and a
-        journal naming the old one, which is not replayed)."""
+        journal naming the old one, which is not replayed); False where the budget
+        holds it back. ``budgeted``: a snapshot after a failure, the daemon's own."""
         estimate = sum(self._sizes.values())  # checked before paying for the encoding
-        if budgeted and not self.budget.allows(estimate):
-            # Appends wait too: the journal is past its bound until this is written.
-            self._lag(len(journal.changes(self._disk, wanted)), self.budget.wait_s(estimate))
-            return
+        if budgeted and not self.budget.allows(None, estimate):
+            # Appends wait too: the journal is closed until this is written.
+            changes = len(journal.changes(self._disk, entries))
+            self._lag(changes, self.budget.wait_s(None, estimate))
+            return False
         token = secrets.token_hex(6)
-        entries = [json.dumps(entry, separators=(",", ":")).encode() for entry in wanted.values()]
+        encoded = [json.dumps(entry, separators=(",", ":")).encode() for entry in entries.values()]
         head = json.dumps({"version": FORMAT_VERSION, "boot_id": self._boot_id, "journal": token})
-        data = head[:-1].encode() + b', "targets": [' + b",".join(entries) + b"]}"
+        data = head[:-1].encode() + b', "targets": [' + b",".join(encoded) + b"]}"
         first = journal.header(token)
-        self._spend(len(data) + len(first), budgeted)
+        self._spend(None, len(data) + len(first), budgeted)
+        self.written += len(data) + len(first)
         self._started = True  # the snapshot at start is free; later ones are paid
         self._close_journal()  # a failure below leaves it closed: a snapshot again next
         self._replace(REGISTRATIONS, data)
@@ -305,10 +326,10 @@ class StateFile:
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         self._journal_fd = os.open(JOURNAL, flags, dir_fd=self._dir_fd)
         self._journal_bytes = len(first)
-        self._disk = dict(wanted)
-        self._sizes = {target_id: len(e) for target_id, e in zip(wanted, entries)}
-        self._wanted, self.deferred, self.lagging = None, 0, False
+        self._disk = dict(entries)
+        self._sizes = {target_id: len(e) for target_id, e in zip(entries, encoded)}
         self._unsynced_since = None  # both files were fsynced by _replace
+        return True
 
     def _append(self, data: bytes) -> None:
         """One record at the journal's end; where it cannot all be written, the journal
@@ -326,12 +347,11 @@ class StateFile:
         if self._unsynced_since is None:
             self._unsynced_since = self._clock()
 
-    def _spend(self, size: int, budgeted: bool) -> None:
+    def _spend(self, payer: int | None, cost: float, budgeted: bool) -> None:
         """Paid before writing: a write that fails costs its tries too (an ENOSPC retried
         stays within the budget)."""
         if budgeted:
-            self.budget.spend(size)
-        self.written += size
+            self.budget.spend(payer, cost)
 
     def _lag(self, changes: int, wait_s: float) -> None:
         self.deferred, self.lagging = changes, True

@@ -194,7 +194,7 @@ def test_a_churning_users_bytes_are_bounded_by_the_budget(
     assert churned <= budget // 2 + 64 * 4096, churned
     health = daemon.call("GET", "/healthz")[1]
     assert health["state_deferred"] == 1 and health["state_error"] is None
-    assert "state writes over their budget" in daemon.log()
+    assert daemon.log().count("state writes over their budget") == 1  # said once, not per cycle
 
     # A stop writes what waited: the last registration with those held.
     daemon.stop()
@@ -205,11 +205,12 @@ def test_a_churning_users_bytes_are_bounded_by_the_budget(
 
 def test_an_hour_of_churn_writes_at_most_the_budget_and_a_rewrite(tmp_path: Path) -> None:
     # The state file alone over a simulated hour of the worst churn: fat registrations
-    # and unregistrations as fast as they come, beside 20 fat targets held.
+    # and unregistrations as fast as they come, beside 20 fat targets held; root's,
+    # paid from the whole budget (users' from their shares: test_state_persons.py).
     now = [0.0]
     budget = WriteBudget(16 << 20, clock=lambda: now[0])
     statefile = StateFile(tmp_path / "state", "boot", budget)
-    entry = {"pid": 1, "start_ticks": 1, "children": True, "uid": 1000,
+    entry = {"pid": 1, "start_ticks": 1, "children": True, "uid": 0,
              "registered_at": 1.0, "holders": 1, "labels": FAT}  # fmt: skip
     held = [{**entry, "id": f"{n:012x}"} for n in range(20)]
     statefile.save(held)  # at start: a snapshot, outside the budget
