@@ -11,10 +11,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from edgewatt.core.power import native
+from edgewatt.core.power import ina3221, native
+from edgewatt.core.power.meter import WINDOW_LINGER_S, PowerMeter
+from edgewatt.core.power.source import PowerOptions
 from tests.conftest import wait_for
 from tests.power_standin import build_tree
 
@@ -182,3 +185,86 @@ def test_bad_arguments_say_what_is_wrong(files: list[int]) -> None:
     # Set up once: a second __init__ (after its close too) would leak its ring.
     with pytest.raises(RuntimeError, match="a stream is set up once: make a new one"):
         stream.__init__(tuple(files), 10.0)
+
+
+def test_a_window_rate_ends_by_itself_and_wakes_the_thread_only_to_go_faster(
+    files: list[int],
+) -> None:
+    stream = native._stream.Stream(tuple(files), 0.5)
+    times: list[float] = []
+
+    def readings(count: int) -> Callable[[], bool]:
+        def come() -> bool:
+            times.extend(t for t, _ in stream.drain())
+            return len(times) >= count
+
+        return come
+
+    try:
+        wait_for(readings(1))  # the first reading at the start, the next 2 s on
+        # Slower: taken at its next reading, the thread left asleep until then (a
+        # thread woken would read at once).
+        asked = time.monotonic()
+        stream.set_rate(0.25, 0.0, 0.25)
+        wait_for(readings(2), timeout=10)
+        assert times[1] - times[0] >= 1.99 and times[1] - asked > 1.0
+        # Faster until an instant: read at once, at 200 Hz until then, then at 0.5 Hz
+        # without being told (the first reading from then on changes it).
+        del times[:]
+        asked = time.monotonic()
+        until = asked + 0.3
+        stream.set_rate(200.0, until, 0.5)
+        wait_for(lambda: readings(0)() and sum(t >= until for t in times) >= 2, timeout=10)
+    finally:
+        stream.close()
+    fast = [t for t in times if t < until]
+    after = [t for t in times if t >= until]
+    assert fast[0] - asked < 0.05
+    assert len(fast) >= 0.5 * 200 * 0.3  # a busy machine delays some, never bursts
+    assert after[1] - after[0] >= 1.99  # the one that ended it, the next 2 s on
+
+
+def test_windows_one_after_another_keep_the_window_rate_and_it_ends_by_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loop of tracked calls: an edge opens a window, the next says none is young,
+    # the next opens one again. The reader is not slowed at the edge between (a change
+    # back to the window rate would wake its thread at the next edge): it reads on at
+    # the window rate, and ends it WINDOW_LINGER_S after the last window's end.
+    build_tree(tmp_path)
+    source = ina3221.discover(PowerOptions(sysfs_path=str(tmp_path)))
+    meter = PowerMeter([source], max_gap_s=5.0, sample_hz=10.0, window_hz=200.0).start()
+    assert meter.reader == "native"
+    stream = meter._reader._streams[0]  # type: ignore[union-attr]
+    rates: list[float] = []
+    drained: list[float] = []
+    set_rate, drain = stream.set_rate, stream.drain
+    monkeypatch.setattr(
+        stream, "set_rate", lambda hz, *rest: (rates.append(hz), set_rate(hz, *rest))
+    )
+    monkeypatch.setattr(stream, "drain", lambda: [drained.append(t) or (t, w) for t, w in drain()])
+    try:
+        meter.read(time.monotonic(), window_until=time.monotonic() + 2.0)
+        time.sleep(0.1)
+        meter.read(t1 := time.monotonic())  # the call returned: none young
+        time.sleep(0.2)
+        meter.read(t2 := time.monotonic(), window_until=t2 + 2.0)  # the next call
+        between = [t for t in drained if t1 < t <= t2]
+        time.sleep(0.05)
+        ended = meter.read(t3 := time.monotonic())  # the last call returned
+        counted = stream._stream.stats()[0]
+        # No edge until 4 readings after the window rate's end: 0.25 s at 200 Hz is 52
+        # readings at most (a busy machine delays some, never bursts).
+        wait_for(lambda: stream._stream.stats()[0] >= counted + 52 + 4)
+        after = meter.read(time.monotonic())
+    finally:
+        meter.close()
+    # Never slowed between two windows, so never woken to go faster again; at the
+    # next edge, told the rate it went back to by itself.
+    assert rates == [200.0, 200.0, 200.0, 200.0, 10.0]
+    late = [t for t in drained if t > t3 + WINDOW_LINGER_S + 0.01]
+    assert len(late) >= 2
+    assert all(b - a >= 0.05 for a, b in zip(late, late[1:]))  # 10 Hz, no edge asked
+    assert len(between) >= 0.5 * 200 * 0.2
+    assert ended is not None and ended.period_s == pytest.approx(1 / 200)
+    assert after is not None and after.period_s == pytest.approx(1 / 10)

@@ -40,6 +40,7 @@ typedef struct {
     int ready; /* the thread has set ahead: Stream() returns then */
     int fds[MAX_FILES];
     int64_t period_ns;
+    int64_t until_ns, then_ns; /* at until_ns (0: never) the period becomes then_ns */
     int64_t *ring; /* capacity records of (t_ns, value x nfiles) */
     Py_ssize_t capacity, head, count;
     unsigned long long readings, lost, errors;
@@ -118,6 +119,10 @@ static void *run(void *arg) {
             s->head++;
             if (s->count < s->capacity) s->count++;
             else s->lost++; /* the oldest is overwritten: Python drained too late */
+        }
+        if (s->until_ns && t >= s->until_ns) { /* the window's rate ends: no wake needed */
+            s->period_ns = s->then_ns;
+            s->until_ns = 0;
         }
         next += s->period_ns;
         if (next < t - s->period_ns) next = t + s->period_ns; /* skip missed, never burst */
@@ -221,11 +226,37 @@ static PyObject *Stream_set_hz(Stream *s, PyObject *arg) {
     }
     pthread_mutex_lock(&s->mutex);
     int64_t period = period_of(hz);
+    s->until_ns = 0;
     if (period != s->period_ns) {
         s->period_ns = period;
         s->changed = 1;
         pthread_cond_signal(&s->cond);
     }
+    pthread_mutex_unlock(&s->mutex);
+    Py_RETURN_NONE;
+}
+
+/* set_rate(hz, until, then_hz): at hz until the monotonic instant until (s), then at
+ * then_hz, the thread changing by itself at its first reading from until on. It is
+ * woken (a real-time thread preempting the caller, and the kernel's chance to run
+ * another task before it resumes) only where the rate now must get faster; a slower
+ * one, or the same with a new until, takes effect at its next reading. */
+static PyObject *Stream_set_rate(Stream *s, PyObject *args) {
+    double hz, until, then_hz;
+    if (!PyArg_ParseTuple(args, "ddd", &hz, &until, &then_hz)) return NULL;
+    if (!(hz >= 0.1 && hz <= 10000) || !(then_hz >= 0.1 && then_hz <= 10000)) {
+        PyErr_SetString(PyExc_ValueError, "hz must be from 0.1 to 10000");
+        return NULL;
+    }
+    pthread_mutex_lock(&s->mutex);
+    int64_t period = period_of(hz);
+    s->then_ns = period_of(then_hz);
+    s->until_ns = until > 0 ? (int64_t)(until * 1e9) : 0;
+    if (period < s->period_ns) {
+        s->changed = 1;
+        pthread_cond_signal(&s->cond);
+    }
+    s->period_ns = period;
     pthread_mutex_unlock(&s->mutex);
     Py_RETURN_NONE;
 }
@@ -321,6 +352,8 @@ static void Stream_dealloc(Stream *s) {
 
 static PyMethodDef Stream_methods[] = {
     {"set_hz", (PyCFunction)Stream_set_hz, METH_O, "Read at this rate from now on."},
+    {"set_rate", (PyCFunction)Stream_set_rate, METH_VARARGS,
+     "set_rate(hz, until, then_hz): at hz until the monotonic until (0: for good), then at then_hz; woken only to go faster."},
     {"drain", (PyCFunction)Stream_drain, METH_NOARGS, "The readings since the last drain."},
     {"cpu_s", (PyCFunction)Stream_cpu_s, METH_NOARGS, "The thread's CPU clock, in s."},
     {"stats", (PyCFunction)Stream_stats, METH_NOARGS, "(readings, lost, errors)."},

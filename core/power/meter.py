@@ -90,6 +90,13 @@ FIRST_LINE_WAIT_S = 2.0
 # 200 Hz: docs/performance.md); a longer window spreads the same error over more
 # energy.
 WINDOW_BOOST_S = 2.0
+# A window rate read when the last window ends (an edge says none is young) goes on
+# this long, within that window's youth: a window opened meanwhile (a loop of phases
+# or ``track`` calls) finds it, so the reader's rate does not change at each edge. A
+# change to a faster rate wakes the native reader's real-time thread, which preempts
+# the edge's own thread, and the kernel may run another task before that resumes
+# (1 to 4 ms at p99, docs/performance.md). The reader ends the rate by itself.
+WINDOW_LINGER_S = 0.25
 # The native streams are drained at every edge and, where edges are further apart
 # (a long pass interval), this often: a quarter of what a ring holds at 1 kHz.
 NATIVE_DRAIN_S = native.RING_READINGS / 1000.0 / 4
@@ -114,6 +121,7 @@ class PowerMeter:
         self._pacing = Pacing(self.rate, self.windows, self.traces.lock)
         self._reader: StreamReader | None = None
         self._last_edge: float | None = None
+        self._young_until = 0.0  # the last window's youth, as its edges said
 
     def start(self, first_line_wait_s: float = FIRST_LINE_WAIT_S) -> PowerMeter:
         """The reader of the streamed sources at ``sample_hz``, after the push sources'
@@ -151,7 +159,7 @@ class PowerMeter:
         (past a push source's last line, its last power held: settled_energy gives
         the final figure later). ``window_until``: a window is young until then
         (monotonic), and is read at the window rate meanwhile; None: none is, and the
-        window rate stops."""
+        window rate stops within WINDOW_LINGER_S."""
         if not self.sources:
             return None
         reader = self._reader
@@ -161,14 +169,29 @@ class PowerMeter:
             for source in self.sources:
                 self.traces.take(source)
             # The stream's period since the last edge: the window rate's where it was
-            # read all along, from that edge or before.
+            # read all along, from that edge or before (the reader ends it at its
+            # until by itself; ended so, it starts anew at the next window).
+            self.windows.reading(now)
             fine = self.windows.fine_since(self._last_edge)
             snapshot = self.traces.snapshot(now, self._period(fine), self._sensors())
             self._last_edge = now
-            opened = reader is not None and self._pacing.open(now, window_until)
+            until = self._lingering(now, window_until)
+            opened = reader is not None and self._pacing.open(now, until)
         if reader is not None:  # outside the lock, as the reader's threads calibrate
             reader.after_edge(now, opened)
         return snapshot
+
+    def _lingering(self, now: float, window_until: float | None) -> float | None:
+        """Until when the window rate is read from the edge ``now`` (lock held): while
+        a window is young, its youth; where none is, WINDOW_LINGER_S more of the last
+        one's where the rate is read now."""
+        if window_until is not None:
+            self._young_until = window_until
+            return window_until
+        if self.windows.since is None or self._young_until <= now:
+            return None
+        self._young_until = min(self._young_until, now + WINDOW_LINGER_S)
+        return self._young_until
 
     def settled_energy(self, t: float) -> float | None:
         """The device's energy up to the past instant ``t`` (monotonic) as the traces

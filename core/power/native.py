@@ -51,11 +51,15 @@ class NativeStream:
         self.source = source
         self._stream = _stream.Stream(fds, hz, RING_READINGS)  # type: ignore[union-attr]
         self.hz = hz
+        self._rate = (hz, 0.0, hz)  # as last set: (hz, until, then_hz)
         self._lost = 0
 
-    def set_hz(self, hz: float) -> None:
-        if hz != self.hz:
-            self._stream.set_hz(hz)
+    def set_rate(self, hz: float, until: float, then_hz: float) -> None:
+        """At ``hz`` until the monotonic ``until`` (0: for good), then at ``then_hz``:
+        the native thread changes by itself then, and is woken only to go faster."""
+        if (hz, until, then_hz) != self._rate:
+            self._stream.set_rate(hz, until, then_hz)
+            self._rate = (hz, until, then_hz)
             self.hz = hz
 
     def drain(self) -> list[tuple[float, float]]:
@@ -172,10 +176,11 @@ class NativeReader:
             complete, self._complete = self._complete, None
             pacing.calibrate(*complete)
         with pacing.lock:
-            reading = pacing.windows.reading(now)
-            hz = pacing.windows.hz if reading else pacing.rate.hz
+            windows = pacing.windows
+            steady = pacing.rate.hz
+            hz, until = (windows.hz, windows.until) if windows.reading(now) else (steady, 0.0)
         for stream in self._streams:
-            stream.set_hz(hz)
+            stream.set_rate(hz, until, steady)
 
     def cpu_s(self) -> float:
         return sum(n.cpu_s() for n in self._streams)
