@@ -87,7 +87,8 @@ class PowerOptions:
         WINDOW_HZ,  # 0: windows read at sample_hz
         opt.ranged(float, 0, MAX_SAMPLE_HZ, "0 or a rate in Hz"),
         "readings of the INA3221/INA238 monitors per second while a window is young (a "
-        "phase, a track call or an FL round, for its first 2 s), where above "
+        "phase, a track call or an FL round, for its first 2 s; and 0.25 s past the "
+        "last one's end, for the next), where above "
         "power_sample_hz; 0: none. Within the same budget as the automatic rate: the "
         "windows spend what the steady rate leaves of it (at most 10 s of it at once); a "
         "window opened with that spent is read at power_sample_hz",
