@@ -139,7 +139,7 @@ def run(
     subreaper = become_subreaper()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    child = _Held(path, command)
+    child = _Held(path, command, socket)
     if own is not None:
         try:
             own.add(child.pid)  # before its exec: every process it starts is a member
@@ -304,7 +304,9 @@ class _Held:
     registered before it runs its first instruction (a Popen cannot wait there: it
     waits for the exec itself)."""
 
-    def __init__(self, path: str, command: list[str]) -> None:
+    def __init__(self, path: str, command: list[str], given: str | None = None) -> None:
+        """``given``: the socket `edgewatt run --socket` was told, where the command's
+        own clients look too, whether a daemon answers there or not."""
         hold, self._release = os.pipe()
         self._errors, report = os.pipe2(os.O_CLOEXEC)
         self.pid = os.fork()
@@ -318,6 +320,8 @@ class _Held:
                 os.close(hold)
                 if told.startswith(b"\0"):  # no daemon answered there: said already
                     os.environ[NO_DAEMON_SAID] = os.fsdecode(told[1:])
+                    if given:
+                        os.environ["EDGEWATT_SOCKET"] = given
                 elif told:
                     os.environ["EDGEWATT_SOCKET"] = os.fsdecode(told)
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as Popen restores them

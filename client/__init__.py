@@ -436,8 +436,9 @@ def register(
     return open_registration(labels, pid, children, socket, fallback)
 
 
-# Set by `edgewatt run` for its command where no daemon answered it, to where it looked:
-# the command's own register() finding none there says so quietly (said once, not twice).
+# Set by `edgewatt run` for its command where no daemon answered it, to the sockets it
+# looked at (os.pathsep between them): the command's own register() finding none at the
+# same ones says so quietly (said once, not twice).
 NO_DAEMON_SAID = "EDGEWATT_NO_DAEMON_SAID"
 
 
@@ -479,9 +480,10 @@ def open_registration(
     found = None if fallback == "always" else transport.find_daemon(socket)
     path = found.path if found and found.path else transport.candidates(socket)[0][0]
     said = False  # whether `edgewatt run` already said why (NO_DAEMON_SAID)
+    looked = os.pathsep.join(p for p, _ in transport.candidates(socket))
     if found is not None and found.path is None:
         why = f"no daemon answering at {found.looked}"
-        said = os.environ.get(NO_DAEMON_SAID) == found.looked
+        said = os.environ.get(NO_DAEMON_SAID) == looked
     elif found is not None:
         try:
             info = _post(path, _request(options, cgroup, argv))
@@ -500,7 +502,7 @@ def open_registration(
     daemon = DaemonBackend(path, info) if info is not None else None
     registration = Registration(path, options, fallback, daemon)
     if found is not None and found.path is None:
-        registration.no_daemon_at = found.looked
+        registration.no_daemon_at = looked
     if daemon is None:
         if fallback == "never":
             log.warning("edgewatt: %s; pid %d is not monitored", why, options.pid)

@@ -64,16 +64,27 @@ def test_a_closed_pipe_is_no_traceback(daemon: Any, spawn: Any) -> None:
     assert errors == ""
 
 
-def test_edgewatt_run_says_no_daemon_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("told", ["EDGEWATT_SOCKET", "--socket", "nothing"])
+def test_edgewatt_run_says_no_daemon_once(told: str, tmp_path: Path) -> None:
+    # Told a socket by the variable or the flag (the command's clients then look at
+    # the same one), or nothing: the defaults, the user's own daemon and the service's.
     script = tmp_path / "train.py"
-    script.write_text("from edgewatt import client\nprint(client.register().mode)\n")
+    script.write_text(
+        "import os\nfrom edgewatt import client\n"
+        "print(client.register().mode, os.environ.get('EDGEWATT_SOCKET'))\n"
+    )
+    none = str(tmp_path / "none.sock")
+    env = {"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": str(tmp_path)}
+    flag = ["--socket", none] if told == "--socket" else []
+    if told == "EDGEWATT_SOCKET":
+        env["EDGEWATT_SOCKET"] = none
     result = subprocess.run(
-        [*EDGEWATT, "run", "--", sys.executable, str(script)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-        env={"PATH": "/usr/bin:/bin", "EDGEWATT_SOCKET": str(tmp_path / "none.sock")},
+        [*EDGEWATT, "run", *flag, "--", sys.executable, str(script)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "local\n"  # the script's own register() found none either
+    # The script's own register() found none either, where the run looked.
+    assert result.stdout == f"local {none if told != 'nothing' else None}\n", result.stdout
     assert result.stderr.count("no daemon answering") == 1, result.stderr
 
 
