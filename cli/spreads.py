@@ -46,15 +46,17 @@ def spread_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         if keys[0] not in summary or (low is None and mean is None):
             continue  # nothing, or a peak alone (shown with the memory rows)
         if mean is not None and (
-            low is None or high is None or (low == high and not low <= mean <= high)
+            low is None or high is None or (label != "CPU use" and not low <= mean <= high)
         ):
             # A run shorter than two readings (or intervals) apart: the one reading
             # around it is no lowest or highest of it; its mean over time still is.
             rows.append((label, f"mean {shown(mean)}{what}; {TOO_SHORT}"))
             continue
         if mean is not None and not low <= mean <= high:
-            # The mean over the whole run (its start and end included) against the
-            # lowest and highest of the intervals inside it.
+            # `edgewatt run`'s CPU use: its mean is the CPU time over the whole run (its
+            # start and end included), against the lowest and highest of the intervals
+            # inside it. (The power's mean is its readings' interpolated over the run:
+            # outside them only where the run is shorter than two readings apart.)
             rows.append((label, f"min {shown(low)}, max {shown(high)} per interval; "
                                 f"mean {shown(mean)}{what} over the run"))  # fmt: skip
             continue
