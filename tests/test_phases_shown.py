@@ -264,11 +264,14 @@ def test_the_run_level_min_mean_and_max_are_in_each_table(real_run: Run) -> None
     assert 4 * 2**20 < final["memory_rss_min_bytes"] < final["memory_rss_avg_bytes"]
     assert final["memory_rss_peak_bytes"] >= 120 * 2**20
     # edgewatt run's file and table hold the daemon's final figures (its peak RSS the
-    # larger of the daemon's and the kernel's peak of the tree).
+    # larger of the daemon's and the kernel's peak of the tree), but for the CPU use's
+    # mean: the CPU time row's, over the whole run.
     keys = ("power_min_w", "device_power_avg_w", "power_max_w", "cpu_utilization_min",
-            "cpu_avg_utilization", "cpu_utilization_max", "memory_rss_min_bytes",
-            "memory_rss_avg_bytes")  # fmt: skip
+            "cpu_utilization_max", "memory_rss_min_bytes", "memory_rss_avg_bytes")  # fmt: skip
     assert {k: recorded[k] for k in keys} == {k: final[k] for k in keys}
+    cores = os.cpu_count() or 1
+    run_mean = recorded["cpu_time_s"] / recorded["duration_s"] / cores
+    assert recorded["cpu_avg_utilization"] == pytest.approx(run_mean, rel=1e-9)
     assert recorded["memory_rss_peak_bytes"] >= final["memory_rss_peak_bytes"]
     assert _spread_lines(real_run.table) == _spreads(recorded)
     assert _spread_lines(real_run.final_text) == _spreads(final)

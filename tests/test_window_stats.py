@@ -73,7 +73,7 @@ def test_a_trace_keeps_its_lowest_and_highest_as_readings_arrive() -> None:
 def _row(t: float, utilization: float | None, rss: int) -> SampleRow:
     return SampleRow(
         *(t, 0.0, 0.0, utilization, rss, 0, None, None, None, None, 1, None, 1),
-        *(None, None, None, None, None, None, t),
+        *(None, None, None, None, None, None, None, None, t),
     )
 
 
