@@ -41,8 +41,8 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # the person's: this one's virtual environme
 PER_PERSON = 100  # max_targets_per_uid's default
 
 # One person's part, run as her: her targets (sleep processes), registered with her
-# share of label bytes, and her phases; then, once a pass, a /metrics scrape and a
-# GET /v1/top that she never reads, held open until stdin closes.
+# share of label bytes, and her phases; then, once told (a line on stdin), once a pass
+# a /metrics scrape and a GET /v1/top that she never reads, held open until stdin closes.
 PERSON = """
 import json, socket, subprocess, sys, time
 from edgewatt.core import transport
@@ -68,6 +68,7 @@ except BaseException:
         child.kill()
     raise
 print(json.dumps({"refused": refused}), flush=True)
+sys.stdin.readline()  # the daemon's RSS is read before her first scrape
 held = []
 for n in range(max(scrapes, tops)):
     if n < scrapes:
@@ -148,6 +149,9 @@ def main() -> None:
         targets = args.persons * PER_PERSON - refused
         print(f"{targets} targets ({refused} refused): RSS {rss:.1f} MiB, peak {peak:.1f} MiB, "
               f"/metrics {size / 2**20:.2f} MiB", flush=True)  # fmt: skip
+        for p in persons:
+            p.stdin.write("\n")  # type: ignore[union-attr]
+            p.stdin.flush()  # type: ignore[union-attr]
         for p in persons:
             json.loads(p.stdout.readline())  # type: ignore[union-attr]
         time.sleep(3 * args.interval)
