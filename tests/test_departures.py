@@ -421,6 +421,27 @@ def test_by_owner_a_child_reaped_unseen_then_its_reaper_gone_outside_counts_once
     assert t.end([(ROOT, root, OUTSIDE)], alone=False).teardowns_counted
 
 
+def test_by_owner_a_grandchild_reaped_by_a_child_never_read_counts_once() -> None:
+    """The child and the grandchild are born after the last pass; the grandchild exits,
+    the child reaps it, exits and is reaped by the root, all before this pass reads the
+    child (unseen: its exit event is the next drain's). The root's counters show the
+    child's whole CPU, the grandchild's within it: the grandchild's record is expected
+    of the child, not counted a second time (CI14 read a subreaper tree 60 ms high)."""
+    t = Target(own_cpu=True)
+    assert t.sample([t.member(ROOT, OUTSIDE, (10, 5, 0, 0))]) == (10, 5, 0, 0)
+    # Reaped: the child's 50 ticks and 1 of teardown, the grandchild's 31.25 and 0.75.
+    root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0), (65, 18, 0, 0))
+    t.exit(GRANDCHILD, CHILD, user_us=250_000, system_us=62_500, read=0, write=0)
+    total = t.sample([root], never_seen=[(GRANDCHILD, None, CHILD)], unseen={CHILD})
+    assert total.cpu_ticks == 15 + 83
+    t.exit(CHILD, ROOT, user_us=400_000, system_us=100_000, read=0, write=0)
+    assert t.sample([root], never_seen=[(CHILD, None, ROOT)]) == (75, 23, 0, 0)
+    t.exit(ROOT, OUTSIDE, user_us=100_000, system_us=50_000, read=0, write=0)
+    end = t.end([(ROOT, root, OUTSIDE)], alone=False)
+    assert (end.cpu_user_s, end.cpu_system_s) == (75 / CLOCK_TICKS, 23 / CLOCK_TICKS)
+    assert end.teardowns_counted
+
+
 def test_by_owner_a_child_reaped_after_its_reapers_last_reading_leaves_it_uncounted() -> None:
     """As above, but the child reaps the grandchild after the pass read it, then
     leaves reaped outside: that teardown is in no counter read, and the exit says so."""

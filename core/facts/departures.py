@@ -97,7 +97,8 @@ class Departures:
             for pid, known, _ in walked.departed:
                 if known is not None and known.zombie:
                     self._teardowns.read(pid, known.reaped_cpu, existing=False)
-        self._settle(walked.never_seen + walked.departed, walked.live, before, unseen_before)
+        departed = walked.never_seen + walked.departed
+        self._settle(departed, walked.live, before, unseen_before, members)
         if self._own_cpu:
             self._teardowns.after_pass(set(walked.live), members)
 
@@ -107,6 +108,7 @@ class Departures:
         live: dict[int, tuple[Member, Stat]],
         before: dict[int, Member],
         unseen_before: set[int],
+        members: set[int],
     ) -> None:
         """Count every departed member's figures exactly once: on their way into a live
         member that reaps it (pending until its counters show them), or carried when
@@ -120,7 +122,10 @@ class Departures:
                 self._carried = add(
                     self._carried, Counters(figures.user_ticks, figures.system_ticks, 0, 0)
                 )
-                inside = reaper in live or reaper in leaving
+                # A reaper still in though not read (gone before its first read, its
+                # exit event to come) is inside: its reaper's counters show this
+                # member within its own, so the member is expected of it.
+                inside = reaper in live or reaper in leaving or reaper in members
                 unseen = known is None and pid in unseen_before
                 final = known is not None and known.zombie
                 self._teardowns.depart(pid, own, reaper, inside, unseen, final)
