@@ -58,3 +58,15 @@ def test_a_first_line_beyond_the_gap_limit_is_not_bridged() -> None:
     with traces.lock:
         assert traces.settled_at(4.0, 6.5) == 0.0
         assert traces.settled_at(6.0, 6.5) == 0.0  # the 6 s before its line: not bridged
+
+
+def test_each_rail_is_held_back_with_the_total() -> None:
+    """The rails of the first line are held back as its total is: a window from the
+    source's start reads the same joules on the rail as on the device."""
+    board = Pushed("tegrastats", board=True)
+    traces = begun(board, 10.0)
+    board.lines.append(reading("tegrastats", 10.5, 10.0))
+    snapshot = edge(traces, 10.6)
+    (rail,) = snapshot.rails
+    assert rail.energy_j == pytest.approx(6.0, abs=1e-9)  # 10 W from 10.0 s to 10.6 s
+    assert snapshot.host_energy_j == pytest.approx(6.0, abs=1e-9)

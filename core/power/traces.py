@@ -76,12 +76,16 @@ class Traces:
 
     def _feed(self, source: PowerSource, reading: PowerReading) -> None:
         t = reading.monotonic
+        # A push source's first line (begin): its power held back to the source's start,
+        # in its total and each of its rails alike, so that the rails add up to it.
+        since = self._silent_since.pop(source.name, None)
         for rail in reading.rails:
             trace = self._rails.get(rail.id)
             if trace is None:
                 trace = self._rails[rail.id] = Trace(
                     self.max_gap_s, counter=rail.energy_j is not None
                 )
+                _hold_back(trace, since, t, rail.power_w, rail.energy_j)
             trace.add(t, rail.power_w, rail.energy_j)
         if source.name in self.contributing:
             trace = self.totals.get(source.name)
@@ -90,13 +94,7 @@ class Traces:
                 trace = self.totals[source.name] = Trace(self.max_gap_s, counter=counter)
                 if not counter and not source.pushed:
                     self.streamed.add(source.name)
-                since = self._silent_since.pop(source.name, None)
-                if since is not None and since < t and reading.total_w is not None:
-                    # Its power from its start (a counter's count back by as much); a
-                    # start beyond the gap limit is not bridged (Trace.add).
-                    back = reading.total_w * (t - since)
-                    raw = reading.total_energy_j
-                    trace.add(since, reading.total_w, None if raw is None else raw - back)
+                _hold_back(trace, since, t, reading.total_w, reading.total_energy_j)
             trace.add(t, reading.total_w, reading.total_energy_j)
         self._latest[source.name] = reading
         self.readings += 1
@@ -218,3 +216,15 @@ class Traces:
         """A push source begun no longer than max_gap_s before ``t`` has not spoken
         yet: its first reading may still count back to ``t``."""
         return any(t - since <= self.max_gap_s for since in self._silent_since.values())
+
+
+def _hold_back(
+    trace: Trace, since: float | None, t: float, watts: float | None, raw: float | None
+) -> None:
+    """A new trace whose first reading, at ``t``, came from a source started at
+    ``since``: that power from the start (a counter's count back by as much); a start
+    beyond the gap limit is not bridged (Trace.add)."""
+    if since is None or since >= t or watts is None:
+        return
+    back = watts * (t - since)
+    trace.add(since, watts, None if raw is None else raw - back)
