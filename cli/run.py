@@ -195,7 +195,9 @@ def run(
                 last_pass()  # gone: its target ends exactly, as a process's at its exit
         wall_s = time.monotonic() - started
         usage = _difference(resource.getrusage(resource.RUSAGE_CHILDREN), before)
-        final = _final(usage if subreaper else None, wall_s, power, peaks.result())
+        # The last rows' and the summary's energy are waited for together, at most this.
+        settled_by = time.monotonic() + POWER_FINAL_WAIT_S
+        final = _final(usage if subreaper else None, wall_s, power, peaks.result(), settled_by)
         if source is not None:
             sampling.stop(final)
     finally:
@@ -497,14 +499,20 @@ def _difference(after: resource.struct_rusage, before: resource.struct_rusage) -
 
 
 def _final(
-    usage: dict | None, wall_s: float, power: str | None, exit_peak: ExitPeak | None = None
+    usage: dict | None,
+    wall_s: float,
+    power: str | None,
+    exit_peak: ExitPeak | None = None,
+    settled_by: float = 0.0,
 ) -> Any:
     """The summary the table and the file show: the larger of the daemon's CPU time of
     the target (where its exit figures came from the kernel) and the kernel's count of
     the reaped tree (``usage``: None where this process could not be the subreaper,
     and the orphans' CPU went elsewhere), both kept, and which was shown; ``power``
     (_power_state) kept as ``power_source`` for the report's word on missing energy;
-    ``exit_peak``: the largest peak RSS the kernel recorded at the processes' exits."""
+    ``exit_peak``: the largest peak RSS the kernel recorded at the processes' exits;
+    ``settled_by``: the monotonic instant until which an in-process sampler's energy is
+    waited for (the daemon's: POWER_FINAL_WAIT_S)."""
 
     def final(recorded: dict[str, Any], registration: Any) -> dict[str, Any]:
         summary = {**recorded, "duration_s": wall_s}
@@ -528,7 +536,7 @@ def _final(
         # Memory as the sampler measured it after the exec (never this process's fork
         # before it, which wait4's ru_maxrss would count): PSS, the largest process's
         # RSS, and the RSS summed, each under its name.
-        sampled = last or _sampler_summary(registration)
+        sampled = last or _sampler_summary(registration, settled_by)
         for key in MEMORY_KEYS:
             if key in sampled:
                 summary[key] = sampled[key]
@@ -543,8 +551,10 @@ def _final(
         # The run's lowest, mean and highest power, CPU use and memory, as the daemon
         # measured them.
         summary.update({k: last[k] for k in spreads.KEYS if k in last and k not in summary})
-        if "final" in last:  # the phases' energy settled (it was waited for)
-            summary["final"] = last["final"]
+        own = _own_settled(registration, sampled)
+        windows = own if own is not None else last
+        if "final" in windows:  # every window's energy settled (it was waited for)
+            summary["final"] = windows["final"]
         for key in ("energy_provenance", "device_energy_provenance"):
             if key in sampled:  # where the energy comes from, or why it is unknown
                 summary[key] = sampled[key]
@@ -560,7 +570,10 @@ def _final(
             counted = (usage or sampled).get(key)
             if counted is not None:
                 summary[key] = counted
-        summary.update(_device_energy(api, summary))
+        if api is not None:
+            summary.update(_device_energy(api, summary, "daemon"))
+        elif own is not None:
+            summary.update(_device_energy(own, summary, "in-process"))
         if usage is not None:
             kernel = summary["cpu_wait4_s"] = usage["cpu_s"]
         if daemon is not None and (kernel is None or daemon >= kernel):
@@ -591,17 +604,17 @@ def _final(
     return final
 
 
-def _device_energy(api: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any]:
+def _device_energy(api: dict[str, Any], summary: dict[str, Any], by: str) -> dict[str, Any]:
     """The device's energy over the command and the command's attributed share, as the
-    daemon settled them at the target's edges (its final summary), in place of the
-    monitor's sums over its readings: those hold each pass's energy as known then (up
-    to the sensor's latest reading), and a run of a few readings summed them to -0.3 J,
-    or 44 W where the readings were 5 and 12 W, its share above the device's. {} where
-    the daemon gave none final."""
-    if api is None or api.get("final") is False or api.get("device_energy_j") is None:
+    sampler ``by`` (the daemon, or in-process) settled them at the target's edges (its
+    final summary ``api``), in place of the monitor's sums over its readings: those
+    hold each pass's energy as known then (up to the sensor's latest reading), and a
+    run of a few readings summed them to -0.3 J, or 44 W where the readings were 5 and
+    12 W, its share above the device's. {} where the summary gave none final."""
+    if api.get("final") is False or api.get("device_energy_j") is None:
         return {}
     energy = api["device_energy_j"] + 0.0  # never -0.0
-    found = {"energy_j": energy, "energy_source": "daemon (settled at the command's edges)"}
+    found = {"energy_j": energy, "energy_source": f"{by} (settled at the command's edges)"}
     if "energy_vdd_in_j" in summary:  # the board input is the device: one energy
         found.update(energy_vdd_in_j=energy, total_power_vdd_in=energy * 1000)
     found["avg_power_w"] = api.get("device_power_avg_w")
@@ -682,12 +695,23 @@ def _daemon_last(registration: Any, api: dict[str, Any] | None) -> dict[str, Any
     return registration.summary(final_wait_s=POWER_FINAL_WAIT_S)
 
 
-def _sampler_summary(registration: Any) -> dict[str, Any]:
+def _sampler_summary(registration: Any, settled_by: float) -> dict[str, Any]:
     """The summary of whatever sampler measured the target (the daemon, or this
-    process's own), for its memory figures; {} where none did."""
+    process's own), for its memory figures, its energy waited for until ``settled_by``
+    (monotonic) at most; {} where none did."""
     if registration is None or not registration.active:
         return {}
-    return registration.summary()
+    return registration.summary(final_wait_s=max(0.0, settled_by - time.monotonic()))
+
+
+def _own_settled(registration: Any, sampled: dict[str, Any]) -> dict[str, Any] | None:
+    """This process's own sampler's summary ``sampled`` where it measured the whole run
+    (no daemon answered at its start), for its settled energy and ``final``; else None
+    (the daemon's, or in-process only since the daemon was lost: its target began
+    then)."""
+    if registration is None or registration.mode != "local":
+        return None
+    return sampled if sampled.get("covers", {}).get("whole") else None
 
 
 def _daemon_summary(registration: Any) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from edgewatt.cli.report import amount
 from edgewatt.client._samples import Reading
 from tests.conftest import ROOT, wait_for
 from tests.test_edges import STAND_IN, integral, printed
@@ -113,6 +114,14 @@ def test_each_row_holds_the_trace_integral_over_its_interval(
         round(r["energy_j"], 6) for r in rows
     ]
     assert max(watts) <= 15.0 + 0.01 and min(watts) >= 5.0 - 0.01
+    # The summary (the file's and the table's) says final, and its device energy is the
+    # trace's integral over the run: in process too, not the rows' sum as it stood.
+    assert summary["final"] is True, summary
+    exact = integral(trace, summary["start_time"] - offset, summary["end_time"] - offset)
+    assert summary["energy_j"] == pytest.approx(exact, rel=0.01, abs=0.05), (summary, exact)
+    assert summary["energy_source"] == f"{through} (settled at the command's edges)"
+    assert f"  device energy      {amount(summary['energy_j'], 1)} J" in stderr, stderr
+    assert "not final" not in stderr, stderr
 
 
 def test_a_row_never_settled_is_written_marked_not_final() -> None:
@@ -220,3 +229,32 @@ def test_the_newest_row_waits_for_a_short_last_reading_merged_into_it() -> None:
         50.0,
         round(0.54 / 1.05 * 100, 6),
     ]
+
+
+@pytest.mark.parametrize(
+    ("final", "covers", "shown"),
+    [
+        (True, {"whole": True}, (40.0, "in-process (settled at the command's edges)", True)),
+        (False, {"whole": True}, (38.5, None, False)),  # its reading never came: said so
+        (True, {"whole": False}, (38.5, None, None)),  # in process since the daemon was lost
+    ],
+)
+def test_an_in_process_runs_summary_is_its_samplers_settled_figure(
+    final: bool, covers: dict[str, Any], shown: tuple[Any, ...]
+) -> None:
+    from edgewatt.cli import run
+
+    asked: list[float] = []
+
+    class Local:  # the run's own sampler's registration (client.Registration)
+        mode, active = "local", True
+
+        def summary(self, final_wait_s: float = 0.0) -> dict[str, Any]:
+            asked.append(final_wait_s)
+            return {"final": final, "covers": covers, "device_energy_j": 40.0,
+                    "device_power_avg_w": 10.0, "energy_j": 1.5}  # fmt: skip
+
+    settled_by = time.monotonic() + 3.0
+    summary = run._final(None, 4.0, "present", None, settled_by)({"energy_j": 38.5}, Local())
+    assert (summary["energy_j"], summary.get("energy_source"), summary.get("final")) == shown
+    assert 2.5 < asked[0] <= 3.0  # waited for at most what is left of the run's 3 s

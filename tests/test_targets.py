@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets import (
     Conflict,
     Forbidden,
@@ -29,6 +30,7 @@ from edgewatt.core.targets import (
     TooManyLookups,
 )
 from edgewatt.core.targets.edges import EdgeEnergy
+from edgewatt.core.targets.history import MAX_PHASE_NAME
 from edgewatt.core.targets.row import _WHOLE, RowRing, SampleRow, row_of, sample_dict
 from edgewatt.core.targets.summary import span
 from edgewatt.core.uids import alone
@@ -285,7 +287,7 @@ def test_a_full_history_keeps_its_last_rows_exactly_in_194_bytes_a_row() -> None
     for _ in range(3):
         made = [_row(i + 0.5, cpu_user_s=i / 3, energy_j=i * 1.5) for i in range(300)]
         references = [sys.getrefcount(row) for row in made]
-        tracemalloc.start()
+        tracemalloc.start(16)
         try:
             before = tracemalloc.get_traced_memory()[0]
             held = _history_of(made, 300)
@@ -398,7 +400,7 @@ def test_a_full_ring_of_repeated_figures_costs_its_times_a_row() -> None:
     # What the ring's own code allocated: another test's thread left running in this
     # process allocates meanwhile too (CI counted 38 B a row once so).
     where = [tracemalloc.Filter(True, sys.modules[RowRing.__module__].__file__ or "")]
-    tracemalloc.start()
+    tracemalloc.start(16)
     try:
         before = tracemalloc.take_snapshot().filter_traces(where)
         ring = RowRing(300)
@@ -411,6 +413,82 @@ def test_a_full_ring_of_repeated_figures_costs_its_times_a_row() -> None:
     per_row = grown / 300
     assert list(ring) == rows[-300:]
     assert 20 <= per_row <= 32, f"{per_row:.1f} B a row"
+
+
+def _busy_sample(target_id: str, at: float) -> ProcessSample:
+    """A busy target's sample at ``at`` s, as the sampler makes one: every figure a new
+    object (a float; an int above the interpreter's cached ones, bytes and switches
+    past 2**30, 32 B each), so a row held past the ring holds them all; the device's
+    energy from a 5 W board."""
+    whole = 2**40 + int(at * 1000)
+    return dataclasses.replace(
+        process(0),
+        target_id=target_id,
+        time=1_700_000_000.0 + at,
+        monotonic=at,
+        cpu_user_s=at * 0.25,
+        cpu_system_s=at * 0.125,
+        cpu_utilization=at / 1e4,
+        memory_rss_bytes=whole + 1,
+        memory_virtual_bytes=whole + 2,
+        memory_pss_bytes=whole + 3,
+        memory_rss_largest_bytes=whole + 4,
+        memory_pss_read_at=1_700_000_000.0 + at,
+        disk_read_bytes=whole + 5,
+        disk_write_bytes=whole + 6,
+        network_transmit_bytes=whole + 7,
+        network_receive_bytes=whole + 8,
+        threads=1000 + int(at),
+        open_fds=2000 + int(at),
+        processes=3000 + int(at),
+        power_w=at * 1.5,
+        energy_j=at * 0.5,
+        device_energy_j=at * 5.0,
+        context_switches_voluntary=whole + 9,
+        context_switches_involuntary=whole + 10,
+    )
+
+
+def test_a_kept_phase_holds_at_most_its_stated_bytes() -> None:
+    # What a phase a user starts and ends costs the daemon once kept: its record, its
+    # name (128 bytes, the longest), the rows at its two edges (their figures, which the
+    # ring no longer holds) and its settled energy. The API's path in process: the
+    # table's start and end, each followed by the pass on demand the API takes, with a
+    # scheduled pass between phases; the history's ring is full before, so only the
+    # phases grow. Counted: what this test's own calls allocated and still hold (every
+    # allocation with this file in its traceback), never another thread's.
+    table, clocks = _table(os.getpid())
+    (target,) = table.running()
+    uid = os.getuid()
+    # The trace's integral up to an instant once a reading after it came: a new float.
+    table.settled_energy = lambda at: at * 5.0 - 0.25 if at < clocks.t else None
+
+    def take(only: set[str] | None = None) -> None:
+        clocks.t += 0.1
+        table.record([_busy_sample(target.id, clocks.t)], 10, only, (5.0, 5.0))
+
+    for _ in range(2 * 100):  # table_with's ring: 100 rows, full
+        take()
+    phases = 300
+    where = [tracemalloc.Filter(True, __file__, all_frames=True)]
+    tracemalloc.start(16)  # deep enough to reach this test's frame from the table's
+    try:
+        before = tracemalloc.take_snapshot().filter_traces(where)
+        for i in range(phases):
+            table.start_phase(target.id, f"{i:08d}".ljust(MAX_PHASE_NAME, "x"), uid)
+            take({target.id})
+            table.end_phase(target.id, uid)
+            take({target.id})
+            take()
+        after = tracemalloc.take_snapshot().filter_traces(where)
+    finally:
+        tracemalloc.stop()
+    kept = target.history.phases
+    assert len(kept) == phases and all(p.final and len(p.name) == MAX_PHASE_NAME for p in kept)
+    assert len({id(p.first) for p in kept} | {id(p.last) for p in kept}) == 2 * phases
+    per_phase = sum(s.size_diff for s in after.compare_to(before, "filename")) / phases
+    # 2,554 B measured; docs/reference.md ("Shares per person") states 2,600 B at most.
+    assert 2400 <= per_phase <= 2600, f"{per_phase:.0f} B a phase"
 
 
 def test_a_span_is_what_was_consumed_between_two_named_rows() -> None:

@@ -20,8 +20,8 @@ from edgewatt.core.targets.row import RowRing, SampleRow
 # round keeps being measured past the bound; the older ones are counted as dropped.
 MAX_PHASES = 1000
 # A phase kept is ~850 bytes of every summary and GET /v1/top that lists it, and its
-# target's labels again in 4 series of /metrics; ~1.5 KiB of the daemon's memory of
-# its own (docs/reference.md, "Shares per person"): a person
+# target's labels again in 4 series of /metrics; at most 2,600 B of the daemon's
+# memory of its own (docs/reference.md, "Shares per person"): a person
 # keeps at most this many over her targets, all users together the next
 # (access.forget_phases); root's, MAX_PHASES a target.
 MAX_PERSON_PHASES = 1000
