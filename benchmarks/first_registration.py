@@ -27,7 +27,7 @@ CHILD = r"""
 import sys, time
 from edgewatt import client
 from edgewatt.client import _local  # noqa: F401 - imported before the clock starts
-from edgewatt.core import sampler  # noqa: F401
+from edgewatt.core.sampling import sampler  # noqa: F401
 from edgewatt.core.power import meter
 if sys.argv[1] == "waited":  # the meter's start as it was: the first line waited for
     start = meter.PowerMeter.start

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -279,6 +280,28 @@ def test_real_pynvml_reads_gpus_or_says_there_is_no_driver(tmp_path: Path) -> No
         assert reading.gpus and all(g.power_w is None or g.power_w > 0 for g in reading.gpus)
     finally:
         source.close()
+
+
+def test_without_the_driver_library_pynvml_is_not_imported() -> None:
+    """No driver here: discovery says so from the library's absence, without importing
+    nvidia-ml-py's pynvml (8 ms of a first in-process registration); where the driver
+    is (a GPU machine), the test above reads it."""
+    pytest.importorskip("pynvml")
+    code = (
+        "import sys\n"
+        "from edgewatt.core.power import nvml\n"
+        "from edgewatt.core.power.source import NoData, PowerOptions\n"
+        "try:\n"
+        "    nvml.discover(PowerOptions())\n"
+        "except NoData as exc:\n"
+        "    print(exc, 'pynvml' in sys.modules)\n"
+        "else:\n"
+        "    print('found')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    if out.stdout.strip() == "found":
+        pytest.skip("an NVIDIA driver is here")
+    assert out.stdout.strip() == "no NVIDIA driver: libnvidia-ml.so.1 not found False"
 
 
 # -- discovery ---------------------------------------------------------------------

@@ -9,8 +9,11 @@ GPU does not support leaves that figure absent.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
+import sys
 import time
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -141,11 +144,37 @@ class NvmlSource(PullSource):
         self._try(self.nvml.nvmlShutdown)
 
 
+def _no_library() -> bool:
+    """Whether the installed pynvml (nvidia-ml-py's, from a package directory) would
+    find no driver library: a lookup in the linker's cache, where importing pynvml to
+    learn it is 8 ms of the first in-process registration. A pynvml from elsewhere (a
+    stand-in on the path) or one imported already answers for itself."""
+    if not sys.platform.startswith("linux") or "pynvml" in sys.modules:
+        return False
+    spec = importlib.util.find_spec("pynvml")
+    origin = spec.origin if spec is not None else None
+    if origin is None or Path(origin).parent.name not in ("site-packages", "dist-packages"):
+        return False
+    import ctypes
+
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError:
+        return True
+    return False
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# The driver's NVML library, as nvidia-ml-py's pynvml loads it on Linux.
+NVML_LIBRARY = "libnvidia-ml.so.1"
+
+
 def discover(options: PowerOptions) -> NvmlSource:
+    if _no_library():
+        raise NoData(f"no NVIDIA driver: {NVML_LIBRARY} not found")
     try:
         nvml = importlib.import_module("pynvml")
     except ImportError as exc:
