@@ -11,16 +11,17 @@ from typing import Any
 import pytest
 
 from edgewatt.core.platforms.linux import LinuxPlatform
-from edgewatt.core.sampling.contributors import UNCHANGED, Figures, Status, Unchanged
+from edgewatt.core.sampling.contributors import UNCHANGED, Figures, Unchanged
 from edgewatt.core.sampling.sampler import Parts, Sampler
 from edgewatt.core.sampling.trees import ProcessTrees
 from edgewatt.core.snapshot import Snapshot
 from tests.conftest import kernel_cpu_seconds, settled, table_with, wait_for
+from tests.test_sampler import RUNS_ON_A_LINE, Handed
 
 Entry = Callable[[], "Mapping[str, Any] | Unchanged"]
 
 
-class Scripted:
+class Scripted(Handed):
     """A contributor handing every target read what ``entry`` gives in that pass."""
 
     name = "counting by script"
@@ -30,32 +31,14 @@ class Scripted:
     def __init__(self, entry: Entry) -> None:
         self.entry = entry
 
-    def begin(self) -> None:
-        pass
-
     def contribute(self, states: Any) -> Figures:
         return {s.target.id: self.entry() for s in states if s.reading is not None}
-
-    def forget(self, target_id: str) -> None:
-        pass
-
-    def status(self) -> Status:
-        return Status()
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture
 def waiting(spawn: Any) -> subprocess.Popen:
-    """A child that waits on its stdin; each line makes it run 50 ms of CPU."""
-    child = spawn(
-        "import sys, time\n"
-        "for _ in sys.stdin:\n"
-        "    t = time.process_time()\n"
-        "    while time.process_time() - t < 0.05: pass\n",
-        stdin=subprocess.PIPE,
-    )
+    """A child that waits on its stdin (RUNS_ON_A_LINE), settled."""
+    child = spawn(RUNS_ON_A_LINE, stdin=subprocess.PIPE)
     settled(child.pid)
     return child
 

@@ -326,6 +326,15 @@ def test_every_contributor_declares_what_it_sets_and_they_agree(spawn: Any) -> N
         sampler.close()
 
 
+# A child that waits on its stdin; each line makes it run 50 ms of CPU.
+RUNS_ON_A_LINE = (
+    "import sys, time\n"
+    "for _ in sys.stdin:\n"
+    "    t = time.process_time()\n"
+    "    while time.process_time() - t < 0.05: pass\n"
+)
+
+
 def _figures(sample: Any) -> dict[str, Any]:
     figures = dataclasses.asdict(sample)
     for moving in ("time", "monotonic", "device_energy_j"):
@@ -338,13 +347,7 @@ def test_a_waiting_target_s_sample_is_its_last_dated_anew_until_a_figure_moves(
 ) -> None:
     # A target that did not run gets a copy of its last sample (TargetState.sample):
     # each thing that can move its figures must still show in the next sample.
-    child = spawn(
-        "import sys, time\n"
-        "for _ in sys.stdin:\n"
-        "    t = time.process_time()\n"
-        "    while time.process_time() - t < 0.05: pass\n",
-        stdin=subprocess.PIPE,
-    )
+    child = spawn(RUNS_ON_A_LINE, stdin=subprocess.PIPE)
     settled(child.pid)
     table = table_with(child.pid)
     handed = Handed()

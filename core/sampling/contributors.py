@@ -140,10 +140,11 @@ def gather(
 
     The mappings are the sampler's read-only copies, kept in each target's state by
     the contributor's place in ``contributors`` (``TargetState.given``) and replaced
-    only when a contributor hands out figures that differ: the same object in two
-    passes means unchanged, which TargetState.sample relies on."""
-    by_id = {s.target.id: s for s in states}
-    merged: dict[str, list[Mapping[str, Any]]] = {}
+    only when a contributor hands out figures that differ from them: a mapping of the
+    last pass's is the same object while its figures stand, which TargetState.sample
+    tells at once."""
+    # Each contributor that counted a target, by its place in ``contributors``.
+    answers: list[tuple[int, Contributor, Figures]] = []
     refused = 0
     for place, contributor in enumerate(contributors):
         try:
@@ -152,23 +153,27 @@ def gather(
             refused += 1
             log.warning("%s failed: %s", contributor.name, exc)
             continue
-        for target_id, fields in figures.items():
-            state = by_id.get(target_id)
-            if state is None:
-                continue  # not read in this pass: nothing to carry them
-            kept = state.given.get(place)
+        if figures:
+            answers.append((place, contributor, figures))
+    merged: dict[str, list[Mapping[str, Any]]] = {}
+    for state in states:
+        target_id, given = state.target.id, state.given
+        kept_now = []
+        for place, contributor, figures in answers:
+            fields = figures.get(target_id)
+            if fields is None:
+                continue
+            kept = given.get(place)
             if fields is UNCHANGED:
                 if kept is None:
                     raise ValueError(
                         f"{contributor.name}: UNCHANGED for target {target_id}, never given figures"
                     )
-            elif kept is None or fields != kept:
-                kept = state.given[place] = MappingProxyType(dict(fields))
-            have = merged.get(target_id)
-            if have is None:
-                merged[target_id] = [kept]
-            else:
-                have.append(kept)
+            elif kept is None or fields != kept:  # a copy: later edits of theirs change nothing
+                kept = given[place] = MappingProxyType(dict(fields))
+            kept_now.append(kept)
+        if kept_now:
+            merged[target_id] = kept_now
     return merged, refused
 
 

@@ -103,7 +103,9 @@ class TargetState:
             and last.energy_j == energy_j
             and last.gpu_utilization == gpu[0]
             and last.gpu_memory_bytes == gpu[1]
-            and _same(figures, self.last_figures)
+            # Each kept mapping is replaced only when its figures change (gather): the
+            # list compares by identity first, element by element, in C.
+            and figures == self.last_figures
         ):
             self.last = last.redated(reading.time, monotonic, device_energy_j)
             self.copied = True
@@ -153,12 +155,6 @@ class TargetState:
         if self.tree is not None:
             self.tree.close()
             self.tree = None
-
-
-def _same(figures: Sequence[Mapping[str, Any]], before: Sequence[Mapping[str, Any]]) -> bool:
-    """The same kept mappings, each the same object: contributors.gather replaces a
-    kept mapping only when its contributor's figures changed."""
-    return len(figures) == len(before) and all(a is b for a, b in zip(figures, before))
 
 
 def _attributes(target: Target, host_name: str) -> dict[str, str | int]:
