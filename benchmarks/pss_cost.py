@@ -25,11 +25,14 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from types import SimpleNamespace
+from typing import Any
 from unittest import mock
 
 from edgewatt.core.facts.procfs import ProcHandle
 from edgewatt.core.sampling import pss
+from edgewatt.core.sampling.contributors import UNCHANGED, Figures
 from edgewatt.core.sampling.pss import ProportionalMemory, read_rollup
 
 HOLDER = """
@@ -70,12 +73,21 @@ def mapped_holders(count: int, mappings: int) -> list[subprocess.Popen]:
     return holders
 
 
+def latest(given: dict[str, Mapping[str, Any]], figures: Figures) -> dict[str, Mapping[str, Any]]:
+    """Each target's figures after a pass that handed out ``figures``: as handed out,
+    or (UNCHANGED) as last given, which ``given`` keeps, as the sampler does."""
+    for target_id, fields in figures.items():
+        if fields is not UNCHANGED:
+            given[target_id] = fields
+    return {target_id: given[target_id] for target_id in figures}
+
+
 def moving_passes(pids: list[int], passes: int) -> tuple[list[float], int, float]:
     """Each pass's CPU seconds in ProportionalMemory.contribute, every target's RSS
     moved by 5 % since the last pass; the reads made; the oldest figure's age (passes)
     at the end."""
     memory = ProportionalMemory()
-    times, oldest = [], 0.0
+    times, oldest, given = [], 0.0, {}
     for n in range(passes):
         states = [
             SimpleNamespace(
@@ -89,7 +101,8 @@ def moving_passes(pids: list[int], passes: int) -> tuple[list[float], int, float
         started = time.thread_time()
         figures = memory.contribute(states)
         times.append(time.thread_time() - started)
-        oldest = max(n - f["memory_pss_read_at"] for f in figures.values())
+        now = latest(given, figures).values()
+        oldest = max(n - f["memory_pss_read_at"] for f in now)
     return times, memory.reads, oldest
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from edgewatt.core.facts import procfs
 from edgewatt.core.facts.held_fork import HeldFork
+from edgewatt.core.sampling.contributors import UNCHANGED
 from edgewatt.core.sampling.pss import REFRESH_EVERY, ProportionalMemory, parse_rollup
 from edgewatt.core.targets.history import History
 from edgewatt.core.targets.row import SAMPLE_FIELDS, SampleRow
@@ -171,10 +172,13 @@ def test_smaps_rollup_is_read_again_only_when_the_tree_moved(tmp_path: Path) -> 
         }
     }
     assert memory.reads == 2
-    memory.contribute([_State("t", (11, 12), 23_400_000)])  # moved 1.7 %: kept
+    # Moved 1.7 %: kept, and handed out as such (the sampler keeps the last figures).
+    assert memory.contribute([_State("t", (11, 12), 23_400_000, 1.0)]) == {"t": UNCHANGED}
     assert memory.reads == 2
-    memory.contribute([_State("t", (11, 12), 23_500_000)])  # 2.2 %: read again
+    again = memory.contribute([_State("t", (11, 12), 23_500_000, 2.0)])  # 2.2 %: read again
     assert memory.reads == 4
+    assert again == {"t": {**first["t"], "memory_pss_read_at": 2.0}}
+    assert again["t"] is not first["t"]  # a new mapping for new figures
     memory.contribute([_State("t", (11,), 23_500_000)])  # a member left
     assert memory.reads == 5
     for _ in range(REFRESH_EVERY - 1):  # the passes after the read: kept

@@ -15,7 +15,8 @@ import logging
 import typing  # runtime aliases: Python 3.8's builtins take no [...]
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from edgewatt.core.facts.traffic_counts import NOT_COUNTED
 from edgewatt.core.snapshot import ProcessSample
@@ -27,7 +28,21 @@ if TYPE_CHECKING:  # cgroup_traffic is the daemon's alone: the client never load
 
 log = logging.getLogger(__name__)
 
-Figures = typing.Mapping[str, typing.Mapping[str, Any]]  # target id -> ProcessSample fields
+
+class Unchanged:
+    """The type of ``UNCHANGED``, its one instance."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+# A target's entry in ``contribute``'s figures: as the last mapping given for it.
+UNCHANGED: Final = Unchanged()
+
+# Target id -> its ProcessSample fields, or UNCHANGED (see Contributor).
+Figures = typing.Mapping[str, typing.Union[typing.Mapping[str, Any], Unchanged]]
 
 # The targets a contributor counts (its ``counts``), by kind: a cgroup target is one
 # registered by its cgroup (Target.cgroup_name), a process target the others.
@@ -51,16 +66,17 @@ class Status:
 
 class Contributor(Protocol):
     """Counts figures of the targets read in a pass. Two rules hold for what
-    ``contribute`` hands out, one mapping of figures per target:
+    ``contribute`` hands out, one entry per target it counts:
 
-    - The same mapping object means "unchanged". The sampler compares each
-      contributor's mapping with the one its last sample was built from by identity
-      (``TargetState.sample``): the same object, and a target that did not run gets a
-      copy of its last sample, its figures not looked at. So hand out a new mapping
-      when any figure moves (one edited in place after it was handed out leaves the
-      old figures in every copied sample), and the same object while they all stand
-      (a new mapping each pass, even an equal one, rebuilds every waiting target's
-      sample each pass: the copy path the CPU budget rests on is lost).
+    - Each entry is a mapping of the target's figures (all the contributor sets for
+      it), or ``UNCHANGED``: the figures stand as in the last mapping it gave for that
+      target (one it never gave figures is a ValueError naming the contributor). The
+      sampler keeps a read-only copy of each mapping, by target, until the target
+      goes (``gather``, ``TargetState.given``): a mapping edited after it was handed
+      out changes nothing, and a new mapping equal to the last is unchanged too. A
+      target whose reading and figures are all unchanged gets a copy of its last
+      sample (``TargetState.sample``), the copy path the CPU budget rests on:
+      ``UNCHANGED`` keeps it free of any per-target allocation or comparison.
     - Figures are set by name: each key is a ProcessSample field, set on the sample
       as given. A name that is no field raises AttributeError in the pass (Python
       3.10+ by the sample's slots; 3.8 and 3.9 by the check in ``tracked.py``).
@@ -119,25 +135,45 @@ def gather(
     contributors: Sequence[Contributor], states: Sequence[TargetState]
 ) -> tuple[dict[str, list[Mapping[str, Any]]], int]:
     """Each contributor's figures for the targets read, by target: one mapping per
-    contributor that counted it (not merged: a contributor hands out the same mapping
-    while its figures stand, which TargetState.sample recognises); and how many
-    contributors refused this pass (OSError: their figures absent, retried next pass,
-    logged)."""
-    merged: dict[str, list[Mapping[str, Any]]] = {}
+    contributor that counted it, not merged; and how many contributors refused this
+    pass (OSError: their figures absent, retried next pass, logged).
+
+    The mappings are the sampler's read-only copies, kept in each target's state by
+    the contributor's place in ``contributors`` (``TargetState.given``) and replaced
+    only when a contributor hands out figures that differ from them: a mapping of the
+    last pass's is the same object while its figures stand, which TargetState.sample
+    tells at once."""
+    # Each contributor that counted a target, by its place in ``contributors``.
+    answers: list[tuple[int, Contributor, Figures]] = []
     refused = 0
-    for contributor in contributors:
+    for place, contributor in enumerate(contributors):
         try:
             figures = contributor.contribute(states)
         except OSError as exc:
             refused += 1
             log.warning("%s failed: %s", contributor.name, exc)
             continue
-        for target_id, fields in figures.items():
-            have = merged.get(target_id)
-            if have is None:
-                merged[target_id] = [fields]
-            else:
-                have.append(fields)
+        if figures:
+            answers.append((place, contributor, figures))
+    merged: dict[str, list[Mapping[str, Any]]] = {}
+    for state in states:
+        target_id, given = state.target.id, state.given
+        kept_now = []
+        for place, contributor, figures in answers:
+            fields = figures.get(target_id)
+            if fields is None:
+                continue
+            kept = given.get(place)
+            if fields is UNCHANGED:
+                if kept is None:
+                    raise ValueError(
+                        f"{contributor.name}: UNCHANGED for target {target_id}, never given figures"
+                    )
+            elif kept is None or fields != kept:  # a copy: later edits of theirs change nothing
+                kept = given[place] = MappingProxyType(dict(fields))
+            kept_now.append(kept)
+        if kept_now:
+            merged[target_id] = kept_now
     return merged, refused
 
 
@@ -150,9 +186,9 @@ class TcpAccounting:
 
     def __init__(self, network: NetworkAccounting) -> None:
         self.network = network
-        # Each target's figures as last handed out: the same mapping while its bytes
-        # do not move, so the sampler sees at once that they did not change.
-        self._given: dict[str, dict[str, Any]] = {}
+        # Each target's bytes (sent, received) as last handed out: UNCHANGED while
+        # they do not move.
+        self._given: dict[str, tuple[int, int]] = {}
 
     def begin(self) -> None:
         pass  # the sockets are dumped once every target's members are known
@@ -160,7 +196,7 @@ class TcpAccounting:
     def contribute(self, states: Sequence[TargetState]) -> Figures:
         pids_of: dict[str, tuple[int, ...]] = {}
         idle = []
-        figures = {}
+        figures: dict[str, Mapping[str, Any] | Unchanged] = {}
         given, unattached = self._given, self.network.unattached
         for s in states:
             reading = s.reading
@@ -172,7 +208,7 @@ class TcpAccounting:
                 and target_id in given
                 and len(reading.idle_pids) == len(reading.pids)
             ):  # no socket, and no member ran since: its bytes as they were, unread
-                figures[target_id] = given[target_id]
+                figures[target_id] = UNCHANGED
                 continue
             pids_of[target_id] = reading.pids
             idle.append(reading.idle_pids)
@@ -180,18 +216,14 @@ class TcpAccounting:
         for target_id, pair in counted.items():
             if pair is None:
                 continue
-            sent, received = pair
-            last = given.get(target_id)
-            if (
-                last is None
-                or last["network_transmit_bytes"] != sent
-                or last["network_receive_bytes"] != received
-            ):
-                last = given[target_id] = {
-                    "network_transmit_bytes": sent,
-                    "network_receive_bytes": received,
-                }
-            figures[target_id] = last
+            if given.get(target_id) == pair:
+                figures[target_id] = UNCHANGED
+                continue
+            given[target_id] = pair
+            figures[target_id] = {
+                "network_transmit_bytes": pair[0],
+                "network_receive_bytes": pair[1],
+            }
         return figures
 
     def forget(self, target_id: str) -> None:

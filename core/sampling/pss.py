@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from edgewatt.core.sampling.contributors import Figures, Status
+from edgewatt.core.sampling.contributors import UNCHANGED, Figures, Status, Unchanged
 
 if TYPE_CHECKING:
     from edgewatt.core.sampling.tracked import TargetState
@@ -96,30 +96,16 @@ def read_rollup(pid: int, proc: str = "/proc") -> Rollup | None:
 
 
 class _Kept:
-    """What was read for a target, and its figures as handed out: the same mapping
-    every pass until the next read, so the sampler sees at once that they did not
-    change (no per-target allocation on the passes between reads)."""
+    """What was read for a target: its figures are handed out once, at the read, and
+    are UNCHANGED until the next (no per-target allocation on the passes between)."""
 
-    __slots__ = ("cost", "figures", "members", "passes", "rss_sum")
+    __slots__ = ("cost", "members", "passes", "rss_sum")
 
-    def __init__(
-        self,
-        members: tuple[int, ...],
-        rss_sum: int,
-        pss: int | None,
-        largest: int | None,
-        read_at: float,
-        cost: float,
-    ) -> None:
+    def __init__(self, members: tuple[int, ...], rss_sum: int, cost: float) -> None:
         self.members = members
         self.rss_sum = rss_sum  # the reading's RSS summed when the rollups were read
         self.passes = 0  # passes since
         self.cost = cost  # CPU seconds the read took
-        self.figures = {
-            "memory_pss_bytes": pss,
-            "memory_rss_largest_bytes": largest,
-            "memory_pss_read_at": read_at,
-        }
 
 
 class ProportionalMemory:
@@ -142,7 +128,7 @@ class ProportionalMemory:
         pass
 
     def contribute(self, states: Sequence[TargetState]) -> Figures:
-        figures = {}
+        figures: dict[str, Mapping[str, Any] | Unchanged] = {}
         due: list[tuple[float, str, TargetState]] = []  # by priority (_read_due)
         for state in states:
             reading = state.reading
@@ -164,30 +150,32 @@ class ProportionalMemory:
                 priority = (kept.passes + 1) * TARGET_BUDGET_S / max(kept.cost, 1e-6)
                 due.append((priority, target_id, state))
                 continue
-            figures[target_id] = kept.figures
+            figures[target_id] = UNCHANGED
         if due:
             figures.update(self._read_due(due))
         return figures
 
-    def _read_due(self, due: list[tuple[float, str, TargetState]]) -> dict[str, dict]:
+    def _read_due(
+        self, due: list[tuple[float, str, TargetState]]
+    ) -> dict[str, Mapping[str, Any] | Unchanged]:
         """Read the due targets, highest priority first (their wait in passes over
         their cost: under 1, not yet), while the budget lasts; the others keep their
         figures one pass more."""
         self._allowance = min(self._allowance + PASS_BUDGET_S, PASS_BUDGET_S)
-        figures = {}
+        figures: dict[str, Mapping[str, Any] | Unchanged] = {}
         due.sort(key=lambda d: d[0], reverse=True)
         for priority, target_id, state in due:
             kept = self._kept.get(target_id)
             if self._allowance <= 0 or priority < 1:
                 if kept is not None:
                     kept.passes += 1
-                    figures[target_id] = kept.figures
+                    figures[target_id] = UNCHANGED
                 continue
             reading = state.reading
             assert reading is not None
-            kept = self._kept[target_id] = self._read(reading.pids, reading.rss_bytes, reading.time)
-            self._allowance -= kept.cost
-            figures[target_id] = kept.figures
+            figures[target_id] = self._read(
+                target_id, reading.pids, reading.rss_bytes, reading.time
+            )
         return figures
 
     @staticmethod
@@ -196,7 +184,10 @@ class ProportionalMemory:
             return True
         return abs(rss_sum - kept.rss_sum) > RSS_MOVE * max(kept.rss_sum, 1)
 
-    def _read(self, members: tuple[int, ...], rss_sum: int, at: float) -> _Kept:
+    def _read(
+        self, target_id: str, members: tuple[int, ...], rss_sum: int, at: float
+    ) -> dict[str, Any]:
+        """The target's figures read now (kept, and the read's cost spent)."""
         started = time.thread_time()
         pss = largest = None
         for pid in members:
@@ -206,7 +197,14 @@ class ProportionalMemory:
                 continue
             pss = (pss or 0) + rollup.pss
             largest = max(largest or 0, rollup.rss)
-        return _Kept(members, rss_sum, pss, largest, at, time.thread_time() - started)
+        cost = time.thread_time() - started
+        self._kept[target_id] = _Kept(members, rss_sum, cost)
+        self._allowance -= cost
+        return {
+            "memory_pss_bytes": pss,
+            "memory_rss_largest_bytes": largest,
+            "memory_pss_read_at": at,
+        }
 
     def forget(self, target_id: str) -> None:
         self._kept.pop(target_id, None)

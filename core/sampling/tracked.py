@@ -29,7 +29,7 @@ CHECK_NAMES = not SLOTS
 class TargetState:
     """One target's reader and what the sampler remembers of it; :meth:`close` lets
     go of it all. A contributor keeps its own per-target figures, let go by its
-    ``forget``."""
+    ``forget``; what each handed out last is kept here (``given``)."""
 
     target: Target  # as the table gave it this pass
     tree: Tree | None = None  # its reader, opened at its first pass
@@ -39,8 +39,12 @@ class TargetState:
     cpu_s: float | None = None  # its CPU seconds at the last pass that read it
     reading: TreeReading | None = None  # this pass's (None: not read in it)
     ending: Ending | None = None  # found ended in this pass
-    # Its last sample, with the reading and the contributors' figures it was built
-    # from: a target that did not run gets a copy of it (see sample).
+    # Each contributor's figures as last handed out for it, by the contributor's place
+    # in the sampler's list: read-only copies, replaced only when they differ, and what
+    # the contributor's UNCHANGED stands for (contributors.gather).
+    given: dict[int, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    # Its last sample, with the reading and the figures (of given) it was built from:
+    # a target that did not run gets a copy of it (see sample).
     last: ProcessSample | None = None
     last_reading: TreeReading | None = None
     last_figures: Sequence[Mapping[str, Any]] = ()
@@ -84,9 +88,9 @@ class TargetState:
     ) -> ProcessSample:
         """Its sample for this pass: its reading (at ``monotonic``, its instant on that
         clock), its energy (attribution's), its GPU use, and ``figures``, what each
-        contributor counted for it. Where all of that is what the last sample was built
-        from (a target that did not run: its tree gave the same reading back, and each
-        contributor the same mapping), the last sample dated anew."""
+        contributor counted for it (kept in ``given``). Where all of that is what the last
+        sample was built from (a target that did not run: its tree gave the same reading
+        back, and no contributor's figures changed), the last sample dated anew."""
         target, reading, last = self.target, self.reading, self.last
         assert reading is not None
         if (
@@ -99,7 +103,9 @@ class TargetState:
             and last.energy_j == energy_j
             and last.gpu_utilization == gpu[0]
             and last.gpu_memory_bytes == gpu[1]
-            and _same(figures, self.last_figures)
+            # Each kept mapping is replaced only when its figures change (gather): the
+            # list compares by identity first, element by element, in C.
+            and figures == self.last_figures
         ):
             self.last = last.redated(reading.time, monotonic, device_energy_j)
             self.copied = True
@@ -149,12 +155,6 @@ class TargetState:
         if self.tree is not None:
             self.tree.close()
             self.tree = None
-
-
-def _same(figures: Sequence[Mapping[str, Any]], before: Sequence[Mapping[str, Any]]) -> bool:
-    """The same contributors' mappings, each the same object (unchanged: contributors
-    hand out a new mapping when a figure moves)."""
-    return len(figures) == len(before) and all(a is b for a, b in zip(figures, before))
 
 
 def _attributes(target: Target, host_name: str) -> dict[str, str | int]:
