@@ -4,8 +4,13 @@ process with a real child: what a regular pass reads for everyone it skips."""
 from __future__ import annotations
 
 import os
+import threading
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from edgewatt import client
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
@@ -136,3 +141,34 @@ def test_an_edge_pass_reads_only_the_target_that_asked(spawn: Any) -> None:
     sampler.sample_once()
     assert platform.reads == {asker.pid: 5, **{p.pid: 2 for p in others}}
     sampler.close()
+
+
+def test_an_in_process_phase_edge_is_a_pass_for_its_own_target(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # No power source: a phase's edges read the process, not the host's files (the
+    # sampling thread's regular passes read those; reads in other threads not counted).
+    (tmp_path / "sys").mkdir()
+    monkeypatch.setenv("EDGEWATT_SYSFS_PATH", str(tmp_path / "sys"))
+    monkeypatch.setenv("EDGEWATT_POWER_SOURCES", "ina3221")  # an empty tree: none found
+    mine: list[str] = []
+    read_host = LinuxPlatform.read_host
+
+    def counted(self: LinuxPlatform) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            mine.append("host")
+        return read_host(self)
+
+    monkeypatch.setattr(LinuxPlatform, "read_host", counted)
+    registration = client.register(fallback="always")
+    try:
+        assert registration.mode == "local"
+        registered = len(mine)
+        for epoch in range(3):
+            with registration.phase(f"epoch-{epoch}"):
+                pass
+        assert len(mine) == registered
+        phases = registration.summary()["phases"]
+        assert [p["name"] for p in phases] == ["epoch-0", "epoch-1", "epoch-2"]
+    finally:
+        registration.close()
