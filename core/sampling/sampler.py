@@ -107,14 +107,15 @@ class Sampler:
         """A pass that starts after this call, and its snapshot: the edge of a
         registration, a phase or a monitor's read is then a sample, not the nearest
         pass. It runs in the caller's thread (no hand-off to the sampling thread: a
-        few hundred us for a few targets); asks that come together share one pass,
-        which adds a row to the history of the targets that asked (``target_id``;
-        None: every target) and leaves the others' to the regular passes."""
+        few hundred us); asks that come together share one pass, which reads only the
+        targets that asked (``target_id``; None: every target) and adds a row to their
+        histories; the others keep their last samples until the regular passes."""
         return self._passes.on_demand(target_id, timeout_s)
 
     def sample_once(self, record: set[str] | None = None) -> Snapshot:
-        """One pass over every target; each gets a row in its history, or, with
-        ``record``, only those targets (and any that exited)."""
+        """One pass over every target, each with a row in its history; with
+        ``record`` (an edge), over those targets only: the others' last samples go into
+        the snapshot as they were, and attribution lets their intervals run on."""
         started = self._clock.monotonic()
         for contributor in self._contributors:
             contributor.begin()
