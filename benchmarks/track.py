@@ -16,7 +16,11 @@ Beside them, the daemon's CPU over each run (all its threads, from /proc/PID/sta
 10 ms ticks) per edge: what a busy machine does not blur.
 
     .venv/bin/python benchmarks/track.py [--calls 300] [--interval 5] [--json out.json]
-        [--sources none,ina3221,...] [--loads idle,...] [--rev main]
+        [--sources none,ina3221,...] [--loads idle,...] [--others 20] [--rev main]
+
+``--others N``: N idle targets registered with each daemon beside the caller's (``sleep``
+processes, not the caller's children, as another user's would be): an edge reads only
+the target that asked, so its cost stays that of one target.
 
 ``--rev REV``: beside this checkout, the same modes with the daemon and the client of
 git revision REV (its tree extracted, this checkout's native reader copied into it),
@@ -63,6 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.measure import checkout, percentile, start_daemon  # noqa: E402
+from edgewatt import client  # noqa: E402
 from tests.power_standin import build_tree  # noqa: E402
 from tests.test_power_sources import rapl_tree  # noqa: E402
 
@@ -251,6 +256,9 @@ def main() -> None:
         "--no-unit-nice", dest="unit_nice", action="store_false", help="one daemon, at nice 0"
     )
     parser.add_argument("--rev", help="a git revision measured beside this checkout")
+    parser.add_argument(
+        "--others", type=int, default=0, help="idle targets registered beside the caller's"
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
 
@@ -288,6 +296,12 @@ def measure(args: argparse.Namespace, builds: dict[str, Path | None]) -> dict[st
                 for nice in nices
                 for build, first in builds.items()
             }
+        others = [subprocess.Popen(["sleep", "3600"]) for _ in range(args.others)]
+        held = [
+            client.register(pid=p.pid, socket=f"{workdir}/{source}/ew{nice}{build.strip()}.sock")
+            for p in others
+            for nice, build in daemons
+        ]
         try:
             for load in args.loads.split(","):
                 with hogs(load):
@@ -309,13 +323,18 @@ def measure(args: argparse.Namespace, builds: dict[str, Path | None]) -> dict[st
             for daemon in daemons.values():
                 daemon.terminate()
                 daemon.wait()
+            for other in others:
+                other.kill()
+                other.wait()
+            held.clear()
     return results
 
 
 def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
     print(
         f"10 ms function, {args.calls} calls each, daemon interval {args.interval:g} s, "
-        f"{os.cpu_count()} cores; a call's overhead over the untracked median, and each edge"
+        f"{os.cpu_count()} cores, {args.others} other targets registered; a call's overhead "
+        "over the untracked median, and each edge"
     )
     print(
         f"{'source/load':24} {'':18} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "

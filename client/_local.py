@@ -218,11 +218,17 @@ class LocalSampler:
             power.settled_energy(r.instant) if r.source == "in-process" else None for r in readings
         ]
 
+    def _edge(self) -> None:
+        """A phase's edge: a pass for this target, as the daemon's; the host's memory
+        and interfaces are then the thread's last pass's (without the thread, the
+        caller's passes are the only ones: a whole pass)."""
+        self.sampler.sample_now(self.target.id if self._thread is not None else None)
+
     def start_phase(self, name: str, depth: int | None = 0) -> int:
         """Start a phase at ``depth`` (None: inside every running one); its edge is a
         pass taken now, as the daemon does. The depth it took."""
         phase = self.table.start_phase(self.target.id, name, current_uid(), depth)
-        self.sampler.sample_now()
+        self._edge()
         return phase.depth
 
     def end_phase(
@@ -232,6 +238,6 @@ class LocalSampler:
         ended = self.table.end_phase(self.target.id, current_uid(), depth)
         if ended is None:
             return None
-        self.sampler.sample_now()
+        self._edge()
         self._wait_final(final_wait_s)
         return self.table.phase_summary(self.target.id, ended, self.sampler.logical_cpus)

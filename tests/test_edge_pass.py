@@ -3,8 +3,14 @@ process with a real child: what a regular pass reads for everyone it skips."""
 
 from __future__ import annotations
 
+import os
+import threading
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from edgewatt import client
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
@@ -81,3 +87,88 @@ def test_an_edge_pass_with_power_reads_only_the_host_cpu_that_attribution_shares
     sampler.sample_once()
     assert (platform.host_reads, platform.cpu_reads) == (2, 1)
     sampler.close()
+
+
+class CountedTrees(LinuxPlatform):
+    """The Linux platform, counting each target's tree reads by its root pid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: dict[int, int] = {}
+
+    def process_tree(self, handle: Any, **options: Any) -> Any:
+        tree = super().process_tree(handle, **options)
+        sample, pid = tree.sample, handle.pid
+
+        def counted(*args: Any) -> Any:
+            self.reads[pid] = self.reads.get(pid, 0) + 1
+            return sample(*args)
+
+        tree.sample = counted
+        return tree
+
+
+def test_an_edge_pass_reads_only_the_target_that_asked(spawn: Any) -> None:
+    # Other users' idle targets beside the one at its edges: an edge reads it alone,
+    # and hands the others' last samples on as they were.
+    asker = spawn("import time; time.sleep(60)")
+    others = [spawn("import time; time.sleep(60)") for _ in range(6)]
+    table = table_with(asker.pid)
+    for other in others:
+        table.register(other.pid, {}, True, os.getuid())
+    platform = CountedTrees()
+    sampler = Sampler(
+        table,
+        interval=0.2,
+        host_name="h",
+        power=PowerMeter([JetsonBoard(gpu_w=10.0)], max_gap_s=5.0),
+        attribution=Attribution(idle_w=5.0, window_s=600.0),
+        parts=Parts(ProcessTrees(platform)),
+    )
+    regular = sampler.sample_once()
+    assert platform.reads == {p.pid: 1 for p in [asker, *others]}
+    asker_id = next(t.id for t in table.running() if t.pid == asker.pid)
+    edges = [sampler.sample_now(asker_id) for _ in range(3)]
+    assert platform.reads == {asker.pid: 4, **{p.pid: 1 for p in others}}
+    for edge in edges:
+        kept = [s for s in edge.processes if s.target_id != asker_id]
+        before = [s for s in regular.processes if s.target_id != asker_id]
+        assert len(kept) == len(before) == 6
+        assert all(k is b for k, b in zip(kept, before))
+        assert edge.figures_since.keys() == {s.target_id for s in regular.processes}
+        assert [s.target_id for s in edge.processes] == [s.target_id for s in regular.processes]
+    # The next regular pass reads every target again.
+    sampler.sample_once()
+    assert platform.reads == {asker.pid: 5, **{p.pid: 2 for p in others}}
+    sampler.close()
+
+
+def test_an_in_process_phase_edge_is_a_pass_for_its_own_target(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # No power source: a phase's edges read the process, not the host's files (the
+    # sampling thread's regular passes read those; reads in other threads not counted).
+    (tmp_path / "sys").mkdir()
+    monkeypatch.setenv("EDGEWATT_SYSFS_PATH", str(tmp_path / "sys"))
+    monkeypatch.setenv("EDGEWATT_POWER_SOURCES", "ina3221")  # an empty tree: none found
+    mine: list[str] = []
+    read_host = LinuxPlatform.read_host
+
+    def counted(self: LinuxPlatform) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            mine.append("host")
+        return read_host(self)
+
+    monkeypatch.setattr(LinuxPlatform, "read_host", counted)
+    registration = client.register(fallback="always")
+    try:
+        assert registration.mode == "local"
+        registered = len(mine)
+        for epoch in range(3):
+            with registration.phase(f"epoch-{epoch}"):
+                pass
+        assert len(mine) == registered
+        phases = registration.summary()["phases"]
+        assert [p["name"] for p in phases] == ["epoch-0", "epoch-1", "epoch-2"]
+    finally:
+        registration.close()

@@ -10,13 +10,18 @@ the SM load of target i's processes on GPU k and U_k that GPU's load. Both share
 at most 1, so the targets together never get more than ``dynamic``, which never exceeds
 E: attributed power never exceeds the measured device power. Idle power is configured
 or estimated as the lowest pass-average power seen within a sliding window.
+
+A pass on demand (an edge) reads only the targets that asked; the others wait. A
+waiting target's interval runs from its last reading to its next: there it gets its
+share of the dynamic energy of every pass in between (each pass's own dynamic, summed)
+by its CPU time against the host's busy CPU time over that same span.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -124,6 +129,39 @@ def accounted(measured: PassEnergy, idle_w: float, shares: Mapping[str, float]) 
     return {"attributed": attributed, "idle": idle, "unattributed": device - idle - attributed}
 
 
+@dataclass(frozen=True)
+class Totals:
+    """The passes' figures summed since the start: seconds, dynamic joules (each pass's
+    energy above its idle), the host's busy CPU seconds, each GPU's dynamic joules."""
+
+    seconds: float = 0.0
+    dynamic_j: float = 0.0
+    busy_cpu_s: float = 0.0
+    gpu_j: Mapping[str, float] = field(default_factory=dict)
+
+    def plus(self, measured: PassEnergy, idle_w: float, gpu_idle_w: Mapping[str, float]) -> Totals:
+        gpu = dict(self.gpu_j)
+        for k, j in measured.gpu_j.items():
+            gpu[k] = gpu.get(k, 0.0) + max(0.0, j - gpu_idle_w.get(k, 0.0) * measured.seconds)
+        return Totals(
+            self.seconds + measured.seconds,
+            self.dynamic_j + max(0.0, measured.device_j - idle_w * measured.seconds),
+            self.busy_cpu_s + measured.host_busy_cpu_s,
+            gpu,
+        )
+
+    def since(self, start: Totals, gpu_load: Mapping[str, float]) -> PassEnergy:
+        """The span from ``start`` to these totals as one pass of idle 0 (its energy is
+        all dynamic already); ``gpu_load``: the GPUs' load now."""
+        return PassEnergy(
+            seconds=self.seconds - start.seconds,
+            device_j=self.dynamic_j - start.dynamic_j,
+            host_busy_cpu_s=self.busy_cpu_s - start.busy_cpu_s,
+            gpu_j={k: j - start.gpu_j.get(k, 0.0) for k, j in self.gpu_j.items()},
+            gpu_load=gpu_load,
+        )
+
+
 class Attribution:
     """Keeps the baselines, each target's energy counter and the device's energy by
     part across passes."""
@@ -139,8 +177,20 @@ class Attribution:
         # given to no target (no target's processes ran, or the GPU rail's dynamic
         # part while no target held the GPU): a user alerts when it grows.
         self.parts_j: dict[str, float] = dict.fromkeys(ENERGY_PARTS, 0.0)
+        self._totals = Totals()
+        # Targets a pass on demand did not read: the totals where their interval began.
+        self._waiting: dict[str, Totals] = {}
 
-    def update(self, t: float, measured: PassEnergy, usage: Mapping[str, Usage]) -> None:
+    def update(
+        self,
+        t: float,
+        measured: PassEnergy,
+        usage: Mapping[str, Usage],
+        waiting: Iterable[str] = (),
+    ) -> None:
+        """One pass: ``usage``, what each target read in it used since its last
+        reading; ``waiting``, the targets it did not read (a pass on demand's others),
+        whose interval runs on to their next reading."""
         if measured.seconds <= 0:
             return
         idle = self._baseline.observe(t, measured.device_j / measured.seconds)
@@ -150,12 +200,42 @@ class Attribution:
             )
             for k, j in measured.gpu_j.items()
         }
-        shares = split(measured, idle, gpu_idle, usage)
-        for target, joules in shares.items():
-            self.energy_j[target] = self.energy_j.get(target, 0.0) + joules
-            self.power_w[target] = joules / measured.seconds
+        before, self._totals = self._totals, self._totals.plus(measured, idle, gpu_idle)
+        for target in waiting:
+            self._waiting.setdefault(target, before)
+        # Targets that waited, by where their interval began: each such group shares
+        # the dynamic energy of its own span.
+        spans: dict[int, tuple[Totals, dict[str, Usage]]] = {}
+        now = {}
+        for target, use in usage.items():
+            start = self._waiting.pop(target, None)
+            if start is None:
+                now[target] = use
+            else:
+                spans.setdefault(id(start), (start, {}))[1][target] = use
+        shares = split(measured, idle, gpu_idle, now)
+        self._add(shares, measured.seconds)
         for part, joules in accounted(measured, idle, shares).items():
             self.parts_j[part] += joules
+        for start, group in spans.values():
+            span = self._totals.since(start, measured.gpu_load)
+            late = split(span, 0.0, {}, group)
+            self._add(late, span.seconds)
+            # Energy counted unattributed in the passes it waited through, now given.
+            given = min(math.fsum(late.values()), self.parts_j["unattributed"])
+            self.parts_j["attributed"] += given
+            self.parts_j["unattributed"] -= given
+
+    def restart(self, targets: Iterable[str]) -> None:
+        """``targets`` were read in a pass that shared nothing (no new power reading):
+        their CPU time so far is spent, their interval begins anew."""
+        for target in targets:
+            self._waiting.pop(target, None)
+
+    def _add(self, shares: Mapping[str, float], seconds: float) -> None:
+        for target, joules in shares.items():
+            self.energy_j[target] = self.energy_j.get(target, 0.0) + joules
+            self.power_w[target] = joules / seconds
 
     def set_idle(self, idle_w: float | None) -> None:
         """A reload changed the configured idle power (None: estimate it again)."""
@@ -175,6 +255,7 @@ class Attribution:
     def forget(self, target: str) -> None:
         self.energy_j.pop(target, None)
         self.power_w.pop(target, None)
+        self._waiting.pop(target, None)
 
 
 @dataclass(frozen=True)

@@ -107,21 +107,25 @@ class Sampler:
         """A pass that starts after this call, and its snapshot: the edge of a
         registration, a phase or a monitor's read is then a sample, not the nearest
         pass. It runs in the caller's thread (no hand-off to the sampling thread: a
-        few hundred us for a few targets); asks that come together share one pass,
-        which adds a row to the history of the targets that asked (``target_id``;
-        None: every target) and leaves the others' to the regular passes."""
+        few hundred us); asks that come together share one pass, which reads only the
+        targets that asked (``target_id``; None: every target) and adds a row to their
+        histories; the others keep their last samples until the regular passes."""
         return self._passes.on_demand(target_id, timeout_s)
 
     def sample_once(self, record: set[str] | None = None) -> Snapshot:
-        """One pass over every target; each gets a row in its history, or, with
-        ``record``, only those targets (and any that exited)."""
+        """One pass over every target, each with a row in its history; with
+        ``record`` (an edge), over those targets only: the others' last samples go into
+        the snapshot as they were, and attribution lets their intervals run on."""
         started = self._clock.monotonic()
         for contributor in self._contributors:
             contributor.begin()
         host = self._host_figures(record)
         children_of = self._trees.platform.descendants(self._take_relist)
         running = self.table.running()
-        read = [s for t in running if (s := self._read(t, children_of)) is not None]
+        # An edge reads only the targets that asked: the others keep their last
+        # samples, and their intervals run on to their next reading.
+        asked = running if record is None else [t for t in running if t.id in record]
+        read = [s for t in asked if (s := self._read(t, children_of)) is not None]
         power = None
         if self.power is not None:
             # After the targets: a pull source's reading is then at or after every
@@ -131,7 +135,7 @@ class Sampler:
         self.table.energy_period_s = power.period_s if power is not None else None
         if power is not None and power.provenance is not None:
             self.table.energy_provenance = power.provenance
-        self._attribute(started, power, read)
+        self._attribute(started, power, read, running if record is not None else ())
         figures, refused = gather(self._contributors, read)
         self._errors += refused
         # The clocks once for every sample (after every reading): a reading's instant on
@@ -164,6 +168,9 @@ class Sampler:
             self._forget_missing({t.id for t in running})
         self.table.purge_exited(self._clock.time())
         self._sequence = sequence
+        figures_since = {s.target.id: s.figures_since for s in read}
+        if record is not None:
+            samples, figures_since = self._with_waiting(samples, figures_since, running)
         statuses = [c.status() for c in self._contributors]
         snapshot = Snapshot(
             time=self._clock.time(),
@@ -178,7 +185,7 @@ class Sampler:
             energy_parts_j=dict(self.attribution.parts_j) if power is not None else {},
             carbon=self.carbon,
             host_name=self.host_name,
-            figures_since={s.target.id: s.figures_since for s in read},
+            figures_since=figures_since,
             context=self._context() if self._context is not None else None,
             stats=SamplerStats(
                 duration_s=self._clock.monotonic() - started,
@@ -198,6 +205,19 @@ class Sampler:
             exact = all(s.exact for s in statuses)
             mark_exited(self.table, [(s.target.id, s.ending) for s in ended if s.ending], exact)
         return snapshot
+
+    def _with_waiting(
+        self, samples: list[ProcessSample], figures_since: dict[str, int], running: list[Target]
+    ) -> tuple[list[ProcessSample], dict[str, int]]:
+        """An edge's samples with the last pass's of the running targets it did not
+        read, as they were (in the table's order), and the passes their figures are of."""
+        last = self.snapshot
+        fresh = {s.target_id: s for s in samples}
+        kept = {s.target_id: s for s in last.processes if s.target_id not in fresh}
+        ordered = [fresh.pop(t.id, None) or kept.get(t.id) for t in running]
+        merged = [s for s in ordered if s is not None] + list(fresh.values())
+        since = {t: n for t, n in last.figures_since.items() if t in kept}
+        return merged, {**since, **figures_since}
 
     def _host_figures(self, record: set[str] | None) -> HostSample | None:
         """The host's figures: read whole by a regular pass. An edge's pass reads only
@@ -285,8 +305,15 @@ class Sampler:
             name=f"{target.id} (pid {target.pid})",
         )
 
-    def _attribute(self, now: float, power: PowerSnapshot | None, read: list[TargetState]) -> None:
-        """Share the energy measured since the last pass among the targets."""
+    def _attribute(
+        self,
+        now: float,
+        power: PowerSnapshot | None,
+        read: list[TargetState],
+        running: Sequence[Target],
+    ) -> None:
+        """Share the energy measured since the last pass among the targets read;
+        ``running``, at an edge: every running target (those not read wait)."""
         if self.power is None:  # a daemon without a power source: nothing ever to share
             return
         used = {}
@@ -298,8 +325,12 @@ class Sampler:
             if power is not None:  # nothing to share out otherwise
                 used[state.target.id] = TargetUse(max(0.0, cpu_s - before), state.reading.pids)
         measured = self._inputs.measure(now, power, self._host.busy_delta, used)
-        if measured is not None:
-            self.attribution.update(*measured)
+        if measured is None:
+            self.attribution.restart(s.target.id for s in read)
+            return
+        was_read = {s.target.id for s in read}
+        waiting = [t.id for t in running if t.id not in was_read]
+        self.attribution.update(*measured, waiting)
 
     def _sample(
         self,
