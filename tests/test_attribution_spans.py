@@ -69,3 +69,29 @@ def test_a_target_read_in_a_pass_that_shared_nothing_begins_its_interval_anew() 
     # "a" shares the last pass only, beside the asker: 2 J above idle, half its CPU.
     assert model.energy_j["a"] == pytest.approx(1.0)
     assert model.power_w["a"] == pytest.approx(2.0)
+
+
+def test_a_waiting_target_is_never_given_more_than_its_span_left_unattributed() -> None:
+    """The asker, read at the edge, took the whole of a pass of 10 J for its 1 s of the
+    host's 1 s of CPU; the waiting target then ran 1 s in a pass that drew nothing
+    above idle. Over its span the ratio of sums asks 5 J (1 of 2 CPU seconds, 10 J),
+    but its passes left nothing unattributed: it gets none, and the targets together
+    never more than the device drew above idle."""
+    model = Attribution(0.0, window_s=600.0)
+    model.update(1.0, PassEnergy(1.0, 0.0, 0.0), {"asker": Usage(0.0), "a": Usage(0.0)})
+    model.update(2.0, PassEnergy(1.0, 10.0, 1.0), {"asker": Usage(1.0)}, ["a"])
+    model.update(3.0, PassEnergy(1.0, 0.0, 1.0), {"asker": Usage(0.0), "a": Usage(1.0)})
+    assert model.energy_j == {"asker": 10.0, "a": 0.0}
+    assert model.parts_j == {"attributed": 10.0, "idle": 0.0, "unattributed": 0.0}
+
+
+def test_a_waiting_target_shares_what_its_span_left_unattributed() -> None:
+    """As above, but the asker used half the host's CPU at the edge: 5 J were left
+    unattributed, and the waiting target's 5 J over its span (1 of 2 CPU seconds of
+    10 J) fit in them."""
+    model = Attribution(0.0, window_s=600.0)
+    model.update(1.0, PassEnergy(1.0, 0.0, 0.0), {"asker": Usage(0.0), "a": Usage(0.0)})
+    model.update(2.0, PassEnergy(1.0, 10.0, 1.0), {"asker": Usage(0.5)}, ["a"])
+    model.update(3.0, PassEnergy(1.0, 0.0, 1.0), {"asker": Usage(0.0), "a": Usage(1.0)})
+    assert model.energy_j == pytest.approx({"asker": 5.0, "a": 5.0})
+    assert model.parts_j == pytest.approx({"attributed": 10.0, "idle": 0.0, "unattributed": 0.0})

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from edgewatt.core.power.source import BOARD_GPU_LOADS, BOARD_SOURCES, gpu_only
@@ -138,6 +138,9 @@ class Totals:
     dynamic_j: float = 0.0
     busy_cpu_s: float = 0.0
     gpu_j: Mapping[str, float] = field(default_factory=dict)
+    # The energy given to no target yet, as of the end of the last pass (parts_j's):
+    # what a waiting group's span left unattributed is at most its growth since.
+    unattributed_j: float = 0.0
 
     def plus(self, measured: PassEnergy, idle_w: float, gpu_idle_w: Mapping[str, float]) -> Totals:
         gpu = dict(self.gpu_j)
@@ -148,6 +151,7 @@ class Totals:
             self.dynamic_j + max(0.0, measured.device_j - idle_w * measured.seconds),
             self.busy_cpu_s + measured.host_busy_cpu_s,
             gpu,
+            self.unattributed_j,
         )
 
     def since(self, start: Totals, gpu_load: Mapping[str, float]) -> PassEnergy:
@@ -220,11 +224,19 @@ class Attribution:
         for start, group in spans.values():
             span = self._totals.since(start, measured.gpu_load)
             late = split(span, 0.0, {}, group)
+            # Their share over the span comes out of what its passes left unattributed
+            # (and no other group took): the span's ratio of sums may ask for more where
+            # the targets read at the edges took the passes of most energy per CPU
+            # second. Scaled down to it, the targets never get more than was measured.
+            room = max(0.0, self.parts_j["unattributed"] - start.unattributed_j)
+            asked = math.fsum(late.values())
+            if asked > room:
+                late = {target: j * room / asked for target, j in late.items()}
             self._add(late, span.seconds)
-            # Energy counted unattributed in the passes it waited through, now given.
-            given = min(math.fsum(late.values()), self.parts_j["unattributed"])
+            given = min(asked, room)
             self.parts_j["attributed"] += given
             self.parts_j["unattributed"] -= given
+        self._totals = replace(self._totals, unattributed_j=self.parts_j["unattributed"])
 
     def restart(self, targets: Iterable[str]) -> None:
         """``targets`` were read in a pass that shared nothing (no new power reading):
