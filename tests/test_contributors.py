@@ -4,6 +4,7 @@ copy of its last exactly while every figure stands, whatever objects carry them.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -131,3 +132,47 @@ def test_unchanged_for_a_target_never_given_figures_is_an_error_naming_the_contr
             sampler.sample_once()
     finally:
         sampler.close()
+
+
+class Asked(Scripted):
+    """A contributor of gauges the regular passes keep fresh (``at_edges`` False),
+    recording which targets each pass asked it for."""
+
+    at_edges = False
+
+    def __init__(self, entry: Entry) -> None:
+        super().__init__(entry)
+        self.asked: list[list[str]] = []
+
+    def contribute(self, states: Any) -> Figures:
+        self.asked.append([s.target.id for s in states])
+        return super().contribute(states)
+
+
+def test_an_edge_asks_a_contributor_not_at_edges_only_for_targets_it_never_counted(
+    spawn: Any,
+) -> None:
+    first = spawn("import time; time.sleep(60)")
+    table = table_with(first.pid)
+    (old,) = table.running()
+    counts = iter(range(1, 100))
+    contributor = Asked(lambda: {"network_counts": next(counts)})
+    parts = Parts(ProcessTrees(LinuxPlatform()), (contributor,))
+    sampler = Sampler(table, interval=0.1, host_name="h", parts=parts)
+    sampler.sample_once()
+    assert contributor.asked == [[old.id]]
+    # Edges for it: not asked; its figures as the last pass gave them.
+    edges = [sampler.sample_now(old.id) for _ in range(3)]
+    assert contributor.asked == [[old.id]]
+    assert [e.processes[0].network_counts for e in edges] == [1, 1, 1]
+    # A target it never counted is asked at its first edge, then kept too.
+    second = spawn("import time; time.sleep(60)")
+    new = table.register(second.pid, {}, True, os.getuid()).target
+    sampler.sample_now(new.id)
+    sampler.sample_now(new.id)
+    assert contributor.asked == [[old.id], [new.id]]
+    # A regular pass asks for every target again.
+    regular = sampler.sample_once()
+    assert contributor.asked[-1] == [old.id, new.id]
+    assert sorted(s.network_counts for s in regular.processes) == [3, 4]
+    sampler.close()

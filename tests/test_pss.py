@@ -321,3 +321,30 @@ def test_a_held_fork_counts_its_first_exec_only_and_an_execd_process_none() -> N
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_edge_reads_pss_only_for_a_target_never_read(spawn: Any) -> None:
+    """A reread waits for the regular passes, which REFRESH_EVERY counts: edges past
+    that many read nothing more; the target's figures are its first read's."""
+    from edgewatt.core.platforms.linux import LinuxPlatform
+    from edgewatt.core.sampling.sampler import Parts, Sampler
+    from edgewatt.core.sampling.trees import ProcessTrees
+    from tests.conftest import settled, table_with
+
+    child = spawn("import time; time.sleep(60)")
+    settled(child.pid)  # its memory as it will stay
+    table = table_with(child.pid)
+    (target,) = table.running()
+    pss = ProportionalMemory()
+    parts = Parts(ProcessTrees(LinuxPlatform()), (pss,))
+    sampler = Sampler(table, interval=0.1, host_name="h", parts=parts)
+    first = sampler.sample_now(target.id)  # its first pass is an edge: read there
+    assert pss.reads == 1 and first.processes[0].memory_pss_bytes
+    edges = [sampler.sample_now(target.id) for _ in range(REFRESH_EVERY + 5)]
+    assert pss.reads == 1
+    read_at = first.processes[0].memory_pss_read_at
+    assert {e.processes[0].memory_pss_read_at for e in edges} == {read_at}
+    for _ in range(REFRESH_EVERY):  # the regular passes reread it at the last
+        sampler.sample_once()
+    assert pss.reads == 2
+    sampler.close()

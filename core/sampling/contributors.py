@@ -87,6 +87,10 @@ class Contributor(Protocol):
     # TARGET_KINDS): checked when the sampler is built (check_declared).
     sets: tuple[str, ...]
     counts: str
+    # Optional, True where absent. False: gauges the regular passes keep fresh (PSS);
+    # at an edge it is asked only for the targets it never gave figures, and the others
+    # keep their last (an edge's cost is then the caller's, and never a dear read).
+    at_edges: bool
 
     def begin(self) -> None:
         """A pass begins: take what the kernel queued since the last one."""
@@ -132,36 +136,42 @@ def check_declared(contributors: Sequence[Contributor]) -> None:
 
 
 def gather(
-    contributors: Sequence[Contributor], states: Sequence[TargetState]
+    contributors: Sequence[Contributor], states: Sequence[TargetState], edge: bool = False
 ) -> tuple[dict[str, list[Mapping[str, Any]]], int]:
     """Each contributor's figures for the targets read, by target: one mapping per
     contributor that counted it, not merged; and how many contributors refused this
-    pass (OSError: their figures absent, retried next pass, logged).
+    pass (OSError: their figures absent, retried next pass, logged). At an ``edge``,
+    a contributor not ``at_edges`` is asked only for targets it never gave figures.
 
     The mappings are the sampler's read-only copies, kept in each target's state by
     the contributor's place in ``contributors`` (``TargetState.given``) and replaced
     only when a contributor hands out figures that differ from them: a mapping of the
     last pass's is the same object while its figures stand, which TargetState.sample
     tells at once."""
-    # Each contributor that counted a target, by its place in ``contributors``.
-    answers: list[tuple[int, Contributor, Figures]] = []
+    # Each contributor that counted a target, by its place in ``contributors``, and
+    # whether the targets it was not asked for keep their last figures (an edge).
+    answers: list[tuple[int, Contributor, Figures, bool]] = []
     refused = 0
     for place, contributor in enumerate(contributors):
+        keeps = edge and not getattr(contributor, "at_edges", True)
+        asked = [s for s in states if place not in s.given] if keeps else states
         try:
-            figures = contributor.contribute(states)
+            figures = contributor.contribute(asked) if asked else {}
         except OSError as exc:
             refused += 1
             log.warning("%s failed: %s", contributor.name, exc)
             continue
-        if figures:
-            answers.append((place, contributor, figures))
+        if figures or keeps:
+            answers.append((place, contributor, figures, keeps))
     merged: dict[str, list[Mapping[str, Any]]] = {}
     for state in states:
         target_id, given = state.target.id, state.given
         kept_now = []
-        for place, contributor, figures in answers:
+        for place, contributor, figures, keeps in answers:
             fields = figures.get(target_id)
             if fields is None:
+                if keeps and place in given:  # not asked at this edge: as they were
+                    kept_now.append(given[place])
                 continue
             kept = given.get(place)
             if fields is UNCHANGED:

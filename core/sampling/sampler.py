@@ -136,7 +136,7 @@ class Sampler:
         if power is not None and power.provenance is not None:
             self.table.energy_provenance = power.provenance
         self._attribute(started, power, read, running if record is not None else ())
-        figures, refused = gather(self._contributors, read)
+        figures, refused = gather(self._contributors, read, edge=record is not None)
         self._errors += refused
         # The clocks once for every sample (after every reading): a reading's instant on
         # the monotonic clock is its wall time moved by their offset (see _sample).
