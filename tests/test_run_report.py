@@ -104,8 +104,11 @@ def test_run_shows_the_commands_context_switches_in_its_table_and_file(
     assert summary["type"] == "summary"
     figures = (summary["context_switches_voluntary"], summary["context_switches_involuntary"])
     assert (int(shown[1]), int(shown[2])) == figures
-    # One more than its own count: its switch away at its exit (TASK_DEAD).
-    assert figures[0] == voluntary + 1 and voluntary >= 50
+    # At least one more than its own count: its switch away at its exit (TASK_DEAD);
+    # its teardown may wait too (munmap behind a reader of its memory map, the
+    # daemon's smaps_rollup under load: 54 for 51 + 1 in one run). Counted twice
+    # would be twice its own.
+    assert voluntary + 1 <= figures[0] < 2 * voluntary and voluntary >= 50
     assert figures[1] >= involuntary  # a preemption may come after its count
 
 
