@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 # A reading's wall-clock age counts up to this much: beyond, the wall clock was stepped
-# (the daemon's samples are at most an interval old), as core/targets.py's table holds.
+# (the daemon's samples are at most an interval old), as core/targets/table.py holds.
 MAX_READING_AGE_S = 60.0
 
 

@@ -45,7 +45,7 @@ class Resolver:
     clock_ticks: int  # a second, in the kernel's start times
     proc: str = "/proc"
     # open_process(pid, proc, expect_start=...) pins a process's identity: /proc here,
-    # psutil in the client where /proc is absent (client/_psutil.py).
+    # psutil in the client where /proc is absent (core/platforms/portable.py).
     open_process: Callable[..., Any] = ProcHandle
     # locate_cgroup(name, uid): the cgroup a name names now for that user.
     locate_cgroup: Callable[[CgroupName, int], Cgroup] = _locate
