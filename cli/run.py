@@ -502,8 +502,8 @@ def _final(
     usage: dict | None,
     wall_s: float,
     power: str | None,
-    exit_peak: ExitPeak | None = None,
-    settled_by: float = 0.0,
+    exit_peak: ExitPeak | None,
+    settled_by: float,
 ) -> Any:
     """The summary the table and the file show: the larger of the daemon's CPU time of
     the target (where its exit figures came from the kernel) and the kernel's count of

@@ -153,12 +153,11 @@ def test_an_edge_asks_a_contributor_not_at_edges_only_for_targets_it_never_count
     spawn: Any,
 ) -> None:
     first = spawn("import time; time.sleep(60)")
-    table = table_with(first.pid)
-    (old,) = table.running()
     counts = iter(range(1, 100))
     contributor = Asked(lambda: {"network_counts": next(counts)})
-    parts = Parts(ProcessTrees(LinuxPlatform()), (contributor,))
-    sampler = Sampler(table, interval=0.1, host_name="h", parts=parts)
+    sampler = _sampler(first.pid, contributor)
+    table = sampler.table
+    (old,) = table.running()
     sampler.sample_once()
     assert contributor.asked == [[old.id]]
     # Edges for it: not asked; its figures as the last pass gave them.

@@ -17,11 +17,14 @@ import pytest
 
 from edgewatt.core.facts import procfs
 from edgewatt.core.facts.held_fork import HeldFork
+from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.sampling.contributors import UNCHANGED
 from edgewatt.core.sampling.pss import REFRESH_EVERY, ProportionalMemory, parse_rollup
+from edgewatt.core.sampling.sampler import Parts, Sampler
+from edgewatt.core.sampling.trees import ProcessTrees
 from edgewatt.core.targets.history import History
 from edgewatt.core.targets.row import SAMPLE_FIELDS, SampleRow
-from tests.conftest import ROOT, DaemonProcess, free_port, wait_for
+from tests.conftest import ROOT, DaemonProcess, free_port, settled, table_with, wait_for
 
 MIB = 2**20
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
@@ -326,11 +329,6 @@ def test_a_held_fork_counts_its_first_exec_only_and_an_execd_process_none() -> N
 def test_an_edge_reads_pss_only_for_a_target_never_read(spawn: Any) -> None:
     """A reread waits for the regular passes, which REFRESH_EVERY counts: edges past
     that many read nothing more; the target's figures are its first read's."""
-    from edgewatt.core.platforms.linux import LinuxPlatform
-    from edgewatt.core.sampling.sampler import Parts, Sampler
-    from edgewatt.core.sampling.trees import ProcessTrees
-    from tests.conftest import settled, table_with
-
     child = spawn("import time; time.sleep(60)")
     settled(child.pid)  # its memory as it will stay
     table = table_with(child.pid)
