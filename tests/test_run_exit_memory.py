@@ -141,10 +141,13 @@ def test_a_process_targets_sample_rows_hold_the_commands_memory_not_the_forks(
     # its baseline: then none); the daemon's exit sample below is there either way.
     samples = [row for row in rows if row["type"] == "sample"]
     assert all(row["memory_rss_bytes"] == peak for row in samples), rows
+    # No PSS was read of the command alive: none, never the fork's 9 MiB read first.
+    assert all("memory_pss_bytes" not in row for row in samples), rows
     assert summary["memory_rss_peak_bytes"] == peak
     (target,) = daemon.call("GET", "/v1/targets")[1]["targets"]
     kept = daemon.call("GET", f"/v1/targets/{target['id']}/samples")[1]["samples"]
     assert kept[-1]["memory_rss_bytes"] == peak and kept[-1]["processes"] == 0
+    assert kept[-1]["memory_pss_bytes"] is None, kept[-1]
     assert target["command"] == "true"
     mib = human_bytes(peak)  # as the table writes it
     assert f"peak RSS {mib} (of the largest process; " in result.stderr, result.stderr

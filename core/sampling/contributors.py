@@ -89,7 +89,8 @@ class Contributor(Protocol):
     counts: str
     # Optional, True where absent. False: gauges the regular passes keep fresh (PSS);
     # at an edge it is asked only for the targets it never gave figures, and the others
-    # keep their last (an edge's cost is then the caller's, and never a dear read).
+    # keep their last (an edge's cost is then the caller's, and never a dear read),
+    # but for targets whose processes are all gone (gather).
     at_edges: bool
 
     def begin(self) -> None:
@@ -141,7 +142,8 @@ def gather(
     """Each contributor's figures for the targets read, by target: one mapping per
     contributor that counted it, not merged; and how many contributors refused this
     pass (OSError: their figures absent, retried next pass, logged). At an ``edge``,
-    a contributor not ``at_edges`` is asked only for targets it never gave figures.
+    a contributor not ``at_edges`` is asked only for targets it never gave figures, or
+    whose processes are all gone.
 
     The mappings are the sampler's read-only copies, kept in each target's state by
     the contributor's place in ``contributors`` (``TargetState.given``) and replaced
@@ -154,7 +156,7 @@ def gather(
     refused = 0
     for place, contributor in enumerate(contributors):
         keeps = edge and not getattr(contributor, "at_edges", True)
-        asked = [s for s in states if place not in s.given] if keeps else states
+        asked = [s for s in states if place not in s.given or _gone(s)] if keeps else states
         try:
             figures = contributor.contribute(asked) if asked else {}
         except OSError as exc:
@@ -185,6 +187,12 @@ def gather(
         if kept_now:
             merged[target_id] = kept_now
     return merged, refused
+
+
+def _gone(state: TargetState) -> bool:
+    """No process of it alive: figures kept from a read of processes gone (`edgewatt
+    run`'s fork before its exec among them) are asked again, which reads nothing."""
+    return state.reading is not None and not state.reading.pids
 
 
 class TcpAccounting:
