@@ -175,3 +175,23 @@ def test_an_edge_asks_a_contributor_not_at_edges_only_for_targets_it_never_count
     assert contributor.asked[-1] == [old.id, new.id]
     assert sorted(s.network_counts for s in regular.processes) == [3, 4]
     sampler.close()
+
+
+def test_an_edge_asks_a_contributor_not_at_edges_again_for_a_target_whose_processes_are_gone(
+    spawn: Any,
+) -> None:
+    """Figures read of processes now gone (`edgewatt run`'s fork before its exec, for a
+    command shorter than a pass) are not kept into the exit sample an edge takes."""
+    child = spawn("import time; time.sleep(60)")
+    counts = iter(range(1, 100))
+    contributor = Asked(lambda: {"network_counts": next(counts)})
+    sampler = _sampler(child.pid, contributor)
+    (target,) = sampler.table.running()
+    sampler.sample_now(target.id)
+    child.kill()
+    child.wait()
+    edge = sampler.sample_now(target.id)  # the edge that finds it gone
+    assert contributor.asked == [[target.id], [target.id]]
+    (ended,) = edge.exits
+    assert ended.network_counts == 2 and ended.processes == 0
+    sampler.close()
