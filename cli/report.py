@@ -111,7 +111,7 @@ def summary_table(
     )
 
 
-# A monitor's network bytes (its samples'), and edgewatt run's name for them: host-wide.
+# A monitor's network bytes (its samples'), and the host's apart (edgewatt run's).
 TOTAL_KEYS = ("total_network_bytes_sent", "total_network_bytes_recv")
 HOST_KEYS = ("host_network_bytes_sent", "host_network_bytes_recv")
 
@@ -239,8 +239,8 @@ def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 # The figures each kind of record must hold as numbers where present.
 SAMPLE_NUMBERS = (
     "timestamp", "cpu_usage", "memory_usage", "memory_rss_bytes", "memory_pss_bytes",
-    "network_bytes_sent",
-    "network_bytes_recv", "power_w", "power_vdd_in", "power_vdd_cpu_gpu_cv",
+    "network_bytes_sent", "network_bytes_recv", "host_network_bytes_sent",
+    "host_network_bytes_recv", "power_w", "power_vdd_in", "power_vdd_cpu_gpu_cv",
     "power_vdd_soc", "energy_j",
 )  # fmt: skip
 SUMMARY_NUMBERS = (
@@ -720,7 +720,7 @@ def _title(header: dict[str, Any], summary: dict[str, Any]) -> str:
     # The command's own bytes (edgewatt run's, the daemon's count), else a process
     # scope's; the host's never (a whole device's bytes are not the command's).
     own = ("network_transmit_bytes", "network_receive_bytes")
-    if _network(header) != HOST_NETWORK:
+    if summary.get(own[0]) is None and _network(header) != HOST_NETWORK:
         own = ("total_network_bytes_sent", "total_network_bytes_recv")
     if summary.get(own[0]) is not None:
         sent, recv = summary[own[0]], summary.get(own[1]) or 0

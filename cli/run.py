@@ -34,7 +34,7 @@ from typing import Any, Callable
 from edgewatt.cli import emissions as emissions_csv
 from edgewatt.cli import run_cgroup, spreads
 from edgewatt.cli.exit_peaks import ExitPeak, ExitPeaks
-from edgewatt.cli.report import HOST_KEYS, SWITCH_KEYS, TOTAL_KEYS, amount, summary_table
+from edgewatt.cli.report import SWITCH_KEYS, TOTAL_KEYS, amount, summary_table
 from edgewatt.client import NO_DAEMON_SAID
 from edgewatt.client._loop import LoopState, Spec
 from edgewatt.client._samples import Recorder
@@ -166,12 +166,13 @@ def run(
         metrics=dict(METRICS),
         socket=socket,
         sink="file" if output else "none",
-        sink_options={"path": os.path.abspath(output), "network": "host"} if output else {},
+        sink_options={"path": os.path.abspath(output), "network": "command"} if output else {},
+        network="command",  # rows: the command's own bytes; the host's apart (host_ keys)
         cgroup=own.path if own is not None else None,
         command=shlex.join(command),
         argv=command,  # the daemon's name for the held fork (the launcher's until its exec)
     )
-    recorder = Recorder(dict(METRICS), interval)
+    recorder = Recorder(dict(METRICS), interval, "command")
     source = _start(sampling, spec, recorder)  # registered, its first reading taken
     try:
         # The command's own clients (a training script's register(), a Flower mod) find
@@ -516,9 +517,8 @@ def _final(
 
     def final(recorded: dict[str, Any], registration: Any) -> dict[str, Any]:
         summary = {**recorded, "duration_s": wall_s}
-        for total, host in zip(TOTAL_KEYS, HOST_KEYS):  # the samples' bytes: the host's
-            if total in summary:
-                summary[host] = summary.pop(total)
+        for total in TOTAL_KEYS:  # the samples' own bytes: the daemon's count is the run's
+            summary.pop(total, None)
         if power is not None:
             summary["power_source"] = power
         api = _daemon_summary(registration)

@@ -35,10 +35,15 @@ SHORT_SHARE = 0.25
 NETWORK_UNITS = {
     "host": "bytes in the interval, host-wide, loopback excluded",
     "process": "bytes in the interval, the process tree's TCP, loopback to other processes in",
+    # `edgewatt run`'s: the command's own bytes; the host's apart, under host_ names.
+    "command": "bytes in the interval, the command's own (what its summary's network row "
+    "says they count)",
 }
+HOST_NETWORK_KEYS = ("host_network_bytes_sent", "host_network_bytes_recv")
 
 
 def units(network: str = "host") -> dict[str, str]:
+    """What each figure of a sample row is; ``network``: a key of NETWORK_UNITS."""
     return {
         "timestamp": "unix seconds",
         "cpu_usage": "percent of one core",
@@ -51,6 +56,7 @@ def units(network: str = "host") -> dict[str, str]:
         "power_vdd_cpu_gpu_cv": "milliwatts",
         "power_vdd_soc": "milliwatts",
         "power_w": "watts (device input)",
+        **(dict.fromkeys(HOST_NETWORK_KEYS, NETWORK_UNITS["host"]) if network == "command" else {}),
     }
 
 
@@ -90,13 +96,18 @@ class Reading:
         return self.time if self.monotonic is None else self.monotonic
 
 
-def _network(previous: Reading, current: Reading, scope: str) -> tuple[int, int] | None:
-    """(sent, received) bytes between two readings: the process's own TCP bytes where
-    ``scope`` is "process" and both readings have them, else host-wide."""
-    if scope == "process" and None not in (previous.tcp_sent_total, current.tcp_sent_total):
-        sent = (current.tcp_sent_total or 0) - (previous.tcp_sent_total or 0)
-        recv = (current.tcp_recv_total or 0) - (previous.tcp_recv_total or 0)
-        return max(0, sent), max(0, recv)
+def _own(previous: Reading, current: Reading) -> tuple[int, int] | None:
+    """(sent, received) bytes of the monitored tree's own between two readings; None
+    where either reading has none."""
+    if current.tcp_sent_total is None or previous.tcp_sent_total is None:
+        return None
+    sent = current.tcp_sent_total - previous.tcp_sent_total
+    recv = (current.tcp_recv_total or 0) - (previous.tcp_recv_total or 0)
+    return max(0, sent), max(0, recv)
+
+
+def _host(previous: Reading, current: Reading) -> tuple[int, int] | None:
+    """(sent, received) bytes of the whole host between two readings, or None."""
     if current.net_sent_total is None or previous.net_sent_total is None:
         return None
     sent = current.net_sent_total - previous.net_sent_total
@@ -117,9 +128,17 @@ def sample_from(
         sample["memory_rss_bytes"] = current.memory_rss_bytes
         if current.memory_pss_bytes is not None:
             sample["memory_pss_bytes"] = current.memory_pss_bytes
-    traffic = _network(previous, current, network) if metrics["network"] else None
-    if traffic is not None:
-        sample["network_bytes_sent"], sample["network_bytes_recv"] = traffic
+    if metrics["network"]:
+        own, host = _own(previous, current), _host(previous, current)
+        if network == "command":  # the command's own where counted; the host's apart
+            if own is not None:
+                sample["network_bytes_sent"], sample["network_bytes_recv"] = own
+            if host is not None:
+                sample[HOST_NETWORK_KEYS[0]], sample[HOST_NETWORK_KEYS[1]] = host
+        else:  # heflwr's keys: a drop-in's own TCP ("process") where read, else the host's
+            traffic = own if network == "process" and own is not None else host
+            if traffic is not None:
+                sample["network_bytes_sent"], sample["network_bytes_recv"] = traffic
     if metrics["power"] and current.power_w is not None:
         sample["power_vdd_in"] = current.power_w * 1000
         for key, rail in HEFLWR_RAILS.items():
@@ -258,6 +277,9 @@ class Recorder:
         if "network_bytes_sent" in stats:
             result["total_network_bytes_sent"] = sum(stats["network_bytes_sent"])
             result["total_network_bytes_recv"] = sum(stats["network_bytes_recv"])
+        for key in HOST_NETWORK_KEYS:
+            if key in stats:
+                result[key] = sum(stats[key])
         if "energy_j" in stats:
             result["energy_j"] = math.fsum(stats["energy_j"])  # the device's own counter
         for key in ("power_vdd_in", *HEFLWR_RAILS):

@@ -123,6 +123,14 @@ def test_the_commands_network_row_is_its_own_and_the_hosts_is_apart(
     assert summary["network_transmit_bytes"] - (2 << 20) in (0, 1, 2)
     assert "total_network_bytes_sent" not in summary  # the host's, named as such
     assert "host_network_bytes_sent" in summary
+    # Each sample row: the command's own bytes under network_, the host's under host_.
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    units = lines[0]["units"]
+    assert "the command's own" in units["network_bytes_sent"]
+    assert "host-wide" in units["host_network_bytes_sent"]
+    samples = [row for row in lines if row["type"] == "sample"]
+    assert all("host_network_bytes_sent" in row for row in samples), samples
+    assert sum(row.get("network_bytes_sent", 0) for row in samples) - (2 << 20) in (0, 1, 2)
     rows = _rows(result.stderr)
     # A process target's: at least (a connection between two passes would escape it).
     assert re.match(

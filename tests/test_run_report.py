@@ -357,15 +357,12 @@ def test_plot_of_a_run_file_without_phases_or_power(tmp_path: Path) -> None:
     title, figures = drawn.title.split("\n")
     assert title == (command if len(command) <= 70 else command[:67] + "...")
     assert figures.startswith(f"on {socket.gethostname()}, 20")
-    # Host-wide network bytes, loopback excluded: a panel when there were any.
-    network = [_ for _ in _samples(out) if _.get("network_bytes_sent") or _["network_bytes_recv"]]
-    if network:
-        # The axis says whose: the host's (the header's units say so).
-        assert _labels(drawn) == ["CPU (% of one core)", "memory (MiB)", "host network (KiB/s)"]
-        lines = dict(drawn.panels)["host network (KiB/s)"]
-        assert [name for name, _, _ in lines] == ["sent", "received"]
-    else:
-        assert _labels(drawn) == ["CPU (% of one core)", "memory (MiB)"]
+    # In-process, nothing counts the command's own bytes: no network panel; the
+    # host's bytes only under host_ names in the rows, never drawn as the command's.
+    rows = _samples(out)
+    assert rows and all("network_bytes_sent" not in row for row in rows), rows
+    assert all("host_network_bytes_sent" in row for row in rows), rows
+    assert _labels(drawn) == ["CPU (% of one core)", "memory (MiB)"]
     # The host's bytes are not the command's, and nothing sampled the command's own.
     assert "network" not in drawn.title
     assert drawn.phases == []
