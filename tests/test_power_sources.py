@@ -294,14 +294,33 @@ def test_without_the_driver_library_pynvml_is_not_imported() -> None:
         "try:\n"
         "    nvml.discover(PowerOptions())\n"
         "except NoData as exc:\n"
-        "    print(exc, 'pynvml' in sys.modules)\n"
+        "    print(exc, 'pynvml' in sys.modules, 'ctypes' in sys.modules)\n"
         "else:\n"
         "    print('found')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     if out.stdout.strip() == "found":
         pytest.skip("an NVIDIA driver is here")
-    assert out.stdout.strip() == "no NVIDIA driver: libnvidia-ml.so.1 not found False"
+    # Nor ctypes (2 ms): the linker's cache tells.
+    assert out.stdout.strip() == "no NVIDIA driver: libnvidia-ml.so.1 not found False False"
+
+
+def test_a_library_is_found_where_the_dynamic_linker_would_find_it(tmp_path: Path) -> None:
+    """LD_LIBRARY_PATH's folders, then the linker's cache (NUL-ended names); None where
+    the cache cannot be read."""
+    from edgewatt.core.power.nvml import library_found
+
+    cache = tmp_path / "ld.so.cache"
+    cache.write_bytes(b"glibc-ld.so.cache1.1\0libnvidia-ml.so.1\0/usr/lib/libnvidia-ml.so.1\0")
+    name = "libnvidia-ml.so.1"
+    assert library_found(name, str(cache), {}) is True
+    assert library_found("libnvidia-ml.so", str(cache), {}) is False  # a name, not a prefix
+    assert library_found(name, str(tmp_path / "none"), {}) is None
+    folder = tmp_path / "lib"
+    folder.mkdir()
+    (folder / name).write_bytes(b"")
+    environ = {"LD_LIBRARY_PATH": f"/nonexistent::{folder}"}
+    assert library_found(name, str(tmp_path / "none"), environ) is True
 
 
 # -- discovery ---------------------------------------------------------------------

@@ -11,8 +11,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -155,13 +157,37 @@ def _no_library() -> bool:
     origin = spec.origin if spec is not None else None
     if origin is None or Path(origin).parent.name not in ("site-packages", "dist-packages"):
         return False
-    import ctypes
+    found = library_found(NVML_LIBRARY)
+    if found is not None:
+        return not found
+    import ctypes  # 2 ms to import: only where the linker's cache could not be read
 
     try:
         ctypes.CDLL(NVML_LIBRARY)
     except OSError:
         return True
     return False
+
+
+# Where the dynamic linker looks after LD_LIBRARY_PATH and its cache (ld.so(8)).
+LINKER_CACHE = "/etc/ld.so.cache"
+LINKER_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64")
+
+
+def library_found(
+    name: str, cache: str = LINKER_CACHE, environ: Mapping[str, str] = os.environ
+) -> bool | None:
+    """Whether dlopen would find the library ``name``: in LD_LIBRARY_PATH's folders,
+    the linker's cache (each name there ends in a NUL) or its default folders; None
+    where the cache cannot be read (then only dlopen can tell)."""
+    folders = [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    if any(os.path.exists(os.path.join(d, name)) for d in (*folders, *LINKER_DIRS)):
+        return True
+    try:
+        with open(cache, "rb") as f:
+            return name.encode() + b"\0" in f.read()
+    except OSError:
+        return None
 
 
 def _text(value: str | bytes) -> str:
