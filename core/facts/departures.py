@@ -211,10 +211,13 @@ class Departures:
     def counts(self, live: tuple[int, ...]) -> tuple[int, ...]:
         """The target's channel counts: its ``live`` members' and the departed ones',
         never backwards."""
-        value = self._counts_value
-        now = tuple(map(max, value, map(operator.add, live, self._counts)))
+        carried, value = self._counts, self._counts_value
+        # Most targets have no departed member: nothing to add.
+        now = live if carried is NO_COUNTS else tuple(map(operator.add, live, carried))
         if now != value:
-            self._counts_value = now
+            now = tuple(map(max, value, now))
+            if now != value:
+                self._counts_value = now
         return self._counts_value
 
     def total(self, live: Counters) -> Counters:
