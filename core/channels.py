@@ -34,14 +34,6 @@ class Exported:
 class Channel:
     name: str  # the figure: ProcessSample field, history column, API and summary key
     unit: str  # in words, as the API's units document says it
-    # How /proc shows a live process's count: a /proc/PID/status key (its main thread's
-    # only), or else a /proc/PID/stat field by its number in proc(5) (every thread's).
-    status_key: str
-    stat_field: int
-    # Where the kernel keeps its reaped children's count: a /proc/PID/stat field's
-    # number; 0: only the exit records have it. Not read: a departed member's count
-    # is carried at once (its exit record's), never waited for in its reaper's.
-    reaped_stat_field: int
     taskstats_member: str  # its struct taskstats member (linux/taskstats.h)
     taskstats_offset: int  # that member's byte offset in struct taskstats
     rusage: str  # getrusage's field: `edgewatt run`'s count of every process it reaped
@@ -51,6 +43,14 @@ class Channel:
     metric: Exported
     metric_value: str  # its value of the metric's attribute
     words: str  # after its figure in `edgewatt run`'s table row
+    # How /proc shows a live process's count: a /proc/PID/status key (its main thread's
+    # only), or else a /proc/PID/stat field by its number in proc(5) (every thread's).
+    status_key: str = ""
+    stat_field: int = 0
+    # Where the kernel keeps its reaped children's count: a /proc/PID/stat field's
+    # number; 0: only the exit records have it. Not read: a departed member's count
+    # is carried at once (its exit record's), never waited for in its reaper's.
+    reaped_stat_field: int = 0
 
 
 _SWITCHES = Exported(
@@ -63,34 +63,42 @@ _SWITCHES = Exported(
     "switches",
 )
 
+
+def _switches(
+    kind: str, unit: str, status_key: str, member: str, offset: int, what: str
+) -> Channel:
+    """A kind of context switch: the main thread's in /proc/PID/status, psutil's
+    num_ctx_switches(), wait4's ru_n[i]vcsw."""
+    return Channel(
+        f"context_switches_{kind}",
+        f"count of context switches where a process {unit}, cumulative",
+        taskstats_member=member,
+        taskstats_offset=offset,
+        rusage=f"ru_{member}",
+        psutil=("num_ctx_switches", kind),
+        metric=_SWITCHES,
+        metric_value=kind,
+        words=f"{kind} ({what})",
+        status_key=status_key,
+    )
+
+
 CHANNELS: tuple[Channel, ...] = (
-    Channel(
-        "context_switches_voluntary",
-        "count of context switches where a process waited (I/O, a lock, a sleep), cumulative",
+    _switches(
+        "voluntary",
+        "waited (I/O, a lock, a sleep)",
         status_key="voluntary_ctxt_switches",
-        stat_field=0,
-        reaped_stat_field=0,
-        taskstats_member="nvcsw",
-        taskstats_offset=272,
-        rusage="ru_nvcsw",
-        psutil=("num_ctx_switches", "voluntary"),
-        metric=_SWITCHES,
-        metric_value="voluntary",
-        words="voluntary (waits)",
+        member="nvcsw",
+        offset=272,
+        what="waits",
     ),
-    Channel(
-        "context_switches_involuntary",
-        "count of context switches where a process was preempted, cumulative",
+    _switches(
+        "involuntary",
+        "was preempted",
         status_key="nonvoluntary_ctxt_switches",
-        stat_field=0,
-        reaped_stat_field=0,
-        taskstats_member="nivcsw",
-        taskstats_offset=280,
-        rusage="ru_nivcsw",
-        psutil=("num_ctx_switches", "involuntary"),
-        metric=_SWITCHES,
-        metric_value="involuntary",
-        words="involuntary (preempted)",
+        member="nivcsw",
+        offset=280,
+        what="preempted",
     ),
 )
 
