@@ -63,6 +63,16 @@ _SWITCHES = Exported(
     "switches",
 )
 
+_FAULTS = Exported(
+    "process.paging.faults",
+    "{fault}",
+    "process.paging.fault_type",
+    "Page faults of the target and its descendants, by type: minor (a page mapped "
+    "without a read from storage); a live process's every thread's (/proc/PID/stat), a "
+    "departed one's whole count (its exit record's)",
+    "faults",
+)
+
 
 def _switches(
     kind: str, unit: str, status_key: str, member: str, offset: int, what: str
@@ -99,6 +109,21 @@ CHANNELS: tuple[Channel, ...] = (
         member="nivcsw",
         offset=280,
         what="preempted",
+    ),
+    Channel(
+        "page_faults_minor",
+        "count of minor page faults (a page mapped without a read from storage), cumulative",
+        taskstats_member="ac_minflt",
+        taskstats_offset=168,
+        rusage="ru_minflt",
+        # psutil gives no minor faults: macOS's pfaults and Windows' num_page_faults
+        # count every fault, Linux's none.
+        psutil=None,
+        metric=_FAULTS,
+        metric_value="minor",
+        words="minor (no read from storage)",
+        stat_field=10,  # minflt
+        reaped_stat_field=11,  # cminflt
     ),
 )
 

@@ -88,6 +88,7 @@ class ProcessSample:
     # lock, a sleep) and involuntary (preempted).
     context_switches_voluntary: int | None = None
     context_switches_involuntary: int | None = None
+    page_faults_minor: int | None = None  # pages mapped without a read from storage
     # ``time`` on the monotonic clock (None: not known): the instant its device energy
     # is at, from which its history's durations come.
     monotonic: float | None = None

@@ -8,14 +8,18 @@ import dataclasses
 import subprocess
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from edgewatt.cli.report import counter_rows
 from edgewatt.core.channels import CHANNELS, EXPORTED, NAMES
 from edgewatt.core.facts.procfs import ProcHandle
 from edgewatt.core.figures import KEPT
-from edgewatt.core.metrics import TABLE
-from edgewatt.core.snapshot import ProcessSample
+from edgewatt.core.metrics import BY_NAME, TABLE
+from edgewatt.core.snapshot import ProcessSample, Snapshot
 from edgewatt.core.targets.row import SampleRow
+from edgewatt.exporter.exposition import Exposition
 from tests.conftest import settled
+from tests.snapshots import process
 
 
 def test_each_channel_is_a_sample_field_and_the_last_history_columns() -> None:
@@ -51,6 +55,22 @@ def test_run_s_table_has_a_row_per_channel_metric_and_none_where_a_figure_is_unk
     assert len(rows) == len(EXPORTED)
     del summary["context_switches_involuntary"]
     assert "switches" not in dict(counter_rows(summary))
+
+
+def test_each_channel_reaches_metrics_by_its_attribute_value() -> None:
+    # The test target's figures (tests/snapshots.py), each rendered as /metrics writes
+    # it (OTLP and InfluxDB read the same points: exporter/points.py).
+    sample = process(1)
+    exposition = Exposition({})
+    exposition.update(Snapshot(time=0.0, sequence=1, host=None, processes=(sample,)))
+    found = {f.name: f for f in text_string_to_metric_families(exposition.render().decode())}
+    for c in CHANNELS:
+        counter = BY_NAME[c.metric.name].prometheus_name
+        family = found[counter[: -len("_total")]]  # the parser names a family without it
+        label = c.metric.attribute.replace(".", "_")
+        (point,) = [p for p in family.samples if p.labels[label] == c.metric_value]
+        value = getattr(sample, c.name)
+        assert value is not None and point.value == value, c.name
 
 
 def _kernel_counts(pid: int) -> tuple[int, ...]:
