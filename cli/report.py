@@ -22,6 +22,7 @@ from edgewatt.cli.rounds import (
 )
 from edgewatt.cli.spreads import KEYS, spread_rows
 from edgewatt.cli.status import amount, human_bytes
+from edgewatt.core.channels import CHANNELS, EXPORTED, NAMES
 from edgewatt.core.energy_source import line as energy_source
 from edgewatt.core.text import printable
 
@@ -63,7 +64,7 @@ def summary_table(
             rows.append(("counted by", printable(str(summary["cpu_source"]))))
     rows += memory_rows(summary)
     rows += disk_rows(summary)
-    rows += switch_rows(summary)
+    rows += counter_rows(summary)
     rows += network_rows(summary, host_network)
     energy = summary.get("energy_j", summary.get("energy_vdd_in_j"))
     if energy is not None:
@@ -160,17 +161,22 @@ def disk_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return [("disk", line)]
 
 
-# A run's context switches (the sampler's summary: every process of the command's).
-SWITCH_KEYS = ("context_switches_voluntary", "context_switches_involuntary")
+# A run's channels (core/channels.py: context switches, ...): the sampler's summary,
+# every process of the command's.
+COUNTER_KEYS = NAMES
 
 
-def switch_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """Context switches: voluntary (a process waited: I/O, a lock, a sleep) and
-    involuntary (preempted)."""
-    voluntary, involuntary = (summary.get(k) for k in SWITCH_KEYS)
-    if voluntary is None or involuntary is None:
-        return []
-    return [("switches", f"{voluntary} voluntary (waits), {involuntary} involuntary (preempted)")]
+def counter_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """A row per channel metric, each of its channels' figures and words ("switches:
+    N voluntary (waits), M involuntary (preempted)"); none where one is unknown."""
+    rows = []
+    for exported in EXPORTED:
+        channels = [c for c in CHANNELS if c.metric is exported]
+        figures = [summary.get(c.name) for c in channels]
+        if None not in figures:
+            words = ", ".join(f"{n} {c.words}" for n, c in zip(figures, channels))
+            rows.append((exported.row, words))
+    return rows
 
 
 def covers_line(covers: dict[str, Any]) -> str:
@@ -251,7 +257,7 @@ SUMMARY_NUMBERS = (
     "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
     "phases_dropped", "disk_read_bytes", "disk_write_bytes", "host_network_bytes_sent",
     "memory_cgroup_peak_bytes",
-    "host_network_bytes_recv", *SWITCH_KEYS, *KEYS,
+    "host_network_bytes_recv", *COUNTER_KEYS, *KEYS,
 )  # fmt: skip
 
 
@@ -261,7 +267,7 @@ PHASE_NUMBERS = (
     "energy_j", "device_energy_j", "memory_rss_peak_bytes", "memory_pss_peak_bytes",
     "memory_rss_largest_peak_bytes", "disk_read_bytes",
     "disk_write_bytes", "network_transmit_bytes", "network_receive_bytes", PEAK_POWER,
-    *SWITCH_KEYS,
+    *COUNTER_KEYS,
 )  # fmt: skip
 
 

@@ -34,13 +34,14 @@ from typing import Any, Callable
 from edgewatt.cli import emissions as emissions_csv
 from edgewatt.cli import run_cgroup, spreads
 from edgewatt.cli.exit_peaks import ExitPeak, ExitPeaks
-from edgewatt.cli.report import SWITCH_KEYS, TOTAL_KEYS, amount, summary_table
+from edgewatt.cli.report import COUNTER_KEYS, TOTAL_KEYS, amount, summary_table
 from edgewatt.client import NO_DAEMON_SAID
 from edgewatt.client._loop import LoopState, Spec
 from edgewatt.client._samples import Recorder
 from edgewatt.client._sinks import measured_phases
 from edgewatt.client._workers import ThreadWorker
 from edgewatt.core import compat, transport
+from edgewatt.core.channels import CHANNELS
 from edgewatt.core.facts import procfs
 from edgewatt.core.labels import validate_labels
 
@@ -494,8 +495,7 @@ def _difference(after: resource.struct_rusage, before: resource.struct_rusage) -
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "disk_read_bytes": (after.ru_inblock - before.ru_inblock) * 512,
         "disk_write_bytes": (after.ru_oublock - before.ru_oublock) * 512,
-        "context_switches_voluntary": after.ru_nvcsw - before.ru_nvcsw,
-        "context_switches_involuntary": after.ru_nivcsw - before.ru_nivcsw,
+        **{c.name: getattr(after, c.rusage) - getattr(before, c.rusage) for c in CHANNELS},
     }
 
 
@@ -564,9 +564,10 @@ def _final(
             summary["phases"] = last["phases"]
             summary["phases_dropped"] = last.get("phases_dropped") or 0
         summary.update(_disk(api, usage))
-        # Context switches: wait4's, every process the command started, all threads
-        # (a cgroup target has none of the daemon's); else the sampler's.
-        for key in SWITCH_KEYS:
+        # The channels (context switches, ...): wait4's, every process the command
+        # started, all threads (a cgroup target has none of the daemon's); else the
+        # sampler's.
+        for key in COUNTER_KEYS:
             counted = (usage or sampled).get(key)
             if counted is not None:
                 summary[key] = counted

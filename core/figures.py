@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgewatt.core.channels import CHANNELS
+
 KINDS = ("cumulative", "gauge", "count", "instant")
 
 
@@ -70,14 +72,8 @@ KEPT: tuple[Figure, ...] = (
         "unix seconds the PSS figures were read at (a dear read waits)",
         "instant",
     ),
-    _increase(
-        "context_switches_voluntary",
-        "count of context switches where a process waited (I/O, a lock, a sleep), cumulative",
-    ),
-    _increase(
-        "context_switches_involuntary",
-        "count of context switches where a process was preempted, cumulative",
-    ),
+    # The channels (core/channels.py), last.
+    *(_increase(c.name, c.unit) for c in CHANNELS),
 )
 
 INCREASES: tuple[str, ...] = tuple(f.name for f in KEPT if f.increase)

@@ -17,6 +17,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from edgewatt.core.channels import CHANNELS, EXPORTED
+
 # The whole device's hw.id on hw.host.power and hw.host.energy, where the semantic
 # conventions (v1.44, hardware.attributes.common) require one: the device is one
 # component, whichever sensors add up to its figure, so the series never changes name.
@@ -132,18 +134,17 @@ TABLE: tuple[Metric, ...] = (
         ("network.io.direction",),
         split=(("transmit", "network_transmit_bytes"), ("receive", "network_receive_bytes")),
     ),
-    Metric(
-        "process.context_switches",
-        "counter",
-        "{context_switch}",
-        "Context switches of the target and its descendants, by type: voluntary (it "
-        "waited: I/O, a lock, a sleep) and involuntary (preempted); a live process's main "
-        "thread's (/proc/PID/status), a departed one's whole count (its exit record's)",
-        ("process.context_switch.type",),
-        split=(
-            ("voluntary", "context_switches_voluntary"),
-            ("involuntary", "context_switches_involuntary"),
-        ),
+    # The channels' (core/channels.py), each metric split by its attribute.
+    *(
+        Metric(
+            e.name,
+            "counter",
+            e.unit,
+            e.description,
+            (e.attribute,),
+            split=tuple((c.metric_value, c.name) for c in CHANNELS if c.metric is e),
+        )
+        for e in EXPORTED
     ),
     Metric(
         "process.threads",

@@ -82,10 +82,13 @@ class ProcessSample:
     # more is read less often (sampling/pss.py). None where not read.
     memory_pss_read_at: float | None = None
     root_execs: int = 0  # 1 once its first process, a held fork, exec'd (held_fork.py)
+    # The channels (core/channels.py), each its declaration's name and in its order
+    # (tests/test_channels.py); None where not read.
     # Context switches of its processes, cumulative: voluntary (they waited: I/O, a
-    # lock, a sleep) and involuntary (preempted). None where not read.
+    # lock, a sleep) and involuntary (preempted).
     context_switches_voluntary: int | None = None
     context_switches_involuntary: int | None = None
+    page_faults_minor: int | None = None  # pages mapped without a read from storage
     # ``time`` on the monotonic clock (None: not known): the instant its device energy
     # is at, from which its history's durations come.
     monotonic: float | None = None

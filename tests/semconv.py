@@ -17,6 +17,7 @@ REQUIRED_1_44 = {
     "process.disk.io": ("counter", "By", ("disk.io.direction",)),
     "process.network.io": ("counter", "By", ("network.io.direction",)),
     "process.context_switches": ("counter", "{context_switch}", ("process.context_switch.type",)),
+    "process.paging.faults": ("counter", "{fault}", ("process.paging.fault_type",)),
     "hw.host.power": ("gauge", "W", ("hw.id",)),
     "hw.host.energy": ("counter", "J", ("hw.id",)),
     "hw.power": ("gauge", "W", ("hw.id", "hw.type")),

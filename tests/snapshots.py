@@ -41,6 +41,7 @@ def process(i: int, cpu: float = 1.5) -> ProcessSample:
         gpu_memory_bytes=2**30,
         context_switches_voluntary=120,
         context_switches_involuntary=7,
+        page_faults_minor=4096,
         phases=(
             PhaseFigures("warmup", False, 3.5, 12.0, 19.5),
             PhaseFigures("train", True, 1.25, 4.5, None),  # no reading in it yet

@@ -93,24 +93,37 @@ def test_summary_runs_to_now(daemon_factory: Any, fallback: str) -> None:
     assert figures["summary"] == pytest.approx(figures["used"], abs=0.025), figures
 
 
-SWITCHES = """
-import json, time
+# A registration's figure beside the kernel's count of the process (``kernel()``) from
+# before the registration to after its summary, ``work`` done in it.
+COUNTED = """
+import json, mmap, time
 from edgewatt import client
 
-def voluntary():
-    with open("/proc/self/status") as f:
-        return int(f.read().splitlines()[-2].split()[1])
+def kernel():
+    KERNEL
 
-before = voluntary()
+before = kernel()
 with client.register(fallback=FALLBACK) as reg:
-    for _ in range(50):
-        time.sleep(0.001)
+    WORK
     s = reg.summary()
-    after = voluntary()
+    after = kernel()
     print(json.dumps({"mode": reg.mode, "before": before, "after": after,
-                      "summary": s["context_switches_voluntary"],
-                      "latest": reg.stats()["context_switches_voluntary"]}))
+                      "summary": s[FIGURE], "latest": reg.stats()[FIGURE]}))
 """
+
+
+def _counted(
+    daemon_factory: Any, fallback: str, figure: str, kernel: str, work: str
+) -> dict[str, Any]:
+    daemon = daemon_factory(interval=5.0)
+    code = COUNTED.replace("FALLBACK", repr(fallback)).replace("FIGURE", repr(figure))
+    out = run_python(
+        code.replace("KERNEL", kernel).replace("WORK", work), EDGEWATT_SOCKET=daemon.socket
+    )
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    assert figures["mode"] == ("daemon" if fallback == "never" else "local")
+    return figures
 
 
 @pytest.mark.parametrize("fallback", ["never", "always"])
@@ -120,13 +133,37 @@ def test_a_registration_reads_its_context_switches_as_the_kernel_counted_them(
     # 50 sleeps of 1 ms: 50 voluntary switches at least, and no more than the kernel
     # counted for the process (its main thread) from before the registration to after
     # the summary, daemon or not.
-    daemon = daemon_factory(interval=5.0)
-    out = run_python(SWITCHES.replace("FALLBACK", repr(fallback)), EDGEWATT_SOCKET=daemon.socket)
-    assert out.returncode == 0, out.stderr
-    figures = json.loads(out.stdout)
-    assert figures["mode"] == ("daemon" if fallback == "never" else "local")
+    figures = _counted(
+        daemon_factory,
+        fallback,
+        "context_switches_voluntary",
+        "return int(open('/proc/self/status').read().splitlines()[-2].split()[1])",
+        "for _ in range(50): time.sleep(0.001)",
+    )
     assert 50 <= figures["summary"] <= figures["after"] - figures["before"], figures
     assert figures["before"] + 50 <= figures["latest"] <= figures["after"], figures
+
+
+@pytest.mark.parametrize("fallback", ["never", "always"])
+def test_a_registration_reads_its_minor_faults_as_the_kernel_counted_them(
+    daemon_factory: Any, fallback: str
+) -> None:
+    # 2000 fresh pages touched: 2000 minor faults at least, and no more than the kernel
+    # counted for the process (field 10 of its stat) over the registration; none where
+    # psutil samples in process (it has no minor faults).
+    figures = _counted(
+        daemon_factory,
+        fallback,
+        "page_faults_minor",
+        "stat = open('/proc/self/stat').read(); return int(stat.rsplit(')', 1)[1].split()[7])",
+        "area = mmap.mmap(-1, 2000 * mmap.PAGESIZE)\n"
+        "    for at in range(0, 2000 * mmap.PAGESIZE, mmap.PAGESIZE): area[at] = 1",
+    )
+    if fallback == "always" and os.environ.get("EDGEWATT_CLIENT_BACKEND") == "psutil":
+        assert figures["summary"] is None and figures["latest"] is None, figures
+        return
+    assert 2000 <= figures["summary"] <= figures["after"] - figures["before"], figures
+    assert figures["before"] + 2000 <= figures["latest"] <= figures["after"], figures
 
 
 MANY_PHASES = """

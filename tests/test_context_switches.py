@@ -8,11 +8,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from edgewatt.core.kernel.taskstats import TaskExits, TaskstatsSocket
-from edgewatt.core.platforms.linux import LinuxPlatform
-from edgewatt.core.sampling.sampler import Parts, Sampler
-from edgewatt.core.sampling.trees import ProcessTrees
-from tests.conftest import settled, table_with, wait_for
+from tests.departing import (
+    departed_grandchild,
+    exit_sample,
+    go,
+    listener,
+    sampler_of,
+    waiting_child,
+)
 
 SLEEPS = 50
 # N sleeps of 1 ms (each a voluntary switch), then its own counts and its exit: a
@@ -33,24 +36,13 @@ def _kernel_switches(pid: int) -> tuple[int, int]:
     return int(lines[-2].split()[1]), int(lines[-1].split()[1])
 
 
-def _sampler(pid: int, exits: TaskExits) -> Sampler:
-    trees = ProcessTrees(LinuxPlatform(), exits=exits)
-    return Sampler(table_with(pid), interval=0.1, host_name="h", parts=Parts(trees))
-
-
 def test_a_target_s_switches_are_the_kernel_s_live_and_its_exit_record_s_at_its_end(
     spawn: Any,
 ) -> None:
-    # Listening before it starts: its exit record is then known complete.
-    exits = TaskExits(TaskstatsSocket(), keep_s=30)  # root: CAP_NET_ADMIN
     # It waits for a line first: read live, then it sleeps, counts itself and exits.
-    child = spawn(
-        "import sys\nsys.stdin.readline()\n" + SLEEPER,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    settled(child.pid)
-    sampler = _sampler(child.pid, exits)
+    exits = listener()
+    child = waiting_child(spawn, SLEEPER, stdout=subprocess.PIPE)
+    sampler = sampler_of(child.pid, exits)
     try:
         (live,) = sampler.sample_once().processes
         voluntary, involuntary = _kernel_switches(child.pid)  # it waits: they stand
@@ -58,13 +50,10 @@ def test_a_target_s_switches_are_the_kernel_s_live_and_its_exit_record_s_at_its_
             voluntary,
             involuntary,
         )
-        child.stdin.write(b"go\n")
-        child.stdin.flush()
+        go(child)
         own = tuple(int(x) for x in child.stdout.readline().split())
         child.wait()
-        exits = []
-        assert wait_for(lambda: exits.extend(sampler.sample_once().exits) or exits, timeout=5)
-        (end,) = exits
+        end = exit_sample(sampler)
         assert own[0] >= voluntary + SLEEPS
         assert end.context_switches_voluntary == own[0]
         assert end.context_switches_involuntary >= own[1]  # a preemption may come later
@@ -75,28 +64,12 @@ def test_a_target_s_switches_are_the_kernel_s_live_and_its_exit_record_s_at_its_
 def test_a_departed_member_s_switches_stay_in_its_target_s_exactly(
     spawn: Any, tmp_path: Path
 ) -> None:
-    # A child starts a grandchild, waits for it and then for its stdin; the grandchild
-    # waits for the go file (read live meanwhile), then sleeps, counts itself, exits.
-    go = tmp_path / "go"
-    exits = TaskExits(TaskstatsSocket(), keep_s=30)
-    grandchild = f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n"
-    child = spawn(
-        "import subprocess, sys\n"
-        f"out = subprocess.run([sys.executable, '-c', {grandchild + SLEEPER!r}],"
-        " stdout=subprocess.PIPE).stdout\n"
-        "sys.stdout.buffer.write(out)\nsys.stdout.flush()\nsys.stdin.read()\n",
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    sampler = _sampler(child.pid, exits)
+    # The grandchild sleeps and counts itself; the child passes its line on.
+    then = "sys.stdout.buffer.write(out)\nsys.stdout.flush()\n"
+    child, sampler, line, sample = departed_grandchild(spawn, tmp_path, SLEEPER, then)
     try:
-        assert wait_for(lambda: len(sampler.sample_once().processes[0].members) == 2, timeout=10)
-        go.touch()
-        own = tuple(int(x) for x in child.stdout.readline().split())
-        settled(child.pid)  # reaped it, and waits on its stdin
-        (sample,) = sampler.sample_once().processes
+        own = tuple(int(x) for x in line.split())
         voluntary, involuntary = _kernel_switches(child.pid)
-        assert sample.members == (child.pid,)
         assert own[0] >= SLEEPS
         assert sample.context_switches_voluntary == voluntary + own[0]
         assert sample.context_switches_involuntary >= involuntary + own[1]

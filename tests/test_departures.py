@@ -13,18 +13,13 @@ import time
 
 import pytest
 
+from edgewatt.core.channels import NO_COUNTS
 from edgewatt.core.facts.departures import Departures, ExitFigures
-from edgewatt.core.facts.member_counters import (
-    NO_SWITCHES,
-    ZERO,
-    Counters,
-    Member,
-    Switches,
-    add,
-)
+from edgewatt.core.facts.member_counters import ZERO, Counters, Member, add
 from edgewatt.core.facts.procfs import CLOCK_TICKS, Stat
 from edgewatt.core.facts.tree_walk import Departed, Walked
 from edgewatt.core.kernel.taskstats import TICK_S, TaskExit, TaskExits, unix_start
+from tests.channel_counts import switches
 
 ROOT, CHILD, GRANDCHILD, OUTSIDE = 1000, 1001, 1002, 1  # OUTSIDE: not in the target
 # Now, in /proc's start ticks: the members started after the exit listener.
@@ -476,13 +471,13 @@ def test_by_owner_a_zombie_reaped_outside_with_its_childs_record_in_the_same_pas
     assert t.end([(ROOT, root, OUTSIDE)], alone=False).teardowns_counted
 
 
-def _switches(t: Target, live: list[Member]) -> Switches:
-    """The target's context switches after a pass over ``live`` (each its own)."""
-    total = NO_SWITCHES
+def _counts(t: Target, live: list[Member]) -> tuple[int, ...]:
+    """The target's channel counts after a pass over ``live`` (each its own)."""
+    total = NO_COUNTS
     for m in live:
-        assert m.switches is not None
-        total = Switches(total[0] + m.switches[0], total[1] + m.switches[1])
-    return t.departures.switches(total)
+        assert m.counts is not None
+        total = tuple(a + b for a, b in zip(total, m.counts))
+    return t.departures.counts(total)
 
 
 @pytest.mark.parametrize("own_cpu", [False, True], ids=["by-reaper", "by-owner"])
@@ -494,31 +489,27 @@ def test_a_departed_member_s_context_switches_are_carried_at_once_its_record_s_w
     where one came, else as last read; the sum never goes back."""
     t = Target(own_cpu=own_cpu)
     root = t.member(ROOT, OUTSIDE, (10, 5, 0, 0))
-    root.switches = Switches(7, 1)
+    root.counts = switches(7, 1)
     child = t.member(CHILD, ROOT, (20, 5, 0, 0))
-    child.switches = Switches(30, 4)
+    child.counts = switches(30, 4)
     t.sample([root, child])
-    assert _switches(t, [root, child]) == (37, 5)
+    assert _counts(t, [root, child]) == switches(37, 5)
     # The child ran on (40 waits, 6 preemptions in all) and exited; its parent reaped it.
     t.exit(CHILD, ROOT, user_us=300_000, system_us=50_000, read=0, write=0)
-    t.records.queued[-1] = dataclasses.replace(
-        t.records.queued[-1], voluntary_switches=40, involuntary_switches=6
-    )
+    t.records.queued[-1] = dataclasses.replace(t.records.queued[-1], counts=switches(40, 6))
     t.sample([root], [(CHILD, child, ROOT)])
-    assert _switches(t, [root]) == (47, 7)
+    assert _counts(t, [root]) == switches(47, 7)
     # A grandchild gone without a record: its last reading counts.
     grandchild = t.member(GRANDCHILD, ROOT, (1, 0, 0, 0))
-    grandchild.switches = Switches(5, 0)
+    grandchild.counts = switches(5, 0)
     t.sample([root, grandchild])
-    assert _switches(t, [root, grandchild]) == (52, 7)
+    assert _counts(t, [root, grandchild]) == switches(52, 7)
     t.sample([root], [(GRANDCHILD, grandchild, ROOT)])
-    assert _switches(t, [root]) == (52, 7)
+    assert _counts(t, [root]) == switches(52, 7)
     # The root read lower (its main thread alone after another exit): never back.
-    root.switches = Switches(6, 1)
-    assert _switches(t, [root]) == (52, 7)
+    root.counts = switches(6, 1)
+    assert _counts(t, [root]) == switches(52, 7)
     # Its own exit: its record's, all its threads.
     t.exit(ROOT, OUTSIDE, user_us=200_000, system_us=60_000, read=0, write=0)
-    t.records.queued[-1] = dataclasses.replace(
-        t.records.queued[-1], voluntary_switches=9, involuntary_switches=2
-    )
-    assert t.end([(ROOT, root, OUTSIDE)], alone=True).switches == (54, 8)
+    t.records.queued[-1] = dataclasses.replace(t.records.queued[-1], counts=switches(9, 2))
+    assert t.end([(ROOT, root, OUTSIDE)], alone=True).counts == switches(54, 8)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from edgewatt.core.channels import CHANNELS
 from edgewatt.core.kernel import sockets, taskstats
 from edgewatt.core.kernel.netlink import drain
 from edgewatt.core.kernel.sockets import DestroyListener, SockDiag, cookie
@@ -29,7 +30,7 @@ OFFSETS = """
 int main(void) {
     O(version); O(cpu_run_virtual_total); O(ac_pid); O(ac_ppid); O(ac_etime);
     O(ac_utime); O(ac_stime); O(hiwater_rss); O(read_bytes); O(write_bytes);
-    O(ac_btime64); O(ac_tgid);
+    O(ac_btime64); O(ac_tgid); CHANNELS
     return 0;
 }
 """
@@ -39,7 +40,9 @@ def test_the_record_offsets_are_the_kernel_headers(tmp_path: Path) -> None:
     header = Path("/usr/include/linux/taskstats.h")
     if not header.exists() or shutil.which("cc") is None:
         pytest.skip("needs a C compiler and the kernel's uapi headers (linux-libc-dev)")
-    (tmp_path / "o.c").write_text(OFFSETS)
+    # Each channel's member too (core/channels.py declares its offset).
+    channels = " ".join(f"O({c.taskstats_member});" for c in CHANNELS)
+    (tmp_path / "o.c").write_text(OFFSETS.replace("CHANNELS", channels))
     subprocess.run(["cc", "-o", str(tmp_path / "o"), str(tmp_path / "o.c")], check=True)
     out = subprocess.run([str(tmp_path / "o")], capture_output=True, text=True, check=True)
     offsets = {k: int(v) for k, v in (line.split() for line in out.stdout.splitlines())}
@@ -56,6 +59,7 @@ def test_the_record_offsets_are_the_kernel_headers(tmp_path: Path) -> None:
         "write_bytes": 256,
         "ac_btime64": 344,
         "ac_tgid": 368,
+        **{c.taskstats_member: c.taskstats_offset for c in CHANNELS},
     }
 
 

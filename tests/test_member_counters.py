@@ -4,8 +4,9 @@ stand-in /proc handle."""
 
 from __future__ import annotations
 
-from edgewatt.core.facts.member_counters import ZERO, Counters, MemberReader, Switches, sub_floor
+from edgewatt.core.facts.member_counters import ZERO, Counters, MemberReader, sub_floor
 from edgewatt.core.facts.procfs import NoSuchProcess, Stat
+from tests.channel_counts import switches
 
 
 class Handle:
@@ -19,8 +20,8 @@ class Handle:
         self.gone = False
         self.reads = 0
         self.closed = False
-        self.switches_value: tuple[int, int] | None = (40, 3)
-        self.switch_reads = 0
+        self.counts_value: tuple[int, ...] | None = switches(40, 3)
+        self.count_reads = 0
 
     def activity(self) -> bytes:
         return self.activity_value
@@ -34,11 +35,11 @@ class Handle:
     def fd_count(self) -> int:
         return 7
 
-    def switches(self) -> tuple[int, int] | None:
+    def counts(self, stat: Stat) -> tuple[int, ...] | None:
         if self.gone:
             raise NoSuchProcess(self.pid)
-        self.switch_reads += 1
-        return self.switches_value
+        self.count_reads += 1
+        return self.counts_value
 
     def stat(self) -> Stat:
         if self.gone:
@@ -90,24 +91,25 @@ def test_a_member_that_did_not_run_keeps_its_io_and_a_recheck_reads_it() -> None
     assert fresh is not None and not fresh.idle and other.reads == 1
 
 
-def test_a_member_s_context_switches_are_read_where_it_ran_and_kept_where_not() -> None:
+def test_a_member_s_channel_counts_are_read_where_it_ran_and_kept_where_not() -> None:
     root = Handle(10)
     reader = MemberReader(root, own_cpu=False, children=True)  # type: ignore[arg-type]
     first = reader.read(root, stat(), None, False)  # type: ignore[arg-type]
-    assert first is not None and first.switches == Switches(40, 3) and root.switch_reads == 1
-    root.switches_value = (41, 3)  # what a read would find now
+    assert first is not None and first.counts == switches(40, 3) and root.count_reads == 1
+    root.counts_value = switches(41, 3)  # what a read would find now
     idle = reader.read(root, stat(), first, False)  # type: ignore[arg-type]
-    assert idle is not None and idle.switches is first.switches and root.switch_reads == 1
+    assert idle is not None and idle.counts is first.counts and root.count_reads == 1
     root.activity_value = b"1 2 4"  # it ran
     ran = reader.read(root, stat(), first, False)  # type: ignore[arg-type]
-    assert ran is not None and ran.switches == (41, 3) and root.switch_reads == 2
+    assert ran is not None and ran.counts == switches(41, 3) and root.count_reads == 2
     # Read again unchanged: the same object, so the target's sum is not rebuilt.
     root.activity_value = b"1 2 5"
+    root.counts_value = switches(41, 3)  # an equal tuple, not the same one
     again = reader.read(root, stat(), ran, False)  # type: ignore[arg-type]
-    assert again is not None and again.switches is ran.switches
-    root.switches_value = None  # not shown: None, not 0
+    assert again is not None and again.counts is ran.counts
+    root.counts_value = None  # not shown: None, not 0
     unread = reader.read(root, stat(threads=2), ran, False)  # type: ignore[arg-type]
-    assert unread is not None and unread.switches is None
+    assert unread is not None and unread.counts is None
 
 
 def test_unreadable_io_counts_zero_and_says_so_for_the_root_only() -> None:

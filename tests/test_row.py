@@ -36,7 +36,7 @@ def test_every_figure_a_sample_shows_has_the_unit_its_name_says() -> None:
     }
     counts = {
         "threads", "open_fds", "processes",
-        "context_switches_voluntary", "context_switches_involuntary",
+        "context_switches_voluntary", "context_switches_involuntary", "page_faults_minor",
     }  # fmt: skip
     for name, unit in SAMPLE_UNITS.items():
         if name == "time":
@@ -55,7 +55,7 @@ def test_every_figure_a_sample_shows_has_the_unit_its_name_says() -> None:
     assert cumulative == [
         "cpu_user_s", "cpu_system_s", "disk_read_bytes", "disk_write_bytes",
         "network_transmit_bytes", "network_receive_bytes", "energy_j", "device_energy_j",
-        "context_switches_voluntary", "context_switches_involuntary",
+        "context_switches_voluntary", "context_switches_involuntary", "page_faults_minor",
     ]  # fmt: skip
 
 
@@ -125,7 +125,7 @@ def test_an_exported_figure_s_instrument_agrees_with_its_declared_kind() -> None
                 metric.name,
                 name,
             )
-    assert checked == 17  # every kept figure that is exported
+    assert checked == 18  # every kept figure that is exported
 
 
 def test_a_summary_gives_each_declared_increase_as_the_difference_of_its_rows() -> None:
@@ -139,5 +139,5 @@ def test_a_summary_gives_each_declared_increase_as_the_difference_of_its_rows() 
     assert figures["disk_read_bytes"] == 4096 and figures["network_receive_bytes"] is None
     assert INCREASES == (
         "disk_read_bytes", "disk_write_bytes", "network_transmit_bytes", "network_receive_bytes",
-        "context_switches_voluntary", "context_switches_involuntary",
+        "context_switches_voluntary", "context_switches_involuntary", "page_faults_minor",
     )  # fmt: skip

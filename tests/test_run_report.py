@@ -82,6 +82,26 @@ SLEEPER = (
 )
 
 
+def _counted_run(
+    mode: str, daemon_factory: Any, tmp_path: Path, command: str, row: str
+) -> tuple[str, re.Match[str], dict[str, Any]]:
+    """`edgewatt run` of ``command`` (python -c), by the daemon or in process: what the
+    command wrote, its table's ``row`` (a pattern) and the file's summary."""
+    socket_path = daemon_factory().socket if mode == "daemon" else str(tmp_path / "none.sock")
+    out_file = tmp_path / "run.jsonl"
+    result = run(
+        ["run", "--socket", socket_path, "--interval", "0.2", "--output", str(out_file),
+         "--", sys.executable, "-c", command]
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"monitored via {mode}" in result.stderr
+    shown = re.search(row, result.stderr)
+    assert shown is not None, result.stderr
+    summary = json.loads(out_file.read_text().splitlines()[-1])
+    assert summary["type"] == "summary"
+    return result.stdout, shown, summary
+
+
 @pytest.mark.parametrize("mode", ["daemon", "local"])
 def test_run_shows_the_commands_context_switches_in_its_table_and_file(
     mode: str, daemon_factory: Any, tmp_path: Path
@@ -89,19 +109,9 @@ def test_run_shows_the_commands_context_switches_in_its_table_and_file(
     # 50 sleeps of 1 ms: the voluntary switches the command counted itself, exactly
     # (wait4's, of every process it started: it blocks nowhere after its count), and
     # the sampler's where wait4 has none.
-    socket_path = daemon_factory().socket if mode == "daemon" else str(tmp_path / "none.sock")
-    out_file = tmp_path / "run.jsonl"
-    result = run(
-        ["run", "--socket", socket_path, "--interval", "0.2", "--output", str(out_file),
-         "--", sys.executable, "-c", SLEEPER]
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert f"monitored via {mode}" in result.stderr
-    voluntary, involuntary = (int(x) for x in result.stdout.split())
-    shown = re.search(r"switches +(\d+) voluntary \(waits\), (\d+) involuntary", result.stderr)
-    assert shown is not None, result.stderr
-    summary = json.loads(out_file.read_text().splitlines()[-1])
-    assert summary["type"] == "summary"
+    row = r"switches +(\d+) voluntary \(waits\), (\d+) involuntary"
+    out, shown, summary = _counted_run(mode, daemon_factory, tmp_path, SLEEPER, row)
+    voluntary, involuntary = (int(x) for x in out.split())
     figures = (summary["context_switches_voluntary"], summary["context_switches_involuntary"])
     assert (int(shown[1]), int(shown[2])) == figures
     # At least one more than its own count: its switch away at its exit (TASK_DEAD);
@@ -110,6 +120,32 @@ def test_run_shows_the_commands_context_switches_in_its_table_and_file(
     # would be twice its own.
     assert voluntary + 1 <= figures[0] < 2 * voluntary and voluntary >= 50
     assert figures[1] >= involuntary  # a preemption may come after its count
+
+
+TOUCHER = (
+    "import mmap, os, resource\n"
+    "area = mmap.mmap(-1, 2000 * mmap.PAGESIZE)\n"
+    "for at in range(0, 2000 * mmap.PAGESIZE, mmap.PAGESIZE):\n"
+    "    area[at] = 1\n"
+    "line = b'%d' % resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+    "os.write(1, line)\n"
+    "os._exit(0)\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["daemon", "local"])
+def test_run_shows_the_commands_minor_faults_in_its_table_and_file(
+    mode: str, daemon_factory: Any, tmp_path: Path
+) -> None:
+    # 2000 fresh pages touched: the command's own count, and wait4's of the command
+    # (the count and then its line's bytes are new objects, a fresh page at most for
+    # each; the write and the exit touch none: 3 runs here showed wait4's equal).
+    row = r"faults +(\d+) minor \(no read from storage\)"
+    out, shown, summary = _counted_run(mode, daemon_factory, tmp_path, TOUCHER, row)
+    own = int(out)
+    assert int(shown[1]) == summary["page_faults_minor"]
+    # Counted twice would be twice its own.
+    assert own >= 2000 and own <= summary["page_faults_minor"] <= own + 16, (own, summary)
 
 
 def test_signals_are_forwarded_and_exit_status_follows(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ pass sees, and the bounds, each through its own module."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 import tracemalloc
@@ -406,6 +407,9 @@ def test_a_full_ring_of_repeated_figures_costs_its_times_a_row() -> None:
         ring = RowRing(300)
         for row in rows:
             ring.append(row)
+        # A full collection empties CPython's free lists: the tuples of figures the
+        # appends compared and let go are the interpreter's to reuse, not the ring's.
+        gc.collect()
         after = tracemalloc.take_snapshot().filter_traces(where)
     finally:
         tracemalloc.stop()
@@ -446,6 +450,7 @@ def _busy_sample(target_id: str, at: float) -> ProcessSample:
         device_energy_j=at * 5.0,
         context_switches_voluntary=whole + 9,
         context_switches_involuntary=whole + 10,
+        page_faults_minor=whole + 11,
     )
 
 
@@ -480,6 +485,7 @@ def test_a_kept_phase_holds_at_most_its_stated_bytes() -> None:
             table.end_phase(target.id, uid)
             take({target.id})
             take()
+        gc.collect()  # CPython's free lists emptied: what is held is the phases'
         after = tracemalloc.take_snapshot().filter_traces(where)
     finally:
         tracemalloc.stop()
@@ -487,8 +493,8 @@ def test_a_kept_phase_holds_at_most_its_stated_bytes() -> None:
     assert len(kept) == phases and all(p.final and len(p.name) == MAX_PHASE_NAME for p in kept)
     assert len({id(p.first) for p in kept} | {id(p.last) for p in kept}) == 2 * phases
     per_phase = sum(s.size_diff for s in after.compare_to(before, "filename")) / phases
-    # 2,554 B measured; docs/reference.md ("Shares per person") states 2,600 B at most.
-    assert 2400 <= per_phase <= 2600, f"{per_phase:.0f} B a phase"
+    # 2,626 B measured; docs/reference.md ("Shares per person") states 2,700 B at most.
+    assert 2400 <= per_phase <= 2700, f"{per_phase:.0f} B a phase"
 
 
 def test_a_span_is_what_was_consumed_between_two_named_rows() -> None:
@@ -517,6 +523,7 @@ def test_a_span_is_what_was_consumed_between_two_named_rows() -> None:
         "network_receive_bytes": 0,
         "context_switches_voluntary": 0,
         "context_switches_involuntary": 0,
+        "page_faults_minor": 0,
         "energy_j": 8.0,
         "power_avg_w": 2.0,
         "device_energy_j": 40.0,

@@ -10,15 +10,15 @@ never go backwards (the ratchet in :meth:`Departures.total`).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
+from edgewatt.core.channels import NO_COUNTS
 from edgewatt.core.compat import SLOTS, exit_code
 from edgewatt.core.facts.member_counters import (
-    NO_SWITCHES,
     ZERO,
     Counters,
     Member,
-    Switches,
     add,
     counters_of,
     sub_floor,
@@ -47,7 +47,7 @@ class ExitFigures:
     # The largest peak RSS in its members' exit records (the root's included): the
     # largest process's, where no pass saw it at its peak.
     largest_peak_bytes: int | None = None
-    switches: Switches = NO_SWITCHES  # context switches, every member's
+    counts: tuple[int, ...] = NO_COUNTS  # its channels' (core/channels.py), every member's
 
 
 class Departures:
@@ -64,9 +64,9 @@ class Departures:
         # counted here until that member's counters show them.
         self._pending: dict[int, Counters] = {}
         self._value = ZERO  # the target's counters as last reported: never less
-        # Departed members' context switches, carried at once (Switches), and the
-        # target's as last reported: never less.
-        self._switches = self._switches_value = NO_SWITCHES
+        # Departed members' channel counts, carried at once, and the target's as last
+        # reported: never less.
+        self._counts = self._counts_value = NO_COUNTS
         # By owner, the exit records miss each member's teardown: the reapers' counters
         # of reaped children show it (teardowns.py).
         self._teardowns = Teardowns()
@@ -169,7 +169,7 @@ class Departures:
             start = unix_start(known.handle.start_ticks)
             if self._exits.complete(start):
                 record = self._exits.exited(pid, start)
-        self._carry_switches(record, known)
+        self._carry_counts(record, known)
         if record is None:
             if known is None:
                 # By reaper, its parent in the target counts it when it reaps it. By owner
@@ -199,30 +199,26 @@ class Departures:
             return final
         return Counters(totals.user_ticks, totals.system_ticks, final.read_bytes, final.write_bytes)
 
-    def _carry_switches(self, record: ExitedProcess | None, known: Member | None) -> None:
-        """A departed member's context switches, carried: its exit record's (every
+    def _carry_counts(self, record: ExitedProcess | None, known: Member | None) -> None:
+        """A departed member's channel counts, carried: its exit record's (every
         thread's, to its exit), else as last read."""
-        last = NO_SWITCHES if known is None or known.switches is None else known.switches
+        last = NO_COUNTS if known is None or known.counts is None else known.counts
         if record is not None:
-            last = Switches(
-                max(last.voluntary, record.voluntary_switches),
-                max(last.involuntary, record.involuntary_switches),
-            )
-        if last != NO_SWITCHES:
-            carried = self._switches
-            self._switches = Switches(
-                carried.voluntary + last.voluntary, carried.involuntary + last.involuntary
-            )
+            last = tuple(map(max, last, record.counts))
+        if last != NO_COUNTS:
+            self._counts = tuple(map(operator.add, self._counts, last))
 
-    def switches(self, live: Switches) -> Switches:
-        """The target's context switches: its ``live`` members' and the departed
-        ones', never backwards."""
-        carried, value = self._switches, self._switches_value
-        voluntary = max(value.voluntary, live.voluntary + carried.voluntary)
-        involuntary = max(value.involuntary, live.involuntary + carried.involuntary)
-        if voluntary != value.voluntary or involuntary != value.involuntary:
-            self._switches_value = Switches(voluntary, involuntary)
-        return self._switches_value
+    def counts(self, live: tuple[int, ...]) -> tuple[int, ...]:
+        """The target's channel counts: its ``live`` members' and the departed ones',
+        never backwards."""
+        carried, value = self._counts, self._counts_value
+        # Most targets have no departed member: nothing to add.
+        now = live if carried is NO_COUNTS else tuple(map(operator.add, live, carried))
+        if now != value:
+            now = tuple(map(max, value, now))
+            if now != value:
+                self._counts_value = now
+        return self._counts_value
 
     def total(self, live: Counters) -> Counters:
         """The target's counters: what its ``live`` members show, plus what departed
@@ -269,7 +265,7 @@ class Departures:
             exit_status=None
             if record is None or record.exit_status is None
             else exit_code(record.exit_status),
-            switches=self.switches(NO_SWITCHES),
+            counts=self.counts(NO_COUNTS),
         )
 
     def _with_teardowns(self, carried: Counters) -> Counters:

@@ -4,9 +4,10 @@
 one process at a time, so the walk (``tree_walk.py``) and the accounting of departed
 members (``departures.py``) share one reading and one vector arithmetic.
 
-Counters (:class:`Counters`) are four named channels: user and system CPU time in
+Counters (:class:`Counters`) are four named counters: user and system CPU time in
 /proc's clock ticks, storage bytes read and written. Ticks may be fractional: exit
-records are in microseconds.
+records are in microseconds. A member's channels (core/channels.py: context switches,
+...) are its own counts, a tuple in the channels' order (``Member.counts``).
 """
 
 from __future__ import annotations
@@ -40,16 +41,6 @@ class Counters(typing.NamedTuple):
 ZERO = Counters(0, 0, 0, 0)
 
 
-class Switches(typing.NamedTuple):
-    """Context switches, voluntary (it waited) and involuntary (preempted): each
-    process's own, never in a reaper's counters (/proc shows no reaped children's), so
-    a departed member's are carried at once (departures.py)."""
-
-    voluntary: int
-    involuntary: int
-
-
-NO_SWITCHES = Switches(0, 0)
 # Counters from the tuple of its four figures in order, as Counters(...) makes them at
 # half the cost (NamedTuple's __new__ is Python): for the paths run for each member or
 # target each pass.
@@ -89,7 +80,9 @@ class Member:
     idle: bool  # did not run since the previous reading: io and fds carried over
     reaped_cpu: float  # its reaped children's CPU ticks (cutime + cstime)
     zombie: bool = False  # read after its exit, before its reaping: figures final
-    switches: Switches | None = None  # its main thread's, as last read (None: not shown)
+    # Its channels' counts as last read (procfs.ProcHandle.counts; None: not shown):
+    # its own, never in a reaper's, so a departed member's are carried at once.
+    counts: tuple[int, ...] | None = None
 
 
 class MemberReader:
@@ -123,16 +116,12 @@ class MemberReader:
             )
             if idle:
                 assert before is not None
-                io, fds, switches = before.io, before.fds, before.switches
+                io, fds, counts = before.io, before.fds, before.counts
             else:
                 io, fds = handle.io(), handle.fd_count()
-                switches = handle.switches()
-                if switches is not None:
-                    switches = (
-                        before.switches
-                        if before is not None and before.switches == switches
-                        else Switches(*switches)
-                    )
+                counts = handle.counts(stat)
+                if before is not None and before.counts == counts:
+                    counts = before.counts  # the same object: the target's sum is kept
         except NoSuchProcess:
             if before is None and handle is not self._root:
                 handle.close()  # opened this pass: no one else holds it
@@ -158,7 +147,7 @@ class MemberReader:
             totals, reaped = counters_of(now), counters_of(now_reaped)
         return Member(
             handle, stat.ppid, totals, reaped, io, fds, activity, idle, reaped_cpu,
-            switches=switches,
+            counts=counts,
         )  # fmt: skip
 
     def read_zombie(self, member: Member) -> None:

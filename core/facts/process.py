@@ -40,11 +40,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edgewatt.core.channels import NO_COUNTS
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.facts.cpu_rate import CpuRate
 from edgewatt.core.facts.departures import Departures, ExitFigures
 from edgewatt.core.facts.held_fork import HeldFork
-from edgewatt.core.facts.member_counters import Member, MemberReader, Switches, counters_of
+from edgewatt.core.facts.member_counters import Member, MemberReader, counters_of
 from edgewatt.core.facts.membership import Lineage
 from edgewatt.core.facts.procfs import CLOCK_TICKS, PAGE_SIZE, NoSuchProcess, ProcHandle, Stat
 from edgewatt.core.facts.tree_walk import TreeWalk
@@ -78,9 +79,10 @@ class TreeReading:
     # 1 once its first process, a fork held before its exec at the first reading
     # (`edgewatt run`'s), exec'd: memory read before was the registrant's (held_fork.py).
     root_execs: int = 0
-    # Context switches (voluntary, involuntary), cumulative: each live member's main
-    # thread's and every departed member's whole count. None: not read (psutil, cgroups).
-    switches: tuple[int, int] | None = None
+    # Its channels' counts (core/channels.py), cumulative: each live member's own and
+    # every departed member's whole count; an entry None: not on this platform (psutil).
+    # None: not read (cgroups).
+    counts: tuple[int | None, ...] | None = None
 
     @property
     def processes(self) -> int:
@@ -214,13 +216,12 @@ class ProcessTree:
     def _reading(
         self, read_at: float, read_at_monotonic: float, live: dict[int, tuple[Member, Stat]]
     ) -> TreeReading:
-        user = system = read = write = rss = vms = threads = fds = voluntary = involuntary = 0
+        user = system = read = write = rss = vms = threads = fds = 0
         fds_known = True
+        counts: list[tuple[int, ...]] = []
         for member, stat in live.values():
-            switches = member.switches
-            if switches is not None:
-                voluntary += switches[0]
-                involuntary += switches[1]
+            if member.counts is not None:
+                counts.append(member.counts)
             totals = member.totals
             user += totals.user_ticks
             system += totals.system_ticks
@@ -253,7 +254,7 @@ class ProcessTree:
             pids=tuple(live),
             idle_pids=frozenset(pid for pid, (m, _) in live.items() if m.idle),
             root_execs=self._held.execs,
-            switches=self._departures.switches(Switches(voluntary, involuntary)),
+            counts=self._departures.counts(_sum(counts)),
         )
         return self.last
 
@@ -266,3 +267,10 @@ class ProcessTree:
     def close(self) -> None:
         self._walk.close()
         self.root.close()
+
+
+def _sum(counts: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """Each channel's count summed over the members (most targets: one)."""
+    if len(counts) == 1:
+        return counts[0]
+    return tuple(map(sum, zip(*counts))) if counts else NO_COUNTS

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import operator
 import os
 from typing import NamedTuple
 
 from edgewatt.core import compat
+from edgewatt.core.channels import CHANNELS
 
 # Importable where os.sysconf is missing (Windows): the client's psutil backend shares
 # the bookkeeping modules that import these; nothing here reads /proc at import.
@@ -58,6 +60,23 @@ class Stat(NamedTuple):
     # it (no ptrace access), the process has no memory left (a zombie), or the text
     # stops before field 28 (a stand-in's stat: the other figures are still read).
     start_stack: int
+    # The channels read from this file (core/channels.py's stat_field), in their order.
+    counts: tuple[int, ...] = ()
+
+
+# The stat fields of the channels read there (field N is N - 3 after the comm), and
+# the keys of those in /proc/PID/status (each line "key:\tvalue").
+_STAT_COUNTS = tuple(c.stat_field - 3 for c in CHANNELS if c.stat_field)
+_STATUS_KEYS = tuple(b"\n" + c.status_key.encode() + b":" for c in CHANNELS if c.status_key)
+# From (status counts..., stat counts...) to the channels' order.
+_read_order = [i for i, c in enumerate(CHANNELS) if c.status_key] + [
+    i for i, c in enumerate(CHANNELS) if c.stat_field
+]
+_in_order = (
+    None
+    if _read_order == sorted(_read_order)
+    else operator.itemgetter(*(_read_order.index(i) for i in range(len(CHANNELS))))
+)
 
 
 def parse_stat(text: str) -> Stat:
@@ -79,6 +98,7 @@ def parse_stat(text: str) -> Stat:
         vsize=int(rest[20]),
         rss_pages=int(rest[21]),
         start_stack=int(rest[25]) if len(rest) > 25 else 0,
+        counts=tuple([int(rest[i]) for i in _STAT_COUNTS]),
     )
 
 
@@ -181,10 +201,18 @@ class ProcHandle:
             raise NoSuchProcess(self.pid) from exc
         return None if data.startswith(b"0 ") else data
 
-    def switches(self) -> tuple[int, int] | None:
-        """The main thread's (voluntary, involuntary) context switches: the last two
-        lines of /proc/PID/status, as psutil and process-exporter read them. None where
-        the file cannot be read."""
+    def counts(self, stat: Stat) -> tuple[int, ...] | None:
+        """Its channels' counts (core/channels.py), in their order: those of
+        /proc/PID/status (its main thread's, as psutil and process-exporter read
+        them) and those of ``stat`` (its last stat()). None where the status file
+        cannot be read."""
+        status = self._status_counts() if _STATUS_KEYS else ()
+        if status is None:
+            return None
+        counts = status + stat.counts if stat.counts else status
+        return counts if _in_order is None else tuple(_in_order(counts))
+
+    def _status_counts(self) -> tuple[int, ...] | None:
         if self._status_fd is None:
             self._status_fd = self._open_held("status")
         if self._status_fd < 0:
@@ -195,11 +223,15 @@ class ProcHandle:
             if exc.errno in _GONE:
                 raise NoSuchProcess(self.pid) from exc
             return None
-        at = data.rfind(b"\nvoluntary_ctxt_switches:")
-        if at < 0:
-            return None
-        voluntary, _, involuntary = data[at + 25 :].partition(b"\nnonvoluntary_ctxt_switches:")
-        return int(voluntary), int(involuntary)
+        counts = []
+        for key in _STATUS_KEYS:
+            at = data.rfind(key)  # the context switches' lines are the last
+            if at < 0:
+                return None
+            at += len(key)
+            end = data.find(b"\n", at)
+            counts.append(int(data[at : end if end >= 0 else len(data)]))
+        return tuple(counts)
 
     def _open_held(self, name: str) -> int:
         """/proc/PID/``name`` opened to be held; -1 where it cannot be."""

@@ -21,12 +21,14 @@ by a test.
 
 from __future__ import annotations
 
+import operator
 import os
 import socket
 import struct
 import time
 from dataclasses import dataclass, field
 
+from edgewatt.core.channels import CHANNELS, NO_COUNTS
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.kernel.netlink import NLATTR, NLMSGHDR, align, attributes, drain, messages
 
@@ -57,7 +59,8 @@ _RUNTIME = struct.Struct("=Q")  # cpu_run_virtual_total (ns) at 72
 _CPU = struct.Struct("=QQ")  # ac_utime, ac_stime (us) at 152
 _HIWATER = struct.Struct("=Q")  # hiwater_rss (KiB) at 200
 _IO = struct.Struct("=QQ")  # read_bytes, write_bytes at 248
-_SWITCHES = struct.Struct("=QQ")  # nvcsw, nivcsw (voluntary, involuntary) at 272
+_U64 = struct.Struct("=Q")
+_COUNTS_AT = tuple(c.taskstats_offset for c in CHANNELS)  # each channel's member, a u64
 _BTIME64 = struct.Struct("=Q")  # ac_btime64 (unix s) at 344
 _TGID = struct.Struct("=I")  # ac_tgid at 368
 _NEEDED = 372
@@ -80,8 +83,7 @@ class TaskExit:
     write_bytes: int
     hiwater_rss_bytes: int
     exit_status: int = 0  # the thread's, as wait() gives it (exit code << 8, or signal)
-    voluntary_switches: int = 0  # its context switches: it waited
-    involuntary_switches: int = 0  # preempted
+    counts: tuple[int, ...] = NO_COUNTS  # its channels' (core/channels.py)
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -146,10 +148,10 @@ def _record(data: bytes, at: int) -> TaskExit:
     (tgid,) = _TGID.unpack_from(data, at + 368)
     (elapsed,) = _ELAPSED.unpack_from(data, at + 144)
     (status,) = _EXIT_CODE.unpack_from(data, at + 4)
-    voluntary, involuntary = _SWITCHES.unpack_from(data, at + 272)
+    counts = tuple([_U64.unpack_from(data, at + offset)[0] for offset in _COUNTS_AT])
     return TaskExit(
         pid, tgid, ppid, float(btime), elapsed, user, system, read, write, hiwater_kib * 1024,
-        status, voluntary, involuntary,
+        status, counts,
     )  # fmt: skip
 
 
@@ -234,8 +236,7 @@ class ExitedProcess:
     read_bytes: int = 0
     write_bytes: int = 0
     hiwater_rss_bytes: int = 0
-    voluntary_switches: int = 0  # context switches, every thread's
-    involuntary_switches: int = 0
+    counts: tuple[int, ...] = NO_COUNTS  # its channels' (core/channels.py), every thread's
     elapsed_s: float = 0.0  # the leader's life: start to exit
     leader_exited: bool = False
     exit_status: int | None = None  # the leader's wait status, once it exited
@@ -276,8 +277,7 @@ class TaskExits:
             p.system_s += r.system_us / 1e6
             p.read_bytes += r.read_bytes
             p.write_bytes += r.write_bytes
-            p.voluntary_switches += r.voluntary_switches
-            p.involuntary_switches += r.involuntary_switches
+            p.counts = tuple(map(operator.add, p.counts, r.counts))
             p.hiwater_rss_bytes = max(p.hiwater_rss_bytes, r.hiwater_rss_bytes)
             if r.pid == r.tgid:
                 p.leader_exited = True

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import psutil
 
+from edgewatt.core.channels import CHANNELS, NAMES, NO_COUNTS
 from edgewatt.core.facts.cpu_rate import CpuRate
 from edgewatt.core.facts.process import TreeReading
 from edgewatt.core.facts.procfs import NoSuchProcess
@@ -40,20 +41,27 @@ _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 _INTERRUPT_FIELDS = ("irq", "softirq", "interrupt", "dpc")
 
 
-class Counters(NamedTuple):
-    """A process's cumulative counters as psutil gives them (CPU in seconds, where
-    member_counters.Counters counts /proc's ticks), by name."""
+# A process's cumulative counters as psutil gives them (CPU in seconds, where
+# member_counters.Counters counts /proc's ticks; reaped children's included where the
+# OS adds them, Linux), by name, then its channels' (core/channels.py): its own on
+# every OS (no parent shows its reaped children's), 0 where psutil has none here.
+Counters = NamedTuple(  # its channels' fields from the declaration
+    "Counters",
+    [
+        ("user_s", float),
+        ("system_s", float),
+        ("read_bytes", int),
+        ("write_bytes", int),
+        *((name, int) for name in NAMES),
+    ],
+)
+# The psutil methods the channels are read from, each called once; whether psutil
+# gives each channel on this OS (else its figure is None).
+_METHODS = tuple(dict.fromkeys(c.psutil[0] for c in CHANNELS if c.psutil is not None))
+_GIVEN = tuple(c.psutil is not None and hasattr(psutil.Process, c.psutil[0]) for c in CHANNELS)
 
-    user_s: float  # reaped children's included where the OS adds them (Linux)
-    system_s: float
-    read_bytes: int
-    write_bytes: int
-    # Context switches: its own on every OS (no parent shows its reaped children's).
-    voluntary_switches: int
-    involuntary_switches: int
 
-
-ZERO = Counters(0.0, 0.0, 0, 0, 0, 0)
+ZERO = Counters(0.0, 0.0, 0, 0, *NO_COUNTS)
 
 
 def _sum(counters: Iterable[Counters]) -> Counters:
@@ -105,11 +113,15 @@ def _read(process: psutil.Process) -> tuple[Counters, dict[str, Any]]:
         except (AttributeError, psutil.AccessDenied):  # Windows has handles
             fds = None
         ppid = process.ppid()
-        switches = process.num_ctx_switches()
+        given = {m: getattr(process, m)() for m in _METHODS if hasattr(process, m)}
     user = cpu.user + getattr(cpu, "children_user", 0.0)
     system = cpu.system + getattr(cpu, "children_system", 0.0)
     read, write = (io.read_bytes, io.write_bytes) if io else (0, 0)
-    counters = Counters(user, system, read, write, switches.voluntary, switches.involuntary)
+    counts = (
+        getattr(given[c.psutil[0]], c.psutil[1]) if ok and c.psutil is not None else 0
+        for c, ok in zip(CHANNELS, _GIVEN)
+    )
+    counters = Counters(user, system, read, write, *counts)
     other = {"rss": memory.rss, "vms": memory.vms, "threads": threads, "fds": fds, "io": io}
     return counters, {**other, "ppid": ppid, "stamp": stamp}
 
@@ -213,7 +225,7 @@ class PsutilTree:
             open_fds=None if None in fds else sum(fds),
             pids=tuple(pid for pid, _ in members),
             root_execs=self.root_execs,
-            switches=(value.voluntary_switches, value.involuntary_switches),
+            counts=tuple(v if ok else None for v, ok in zip(value[4:], _GIVEN)),
         )
         return self.last
 
@@ -244,7 +256,7 @@ class PsutilTree:
         self._carried = _sum(
             [self._carried]
             # Reaped by a live member: the kernel moved its figures there, all but its
-            # context switches.
+            # channels' counts.
             + [
                 c._replace(user_s=0.0, system_s=0.0, read_bytes=0, write_bytes=0)
                 if _REAPED_IN_PARENT and ppid in live_pids

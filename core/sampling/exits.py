@@ -104,9 +104,7 @@ def exit_reading(
         cpu_mode_utilization=None,
         read_bytes=None if read is None else max(read, figures.read_bytes),
         write_bytes=None if write is None else max(write, figures.write_bytes),
-        switches=None
-        if last.switches is None
-        else tuple(map(max, last.switches, figures.switches)),
+        counts=None if last.counts is None else tuple(map(max, last.counts, figures.counts)),
         pids=(),
         idle_pids=frozenset(),
         root_execs=execs,

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from edgewatt.core.channels import NAMES
 from edgewatt.core.compat import SLOTS
 from edgewatt.core.facts.cgroups import Cgroup, CgroupTree
 from edgewatt.core.facts.process import TreeReading
@@ -110,7 +111,6 @@ class TargetState:
             self.last = last.redated(reading.time, monotonic, device_energy_j)
             self.copied = True
             return self.last
-        switches = reading.switches
         sample = ProcessSample(
             target_id=target.id,
             pid=target.pid,
@@ -135,12 +135,13 @@ class TargetState:
             gpu_memory_bytes=gpu[1],
             members=reading.pids,
             root_execs=reading.root_execs,
-            context_switches_voluntary=None if switches is None else switches[0],
-            context_switches_involuntary=None if switches is None else switches[1],
             monotonic=monotonic,
             # A cgroup target's network figures come from a contributor, or are absent.
             network_unknown=NOT_COUNTED if self.cgroup is not None else None,
         )
+        if reading.counts is not None:  # the channels' fields (core/channels.py)
+            for name, value in zip(NAMES, reading.counts):
+                setattr(sample, name, value)
         for given in figures:
             if CHECK_NAMES and not given.keys() <= FIGURE_NAMES:
                 unknown = ", ".join(sorted(given.keys() - FIGURE_NAMES))

@@ -37,6 +37,7 @@ class SampleRow(NamedTuple):
     memory_pss_read_at: float | None  # unix seconds: when the two above were read
     context_switches_voluntary: int | None
     context_switches_involuntary: int | None
+    page_faults_minor: int | None
     # Not a figure users read: time.monotonic at record (less the sample's age), from
     # which durations come, as no NTP step moves it.
     monotonic: float
@@ -86,7 +87,7 @@ _DEVICE = SampleRow._fields.index("device_energy_j")
 _figures_of = operator.itemgetter(
     *range(1, _DEVICE), *range(_DEVICE + 1, len(SampleRow._fields) - 1)
 )
-_FIGURES = struct.Struct(f"={len(SampleRow._fields) - 3}d")  # 19 doubles, 152 B
+_FIGURES = struct.Struct(f"={len(SampleRow._fields) - 3}d")  # 20 doubles, 160 B
 _RECORD = struct.Struct("=3d")  # time, device_energy_j, monotonic: 24 B, and a slot: 4 B
 _RECORD_SIZE, _FIGURES_SIZE = _RECORD.size, _FIGURES.size
 _DOUBLE = struct.Struct("=d")
@@ -96,7 +97,7 @@ _BLANK = bytes(_FIGURES_SIZE)
 
 class RowRing:
     """The last ``capacity`` rows, oldest first: per row a 28 B record (its times, the
-    device's energy, the slot of its figures), and the target's figures (152 B) once per
+    device's energy, the slot of its figures), and the target's figures (160 B) once per
     run of rows that repeat them, where a deque of tuples cost ~300 B a row for every
     target at every pass. A None figure is kept as NaN, so a NaN figure reads
     back as None (JSON has no NaN); a count or byte figure reads back as an int, exact
