@@ -19,11 +19,14 @@ from tests.conftest import ROOT, wait_for
 EDGEWATT = [sys.executable, "-m", "edgewatt.cli"]
 
 # Writes 3 MiB to a file (whole pages: the kernel counts the pages it dirties), then
-# prints its own /proc/self/io, the kernel's count, on stdout (a pipe: no disk write).
+# prints its own /proc/self/io, the kernel's count, on stdout (a pipe: no disk write),
+# and exits at once: an interpreter's shutdown may read from storage after the print
+# (a module loaded late, its pages evicted from the cache).
 WRITES = (
-    "import sys\n"
+    "import os, sys\n"
     "with open(sys.argv[1], 'wb') as f: f.write(b'x' * (3 << 20))\n"
     "print(open('/proc/self/io').read(), flush=True)\n"
+    "os._exit(0)\n"
 )
 
 # Sends 2 MiB to the peer on port argv[1], then holds the connection until the peer
