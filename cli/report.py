@@ -22,6 +22,7 @@ from edgewatt.cli.rounds import (
 )
 from edgewatt.cli.spreads import KEYS, spread_rows
 from edgewatt.cli.status import amount, human_bytes
+from edgewatt.client._samples import HOST_NETWORK_KEYS
 from edgewatt.core.channels import CHANNELS, EXPORTED, NAMES
 from edgewatt.core.energy_source import line as energy_source
 from edgewatt.core.text import printable
@@ -114,7 +115,7 @@ def summary_table(
 
 # A monitor's network bytes (its samples'), and the host's apart (edgewatt run's).
 TOTAL_KEYS = ("total_network_bytes_sent", "total_network_bytes_recv")
-HOST_KEYS = ("host_network_bytes_sent", "host_network_bytes_recv")
+HOST_KEYS = HOST_NETWORK_KEYS
 
 # What the command's bytes count, by the daemon's network_counts: one name, "network".
 NETWORK_COUNTS = {
@@ -245,9 +246,8 @@ def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 # The figures each kind of record must hold as numbers where present.
 SAMPLE_NUMBERS = (
     "timestamp", "cpu_usage", "memory_usage", "memory_rss_bytes", "memory_pss_bytes",
-    "network_bytes_sent", "network_bytes_recv", "host_network_bytes_sent",
-    "host_network_bytes_recv", "power_w", "power_vdd_in", "power_vdd_cpu_gpu_cv",
-    "power_vdd_soc", "energy_j",
+    "network_bytes_sent", "network_bytes_recv", *HOST_NETWORK_KEYS, "power_w",
+    "power_vdd_in", "power_vdd_cpu_gpu_cv", "power_vdd_soc", "energy_j",
 )  # fmt: skip
 SUMMARY_NUMBERS = (
     "samples", "start_time", "end_time", "duration_s", "cpu_time_s", "avg_cpu_usage",
