@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgewatt.core.facts import procfs
+from edgewatt.core.sampling.passes import READ, RECORDED, nothing
 from edgewatt.core.targets import (
     Conflict,
     Forbidden,
@@ -60,6 +61,9 @@ class ApiContext:
     host: Callable[[], dict[str, Any]]  # the /v1/host document
     sample_units: dict[str, str]
     sample_now: Callable[[str | None], Any]  # a pass that starts after the call, waited for
+    # An edge's pass (Sampler.sample_edge) run up to a step; the rest, to run after
+    # the answer. None: sample_now's whole pass.
+    sample_edge: Callable[[str, str], Callable[[], None]] | None = None
     # Until the power readings after now have come, at most the seconds given.
     wait_settled: Callable[[float], None] = lambda timeout_s: None
     proc: str = "/proc"
@@ -85,6 +89,14 @@ class ApiContext:
 
     def changed(self) -> None:
         self.changes += 1  # after the change: a build racing it is built again
+
+    def edge(self, target_id: str, until: str) -> Callable[[], None]:
+        """The target's edge pass up to ``until`` (sampler.READ, RECORDED); what is
+        left of it, to run once the answer is written (Response.after)."""
+        if self.sample_edge is None:
+            self.sample_now(target_id)
+            return nothing
+        return self.sample_edge(target_id, until)
 
     def target(self, kind: str, target_id: str, build: Callable[[], dict[str, Any]]) -> Shared:
         """The target's ``kind`` of document for this pass, built once."""
@@ -259,9 +271,10 @@ def start_phase(api: ApiContext, request: Request) -> Response:
     at = None if inside else depth
     phase = api.table.start_phase(target_id, body.get("name"), request.peer_uid, at)
     api.changed()
-    api.sample_now(target_id)
     answer = documents.phase_started(target_id, phase.name, phase.started_at, phase.depth)
-    return Response(201, answer)
+    # The answer holds nothing of the pass: once the counters and the power are read
+    # at the edge's instant, the caller may go on while the rows are written.
+    return Response(201, answer, after=api.edge(target_id, READ))
 
 
 def end_phase(api: ApiContext, request: Request) -> Response:
@@ -272,10 +285,20 @@ def end_phase(api: ApiContext, request: Request) -> Response:
     api.changed()
     if ended is None:
         return ok(documents.phase_ended(target_id))
-    api.sample_now(target_id)
-    _wait_final(api, target_id, request)
-    summary = api.table.phase_summary(target_id, ended, api.logical_cpus)
-    return ok(documents.phase_ended(target_id, ended.name, summary))
+    # The answer is the closing row's: the snapshot and the exporters' part of the
+    # pass follow it (never a wait for final figures, which holds no pass).
+    if request.argument("final"):  # a wait for final figures holds no pass
+        api.sample_now(target_id)
+        _wait_final(api, target_id, request)
+        rest = nothing
+    else:
+        rest = api.edge(target_id, RECORDED)
+    try:
+        summary = api.table.phase_summary(target_id, ended, api.logical_cpus)
+    except BaseException:
+        rest()
+        raise
+    return Response(200, documents.phase_ended(target_id, ended.name, summary), after=rest)
 
 
 def get_summary(api: ApiContext, request: Request) -> Response:

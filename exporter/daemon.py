@@ -188,6 +188,7 @@ class Daemon:
                 sample_units=SAMPLE_UNITS,
                 proc=self.config.proc_path,
                 sample_now=self._sample_now,
+                sample_edge=lambda target_id, until: self.sampler.sample_edge(target_id, until),
                 wait_settled=self._wait_settled,
                 min_interval=self.config.min_interval,
                 person=self.persons.of,

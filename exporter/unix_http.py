@@ -29,6 +29,7 @@ a shutdown); the shutdown writes to a socket pair that it watches beside the lis
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -79,6 +80,8 @@ class Response:
     status: int
     body: Any  # encoded as JSON (an Encoded body: as it is)
     close: bool = False  # end the connection after it
+    # Run once the answer is written (or could not be): an edge's pass ends there.
+    after: Callable[[], None] | None = None
 
 
 @dataclass
@@ -263,13 +266,17 @@ class _Handler(socketserver.BaseRequestHandler):
             return False
         self._head = head
         response = self._dispatch()
-        if self._body is None and (
-            head.headers.get("content-length", "0").strip() != "0"
-            or "transfer-encoding" in head.headers
-        ):
-            # A body the endpoint never read would be taken for the next request.
-            response = Response(response.status, response.body, close=True)
-        return self._reply(response) and head.keeps_alive()
+        try:
+            if self._body is None and (
+                head.headers.get("content-length", "0").strip() != "0"
+                or "transfer-encoding" in head.headers
+            ):
+                # A body the endpoint never read would be taken for the next request.
+                response = dataclasses.replace(response, close=True)
+            return self._reply(response) and head.keeps_alive()
+        finally:
+            if response.after is not None:
+                response.after()
 
     def _reply(self, response: Response) -> bool:
         """Write the answer, headers and body in one send (one wake of the client);

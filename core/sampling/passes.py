@@ -4,8 +4,10 @@ at a time, asks that come together sharing one."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Protocol
 
 from edgewatt.core.sampling.clock import Clock
@@ -15,6 +17,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+Step = str  # where a pass in steps stops (Sampler.pass_steps)
+READ: Step = "read"  # every counter and the power read: the pass's instant is taken
+RECORDED: Step = "recorded"  # its rows are in the histories: the edges' figures are known
+
 
 class Passing(Protocol):
     interval: float  # seconds between scheduled passes (a reload changes it)
@@ -22,6 +28,8 @@ class Passing(Protocol):
     closed: bool
 
     def sample_once(self, record: set[str] | None = None) -> Snapshot: ...
+
+    def pass_steps(self, record: set[str] | None = None) -> Generator[Step, None, Snapshot]: ...
 
     def close(self) -> None: ...
 
@@ -60,6 +68,15 @@ class Passes:
 
     def on_demand(self, target_id: str | None, timeout_s: float) -> Snapshot:
         """A pass that starts after this call, and its snapshot (Sampler.sample_now)."""
+        self.edge(target_id, timeout_s, None)()
+        return self._sampler.snapshot
+
+    def edge(
+        self, target_id: str | None, timeout_s: float, until: Step | None
+    ) -> Callable[[], None]:
+        """A pass that starts after this call, run now up to its step ``until``
+        (Sampler.pass_steps; None: whole); the rest of it, which the caller calls once
+        (an edge's answer written in between), ends it and lets the next pass run."""
         with self._edge:
             if self._asked is not None:
                 if target_id is None:
@@ -68,13 +85,34 @@ class Passes:
                     self._asked.add(target_id)
             wanted = self._started + 1
         if not self._pass_lock.acquire(timeout=timeout_s):
-            return self._sampler.snapshot  # a pass is stuck: the log says why; never block
+            return nothing  # a pass is stuck: the log says why; never block
+        with self._edge:
+            done = self._done >= wanted or self._sampler.closed  # one after the ask is
+            if not done:
+                self._started += 1
+                asked, self._asked = self._asked, set()
+        if done:
+            self._pass_lock.release()
+            return nothing
+        steps = self._sampler.pass_steps(asked)
+        rest = functools.partial(self._rest, steps)
         try:
-            with self._edge:
-                if self._done >= wanted or self._sampler.closed:  # one after the ask is done
-                    return self._sampler.snapshot
-            return self._pass(scheduled=False)
+            stopped = until is not None and _run(steps, until)
+        except BaseException:
+            rest()
+            raise
+        if stopped:
+            return rest
+        rest()
+        return nothing
+
+    def _rest(self, steps: Generator[str, None, Snapshot]) -> None:
+        """The rest of a pass begun by :meth:`edge`, then the pass lock released."""
+        try:
+            _run(steps, None)
         finally:
+            with self._edge:
+                self._done += 1
             self._pass_lock.release()
 
     def _pass(self, scheduled: bool) -> Snapshot:
@@ -91,6 +129,23 @@ class Passes:
         finally:
             with self._edge:
                 self._done += 1
+
+
+def nothing() -> None:
+    """What is left of a pass that has ended."""
+
+
+def _run(steps: Generator[str, None, Snapshot], until: str | None) -> bool:
+    """Advance a pass in steps to ``until`` (None: its end); whether it stopped there.
+    A bug in one pass must not end sampling for good: the log says what, and the pass
+    ends."""
+    try:
+        for step in steps:
+            if step == until:
+                return True
+    except Exception:
+        log.exception("sampling pass failed")
+    return False
 
 
 def next_pass(last: float, interval: float, now: float) -> tuple[float, bool]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from edgewatt.core.sampling.clock import Clock
 from edgewatt.core.sampling.contributors import Contributor, check_declared, gather
 from edgewatt.core.sampling.exits import Ending, exit_reading, mark_exited
 from edgewatt.core.sampling.host import HostReader
-from edgewatt.core.sampling.passes import Passes
+from edgewatt.core.sampling.passes import READ, RECORDED, Passes, Step
 from edgewatt.core.sampling.tracked import TargetState
 from edgewatt.core.sampling.trees import ProcessTrees, TargetEnded
 from edgewatt.core.snapshot import HostSample, ProcessSample, SamplerStats, Snapshot
@@ -112,10 +112,31 @@ class Sampler:
         histories; the others keep their last samples until the regular passes."""
         return self._passes.on_demand(target_id, timeout_s)
 
+    def sample_edge(
+        self, target_id: str, until: Step, timeout_s: float = 2.0
+    ) -> Callable[[], None]:
+        """:meth:`sample_now` for one target's edge, run now up to ``until`` (READ or
+        RECORDED); the rest of the pass is returned, for the caller to run once its
+        answer is written. The next pass waits until it has."""
+        return self._passes.edge(target_id, timeout_s, until)
+
     def sample_once(self, record: set[str] | None = None) -> Snapshot:
         """One pass over every target, each with a row in its history; with
         ``record`` (an edge), over those targets only: the others' last samples go into
         the snapshot as they were, and attribution lets their intervals run on."""
+        steps = self.pass_steps(record)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def pass_steps(self, record: set[str] | None = None) -> Generator[Step, None, Snapshot]:
+        """:meth:`sample_once` in steps: it stops after READ (every counter and the
+        power read at the pass's instant) and after RECORDED (the rows in the
+        histories), so that an edge's answer can be written before what it does not
+        need; what follows uses only what was read before, so the figures are the
+        same whenever it runs."""
         started = self._clock.monotonic()
         for contributor in self._contributors:
             contributor.begin()
@@ -132,15 +153,16 @@ class Sampler:
             # sample's instant, whose energy is final at once (targets/edges.py).
             edge = self._clock.monotonic()
             power = self.power.read(edge, self._window_until(edge))
-        self.table.energy_period_s = power.period_s if power is not None else None
-        if power is not None and power.provenance is not None:
-            self.table.energy_provenance = power.provenance
-        self._attribute(started, power, read, running if record is not None else ())
         figures, refused = gather(self._contributors, read, edge=record is not None)
         self._errors += refused
         # The clocks once for every sample (after every reading): a reading's instant on
         # the monotonic clock is its wall time moved by their offset (see _sample).
         now = (self._clock.time(), self._clock.monotonic())
+        yield READ
+        self.table.energy_period_s = power.period_s if power is not None else None
+        if power is not None and power.provenance is not None:
+            self.table.energy_provenance = power.provenance
+        self._attribute(started, power, read, running if record is not None else ())
         samples = [self._sample(state, power, figures.get(state.target.id), now) for state in read]
         sequence = self._sequence + 1
         for state in read:  # a sample built anew carries this pass's figures
@@ -154,6 +176,7 @@ class Sampler:
             None if record is None else record | ended_ids,
             (None, None) if power is None else (power.power_min_w, power.power_max_w),
         )
+        yield RECORDED
         for state in ended:  # their exit sample is taken: let them go
             self._drop(state.target.id)
         if phases:  # a phase's figures move every pass
