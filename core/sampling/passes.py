@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Step = str  # where a pass in steps stops (Sampler.pass_steps)
-READ: Step = "read"  # every counter and the power read: the pass's instant is taken
-RECORDED: Step = "recorded"  # its rows are in the histories: the edges' figures are known
+READ: Step = "read"  # the targets' counters and the host's CPU, at the pass's instant
+RECORDED: Step = "recorded"  # the power read, the rows in the histories: the figures known
 
 
 class Passing(Protocol):

@@ -132,11 +132,10 @@ class Sampler:
                 return done.value
 
     def pass_steps(self, record: set[str] | None = None) -> Generator[Step, None, Snapshot]:
-        """:meth:`sample_once` in steps: it stops after READ (every counter and the
-        power read at the pass's instant) and after RECORDED (the rows in the
-        histories), so that an edge's answer can be written before what it does not
-        need; what follows uses only what was read before, so the figures are the
-        same whenever it runs."""
+        """:meth:`sample_once` in steps: it stops after READ (the targets' counters
+        and the host's CPU, read at the pass's instant) and after RECORDED (the
+        power read, the rows in the histories), so that an edge's answer can be
+        written before what it does not need."""
         started = self._clock.monotonic()
         for contributor in self._contributors:
             contributor.begin()
@@ -147,18 +146,19 @@ class Sampler:
         # samples, and their intervals run on to their next reading.
         asked = running if record is None else [t for t in running if t.id in record]
         read = [s for t in asked if (s := self._read(t, children_of)) is not None]
-        power = None
-        if self.power is not None:
-            # After the targets: a pull source's reading is then at or after every
-            # sample's instant, whose energy is final at once (targets/edges.py).
-            edge = self._clock.monotonic()
-            power = self.power.read(edge, self._window_until(edge))
         figures, refused = gather(self._contributors, read, edge=record is not None)
         self._errors += refused
         # The clocks once for every sample (after every reading): a reading's instant on
         # the monotonic clock is its wall time moved by their offset (see _sample).
         now = (self._clock.time(), self._clock.monotonic())
         yield READ
+        power = None
+        if self.power is not None:
+            # After the targets: a pull source's reading is then at or after every
+            # sample's instant, whose energy is final at once (targets/edges.py); the
+            # device's energy at each instant is interpolated from the trace.
+            edge = self._clock.monotonic()
+            power = self.power.read(edge, self._window_until(edge))
         self.table.energy_period_s = power.period_s if power is not None else None
         if power is not None and power.provenance is not None:
             self.table.energy_provenance = power.provenance
