@@ -9,15 +9,18 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from edgewatt.core.transport import Connection
 from edgewatt.exporter.http_head import BadHead, parse_head
-from edgewatt.exporter.unix_http import http_date
-from tests.conftest import DaemonProcess
+from edgewatt.exporter.unix_http import Request, Response, UnixHttpServer, http_date
+from tests.conftest import DaemonProcess, wait_for
 
 
 def exchange(
@@ -290,3 +293,33 @@ def test_a_flood_of_top_is_built_once_a_pass_and_shared(daemon_factory: Any, spa
     # The next pass (a registration takes one): built anew.
     daemon.register(spawn("import time; time.sleep(60)").pid)
     assert len(daemon.call("GET", "/v1/top")[1]["targets"]) == 11
+
+
+def test_what_an_answer_leaves_to_after_runs_once_it_is_written(tmp_path: Path) -> None:
+    # An edge's pass ends after its answer (Response.after): the answer reaches the
+    # caller while that part still waits, it runs once, before the connection's next
+    # request, and also where the answer could not be written.
+    release, ran = threading.Event(), []
+
+    def application(request: Request) -> Response:
+        if request.path == "/edge":
+            return Response(200, {"ran": len(ran)}, after=lambda: ran.append(release.wait(10)))
+        return Response(200, {"ran": len(ran)})
+
+    path = str(tmp_path / "api.sock")
+    server = UnixHttpServer(path, application, lambda pid, uid, pidfd: uid)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        connection = Connection(path)
+        assert connection.call("GET", "/edge") == (200, {"ran": 0})
+        assert ran == []  # answered while its part after the answer waits
+        release.set()
+        assert connection.call("GET", "/next") == (200, {"ran": 1})
+        connection.close()
+        gone = socket.socket(socket.AF_UNIX)
+        gone.connect(path)
+        gone.sendall(b"GET /edge HTTP/1.1\r\nHost: x\r\n\r\n")
+        gone.close()  # never reads its answer
+        assert wait_for(lambda: len(ran) == 2)
+    finally:
+        server.close()

@@ -14,6 +14,7 @@ from edgewatt import client
 from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
+from edgewatt.core.sampling.passes import READ, RECORDED
 from edgewatt.core.sampling.sampler import Parts, Sampler
 from edgewatt.core.sampling.trees import ProcessTrees
 from tests.conftest import table_with
@@ -172,3 +173,35 @@ def test_an_in_process_phase_edge_is_a_pass_for_its_own_target(
         assert [p["name"] for p in phases] == ["epoch-0", "epoch-1", "epoch-2"]
     finally:
         registration.close()
+
+
+def test_an_edge_pass_stops_where_its_answer_is_known_and_the_rest_follows(
+    spawn: Any,
+) -> None:
+    # A phase's start is answered once the target's counters are read (READ), its end
+    # once its row is written (RECORDED); the rest of the pass runs after the answer,
+    # and the next pass only once it has.
+    target_id, platform, sampler = sampling(spawn, power=True)
+    sampler.sample_once()
+    board = sampler.power.sources[0]  # type: ignore[union-attr]
+    history = sampler.table.get(target_id).history
+    rows, reads, sequence = len(history.rows), board.reads, sampler.snapshot.sequence
+    rest = sampler.sample_edge(target_id, READ)
+    # Read: the host's CPU (attribution shares by it); the power, the row and the
+    # snapshot not yet.
+    assert platform.cpu_reads == 1
+    assert (len(history.rows), board.reads, sampler.snapshot.sequence) == (rows, reads, sequence)
+    rest()
+    assert (len(history.rows), board.reads) == (rows + 1, reads + 1)
+    assert sampler.snapshot.sequence == sequence + 1
+    assert sampler.snapshot.processes[0].target_id == target_id
+    rest = sampler.sample_edge(target_id, RECORDED)
+    # Recorded: the power read and the row written (the end's answer is the row's
+    # phase figures); the snapshot and the exporters' part after the answer.
+    assert (len(history.rows), board.reads) == (rows + 2, reads + 2)
+    assert sampler.snapshot.sequence == sequence + 1
+    rest()
+    assert sampler.snapshot.sequence == sequence + 2
+    # Whole, as before: a pass on demand after the rest is a pass of its own.
+    assert sampler.sample_now(target_id).sequence == sequence + 3
+    sampler.close()
