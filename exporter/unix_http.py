@@ -97,10 +97,13 @@ class Request:
     read_body: Callable[[], bytes] = field(repr=False)
     params: dict[str, str] = field(default_factory=dict)  # the path's {names}, by the router
     person: int | None = None  # whose share the connection took (None: an administrator's)
+    _arguments: dict[str, list[str]] | None = field(default=None, repr=False)
 
     def argument(self, name: str) -> list[str] | None:
         """The query's values for ``name``; None when it has none."""
-        return parse_qs(self.query).get(name)
+        if self._arguments is None:  # parsed once, however many the endpoint reads
+            self._arguments = parse_qs(self.query) if self.query else {}
+        return self._arguments.get(name)
 
     def body(self) -> bytes:
         return self.read_body()

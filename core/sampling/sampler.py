@@ -170,13 +170,14 @@ class Sampler:
                 state.figures_since = sequence
         ended = [s for s in self._states.values() if s.ending is not None]
         ended_ids = {s.target.id for s in ended}
-        phases = self.table.record(
+        self.table.record(
             samples,
-            EXPORTED_PHASES,
+            0,  # the phases' figures for export after RECORDED: no answer holds them
             None if record is None else record | ended_ids,
             (None, None) if power is None else (power.power_min_w, power.power_max_w),
         )
         yield RECORDED
+        phases = self.table.recent_phases([s.target_id for s in samples], EXPORTED_PHASES)
         for state in ended:  # their exit sample is taken: let them go
             self._drop(state.target.id)
         if phases:  # a phase's figures move every pass

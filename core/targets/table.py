@@ -389,8 +389,8 @@ class TargetTable:
     ) -> dict[str, tuple[PhaseFigures, ...]]:
         """One pass's samples into the histories (one lock), or with ``only`` those
         targets' (a pass on demand); ``power``: the device's lowest and highest W since
-        the last pass. Returns each target's last ``phases`` phases' figures, for export."""
-        recent = {}
+        the last pass. Returns each target's last ``phases`` phases' figures, for export
+        (:meth:`recent_phases`; none with ``phases`` 0)."""
         wall, monotonic = self._wall(), self._monotonic()
         with self._lock:
             for sample in samples:
@@ -404,11 +404,23 @@ class TargetTable:
                 target.observe(sample, row, self.energy_period_s, power)
                 if row is not None and row.device_energy_j is not None:
                     self._young.add(target.id)
-                if target.history.phases:
-                    latest = target.history.phases[-phases:]
-                    recent[target.id] = tuple(phase_figures(p) for p in latest)
             if self.settled_energy is not None:
                 self._settle(self.settled_energy)
+        return self.recent_phases([s.target_id for s in samples], phases) if phases else {}
+
+    def recent_phases(
+        self, target_ids: list[str], phases: int
+    ) -> dict[str, tuple[PhaseFigures, ...]]:
+        """The last ``phases`` phases' figures of each of these running targets that
+        has any, for export."""
+        recent = {}
+        with self._lock:
+            for target_id in target_ids:
+                target = self._targets.get(target_id)
+                if target is None or target.exited_at is not None or not target.history.phases:
+                    continue
+                latest = target.history.phases[-phases:]
+                recent[target_id] = tuple(phase_figures(p) for p in latest)
         return recent
 
     def _settle(self, settle: Settle) -> None:
