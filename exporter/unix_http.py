@@ -169,23 +169,43 @@ _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
-def send(sock: socket.socket, parts: tuple[bytes, ...]) -> None:
+def send(
+    sock: socket.socket,
+    parts: tuple[bytes, ...],
+    before_waiting: Callable[[], None] | None = None,
+) -> None:
     """Send ``parts`` one after the other, all within REQUEST_TIMEOUT_S (socket.timeout
-    past it), never joined: a reader that does not read holds no copy of them."""
+    past it), never joined: a reader that does not read holds no copy of them. The
+    first write is tried at once; ``before_waiting`` is called once, before any wait
+    for the reader (what must never wait on one: an edge's pass)."""
     views = [memoryview(part) for part in parts if part]
     deadline = time.monotonic() + REQUEST_TIMEOUT_S
-    first = 0
+    first, tried = 0, False
     while first < len(views):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise socket.timeout("the answer was not read in time")
-        sock.settimeout(left)
-        sent = sock.sendmsg(views[first : first + MAX_PARTS])
+        if tried:
+            if before_waiting is not None:
+                before_waiting, waited = None, before_waiting
+                waited()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("the answer was not read in time")
+            sock.settimeout(left)
+        else:
+            sock.settimeout(0.0)
+            tried = True
+        try:
+            sent = sock.sendmsg(views[first : first + MAX_PARTS])
+        except BlockingIOError:
+            continue  # the reader's buffer is full: wait for it
         while first < len(views) and sent >= len(views[first]):
             sent -= len(views[first])
             first += 1
         if sent:
             views[first] = views[first][sent:]
+
+
+def _nothing() -> None:
+    pass
 
 
 def http_date(seconds: float) -> str:
@@ -269,6 +289,7 @@ class _Handler(socketserver.BaseRequestHandler):
             return False
         self._head = head
         response = self._dispatch()
+        after = _once(response.after)
         try:
             if self._body is None and (
                 head.headers.get("content-length", "0").strip() != "0"
@@ -276,14 +297,14 @@ class _Handler(socketserver.BaseRequestHandler):
             ):
                 # A body the endpoint never read would be taken for the next request.
                 response = dataclasses.replace(response, close=True)
-            return self._reply(response) and head.keeps_alive()
+            return self._reply(response, after) and head.keeps_alive()
         finally:
-            if response.after is not None:
-                response.after()
+            after()
 
-    def _reply(self, response: Response) -> bool:
+    def _reply(self, response: Response, before_waiting: Callable[[], None] | None = None) -> bool:
         """Write the answer, headers and body in one send (one wake of the client);
-        whether the connection may stay open after it."""
+        whether the connection may stay open after it. ``before_waiting``: called
+        before any wait for the client to read (send)."""
         body = response.body
         parts = body.parts if isinstance(body, Encoded) else (json.dumps(body).encode(),)
         status = HTTPStatus(response.status)
@@ -298,7 +319,9 @@ class _Handler(socketserver.BaseRequestHandler):
             lines.append("Connection: close")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         # The answer's own time; its parts as they are (a shared answer: never copied).
-        send(self.request, (head,) if self._head.method == "HEAD" else (head, *parts))
+        send(
+            self.request, (head,) if self._head.method == "HEAD" else (head, *parts), before_waiting
+        )
         log.debug(
             "api: pid %d %s %s %d",
             self.peer_pid,
@@ -362,6 +385,19 @@ class _Handler(socketserver.BaseRequestHandler):
         if len(body) != length:
             raise HttpError(400, "truncated body", f"got {len(body)} of {length} bytes")
         return body
+
+
+def _once(action: Callable[[], None] | None) -> Callable[[], None]:
+    """``action``, run by the first call only (None: nothing)."""
+    if action is None:
+        return _nothing
+    left = [action]
+
+    def run() -> None:
+        if left:
+            left.pop()()
+
+    return run
 
 
 class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

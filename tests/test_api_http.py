@@ -304,7 +304,12 @@ def test_what_an_answer_leaves_to_after_runs_once_it_is_written(tmp_path: Path) 
     def application(request: Request) -> Response:
         if request.path == "/edge":
             return Response(200, {"ran": len(ran)}, after=lambda: ran.append(release.wait(10)))
+        if request.path == "/large":  # more than the socket takes before it is read
+            return Response(200, {"ran": len(ran), "pad": "x" * 8_000_000}, after=after_large)
         return Response(200, {"ran": len(ran)})
+
+    def after_large() -> None:
+        ran.append(True)
 
     path = str(tmp_path / "api.sock")
     server = UnixHttpServer(path, application, lambda pid, uid, pidfd: uid)
@@ -321,5 +326,28 @@ def test_what_an_answer_leaves_to_after_runs_once_it_is_written(tmp_path: Path) 
         gone.sendall(b"GET /edge HTTP/1.1\r\nHost: x\r\n\r\n")
         gone.close()  # never reads its answer
         assert wait_for(lambda: len(ran) == 2)
+        # An answer the client does not read at once: what follows it runs before the
+        # wait for the reader (an edge's pass never waits on a client), and the
+        # answer then reaches it whole.
+        slow = socket.socket(socket.AF_UNIX)
+        slow.connect(path)
+        slow.sendall(b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert wait_for(lambda: len(ran) == 3)
+        status, _, body = answers(_read_all(slow))[0]
+        assert status == 200 and json.loads(body)["ran"] == 2
+        assert len(body) > 8_000_000
+        slow.close()
     finally:
         server.close()
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """One answer, by its Content-Length, or what came before the connection ended."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"Content-Length: (\d+)", head)[1])  # type: ignore[index]
+    while len(body) < length and (chunk := sock.recv(1 << 20)):
+        body += chunk
+    return head + b"\r\n\r\n" + body
