@@ -71,10 +71,11 @@ def test_a_trace_keeps_its_lowest_and_highest_as_readings_arrive() -> None:
 
 
 def _row(t: float, utilization: float | None, rss: int) -> SampleRow:
-    return SampleRow(
-        *(t, 0.0, 0.0, utilization, rss, 0, None, None, None, None, 1, None, 1),
-        *(None, None, None, None, None, None, None, None, t),
-    )
+    figures = dict.fromkeys(SampleRow._fields)  # a figure not read: None
+    figures.update(time=t, cpu_user_s=0.0, cpu_system_s=0.0, cpu_utilization=utilization)
+    figures.update(memory_rss_bytes=rss, memory_virtual_bytes=0, threads=1, processes=1)
+    figures.update(monotonic=t)
+    return SampleRow(**figures)
 
 
 def test_a_phase_counts_the_intervals_between_its_samples_and_the_passes_without_rows() -> None:
