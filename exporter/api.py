@@ -219,16 +219,12 @@ def register_target(api: ApiContext, request: Request) -> Response:
             command=registration.command,
         )
     api.changed()
-    # Registration is a sample: the summary's baseline is read now, so what the process
-    # did before is excluded and nothing after it is lost. The answer holds that row:
-    # the snapshot and the exporters' part of the pass follow it.
-    rest = api.edge(held.target.id, RECORDED) if held.created else nothing
-    try:
-        answer = documents.registered(held.target.describe(), api.min_interval, held.refused)
-    except BaseException:
-        rest()
-        raise
-    return Response(201 if held.created else 200, answer, after=rest)
+    if held.created:
+        # Registration is a sample: the summary's baseline is read now, so what the
+        # process did before is excluded and nothing after it is lost.
+        api.sample_now(held.target.id)
+    answer = documents.registered(held.target.describe(), api.min_interval, held.refused)
+    return Response(201 if held.created else 200, answer)
 
 
 def get_target(api: ApiContext, request: Request) -> Response:
