@@ -97,7 +97,7 @@ def summary_table(
     rows += spread_rows(summary)
     width = max(len(k) for k, _ in rows)
     lines = [title, *(f"  {k.ljust(width)}  {v}" for k, v in rows)]
-    host = [k for k in HOST_KEYS if k in summary] or (
+    host = [k for k in HOST_NETWORK_KEYS if k in summary] or (
         list(TOTAL_KEYS) if host_network and TOTAL_KEYS[0] in summary else []
     )
     if host:
@@ -113,9 +113,9 @@ def summary_table(
     )
 
 
-# A monitor's network bytes (its samples'), and the host's apart (edgewatt run's).
+# A monitor's network bytes (its samples'); the host's apart are HOST_NETWORK_KEYS
+# (edgewatt run's).
 TOTAL_KEYS = ("total_network_bytes_sent", "total_network_bytes_recv")
-HOST_KEYS = HOST_NETWORK_KEYS
 
 # What the command's bytes count, by the daemon's network_counts: one name, "network".
 NETWORK_COUNTS = {
@@ -145,7 +145,7 @@ def network_rows(summary: dict[str, Any], host_network: bool) -> list[tuple[str,
         sent = human_bytes(summary["total_network_bytes_sent"])
         recv = human_bytes(summary["total_network_bytes_recv"])
         return [("network", f"sent {sent}, received {recv} ({NETWORK_COUNTS['process']})")]
-    if any(k in summary for k in HOST_KEYS):  # edgewatt run sampled by itself
+    if any(k in summary for k in HOST_NETWORK_KEYS):  # edgewatt run sampled by itself
         return [("network", "not measured: the daemon counts a command's own bytes")]
     return []
 
@@ -160,11 +160,6 @@ def disk_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     if summary.get("disk_source"):
         line += f"; counted by {summary['disk_source']}"
     return [("disk", line)]
-
-
-# A run's channels (core/channels.py: context switches, ...): the sampler's summary,
-# every process of the command's.
-COUNTER_KEYS = NAMES
 
 
 def counter_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
@@ -255,9 +250,8 @@ SUMMARY_NUMBERS = (
     "total_network_bytes_sent", "total_network_bytes_recv",
     "energy_j", "energy_vdd_in_j", "avg_power_w", "process_energy_j", "total_carbon_g",
     "carbon_intensity_g_per_kwh", "network_transmit_bytes", "network_receive_bytes",
-    "phases_dropped", "disk_read_bytes", "disk_write_bytes", "host_network_bytes_sent",
-    "memory_cgroup_peak_bytes",
-    "host_network_bytes_recv", *COUNTER_KEYS, *KEYS,
+    "phases_dropped", "disk_read_bytes", "disk_write_bytes", *HOST_NETWORK_KEYS,
+    "memory_cgroup_peak_bytes", *NAMES, *KEYS,
 )  # fmt: skip
 
 
@@ -267,7 +261,7 @@ PHASE_NUMBERS = (
     "energy_j", "device_energy_j", "memory_rss_peak_bytes", "memory_pss_peak_bytes",
     "memory_rss_largest_peak_bytes", "disk_read_bytes",
     "disk_write_bytes", "network_transmit_bytes", "network_receive_bytes", PEAK_POWER,
-    *COUNTER_KEYS,
+    *NAMES,
 )  # fmt: skip
 
 

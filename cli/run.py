@@ -34,14 +34,14 @@ from typing import Any, Callable
 from edgewatt.cli import emissions as emissions_csv
 from edgewatt.cli import run_cgroup, spreads
 from edgewatt.cli.exit_peaks import ExitPeak, ExitPeaks
-from edgewatt.cli.report import COUNTER_KEYS, TOTAL_KEYS, amount, summary_table
+from edgewatt.cli.report import TOTAL_KEYS, amount, summary_table
 from edgewatt.client import NO_DAEMON_SAID
 from edgewatt.client._loop import LoopState, Spec
 from edgewatt.client._samples import Recorder
 from edgewatt.client._sinks import measured_phases
 from edgewatt.client._workers import ThreadWorker
 from edgewatt.core import compat, transport
-from edgewatt.core.channels import CHANNELS
+from edgewatt.core.channels import CHANNELS, NAMES
 from edgewatt.core.facts import procfs
 from edgewatt.core.labels import validate_labels
 
@@ -567,7 +567,7 @@ def _final(
         # The channels (context switches, ...): wait4's, every process the command
         # started, all threads (a cgroup target has none of the daemon's); else the
         # sampler's.
-        for key in COUNTER_KEYS:
+        for key in NAMES:
             counted = (usage or sampled).get(key)
             if counted is not None:
                 summary[key] = counted

@@ -96,23 +96,14 @@ class Reading:
         return self.time if self.monotonic is None else self.monotonic
 
 
-def _own(previous: Reading, current: Reading) -> tuple[int, int] | None:
-    """(sent, received) bytes of the monitored tree's own between two readings; None
+def _increase(
+    before: tuple[int | None, int | None], after: tuple[int | None, int | None]
+) -> tuple[int, int] | None:
+    """(sent, received) bytes between two readings' (sent, received) totals; None
     where either reading has none."""
-    if current.tcp_sent_total is None or previous.tcp_sent_total is None:
+    if before[0] is None or after[0] is None:
         return None
-    sent = current.tcp_sent_total - previous.tcp_sent_total
-    recv = (current.tcp_recv_total or 0) - (previous.tcp_recv_total or 0)
-    return max(0, sent), max(0, recv)
-
-
-def _host(previous: Reading, current: Reading) -> tuple[int, int] | None:
-    """(sent, received) bytes of the whole host between two readings, or None."""
-    if current.net_sent_total is None or previous.net_sent_total is None:
-        return None
-    sent = current.net_sent_total - previous.net_sent_total
-    recv = (current.net_recv_total or 0) - (previous.net_recv_total or 0)
-    return max(0, sent), max(0, recv)
+    return max(0, after[0] - before[0]), max(0, (after[1] or 0) - (before[1] or 0))
 
 
 def sample_from(
@@ -129,7 +120,15 @@ def sample_from(
         if current.memory_pss_bytes is not None:
             sample["memory_pss_bytes"] = current.memory_pss_bytes
     if metrics["network"]:
-        own, host = _own(previous, current), _host(previous, current)
+        # The monitored tree's own bytes, and the whole host's.
+        own = _increase(
+            (previous.tcp_sent_total, previous.tcp_recv_total),
+            (current.tcp_sent_total, current.tcp_recv_total),
+        )
+        host = _increase(
+            (previous.net_sent_total, previous.net_recv_total),
+            (current.net_sent_total, current.net_recv_total),
+        )
         if network == "command":  # the command's own where counted; the host's apart
             if own is not None:
                 sample["network_bytes_sent"], sample["network_bytes_recv"] = own

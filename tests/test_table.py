@@ -146,14 +146,14 @@ def test_a_pass_records_each_sample_at_its_instant() -> None:
     table.start_phase(mine.id, "a", UID)
     table.start_phase(mine.id, "b", UID)
     table.start_phase(mine.id, "c", UID)
-    exported = table.record(
+    table.record(
         [
             _sample("gone", clocks),  # unregistered while the pass ran: the others count
             _sample(mine.id, clocks, members=(7, 8)),  # read now
             _sample(other.id, clocks, time=clocks.wall() - 400.0),  # dated 400 s ago
-        ],
-        2,
+        ]
     )
+    exported = table.recent_phases(["gone", mine.id, other.id], 2)
     assert list(exported) == [mine.id]
     assert [p.name for p in exported[mine.id]] == ["b", "c"]  # the last 2 phases
     # A sample's age from its date is taken as at most 60 s.
@@ -161,18 +161,18 @@ def test_a_pass_records_each_sample_at_its_instant() -> None:
     clocks.t = 102.5
     assert table.sample_age(mine.id) == 2.5
     # Dated after now (the wall clock stepped back since): no age; its own instant wins.
-    table.record([_sample(mine.id, clocks, time=clocks.wall() + 5.0)], 2)
-    table.record([_sample(other.id, clocks, monotonic=101.25)], 2)
+    table.record([_sample(mine.id, clocks, time=clocks.wall() + 5.0)])
+    table.record([_sample(other.id, clocks, monotonic=101.25)])
     assert (mine.history.last.monotonic, other.history.last.monotonic) == (102.5, 101.25)  # type: ignore[union-attr]
     # A pass on demand for one target: the other gets no row, only the pass's view.
     clocks.t = 103.0
-    table.record([_sample(mine.id, clocks), _sample(other.id, clocks, members=(9,))], 2, {mine.id})
+    table.record([_sample(mine.id, clocks), _sample(other.id, clocks, members=(9,))], {mine.id})
     assert (mine.history.count, other.history.count, other.members) == (3, 2, (9,))
     assert [d["id"] for d in table.describe_all(9)] == [other.id]
     assert [d["id"] for d in table.describe_all()] == [mine.id, other.id]
     table.mark_exited(other.id, 1_700_000_103.5)
     assert table.describe_all(9) == [] and table.describe(other.id)["state"] == "exited"
-    table.record([_sample(other.id, clocks)], 2)  # its figures ended at its exit
+    table.record([_sample(other.id, clocks)])  # its figures ended at its exit
     assert other.history.count == 2
 
 
@@ -188,7 +188,7 @@ def test_what_the_table_reads_back_of_a_target() -> None:
     target = table.register(os.getpid(), {}, True, UID).target
     for at, sent in ((10.0, 1000), (11.0, 1500), (12.0, 3000)):
         clocks.t = at
-        table.record([_sample(target.id, clocks, network_transmit_bytes=sent)], 2)
+        table.record([_sample(target.id, clocks, network_transmit_bytes=sent)])
     assert [s["time"] for s in table.samples(target.id, 1_700_000_011.0)] == [1_700_000_012.0]
     assert len(table.samples(target.id)) == 3
     rate = table.network_rate(target.id)
@@ -227,12 +227,12 @@ def test_an_exited_targets_last_edge_is_settled_while_the_trace_holds_it() -> No
     target = table.register(os.getpid(), {}, True, UID).target
     clocks.t = 10.0
     trace[10.0] = 100.0
-    table.record([_sample(target.id, clocks, device_energy_j=100.5)], 2)
+    table.record([_sample(target.id, clocks, device_energy_j=100.5)])
     assert target.history.edges.start_j == 100.0
     clocks.t = 11.0
     table.start_phase(target.id, "window", UID)
     clocks.t = 12.0
-    table.record([_sample(target.id, clocks, device_energy_j=121.0)], 2)
+    table.record([_sample(target.id, clocks, device_energy_j=121.0)])
     phase = target.history.phases[0]
     # The phase's first edge settled by a pass; it runs: its figures are not final.
     trace[12.0] = 120.0
@@ -242,15 +242,15 @@ def test_an_exited_targets_last_edge_is_settled_while_the_trace_holds_it() -> No
     summary = table.summary(target.id, 2)
     assert (summary["device_energy_j"], summary["final"]) == (20.0, True)
     clocks.t = 13.0
-    table.record([_sample(target.id, clocks, device_energy_j=131.0)], 2)
+    table.record([_sample(target.id, clocks, device_energy_j=131.0)])
     assert not table.final(target.id)  # the reading after 13 s not come yet
     trace[13.0] = 130.0
     assert table.final(target.id)  # asking settles it too
     clocks.t = 14.0
-    table.record([_sample(target.id, clocks, device_energy_j=141.0)], 2)
+    table.record([_sample(target.id, clocks, device_energy_j=141.0)])
     table.mark_exited(target.id, 1_700_000_014.0)
     trace[14.0] = 140.0
-    table.record([], 2)  # the pass after the exit settles its last edge
+    table.record([])  # the pass after the exit settles its last edge
     trace.clear()  # the trace keeps only its last readings
     summary = table.summary(target.id, 2)
     assert (summary["device_energy_j"], summary["final"]) == (40.0, True)
@@ -268,15 +268,15 @@ def test_a_targets_rows_take_the_settled_energy_at_any_pass_and_when_read() -> N
         return [r.device_energy_j for r in target.history.rows]
 
     clocks.t = 10.0  # the pass's edge: the power held past the last reading
-    table.record([_sample(t.id, clocks, device_energy_j=100.5) for t in (mine, other)], 2)
+    table.record([_sample(t.id, clocks, device_energy_j=100.5) for t in (mine, other)])
     assert rows(mine) == rows(other) == [100.5]
     trace[10.0] = 100.0  # the reading after it came
     clocks.t = 11.0
-    table.record([_sample(other.id, clocks, device_energy_j=111.0)], 2, {other.id})
+    table.record([_sample(other.id, clocks, device_energy_j=111.0)], {other.id})
     # A pass on demand for the other target settles mine too.
     assert (rows(mine), rows(other)) == ([100.0], [100.0, 111.0])
     clocks.t = 12.0
-    table.record([_sample(mine.id, clocks, device_energy_j=121.0)], 2, {mine.id})
+    table.record([_sample(mine.id, clocks, device_energy_j=121.0)], {mine.id})
     trace[12.0] = 120.0  # come after the last pass: a read settles what the trace has
     assert [r["device_energy_j"] for r in table.samples(mine.id)] == [100.0, 120.0]
     assert rows(mine) == [100.0, 120.0]

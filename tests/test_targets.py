@@ -80,7 +80,8 @@ def _pass(
         )
         for t in table.running()
     ]
-    return table.record(samples, 10, only)
+    table.record(samples, only)
+    return table.recent_phases([s.target_id for s in samples], 10)
 
 
 def _flags(table: TargetTable, target_id: str) -> list[bool]:
@@ -471,7 +472,7 @@ def test_a_kept_phase_holds_at_most_its_stated_bytes() -> None:
 
     def take(only: set[str] | None = None) -> None:
         clocks.t += 0.1
-        table.record([_busy_sample(target.id, clocks.t)], 10, only, (5.0, 5.0))
+        table.record([_busy_sample(target.id, clocks.t)], only, (5.0, 5.0))
 
     for _ in range(2 * 100):  # table_with's ring: 100 rows, full
         take()
@@ -556,7 +557,7 @@ def test_a_targets_identity_is_fixed_and_is_all_the_state_file_keeps() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         target.identity.pid = 1  # type: ignore[misc]
     # A pass changes what it saw, not who the target is.
-    table.record([dataclasses.replace(process(0), target_id=target.id, members=(7, 8))], 10)
+    table.record([dataclasses.replace(process(0), target_id=target.id, members=(7, 8))])
     assert target.members == (7, 8) and target.observed.members == (7, 8)
     assert table.persistent_state() == [saved]
     table.register(os.getpid(), {}, True, os.getuid())  # held twice: the count is kept

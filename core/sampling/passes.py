@@ -27,8 +27,6 @@ class Passing(Protocol):
     snapshot: Snapshot  # the last pass's
     closed: bool
 
-    def sample_once(self, record: set[str] | None = None) -> Snapshot: ...
-
     def pass_steps(self, record: set[str] | None = None) -> Generator[Step, None, Snapshot]: ...
 
     def close(self) -> None: ...
@@ -54,7 +52,7 @@ class Passes:
         try:
             while not stop.is_set():
                 with self._pass_lock:  # one pass at a time, whoever runs it
-                    self._pass(scheduled=True)
+                    self._scheduled_pass()
                 deadline, overran = next_pass(deadline, self._sampler.interval, monotonic())
                 self.overruns += overran
                 self._clock.wait(self._wake, max(0.0, deadline - monotonic()))
@@ -115,17 +113,13 @@ class Passes:
                 self._done += 1
             self._pass_lock.release()
 
-    def _pass(self, scheduled: bool) -> Snapshot:
-        """One pass, with the pass lock held; a scheduled one records every target."""
+    def _scheduled_pass(self) -> None:
+        """One pass recording every target, with the pass lock held."""
         with self._edge:
             self._started += 1
-            asked, self._asked = self._asked, set()
+            self._asked = set()  # every target is read: the asks are answered
         try:
-            return self._sampler.sample_once(None if scheduled else asked)
-        except Exception:
-            # A bug in one pass must not end sampling for good; the log says what.
-            log.exception("sampling pass failed")
-            return self._sampler.snapshot
+            _run(self._sampler.pass_steps(None), None)
         finally:
             with self._edge:
                 self._done += 1

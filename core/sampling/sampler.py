@@ -172,11 +172,11 @@ class Sampler:
         ended_ids = {s.target.id for s in ended}
         self.table.record(
             samples,
-            0,  # the phases' figures for export after RECORDED: no answer holds them
             None if record is None else record | ended_ids,
             (None, None) if power is None else (power.power_min_w, power.power_max_w),
         )
         yield RECORDED
+        # The phases' figures for export after RECORDED: no answer holds them.
         phases = self.table.recent_phases([s.target_id for s in samples], EXPORTED_PHASES)
         for state in ended:  # their exit sample is taken: let them go
             self._drop(state.target.id)

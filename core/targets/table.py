@@ -383,14 +383,12 @@ class TargetTable:
     def record(
         self,
         samples: list[ProcessSample],
-        phases: int,
         only: set[str] | None = None,
         power: tuple[float | None, float | None] = (None, None),
-    ) -> dict[str, tuple[PhaseFigures, ...]]:
+    ) -> None:
         """One pass's samples into the histories (one lock), or with ``only`` those
         targets' (a pass on demand); ``power``: the device's lowest and highest W since
-        the last pass. Returns each target's last ``phases`` phases' figures, for export
-        (:meth:`recent_phases`; none with ``phases`` 0)."""
+        the last pass. Their phases' figures for export: :meth:`recent_phases`."""
         wall, monotonic = self._wall(), self._monotonic()
         with self._lock:
             for sample in samples:
@@ -406,7 +404,6 @@ class TargetTable:
                     self._young.add(target.id)
             if self.settled_energy is not None:
                 self._settle(self.settled_energy)
-        return self.recent_phases([s.target_id for s in samples], phases) if phases else {}
 
     def recent_phases(
         self, target_ids: list[str], phases: int
