@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -168,6 +169,30 @@ def test_an_answer_has_the_headers_it_had(daemon: DaemonProcess) -> None:
 @pytest.mark.parametrize("t", [0.0, 951_782_400.5, 1_796_329_515.0, 4_102_444_799.0])
 def test_the_date_is_what_the_email_package_wrote(t: float) -> None:
     assert http_date(t) == email.utils.formatdate(t, usegmt=True)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "depth=0",
+        "final=0.5&depth=12",
+        "a=1&a=2&b=",
+        "a&b=2",
+        "=x&y=",
+        "a=1&&b=2&",
+        "a=b=c",
+        "since=1.5;x=2",
+        "a=%20b&c=+d",
+        "n=caf\u00e9",
+        "",
+    ],
+)
+def test_a_querys_arguments_are_what_parse_qs_gives(query: str) -> None:
+    request = Request("GET", "/", query, 1, 0, lambda: b"")
+    names = {item.partition("=")[0] for item in query.replace(";", "&").split("&")}
+    assert {name: request.argument(name) for name in names} == {
+        name: parse_qs(query).get(name) for name in names
+    }
 
 
 def test_keep_alive_pipelining_and_closing(daemon: DaemonProcess) -> None:
