@@ -308,8 +308,10 @@ def test_a_flood_of_top_is_built_once_a_pass_and_shared(daemon_factory: Any, spa
                 body += s.recv(1 << 20)
             bodies.add(body)
     spent = _daemon_cpu_s(daemon) - before
-    # One answer for the pass: the same bytes each time (its health's uptime_s too).
-    assert len(bodies) == 1
+    # One answer a pass: the same bytes each time (its health's uptime_s too). The
+    # flood falls between two passes, yet a long run of the suite read two once.
+    passes = {json.loads(body)["device"]["time"] for body in bodies}
+    assert len(bodies) == len(passes) <= 2, passes
     top = json.loads(bodies.pop())
     assert len(top["targets"]) == 10 and len(json.dumps(top)) > 10 * 64 * 1000
     # 200 answers of ~700 KB: sending them is what they cost (the kernel's count in

@@ -5,6 +5,7 @@ their instants, and the windows' edges settled while the trace holds them."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import subprocess
 import types
@@ -220,10 +221,15 @@ def test_what_the_table_reads_back_of_a_target() -> None:
         table.summary(target.id, 2)
 
 
+def _settling(energy: Any) -> Any:
+    """A Settlement (edges.py) whose every instant may settle: ``energy`` says which."""
+    return types.SimpleNamespace(settled_energy=energy, settled_until=lambda: math.inf)
+
+
 def test_an_exited_targets_last_edge_is_settled_while_the_trace_holds_it() -> None:
     trace: dict[float, float | None] = {}
     table, clocks = _table()
-    table.settled_energy = trace.get
+    table.settlement = _settling(trace.get)
     target = table.register(os.getpid(), {}, True, UID).target
     clocks.t = 10.0
     trace[10.0] = 100.0
@@ -260,7 +266,7 @@ def test_an_exited_targets_last_edge_is_settled_while_the_trace_holds_it() -> No
 def test_a_targets_rows_take_the_settled_energy_at_any_pass_and_when_read() -> None:
     trace: dict[float, float] = {}
     table, clocks = _table()
-    table.settled_energy = trace.get
+    table.settlement = _settling(trace.get)
     mine = table.register(os.getpid(), {}, True, UID).target
     other = table.register(os.getppid(), {}, True, UID).target
 
@@ -280,6 +286,52 @@ def test_a_targets_rows_take_the_settled_energy_at_any_pass_and_when_read() -> N
     trace[12.0] = 120.0  # come after the last pass: a read settles what the trace has
     assert [r["device_energy_j"] for r in table.samples(mine.id)] == [100.0, 120.0]
     assert rows(mine) == [100.0, 120.0]
+
+
+class Horizon:
+    """A trace at 5 W from instant 0 whose readings have come up to ``until``: what
+    the table asks of it, counted."""
+
+    def __init__(self, until: float) -> None:
+        self.until = until
+        self.asked = 0
+
+    def settled_until(self) -> float | None:
+        return self.until
+
+    def settled_energy(self, t: float) -> float | None:
+        self.asked += 1
+        return 5.0 * t if t <= self.until else None
+
+
+def test_windows_waiting_for_a_reading_cost_a_pass_nothing_until_it_comes() -> None:
+    # A phase a call at 100 calls a second and a 1 Hz push source: a second's phases
+    # wait for the next reading. Asking the trace about each at every pass cost the
+    # pass and the phase's answer ~1 us a window (90 us at 90 phases); until the
+    # horizon moves no answer can change.
+    table, clocks = _table()
+    trace = table.settlement = Horizon(until=9.0)
+    target = table.register(os.getpid(), {}, True, UID).target
+    asked = []
+    for i in range(100):
+        clocks.t = 10.0 + i / 100
+        table.start_phase(target.id, f"call-{i}", UID)
+        before = trace.asked
+        table.record([_sample(target.id, clocks, device_energy_j=5.0 * clocks.t + 1.0)])
+        asked.append(trace.asked - before)
+    phases = list(target.history.phases)
+    before = trace.asked
+    ended = table.phase_summary(target.id, phases[-2], 2)
+    assert (sum(asked[1:]), trace.asked - before, ended["final"]) == (0, 0, False)
+    # The reading after them comes: the next pass settles every edge it can, once.
+    trace.until = 20.0
+    clocks.t = 11.0
+    table.record([_sample(target.id, clocks, device_energy_j=56.0)])
+    # Each phase's two edges, each of the 101 rows, the target's first edge: once.
+    assert trace.asked - before == 2 * 100 + 101 + 1
+    for phase in phases:
+        found = table.phase_summary(target.id, phase, 2)
+        assert found["final"] and found["device_energy_j"] == pytest.approx(0.05), phase.name
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as other users")

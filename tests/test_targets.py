@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import os
 import sys
 import tracemalloc
@@ -468,7 +469,10 @@ def test_a_kept_phase_holds_at_most_its_stated_bytes() -> None:
     (target,) = table.running()
     uid = os.getuid()
     # The trace's integral up to an instant once a reading after it came: a new float.
-    table.settled_energy = lambda at: at * 5.0 - 0.25 if at < clocks.t else None
+    table.settlement = types.SimpleNamespace(
+        settled_energy=lambda at: at * 5.0 - 0.25 if at < clocks.t else None,
+        settled_until=lambda: math.inf,
+    )
 
     def take(only: set[str] | None = None) -> None:
         clocks.t += 0.1

@@ -190,3 +190,23 @@ def test_energy_asked_between_edges_never_goes_back() -> None:
     assert traces.energy_at(1002.5) == 25.0  # below the 30 J reported: its own
     assert edge(traces, 1003.0).host_energy_j == 30.0
     assert Traces([board], 5.0).energy_at(1000.0) is None  # no trace yet
+
+
+def test_the_horizon_is_the_last_instant_that_settles_and_past_the_gap_every_one() -> None:
+    # settled_until's promise (edges.settler rests on it): every instant past it gives
+    # None from settled_at, the instants up to it joules; silent beyond the gap, all.
+    pushed = Pushed("tegrastats", True, lines=[reading("tegrastats", 1000.0, 4.0)])
+    traces = Traces([pushed], 5.0)
+    with traces.lock:
+        assert traces.settled_until(999.0) is None  # no reading yet: none settles
+        traces.begin(pushed, 999.0)  # held back: 4 W from 999 s
+    edge(traces, 1000.2)
+    pushed.lines = [reading("tegrastats", 1001.0, 6.0)]
+    edge(traces, 1001.5)
+    with traces.lock:
+        assert traces.settled_until(1001.5) == 1001.0
+        for t, joules in ((1000.5, 4.0 + 2.25), (1001.0, 9.0), (1001.0 + 1e-9, None)):
+            assert traces.settled_at(t, 1001.5) == pytest.approx(joules), t
+        assert traces.settled_until(1006.0) == 1001.0  # exactly the gap: not yet silent
+        assert traces.settled_until(1006.5) == float("inf")
+        assert traces.settled_at(1006.4, 1006.5) == pytest.approx(9.0)

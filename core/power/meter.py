@@ -202,6 +202,13 @@ class PowerMeter:
         with self.traces.lock:
             return self.traces.settled_at(t, time.monotonic())
 
+    def settled_until(self) -> float | None:
+        """The newest instant :meth:`settled_energy` gives joules for now, None for
+        every later one (the reading after it has not come); None while none settles
+        (no reading yet, or a push source that may still count back)."""
+        with self.traces.lock:
+            return self.traces.settled_until(time.monotonic())
+
     def wait_settled(self, t: float, timeout_s: float) -> None:
         """Until every push source has a reading measured after ``t`` (monotonic), or
         ``timeout_s`` passed; the lines come by then are taken into the traces. For a

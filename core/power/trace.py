@@ -17,6 +17,7 @@ Two kinds of signal:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 # Readings kept for interpolation: edges ask about the last moments only (a pass
@@ -93,6 +94,16 @@ class Trace:
         if t_last >= t:
             return self.at(t)
         return j_last if now - t_last > self.max_gap_s else None
+
+    def settled_until(self, now: float) -> float | None:
+        """The newest instant :meth:`settled_at` can give joules for at ``now``: None
+        for every later one (the reading after it has not come); inf once the signal
+        is silent beyond the gap limit; None where it has no reading (none settles)."""
+        points = self._points
+        if not points:
+            return None
+        t_last = points[-1][0]
+        return math.inf if now - t_last > self.max_gap_s else t_last
 
     def at(self, t: float) -> float:
         """Joules up to instant ``t``. After the last reading, the last power is held

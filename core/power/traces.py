@@ -11,6 +11,7 @@ packages + dram, or psys; NVML GPUs).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Sequence
 
@@ -203,6 +204,20 @@ class Traces:
                 return None
             total += joules
         return total
+
+    def settled_until(self, now: float) -> float | None:
+        """The newest instant :meth:`settled_at` gives joules for at ``now`` (lock held):
+        every later one is None; None: every one is (no trace yet, or a push source
+        that may still count back)."""
+        if not self.totals or self._silent(now):
+            return None
+        until = math.inf
+        for trace in self.totals.values():
+            settled = trace.settled_until(now)
+            if settled is None:
+                return None
+            until = min(until, settled)
+        return until
 
     def _energy_at(self, t: float) -> float | None:
         """The contributing traces' joules up to ``t``, summed (None: no trace yet, nor

@@ -88,7 +88,7 @@ class Sampler:
         self._errors = self._exits = self._sequence = 0
         self.logical_cpus = parts.trees.logical_cpus
         if power is not None:  # the summaries settle their windows' edges by it
-            table.settled_energy = power.settled_energy
+            table.settlement = power
         self.snapshot = Snapshot(time=self._clock.time(), sequence=0, host=None)
         self._passes = Passes(self, self._clock)  # when passes run
         self.closed = False

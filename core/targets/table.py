@@ -4,6 +4,7 @@ operation under it is short."""
 
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 import time
@@ -26,7 +27,7 @@ from edgewatt.core.targets.access import (
     label_refusal,
     label_room,
 )
-from edgewatt.core.targets.edges import Settle
+from edgewatt.core.targets.edges import Settlement, settler
 from edgewatt.core.targets.errors import Conflict, NotFound, TargetError
 from edgewatt.core.targets.history import MAX_PHASE_DEPTH, History, Phase, phase_name
 from edgewatt.core.targets.persistence import StateSaver, saved
@@ -102,9 +103,12 @@ class TargetTable:
         self.energy_period_s: float | None = None
         # Where the device's energy comes from, as the sampler last saw it.
         self.energy_provenance: Provenance = unknown(NO_SOURCE)
-        # The device's energy up to a past instant once final (PowerMeter's, set by the
-        # sampler; None: no sensor): windows' edges are settled by it (edges.py).
-        self.settled_energy: Settle | None = None
+        # The device's energy up to a past instant once final (the PowerMeter, set by
+        # the sampler; None: no sensor): windows' edges are settled by it (edges.py).
+        self.settlement: Settlement | None = None
+        # The horizon the passes last settled to: until it moves (a reading comes, or
+        # the source falls silent), what a pass could settle is settled.
+        self._settled_until: float | None = None
         # The targets whose windows' edges a pass still settles (a new target's first
         # sample, a phase's edges, an exit): the others cost a pass nothing for it.
         self._unsettled: set[str] = set()
@@ -328,8 +332,8 @@ class TargetTable:
     def summary(self, target_id: str, logical_cpus: int) -> dict[str, Any]:
         with self._lock:
             target, period_s = _find(self._targets, target_id), self.energy_period_s
-            if self.settled_energy is not None:  # to its last sample: what the trace has
-                target.history.settle(self.settled_energy, to_last=True)
+            if self.settlement is not None:  # to its last sample: what the trace has
+                target.history.settle(settler(self.settlement)[1], to_last=True)
             found = summarize(target, logical_cpus, self._carbon, self.membership, period_s)
             with_provenance(found, self.energy_provenance)
             # None where nothing reads the device's context (in-process monitoring).
@@ -344,8 +348,12 @@ class TargetTable:
         """One phase's figures, as the summary lists them."""
         with self._lock:
             target = _find(self._targets, target_id)
-            if self.settled_energy is not None:
-                target.history.settle(self.settled_energy)
+            if self.settlement is not None:
+                until, settle = settler(self.settlement)
+                # The last pass settled its windows to that pass's horizon (_settle):
+                # more settles only where a reading came since.
+                if until is None or until != self._settled_until or until == math.inf:
+                    target.history.settle(settle)
             item = summarize_phase(phase, logical_cpus, self._carbon, self.energy_period_s)
             return with_provenance(item, self.energy_provenance)
 
@@ -353,8 +361,8 @@ class TargetTable:
         """Whether the target's windows are settled up to their last samples."""
         with self._lock:
             target = _find(self._targets, target_id)
-            if self.settled_energy is not None:
-                target.history.settle(self.settled_energy, to_last=True)
+            if self.settlement is not None:
+                target.history.settle(settler(self.settlement)[1], to_last=True)
             return target.history.final
 
     def network_rate(self, target_id: str) -> dict[str, float] | None:
@@ -368,8 +376,8 @@ class TargetTable:
         the newest rows are not, until the power reading after them has come)."""
         with self._lock:
             history = _find(self._targets, target_id).history
-            if self.settled_energy is not None:  # what the trace has now, not at the pass
-                history.settle_rows(self.settled_energy)
+            if self.settlement is not None:  # what the trace has now, not at the pass
+                history.settle_rows(settler(self.settlement)[1])
             rows = list(history.rows)
             settled = len(rows) - min(history.young, len(rows))
         return [
@@ -402,8 +410,8 @@ class TargetTable:
                 target.observe(sample, row, self.energy_period_s, power)
                 if row is not None and row.device_energy_j is not None:
                     self._young.add(target.id)
-            if self.settled_energy is not None:
-                self._settle(self.settled_energy)
+            if self.settlement is not None:
+                self._settle(self.settlement)
 
     def recent_phases(
         self, target_ids: list[str], phases: int
@@ -420,9 +428,16 @@ class TargetTable:
                 recent[target_id] = tuple(phase_figures(p) for p in latest)
         return recent
 
-    def _settle(self, settle: Settle) -> None:
+    def _settle(self, settlement: Settlement) -> None:
         """While the trace still holds the readings around them: the young edges of the
-        targets' windows, an exited one's last row too (lock held)."""
+        targets' windows, an exited one's last row too (lock held). Only where the
+        horizon moved since the last pass's: until then nothing more settles (an edge
+        is at or after the horizon of its pass; a kernel's exit record dated back
+        settles with the next reading)."""
+        until, settle = settler(settlement)
+        if until is not None and until == self._settled_until and until != math.inf:
+            return
+        self._settled_until = until
         for target_id in list(self._unsettled):
             target = self._targets.get(target_id)
             if target is None:  # purged
