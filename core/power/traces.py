@@ -207,7 +207,7 @@ class Traces:
 
     def settled_until(self, now: float) -> float | None:
         """The newest instant :meth:`settled_at` gives joules for at ``now`` (lock held):
-        every later one is None; None: every one is (no trace yet, or a push source
+        every later one gives None; None: none settles (no trace yet, or a push source
         that may still count back)."""
         if not self.totals or self._silent(now):
             return None

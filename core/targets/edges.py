@@ -28,7 +28,7 @@ class Settlement(typing.Protocol):
 
     def settled_until(self) -> float | None:
         """The newest instant that settles now: every later one gives None (None:
-        every one does)."""
+        none does)."""
 
 
 def settler(settlement: Settlement) -> tuple[float | None, Settle]:

@@ -352,7 +352,7 @@ class TargetTable:
                 until, settle = settler(self.settlement)
                 # The last pass settled its windows to that pass's horizon (_settle):
                 # more settles only where a reading came since.
-                if until is None or until != self._settled_until or until == math.inf:
+                if until is not None and (until != self._settled_until or until == math.inf):
                     target.history.settle(settle)
             item = summarize_phase(phase, logical_cpus, self._carbon, self.energy_period_s)
             return with_provenance(item, self.energy_provenance)
