@@ -352,7 +352,7 @@ class TargetTable:
                 until, settle = settler(self.settlement)
                 # The last pass settled its windows to that pass's horizon (_settle):
                 # more settles only where a reading came since.
-                if until is not None and (until != self._settled_until or until == math.inf):
+                if until is not None and self._horizon_moved(until):
                     target.history.settle(settle)
             item = summarize_phase(phase, logical_cpus, self._carbon, self.energy_period_s)
             return with_provenance(item, self.energy_provenance)
@@ -428,6 +428,11 @@ class TargetTable:
                 recent[target_id] = tuple(phase_figures(p) for p in latest)
         return recent
 
+    def _horizon_moved(self, until: float) -> bool:
+        """Whether edges may settle past what the passes settled (lock held): the
+        horizon moved since, or the source is silent and every new edge settles."""
+        return until == math.inf or until != self._settled_until
+
     def _settle(self, settlement: Settlement) -> None:
         """While the trace still holds the readings around them: the young edges of the
         targets' windows, an exited one's last row too (lock held). Only where the
@@ -435,7 +440,7 @@ class TargetTable:
         is at or after the horizon of its pass; a kernel's exit record dated back
         settles with the next reading)."""
         until, settle = settler(settlement)
-        if until is not None and until == self._settled_until and until != math.inf:
+        if until is not None and not self._horizon_moved(until):
             return
         self._settled_until = until
         for target_id in list(self._unsettled):
