@@ -18,6 +18,12 @@ Beside them, the daemon's CPU over each run (all its threads, from /proc/PID/sta
     .venv/bin/python benchmarks/track.py [--calls 300] [--interval 5] [--json out.json]
         [--sources none,ina3221,...] [--loads idle,...] [--others 20] [--rev main]
 
+A registration anew (``client.register()`` in a process registered before, its own
+connection included; daemon only, the in-process one is first_registration.py's) is
+timed as many times beside them. ``--mappings N``: the callers hold N mappings of
+64 KiB more, each touched (a process with its libraries and tensors: PSS is read
+from its smaps_rollup, whose cost grows with them).
+
 ``--others N``: N idle targets registered with each daemon beside the caller's (``sleep``
 processes, not the caller's children, as another user's would be): an edge reads only
 the target that asked, so its cost stays that of one target.
@@ -71,10 +77,24 @@ from edgewatt import client  # noqa: E402
 from tests.power_standin import build_tree  # noqa: E402
 from tests.test_power_sources import rapl_tree  # noqa: E402
 
-CALLER = """
+# A process of many mappings, as one with its libraries and tensors loaded: each of
+# its own (shared and private alternate, so none merge), every page touched.
+MAPPINGS = """
+import mmap
+held_maps = []
+for i in range(mappings):
+    held_maps.append(mmap.mmap(-1, 65536, flags=mmap.MAP_SHARED if i % 2 else mmap.MAP_PRIVATE))
+    held_maps[-1].write(b"x" * 65536)
+"""
+
+CALLER = (
+    """
 import json, os, sys, time
 from edgewatt import client
-calls, mode = int(sys.argv[1]), sys.argv[2]
+calls, mode, mappings = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+"""
+    + MAPPINGS
+    + """
 # The caller's own wait for a CPU (run_delay, ns, as the kernel counts it): an edge
 # less that wait is what the daemon and the transport cost it.
 schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
@@ -127,6 +147,27 @@ for _ in range(calls):
 print(json.dumps({"walls": walls, "edges": edges, "own_wait": own,
                   "cpu_known": sum(c is not None for c in cpu)}))
 """
+)
+
+# A registration of the caller anew, as a process's first call: its own connection,
+# the target made and read, the answer (its unregistering not counted).
+REGISTERING = (
+    """
+import json, sys, time
+from edgewatt import client
+calls, mappings = int(sys.argv[1]), int(sys.argv[3])
+"""
+    + MAPPINGS
+    + """
+registers = []
+for _ in range(calls):
+    started = time.perf_counter()
+    reg = client.register(fallback="never")
+    registers.append(time.perf_counter() - started)
+    reg.close()
+print(json.dumps({"registers": registers}))
+"""
+)
 
 # A pynvml that is FakeNvml (tests/test_power_sources.py): imported, it puts the fake
 # in its own place in sys.modules, which the import then hands out.
@@ -187,9 +228,12 @@ def with_path(env: dict[str, str], first: Path | None) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(first) + (os.pathsep + rest if rest else "")}
 
 
-def run_caller(calls: int, mode: str, socket_path: str, power_env: dict[str, str]) -> dict:
+def run_caller(
+    calls: int, mode: str, socket_path: str, power_env: dict[str, str], mappings: int = 0
+) -> dict:
+    code = REGISTERING if mode == "register" else CALLER
     out = subprocess.run(
-        [sys.executable, "-c", CALLER, str(calls), mode],
+        [sys.executable, "-c", code, str(calls), mode, str(mappings)],
         capture_output=True,
         text=True,
         check=True,
@@ -227,6 +271,7 @@ def figures(runs: dict[str, dict]) -> dict[str, dict]:
         edges = sorted(e * 1000 for e in run["edges"]) or [0.0]
         # Each edge less the caller's own wait for a CPU in it (as the kernel counted).
         less_wait = sorted(max(0.0, e - w) * 1000 for e, w in zip(run["edges"], run["own_wait"]))
+        registers = sorted(run.get("registers", ()))
         results[mode] = {
             "p50_ms": round(percentile(overhead, 0.5), 3),
             "p99_ms": round(percentile(overhead, 0.99), 3),
@@ -244,6 +289,9 @@ def figures(runs: dict[str, dict]) -> dict[str, dict]:
                 if "daemon_cpu_s" in run
                 else None
             ),
+            # A registration anew (daemon only): its round trip, a connection's included.
+            "register_p50_ms": round(percentile(registers, 0.5) * 1e3, 3) if registers else None,
+            "register_p99_ms": round(percentile(registers, 0.99) * 1e3, 3) if registers else None,
             "cpu_known": run["cpu_known"],
             "p99_ratio_to_untracked": round(percentile(run["walls"], 0.99) / untracked_p99, 3),
         }
@@ -262,6 +310,9 @@ def main() -> None:
     parser.add_argument("--rev", help="a git revision measured beside this checkout")
     parser.add_argument(
         "--others", type=int, default=0, help="idle targets registered beside the caller's"
+    )
+    parser.add_argument(
+        "--mappings", type=int, default=0, help="64 KiB mappings the caller holds, each touched"
     )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
@@ -316,12 +367,16 @@ def measure(args: argparse.Namespace, builds: dict[str, Path | None]) -> dict[st
                         sock = f"{workdir}/{source}/ew{nice}{build.strip()}.sock"
                         env = with_path(power_env, builds[build])
                         cpu = daemon_cpu_s(daemon.pid)
-                        run = run_caller(args.calls, "daemon", sock, env)
+                        run = run_caller(args.calls, "daemon", sock, env, args.mappings)
                         run["daemon_cpu_s"] = daemon_cpu_s(daemon.pid) - cpu
+                        registering = run_caller(args.calls, "register", sock, env, args.mappings)
+                        run["registers"] = registering["registers"]
                         runs[DAEMON[nice] + build] = run
                     for build, first in builds.items():
                         env = with_path(power_env, first)
-                        runs["in-process" + build] = run_caller(args.calls, "in-process", none, env)
+                        runs["in-process" + build] = run_caller(
+                            args.calls, "in-process", none, env, args.mappings
+                        )
                 results[f"{source}/{load}"] = figures(runs)
         finally:
             for daemon in daemons.values():
@@ -337,23 +392,29 @@ def measure(args: argparse.Namespace, builds: dict[str, Path | None]) -> dict[st
 def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
     print(
         f"10 ms function, {args.calls} calls each, daemon interval {args.interval:g} s, "
-        f"{os.cpu_count()} cores, {args.others} other targets registered; a call's overhead "
-        "over the untracked median, and each edge"
+        f"{os.cpu_count()} cores, {args.others} other targets registered, the caller holding "
+        f"{args.mappings} mappings more; a call's overhead over the untracked median, each "
+        "edge, and a registration anew (ms)"
     )
     print(
         f"{'source/load':24} {'':18} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
         f"{'edge p50':>9} {'edge p99':>9} {'p99 less own wait':>18} {'daemon CPU us':>14} "
-        f"{'enter p99':>10} {'leave p99':>10}"
+        f"{'enter p99':>10} {'leave p99':>10} {'register p50/p99':>17}"
     )
     for where, modes in results.items():
         for mode, r in modes.items():
             if mode == "untracked":
                 continue
+            registered = (
+                f"{r['register_p50_ms']:.2f} / {r['register_p99_ms']:.2f}"
+                if r["register_p50_ms"] is not None
+                else ""
+            )
             print(
                 f"{where:24} {mode:18} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['max_ms']:8.2f} "
                 f"{r['edge_p50_ms']:9.2f} {r['edge_p99_ms']:9.2f} "
                 f"{r['edge_p99_less_own_wait_ms']:18.2f} {r['daemon_cpu_us_per_edge'] or '':>14} "
-                f"{r['entering_p99_ms']:10.2f} {r['leaving_p99_ms']:10.2f}"
+                f"{r['entering_p99_ms']:10.2f} {r['leaving_p99_ms']:10.2f} {registered:>17}"
             )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -219,12 +219,16 @@ def register_target(api: ApiContext, request: Request) -> Response:
             command=registration.command,
         )
     api.changed()
-    if held.created:
-        # Registration is a sample: the summary's baseline is read now, so what the
-        # process did before is excluded and nothing after it is lost.
-        api.sample_now(held.target.id)
-    answer = documents.registered(held.target.describe(), api.min_interval, held.refused)
-    return Response(201 if held.created else 200, answer)
+    # Registration is a sample: the summary's baseline is read now, so what the
+    # process did before is excluded and nothing after it is lost. The answer holds
+    # nothing of the pass: it is written once the counters are read, as a phase's start.
+    rest = api.edge(held.target.id, READ) if held.created else nothing
+    try:
+        answer = documents.registered(held.target.describe(), api.min_interval, held.refused)
+    except BaseException:
+        rest()
+        raise
+    return Response(201 if held.created else 200, answer, after=rest)
 
 
 def get_target(api: ApiContext, request: Request) -> Response:

@@ -15,6 +15,7 @@ from edgewatt.core.platforms.linux import LinuxPlatform
 from edgewatt.core.power.attribution import Attribution
 from edgewatt.core.power.meter import PowerMeter
 from edgewatt.core.sampling.passes import READ, RECORDED
+from edgewatt.core.sampling.pss import ProportionalMemory
 from edgewatt.core.sampling.sampler import Parts, Sampler
 from edgewatt.core.sampling.trees import ProcessTrees
 from tests.conftest import table_with
@@ -204,4 +205,29 @@ def test_an_edge_pass_stops_where_its_answer_is_known_and_the_rest_follows(
     assert sampler.snapshot.sequence == sequence + 2
     # Whole, as before: a pass on demand after the rest is a pass of its own.
     assert sampler.sample_now(target_id).sequence == sequence + 3
+    sampler.close()
+
+
+def test_a_new_targets_first_edge_reads_its_pss_after_the_answer(spawn: Any) -> None:
+    # A registration's answer is written at READ: its counters are read then, and the
+    # new target's first smaps_rollup (5-12 ms for a process of many mappings) after
+    # it, in the same pass, so the first row still holds the PSS.
+    child = spawn("import time; time.sleep(60)")
+    table = table_with(child.pid)
+    (target,) = table.running()
+    pss = ProportionalMemory()
+    sampler = Sampler(
+        table,
+        interval=0.2,
+        host_name="h",
+        parts=Parts(ProcessTrees(LinuxPlatform()), contributors=(pss,)),
+    )
+    rest = sampler.sample_edge(target.id, READ)
+    assert pss.reads == 0
+    rest()
+    assert pss.reads == 1
+    (row,) = table.get(target.id).history.rows
+    (sample,) = sampler.snapshot.processes
+    assert sample.memory_pss_bytes is not None and sample.memory_pss_bytes > 0
+    assert row.memory_pss_bytes == sample.memory_pss_bytes
     sampler.close()

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import math
 import os
+import subprocess
 import sys
 import tracemalloc
 import types
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgewatt.core.carbon import CarbonIntensity
+from edgewatt.core.sampling.passes import READ, nothing
 from edgewatt.core.snapshot import ProcessSample
 from edgewatt.core.targets import (
     Conflict,
@@ -196,6 +200,48 @@ def test_a_fresh_read_ages_the_latest_sample_on_the_monotonic_clock(
     clocks.step = 3600.0  # forward an hour
     clocks.t = 11.1
     assert not sampled()  # 0.1 s old, though dated two hours back
+
+
+def test_a_registration_and_a_phases_start_are_answered_once_the_counters_are_read() -> None:
+    """The answer to a new registration and to a phase's start holds nothing of the
+    pass: each runs its pass to READ (the counters at its instant) and writes the
+    rest after the answer (Response.after); a joining registration runs none."""
+    from edgewatt.exporter import api
+
+    table = table_with(os.getpid())
+    (mine,) = table.running()
+    edges: list[tuple[str, str]] = []
+    rests: list[str] = []
+
+    def sample_edge(target_id: str, until: str) -> Any:
+        edges.append((target_id, until))
+        return lambda: rests.append(target_id)
+
+    context = api.ApiContext(
+        table=table, logical_cpus=2, health=dict, host=dict, sample_units={},
+        sample_now=lambda target_id: pytest.fail("a whole pass before the answer"),
+        sample_edge=sample_edge,
+    )  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        body = json.dumps({"pid": child.pid, "children": False}).encode()
+        request = Request("POST", "/v1/targets", "", os.getpid(), os.getuid(), lambda: body)
+        response = api.register_target(context, request)
+        assert response.status == 201 and response.after is not None
+        target_id = response.body["id"]
+        assert (edges, rests) == ([(target_id, READ)], [])
+        response.after()
+        assert rests == [target_id]
+        again = api.register_target(context, request)  # joins: no pass
+        assert (again.status, again.after, len(edges)) == (200, nothing, 1)
+        start = Request("POST", "", "", os.getpid(), os.getuid(), lambda: b'{"name": "step"}')
+        start.params = {"id": mine.id}
+        response = api.start_phase(context, start)
+        assert response.status == 201 and edges[-1] == (mine.id, READ)
+        assert response.after is not None
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_wall_clock_step_moves_no_duration() -> None:

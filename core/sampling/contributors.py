@@ -137,13 +137,18 @@ def check_declared(contributors: Sequence[Contributor]) -> None:
 
 
 def gather(
-    contributors: Sequence[Contributor], states: Sequence[TargetState], edge: bool = False
+    contributors: Sequence[Contributor],
+    states: Sequence[TargetState],
+    edge: bool = False,
+    at_edges: bool | None = None,
 ) -> tuple[dict[str, list[Mapping[str, Any]]], int]:
     """Each contributor's figures for the targets read, by target: one mapping per
     contributor that counted it, not merged; and how many contributors refused this
     pass (OSError: their figures absent, retried next pass, logged). At an ``edge``,
     a contributor not ``at_edges`` is asked only for targets it never gave figures, or
-    whose processes are all gone.
+    whose processes are all gone. ``at_edges`` True or False: only the contributors
+    whose own ``at_edges`` is that (a pass asks the counters at its instant, the
+    gauges after it, once an edge's answer is written); None: all.
 
     The mappings are the sampler's read-only copies, kept in each target's state by
     the contributor's place in ``contributors`` (``TargetState.given``) and replaced
@@ -155,7 +160,10 @@ def gather(
     answers: list[tuple[int, Contributor, Figures, bool]] = []
     refused = 0
     for place, contributor in enumerate(contributors):
-        keeps = edge and not getattr(contributor, "at_edges", True)
+        counters = getattr(contributor, "at_edges", True)
+        if at_edges is not None and counters != at_edges:
+            continue
+        keeps = edge and not counters
         asked = [s for s in states if place not in s.given or _gone(s)] if keeps else states
         try:
             figures = contributor.contribute(asked) if asked else {}
