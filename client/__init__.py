@@ -114,10 +114,16 @@ class DaemonBackend:
 
     mode = "daemon"
 
-    def __init__(self, socket_path: str, info: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        info: dict[str, Any],
+        connection: transport.Connection | None = None,
+    ) -> None:
+        """``connection``: the one the registration went on, kept for what follows."""
         self.socket = socket_path
         self.info = info  # the daemon's answer to POST /v1/targets (or the target's own)
-        self._connection = transport.Connection(socket_path)
+        self._connection = connection or transport.Connection(socket_path)
 
     @property
     def id(self) -> str:
@@ -477,16 +483,17 @@ def open_registration(
     )
     info = None
     why = None  # why no daemon samples it; None where fallback="always" asked for that
-    found = None if fallback == "always" else transport.find_daemon(socket)
+    found = None if fallback == "always" else transport.find_daemon(socket, keep=True)
+    connection = found.connection if found is not None else None
     path = found.path if found and found.path else transport.candidates(socket)[0][0]
     said = False  # whether `edgewatt run` already said why (NO_DAEMON_SAID)
     looked = os.pathsep.join(p for p, _ in transport.candidates(socket))
     if found is not None and found.path is None:
         why = f"no daemon answering at {found.looked}"
         said = os.environ.get(NO_DAEMON_SAID) == looked
-    elif found is not None:
+    elif connection is not None:
         try:
-            info = _post(path, _request(options, cgroup, argv))
+            info = _post(connection, _request(options, cgroup, argv))
         except DaemonError as exc:
             if exc.status == 400 and exc.body.get("error") == "invalid labels":
                 raise ValueError(exc.body.get("detail")) from None
@@ -499,7 +506,9 @@ def open_registration(
         refused = "; ".join(f"{c.get('field')}: {c.get('why')}" for c in info["conflicts"])
         log.warning("edgewatt: pid %d joined target %s, which keeps its own %s",
                     options.pid, info.get("id"), refused)  # fmt: skip
-    daemon = DaemonBackend(path, info) if info is not None else None
+    daemon = DaemonBackend(path, info, connection) if info is not None else None
+    if daemon is None and connection is not None:
+        connection.close()
     registration = Registration(path, options, fallback, daemon)
     if found is not None and found.path is None:
         registration.no_daemon_at = looked
@@ -511,16 +520,16 @@ def open_registration(
     return registration
 
 
-def _post(path: str, body: dict[str, Any]) -> Any:
+def _post(connection: transport.Connection, body: dict[str, Any]) -> Any:
     """POST /v1/targets; a daemon that predates the ``command`` field is asked again
     without it (its target is then named after the launcher until the exec)."""
     try:
-        return transport.call_ok(path, "POST", "/v1/targets", body)
+        return connection.call_ok("POST", "/v1/targets", body)
     except DaemonError as exc:
         if exc.status != 400 or not str(exc.body.get("detail")).startswith("'command'"):
             raise
-    return transport.call_ok(
-        path, "POST", "/v1/targets", {k: v for k, v in body.items() if k != "command"}
+    return connection.call_ok(
+        "POST", "/v1/targets", {k: v for k, v in body.items() if k != "command"}
     )
 
 

@@ -97,16 +97,21 @@ class _Window:
     @staticmethod
     def _target() -> tuple[Registration, bool]:
         """(the registration the phase goes on, whether it is another's target)."""
-        found = transport.find_daemon()
-        if found.path is not None:
-            pid = os.getpid()
-            listed = transport.call_ok(found.path, "GET", f"/v1/targets?member={pid}")
+        found = transport.find_daemon(keep=True)
+        if found.path is not None and found.connection is not None:
+            pid, connection = os.getpid(), found.connection
+            try:
+                listed = connection.call_ok("GET", f"/v1/targets?member={pid}")
+            except BaseException:
+                connection.close()
+                raise
             # The widest holder: the SuperNode's target rather than one of our own.
             held = [t for t in listed["targets"] if t["pid"] != pid] or listed["targets"]
             if held:
                 target = held[0]
-                daemon = DaemonBackend(found.path, {"id": target["id"]})
+                daemon = DaemonBackend(found.path, {"id": target["id"]}, connection)
                 return Registration(found.path, Options(target["pid"], {}), "never", daemon), True
+            connection.close()
         return register(labels={"flower_message": "clientapp"}), False
 
     def close(self, reply: Message, duration: float) -> dict[str, Any]:

@@ -47,6 +47,8 @@ class Found(NamedTuple):
 
     path: str | None  # the socket that answered; None when none did
     looked: str  # where it looked, in order, and what each place said
+    # The connection that found it, open for the caller's requests (find_daemon's keep).
+    connection: Connection | None = None
 
 
 def candidates(explicit: str | None = None) -> list[tuple[str, str]]:
@@ -63,17 +65,22 @@ def candidates(explicit: str | None = None) -> list[tuple[str, str]]:
     return [(own, "your own daemon"), (SYSTEM_SOCKET, "the system service")]
 
 
-def find_daemon(explicit: str | None = None) -> Found:
+def find_daemon(explicit: str | None = None, keep: bool = False) -> Found:
     """The first candidate socket whose server answers and may be trusted (root or
-    this user, checked before anything is sent)."""
+    this user, checked before anything is sent); ``keep``: with the connection that
+    found it, for the caller's requests (a registration's first is then no connect
+    and no new serving thread in the daemon)."""
     looked = []
     for path, why in candidates(explicit):
         try:
-            _connect(path, CONNECT_TIMEOUT_S).close()
+            sock = _connect(path, CONNECT_TIMEOUT_S)
         except OSError as exc:
             looked.append(f"{path} ({why}): {_reason(exc)}")
             continue
-        return Found(path, f"{path} ({why})")
+        if not keep:
+            sock.close()
+            return Found(path, f"{path} ({why})")
+        return Found(path, f"{path} ({why})", Connection(path, connected=sock))
     return Found(None, "; ".join(looked))
 
 
@@ -168,9 +175,14 @@ class _Channel:
     request, where http.client wrote a body apart from its headers and parsed the
     answer's headers with the email package (benchmarks/track.py)."""
 
-    def __init__(self, path: str, timeout: float) -> None:
+    def __init__(self, path: str, timeout: float, connected: socket.socket | None = None) -> None:
+        """``connected``: a socket connected to ``path`` and its server checked."""
         self.path = path
-        self.sock = _connect(path, timeout)
+        if connected is None:
+            self.sock = _connect(path, timeout)
+        else:
+            self.sock = connected
+            connected.settimeout(timeout)
 
     def exchange(self, method: str, target: str, body: bytes | None) -> tuple[int, bytes, bool]:
         """(status, body, whether the daemon closes the connection after it)."""
@@ -280,10 +292,16 @@ class Connection:
     finds it closed before any answer came is sent again once, on a new one (the
     daemon had not read it). Thread-safe: one request at a time."""
 
-    def __init__(self, socket_path: str, timeout: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        timeout: float = REQUEST_TIMEOUT_S,
+        connected: socket.socket | None = None,
+    ) -> None:
+        """``connected``: the first connection, open already (find_daemon's)."""
         self.socket_path = socket_path
         self.timeout = timeout
-        self._conn: _Channel | None = None
+        self._conn = None if connected is None else _Channel(socket_path, timeout, connected)
         self._pid = os.getpid()
         self._lock = threading.Lock()
 

@@ -59,6 +59,34 @@ def test_with_daemon_the_daemon_samples_and_no_thread_starts(daemon: DaemonProce
     assert daemon.call("GET", f"/v1/targets/{data['id']}")[1]["state"] == "unregistered"
 
 
+def test_a_registration_and_its_edges_go_on_one_connection(
+    daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The connection that finds the daemon carries the registration and every
+    # request after it: no connect, and no serving thread in the daemon, per call.
+    from edgewatt.core import transport
+
+    connects = []
+    real = transport._connect
+
+    def connect(path: str, timeout: float | None) -> socket.socket:
+        connects.append(path)
+        return real(path, timeout)
+
+    monkeypatch.setattr(transport, "_connect", connect)
+    reg = client.register(socket=daemon.socket, fallback="never")
+    assert (reg.mode, connects) == ("daemon", [daemon.socket])
+    with client.track("step", registration=reg):
+        pass
+    with reg.phase("epoch"):
+        pass
+    assert reg.summary()["phases"][-1]["name"] == "epoch"
+    target_id = reg.id
+    reg.close()
+    assert connects == [daemon.socket]
+    assert daemon.call("GET", f"/v1/targets/{target_id}")[1]["state"] == "unregistered"
+
+
 SUMMARY_TO_NOW = """
 import json, resource, time
 from edgewatt import client
