@@ -176,10 +176,30 @@ def list_targets(api: ApiContext, request: Request) -> Response:
         return ok(listing.read_by(request.peer_uid))
     if len(member) != 1 or not member[0].isdigit() or len(member[0]) > 10:
         raise HttpError(400, "invalid member", "member must be one process id")
-    api.sample_now(None)  # a process forked since the last pass is known
-    described = api.table.describe_all(int(member[0]))
-    reader = request.peer_uid
-    return ok(documents.targets([_readable(t, reader, _owner(api, t["id"])) for t in described]))
+    pid = int(member[0])
+    # A process forked since the last pass is known once the targets that may hold it
+    # are read: those alone (a Flower ClientApp's first call a round, where a pass of
+    # every target costs ms; the last one's answered once its row is written), and
+    # every target where none of them does.
+    rest = nothing
+    holders = api.table.holders_of(pid, procfs.ancestors(pid, api.proc))
+    for target_id in holders[:-1]:
+        api.sample_now(target_id)
+    if holders:
+        rest = api.edge(holders[-1], RECORDED)
+    try:
+        described = api.table.describe_all(pid)
+        if not described:
+            rest()
+            rest = nothing
+            api.sample_now(None)
+            described = api.table.describe_all(pid)
+        reader = request.peer_uid
+        found = [_readable(t, reader, _owner(api, t["id"])) for t in described]
+    except BaseException:
+        rest()
+        raise
+    return Response(200, documents.targets(found), after=rest)
 
 
 def _listing(api: ApiContext) -> Listing:

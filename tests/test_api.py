@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, DaemonProcess, call_as, post, raw
+from edgewatt.core.facts import procfs
+from tests.conftest import ROOT, DaemonProcess, call_as, post, raw, wait_for
 
 NOBODY = 65534
 
@@ -182,6 +184,66 @@ def test_list_get_delete_summary_samples_phase(daemon: DaemonProcess, spawn: Any
     status, ended = daemon.call("GET", f"/v1/targets/{tid}")
     assert status == 200 and ended["state"] == "unregistered"  # kept for exited_retention
     assert daemon.call("GET", "/v1/targets?member=" + str(child.pid))[1]["targets"] == []
+
+
+def test_a_member_is_found_by_reading_only_the_targets_that_may_hold_it(
+    daemon_factory: Any, spawn: Any
+) -> None:
+    # A Flower ClientApp's first call a round: its SuperNode's target is read (it is
+    # one of the process's ancestors), not every target. One forked and re-parented
+    # since the last pass (its parent gone) has no registered ancestor: a pass of
+    # every target looks for it, as the table's membership can learn it.
+    daemon = daemon_factory(interval=60.0)  # no regular pass in between
+    parent = spawn(
+        "import os, subprocess, sys, time\n"
+        "for line in sys.stdin:\n"
+        "    if line == 'fork\\n':\n"
+        "        c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "        print(c.pid, flush=True)\n"
+        "    else:\n"
+        "        r, w = os.pipe()\n"
+        "        if os.fork() == 0:\n"
+        "            if os.fork() == 0:\n"
+        "                os.write(w, str(os.getpid()).encode()); time.sleep(60)\n"
+        "            os._exit(0)\n"
+        "        os.wait()\n"
+        "        print(os.read(r, 20).decode(), flush=True)\n",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdin is not None and parent.stdout is not None
+    other = spawn("import time; time.sleep(60)")
+    holder = daemon.register(parent.pid)["id"]
+    unrelated = daemon.register(other.pid)["id"]
+    # Each registration's row is written just after its answer (reference.md).
+    wait_for(lambda: daemon.samples_taken(holder) == daemon.samples_taken(unrelated) == 1)
+    taken = {holder: 1, unrelated: 1}
+
+    def member(command: str) -> tuple[int, list[str]]:
+        parent.stdin.write(command)  # type: ignore[union-attr]
+        parent.stdin.flush()  # type: ignore[union-attr]
+        pid = int(parent.stdout.readline())  # type: ignore[union-attr]
+        status, found = daemon.call("GET", f"/v1/targets?member={pid}")
+        assert status == 200, found
+        return pid, [t["id"] for t in found["targets"]]
+
+    child, found = member("fork\n")
+    assert found == [holder]
+    assert daemon.samples_taken(holder) == taken[holder] + 1
+    assert daemon.samples_taken(unrelated) == taken[unrelated]  # not read
+    orphan, found = member("double fork\n")
+    assert parent.pid not in procfs.ancestors(orphan)  # re-parented
+    lineage = daemon.call("GET", "/healthz")[1]["membership"] == "lineage"
+    # The kernel's fork events tell it; parent links alone cannot (membership.py).
+    assert found == ([holder] if lineage else [])
+    assert daemon.samples_taken(unrelated) == taken[unrelated] + 1  # every target read
+    if lineage:  # a member now, as the holder's last reading says: read alone again
+        again = daemon.call("GET", f"/v1/targets?member={orphan}")[1]["targets"]
+        assert [t["id"] for t in again] == [holder]
+        assert daemon.samples_taken(unrelated) == taken[unrelated] + 1
+    for pid in (child, orphan):  # neither is spawn's to kill
+        os.kill(pid, signal.SIGKILL)
 
 
 def test_stalled_client_does_not_block_others(daemon: DaemonProcess, spawn: Any) -> None:

@@ -283,3 +283,39 @@ def test_the_held_host_files_read_what_the_functions_read(host_proc: str) -> Non
         assert network["veth01999"] == system.InterfaceBytes(receive=1999, transmit=3998)
     finally:
         files.close()
+
+
+def test_a_processs_ancestors_are_its_parent_chain_to_the_first_process() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys; g = subprocess.Popen(['sleep', '30']); print(g.pid, flush=True);"
+         " g.wait()"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        grandchild = int(child.stdout.readline())
+        chain = procfs.ancestors(grandchild)
+        assert chain[:2] == [child.pid, os.getpid()]
+        assert chain == [child.pid, os.getpid(), *procfs.ancestors(os.getpid())]
+        assert chain[-1] == 1 and procfs.ppid(1) == 0
+    finally:
+        child.kill()
+        child.wait()
+    assert procfs.ancestors(child.pid) == [] and procfs.ppid(child.pid) is None  # exited
+
+
+def test_ancestors_stop_at_a_loop_and_at_their_bound(tmp_path: Path) -> None:
+    # A stand-in /proc: 2 -> 3 -> 2 (a loop no kernel makes), and a chain deeper than
+    # MAX_ANCESTORS; neither is followed for ever.
+    def process(pid: int, parent: int) -> None:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (a b) S {parent} {pid} 0 0\n")
+
+    process(2, 3)
+    process(3, 2)
+    assert procfs.ancestors(2, str(tmp_path)) == [3, 2]
+    for pid in range(100, 200):
+        process(pid, pid + 1)
+    chain = procfs.ancestors(100, str(tmp_path))
+    assert chain == list(range(101, 101 + procfs.MAX_ANCESTORS))

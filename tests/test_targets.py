@@ -244,6 +244,18 @@ def test_a_registration_and_a_phases_start_are_answered_once_the_counters_are_re
         child.wait()
 
 
+def test_the_holders_of_a_process_are_its_own_target_and_its_ancestors_with_children() -> None:
+    table = table_with(os.getpid())  # with its children
+    (mine,) = table.running()
+    parent = table.register(os.getppid(), {}, False, os.getuid()).target  # alone
+    assert table.holders_of(os.getpid(), [os.getppid(), 1]) == [mine.id]
+    assert table.holders_of(os.getppid(), [1]) == [parent.id]
+    assert table.holders_of(4_000_000, [os.getpid(), os.getppid()]) == [mine.id]
+    assert table.holders_of(4_000_000, [os.getppid()]) == []
+    table.delete(mine.id, os.getuid())
+    assert table.holders_of(4_000_000, [os.getpid()]) == []  # ended: holds none
+
+
 def test_a_wall_clock_step_moves_no_duration() -> None:
     """Stepped back one hour inside a ~3 s phase and forward again inside a ~5 s one
     (NTP's first sync on a Jetson without an RTC battery): durations, averages and

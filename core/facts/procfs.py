@@ -413,12 +413,36 @@ class ParentIndex:
 
     def _ppid(self, pid: int) -> int | None:
         self.stat_reads += 1
-        try:
-            with open(f"{self.proc}/{pid}/stat", "rb") as f:
-                text = f.read().decode("utf-8", "replace")
-        except OSError:
-            return None
-        return int(text[text.rindex(")") + 2 :].split(maxsplit=2)[1])
+        return ppid(pid, self.proc)
+
+
+def ppid(pid: int, proc: str = "/proc") -> int | None:
+    """The parent of process ``pid`` (0: none); None where it has exited."""
+    try:  # os.open, not open(): a tenth of the cost, for a chain of them (ancestors)
+        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return int(data[data.rindex(b")") + 2 :].split(maxsplit=2)[1])
+
+
+MAX_ANCESTORS = 64  # deeper chains are cut: a process tree is rarely a dozen deep
+
+
+def ancestors(pid: int, proc: str = "/proc") -> list[int]:
+    """The parent of process ``pid``, its parent's, and so on up to the pid
+    namespace's first process (at most MAX_ANCESTORS); empty where it has exited."""
+    chain: list[int] = []
+    parent = ppid(pid, proc)
+    while parent and len(chain) < MAX_ANCESTORS and parent not in chain:
+        chain.append(parent)
+        parent = ppid(parent, proc)
+    return chain
 
 
 def last_pid(proc: str = "/proc") -> int | None:

@@ -8,7 +8,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgewatt.core.carbon import CarbonIntensity
@@ -320,6 +320,24 @@ class TargetTable:
                 t.describe()
                 for t in self._targets.values()
                 if member is None or (t.exited_at is None and member in t.members)
+            ]
+
+    def holders_of(self, member: int, ancestors: Collection[int]) -> list[str]:
+        """The running targets that may hold process ``member`` now (``ancestors``:
+        its parent, its parent's and so on): its own, those of its ancestors
+        registered with their children, and those it was a member of at their last
+        reading. One forked and re-parented since the last pass may be held by
+        another: a pass of every target finds it."""
+        with self._lock:
+            return [
+                t.id
+                for t in self._targets.values()
+                if t.exited_at is None
+                and (
+                    member in t.members
+                    or (t.cgroup_name is None and t.pid == member)
+                    or (t.cgroup_name is None and t.children and t.pid in ancestors)
+                )
             ]
 
     def sample_age(self, target_id: str) -> float | None:
