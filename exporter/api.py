@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgewatt.core.facts import procfs
+from edgewatt.core.facts import cgroups, procfs
 from edgewatt.core.sampling.passes import READ, RECORDED, nothing
 from edgewatt.core.targets import (
     Conflict,
@@ -182,7 +182,11 @@ def list_targets(api: ApiContext, request: Request) -> Response:
     # every target costs ms; the last one's answered once its row is written), and
     # every target where none of them does.
     rest = nothing
-    holders = api.table.holders_of(pid, procfs.ancestors(pid, api.proc))
+    try:
+        cgroup: str | None = cgroups.cgroup_of(pid, api.proc)
+    except (OSError, ValueError):  # gone, or a v1-only host (InvalidCgroup)
+        cgroup = None
+    holders = api.table.holders_of(pid, procfs.ancestors(pid, api.proc), cgroup)
     for target_id in holders[:-1]:
         api.sample_now(target_id)
     if holders:

@@ -3,6 +3,7 @@ who may register which cgroup, and a registration that survives a daemon restart
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -167,3 +168,51 @@ def test_a_namespace_the_daemon_may_not_enter_is_counted_by_its_interfaces(
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
         subprocess.run(["ip", "link", "del", f"{name}h"], capture_output=True)
+
+
+@needs_v2
+def test_a_member_of_a_cgroup_target_is_found_by_reading_that_target_alone(
+    daemon_factory: Any, cgroup_dir: Path
+) -> None:
+    # `edgewatt run -- flower-supernode` in a cgroup of its own: each ClientApp the
+    # SuperNode starts afterwards is in its cgroup (or one below it), which the member
+    # lookup reads alone, whatever else is registered.
+    daemon = daemon_factory(interval=60.0)  # no regular pass in between
+    (cgroup_dir / "inner").mkdir()
+    forking = (
+        "import subprocess, sys\n"
+        "sys.stdin.readline()\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(c.pid, flush=True); c.wait()"
+    )
+    supernode = subprocess.Popen(
+        [sys.executable, "-c", forking], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    other = subprocess.Popen(sleep)
+    started: list[int] = []
+    try:
+        (cgroup_dir / "cgroup.procs").write_text(str(supernode.pid))
+        status, target = daemon.call("POST", "/v1/targets", {"cgroup": f"/{cgroup_dir.name}"})
+        assert status == 201, target
+        unrelated = daemon.register(other.pid)["id"]
+        wait_for(lambda: daemon.samples_taken(unrelated) == 1)  # its row follows the answer
+        assert supernode.stdin is not None and supernode.stdout is not None
+        supernode.stdin.write("fork\n")
+        supernode.stdin.flush()
+        started.append(int(supernode.stdout.readline()))  # in the cgroup, forked after
+        below = subprocess.Popen(sleep)
+        started.append(below.pid)
+        (cgroup_dir / "inner" / "cgroup.procs").write_text(str(below.pid))  # one below it
+        for pid in started:
+            status, found = daemon.call("GET", f"/v1/targets?member={pid}")
+            assert status == 200 and [t["id"] for t in found["targets"]] == [target["id"]]
+        assert daemon.samples_taken(unrelated) == 1  # never read for them
+        status, found = daemon.call("GET", f"/v1/targets?member={other.pid}")
+        assert [t["id"] for t in found["targets"]] == [unrelated]
+    finally:
+        for pid in [supernode.pid, other.pid, *started]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for process in (supernode, other):
+            process.wait()

@@ -248,12 +248,12 @@ def test_the_holders_of_a_process_are_its_own_target_and_its_ancestors_with_chil
     table = table_with(os.getpid())  # with its children
     (mine,) = table.running()
     parent = table.register(os.getppid(), {}, False, os.getuid()).target  # alone
-    assert table.holders_of(os.getpid(), [os.getppid(), 1]) == [mine.id]
-    assert table.holders_of(os.getppid(), [1]) == [parent.id]
-    assert table.holders_of(4_000_000, [os.getpid(), os.getppid()]) == [mine.id]
-    assert table.holders_of(4_000_000, [os.getppid()]) == []
+    assert table.holders_of(os.getpid(), [os.getppid(), 1], None) == [mine.id]
+    assert table.holders_of(os.getppid(), [1], None) == [parent.id]
+    assert table.holders_of(4_000_000, [os.getpid(), os.getppid()], None) == [mine.id]
+    assert table.holders_of(4_000_000, [os.getppid()], None) == []
     table.delete(mine.id, os.getuid())
-    assert table.holders_of(4_000_000, [os.getpid()]) == []  # ended: holds none
+    assert table.holders_of(4_000_000, [os.getpid()], None) == []  # ended: holds none
 
 
 def test_a_wall_clock_step_moves_no_duration() -> None:

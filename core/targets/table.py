@@ -322,22 +322,19 @@ class TargetTable:
                 if member is None or (t.exited_at is None and member in t.members)
             ]
 
-    def holders_of(self, member: int, ancestors: Collection[int]) -> list[str]:
+    def holders_of(self, member: int, ancestors: Collection[int], cgroup: str | None) -> list[str]:
         """The running targets that may hold process ``member`` now (``ancestors``:
-        its parent, its parent's and so on): its own, those of its ancestors
-        registered with their children, and those it was a member of at their last
-        reading. One forked and re-parented since the last pass may be held by
-        another: a pass of every target finds it."""
+        its parent, its parent's and so on; ``cgroup``: its cgroup v2 path, None where
+        unknown): its own, those of its ancestors registered with their children, the
+        cgroups it is in, and those it was a member of at their last reading. One
+        forked and re-parented since the last pass may be held by another: a pass of
+        every target finds it."""
         with self._lock:
             return [
                 t.id
                 for t in self._targets.values()
                 if t.exited_at is None
-                and (
-                    member in t.members
-                    or (t.cgroup_name is None and t.pid == member)
-                    or (t.cgroup_name is None and t.children and t.pid in ancestors)
-                )
+                and (member in t.members or _may_hold(t, member, ancestors, cgroup))
             ]
 
     def sample_age(self, target_id: str) -> float | None:
@@ -522,6 +519,17 @@ def _instant(sample: ProcessSample, wall: float, monotonic: float) -> float:
     if sample.monotonic is not None:
         return sample.monotonic
     return monotonic - min(max(0.0, wall - sample.time), MAX_SAMPLE_AGE_S)
+
+
+def _may_hold(target: Target, pid: int, ancestors: Collection[int], cgroup: str | None) -> bool:
+    """Whether ``target`` holds process ``pid`` (its ``ancestors`` and ``cgroup`` as
+    holders_of takes them) by what it was registered as."""
+    if target.cgroup_name is not None:
+        within = target.cgroup
+        if within is None or cgroup is None:
+            return False
+        return cgroup == within or cgroup.startswith(within.rstrip("/") + "/")
+    return target.pid == pid or (target.children and target.pid in ancestors)
 
 
 def _check_depth(depth: int) -> None:
