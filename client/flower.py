@@ -82,6 +82,12 @@ class _Failures:
         log.warning("edgewatt: %s failed (%s); the message goes on unmeasured", what, exc)
 
 
+def _own(name: str) -> tuple[Registration, bool, int | None]:
+    """A registration of this process's own (no target holds it), and its phase."""
+    registration = register(labels={"flower_message": "clientapp"})
+    return registration, False, registration.window(name)
+
+
 class _Window:
     """One message's phase, on the target that holds this process."""
 
@@ -90,29 +96,48 @@ class _Window:
         self.round = round_of(msg)
         self.name = f"round-{self.round}/{self.kind}"
         self.received = payload_bytes(msg.content) if msg.has_content() else 0
-        self.registration, self.attached = self._target()
-        # Inside whatever phase the app runs (an epoch of its own): never ends it.
-        self.depth = self.registration.window(self.name)
+        self.registration, self.attached, self.depth = self._open(self.name)
 
     @staticmethod
-    def _target() -> tuple[Registration, bool]:
-        """(the registration the phase goes on, whether it is another's target)."""
+    def _open(name: str) -> tuple[Registration, bool, int | None]:
+        """The registration the phase goes on, whether it is another's target, and
+        the phase's depth. The phase starts inside whatever phase the app runs (an
+        epoch of its own): it never ends one. One request where the daemon finds the
+        target holding this process itself; a daemon before that, a listing first."""
         found = transport.find_daemon(keep=True)
-        if found.path is not None and found.connection is not None:
-            pid, connection = os.getpid(), found.connection
-            try:
-                listed = connection.call_ok("GET", f"/v1/targets?member={pid}")
-            except BaseException:
+        if found.path is None or found.connection is None:
+            return _own(name)
+        pid, connection = os.getpid(), found.connection
+        try:
+            started = connection.call_ok(
+                "POST", f"/v1/members/{pid}/phase", {"name": name, "inside": True}
+            )
+        except transport.DaemonError as exc:
+            started = None
+            if exc.status == 404 and exc.body.get("error") == "not held":
                 connection.close()
-                raise
-            # The widest holder: the SuperNode's target rather than one of our own.
-            held = [t for t in listed["targets"] if t["pid"] != pid] or listed["targets"]
-            if held:
-                target = held[0]
-                daemon = DaemonBackend(found.path, {"id": target["id"]}, connection)
-                return Registration(found.path, Options(target["pid"], {}), "never", daemon), True
+                return _own(name)
+        except BaseException:
             connection.close()
-        return register(labels={"flower_message": "clientapp"}), False
+            raise
+        if started is not None:  # on the widest holder: the SuperNode's target
+            daemon = DaemonBackend(found.path, {"id": started["target"]}, connection)
+            held = Registration(found.path, Options(started["pid"], {}), "never", daemon)
+            return held, True, int(started.get("depth") or 0)
+        try:
+            listed = connection.call_ok("GET", f"/v1/targets?member={pid}")
+        except BaseException:
+            connection.close()
+            raise
+        # The widest holder: the SuperNode's target rather than one of our own.
+        holders = [t for t in listed["targets"] if t["pid"] != pid] or listed["targets"]
+        if not holders:
+            connection.close()
+            return _own(name)
+        target = holders[0]
+        daemon = DaemonBackend(found.path, {"id": target["id"]}, connection)
+        held = Registration(found.path, Options(target["pid"], {}), "never", daemon)
+        return held, True, held.window(name)
 
     def close(self, reply: Message, duration: float) -> dict[str, Any]:
         """The reply's record; ``duration``: the ClientApp's own call, in seconds (the

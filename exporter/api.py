@@ -174,19 +174,14 @@ def list_targets(api: ApiContext, request: Request) -> Response:
     if member is None:
         listing = api.listing.get(api.key(), lambda: _listing(api))
         return ok(listing.read_by(request.peer_uid))
-    if len(member) != 1 or not member[0].isdigit() or len(member[0]) > 10:
+    if len(member) != 1:
         raise HttpError(400, "invalid member", "member must be one process id")
-    pid = int(member[0])
+    pid = _member(member[0])
     # A process forked since the last pass is known once the targets that may hold it
-    # are read: those alone (a Flower ClientApp's first call a round, where a pass of
-    # every target costs ms; the last one's answered once its row is written), and
-    # every target where none of them does.
+    # are read: those alone (where a pass of every target costs ms; the last one's
+    # answered once its row is written), and every target where none of them does.
     rest = nothing
-    try:
-        cgroup: str | None = cgroups.cgroup_of(pid, api.proc)
-    except (OSError, ValueError):  # gone, or a v1-only host (InvalidCgroup)
-        cgroup = None
-    holders = api.table.holders_of(pid, procfs.ancestors(pid, api.proc), cgroup)
+    holders = _holders(api, pid)
     for target_id in holders[:-1]:
         api.sample_now(target_id)
     if holders:
@@ -204,6 +199,23 @@ def list_targets(api: ApiContext, request: Request) -> Response:
         rest()
         raise
     return Response(200, documents.targets(found), after=rest)
+
+
+def _member(text: str) -> int:
+    """A process id given in a path or a query."""
+    if not text.isdigit() or len(text) > 10:
+        raise HttpError(400, "invalid member", "member must be one process id")
+    return int(text)
+
+
+def _holders(api: ApiContext, pid: int) -> list[str]:
+    """The running targets that may hold process ``pid`` (TargetTable.holders_of), as
+    its ancestors and its cgroup now say, in the table's order."""
+    try:
+        cgroup: str | None = cgroups.cgroup_of(pid, api.proc)
+    except (OSError, ValueError):  # gone, or a v1-only host (InvalidCgroup)
+        cgroup = None
+    return api.table.holders_of(pid, procfs.ancestors(pid, api.proc), cgroup)
 
 
 def _listing(api: ApiContext) -> Listing:
@@ -289,7 +301,36 @@ def delete_target(api: ApiContext, request: Request) -> Response:
 
 
 def start_phase(api: ApiContext, request: Request) -> Response:
-    target_id = request.params["id"]
+    return _start_phase(api, request, request.params["id"])
+
+
+def start_member_phase(api: ApiContext, request: Request) -> Response:
+    """A phase on the widest running target that holds process {pid} (a SuperNode's
+    rather than its ClientApp's own): a Flower ClientApp's round start in one request,
+    without a pass of every target where its holders are known (list_targets)."""
+    pid = _member(request.params["pid"])
+    holders = _holders(api, pid)
+    if not holders:  # one forked and re-parented since the last pass: every target read
+        api.sample_now(None)
+        holders = [t["id"] for t in api.table.describe_all(pid)]
+    widest = [h for h in holders if _pid_of(api, h) != pid] or holders
+    if not widest:
+        raise NotFound("not held", f"no running target holds process {pid}")
+    return _start_phase(api, request, widest[0], member=True)
+
+
+def _pid_of(api: ApiContext, target_id: str) -> int | None:
+    try:
+        return api.table.get(target_id).pid
+    except NotFound:
+        return None  # purged since it was found
+
+
+def _start_phase(
+    api: ApiContext, request: Request, target_id: str, member: bool = False
+) -> Response:
+    """The phase a request's body names started on ``target_id`` (``member``: the
+    answer names the target's process too)."""
     body = request.json()
     reject_unknown(body, {"name", "depth", "inside"})
     depth = body.get("depth", 0)
@@ -300,6 +341,8 @@ def start_phase(api: ApiContext, request: Request) -> Response:
     phase = api.table.start_phase(target_id, body.get("name"), request.peer_uid, at)
     api.changed()
     answer = documents.phase_started(target_id, phase.name, phase.started_at, phase.depth)
+    if member:
+        answer["pid"] = _pid_of(api, target_id)
     # The answer holds nothing of the pass: once the counters and the power are read
     # at the edge's instant, the caller may go on while the rows are written.
     return Response(201, answer, after=api.edge(target_id, READ))
@@ -453,6 +496,7 @@ ROUTES = Router(
         "/v1/targets/{id}/phase": {"POST": start_phase, "DELETE": end_phase},
         "/v1/targets/{id}/summary": {"GET": get_summary},
         "/v1/targets/{id}/samples": {"GET": get_samples},
+        "/v1/members/{pid}/phase": {"POST": start_member_phase},
     }
 )
 

@@ -246,6 +246,50 @@ def test_a_member_is_found_by_reading_only_the_targets_that_may_hold_it(
         os.kill(pid, signal.SIGKILL)
 
 
+def test_a_phase_starts_on_the_widest_target_holding_a_process(
+    daemon_factory: Any, spawn: Any
+) -> None:
+    # A Flower ClientApp's round start: POST /v1/members/PID/phase finds the target
+    # holding it (the SuperNode's, not the ClientApp's own) and starts the phase there,
+    # reading that target alone.
+    daemon = daemon_factory(interval=60.0)
+    parent = spawn(
+        "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(c.pid, flush=True); c.wait()",
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    other = spawn("import time; time.sleep(60)")
+    try:
+        supernode = daemon.register(parent.pid)["id"]
+        own = daemon.register(child, children=False)["id"]
+        unrelated = daemon.register(other.pid)["id"]
+        wait_for(lambda: daemon.samples_taken(unrelated) == 1)
+        assert daemon.call("POST", f"/v1/targets/{supernode}/phase", {"name": "epoch"})[0] == 201
+        body = {"name": "round-1/train", "inside": True}
+        status, started = daemon.call("POST", f"/v1/members/{child}/phase", body)
+        assert status == 201, started
+        assert started["target"] == supernode and started["pid"] == parent.pid
+        assert (started["name"], started["depth"]) == ("round-1/train", 1)  # inside the epoch
+        phases = daemon.call("GET", f"/v1/targets/{supernode}/summary")[1]["phases"]
+        assert [(p["name"], p["ended_at"]) for p in phases] == [
+            ("epoch", None), ("round-1/train", None)
+        ]  # fmt: skip
+        assert daemon.call("GET", f"/v1/targets/{own}/summary")[1]["phases"] == []
+        assert daemon.samples_taken(unrelated) == 1  # not read
+        status, alone = daemon.call("POST", f"/v1/members/{other.pid}/phase", {"name": "x"})
+        assert (status, alone["target"], alone["pid"]) == (201, unrelated, other.pid)
+        status, refused = daemon.call("POST", "/v1/members/1/phase", {"name": "x"})
+        assert (status, refused["error"]) == (404, "not held")
+        status, refused = daemon.call("POST", "/v1/members/x1/phase", {"name": "x"})
+        assert (status, refused["error"]) == (400, "invalid member")
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_stalled_client_does_not_block_others(daemon: DaemonProcess, spawn: Any) -> None:
     stalled = []
     for _ in range(8):

@@ -128,3 +128,37 @@ def test_a_rounds_edges_do_not_wait_and_its_record_says_when_it_is_final(
     for phase in rounds:
         assert phase["final"] is True
         assert phase["device_energy_j"] == pytest.approx(WATTS * phase["duration_s"], rel=0.01)
+
+
+def test_a_rounds_start_is_one_request_and_a_daemon_before_it_gets_the_listing_first(
+    flower: Any, daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The daemon finds the target holding the ClientApp and starts the round's phase on
+    # it in one request; a daemon without that endpoint (404 "not found") is asked for
+    # the holders first, and the phase started on the one chosen, as before.
+    from edgewatt.core import transport
+
+    monkeypatch.setenv("EDGEWATT_SOCKET", daemon.socket)
+    target = daemon.register(os.getpid(), children=False)["id"]
+    asked: list[tuple[str, str]] = []
+    real = transport.Connection.call
+    older = [False]
+
+    def call(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append((method, path.split("?")[0]))
+        if older[0] and path.startswith("/v1/members/"):
+            return 404, {"error": "not found", "detail": f"no endpoint at {path!r}"}
+        return real(self, method, path, *args, **kwargs)
+
+    monkeypatch.setattr(transport.Connection, "call", call)
+    for server_round, before in ((1, False), (2, True)):
+        older[0], asked[:] = before, []
+        reply = flower.edgewatt_mod(Message(RecordDict(), server_round), None, ClientApp())
+        record = dict(reply.content[flower.RECORD])
+        assert (record["target"], record["phase"]) == (target, f"round-{server_round}/train")
+        start = [("POST", f"/v1/members/{os.getpid()}/phase")]
+        if before:
+            start += [("GET", "/v1/targets"), ("POST", f"/v1/targets/{target}/phase")]
+        assert asked == [*start, ("DELETE", f"/v1/targets/{target}/phase")]
+    summary = daemon.call("GET", f"/v1/targets/{target}/summary")[1]
+    assert [p["name"] for p in summary["phases"]] == ["round-1/train", "round-2/train"]
