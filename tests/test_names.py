@@ -170,16 +170,17 @@ def test_a_daemon_without_the_command_field_is_asked_again_without_it(
 ) -> None:
     bodies: list[dict[str, Any]] = []
 
-    def older(path: str, method: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        bodies.append(body)
-        unknown = sorted(set(body) - {"labels", "children", "pid", "cgroup"})
-        if unknown:  # a daemon of before the field refuses it by name
-            detail = f"{unknown[0]!r}; known fields: cgroup, children, labels, pid"
-            raise transport.DaemonError(400, {"error": "unknown field", "detail": detail})
-        return {"id": "a1"}
+    class Older:  # the registration's connection to a daemon of before the field
+        def call_ok(self, method: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
+            bodies.append(body)
+            unknown = sorted(set(body) - {"labels", "children", "pid", "cgroup"})
+            if unknown:  # it refuses the field by name
+                detail = f"{unknown[0]!r}; known fields: cgroup, children, labels, pid"
+                raise transport.DaemonError(400, {"error": "unknown field", "detail": detail})
+            return {"id": "a1"}
 
-    monkeypatch.setattr(transport, "call_ok", older)
-    assert client._post("/s", {"labels": {}, "command": ["true"]}) == {"id": "a1"}
+    older: Any = Older()
+    assert client._post(older, {"labels": {}, "command": ["true"]}) == {"id": "a1"}
     assert bodies == [{"labels": {}, "command": ["true"]}, {"labels": {}}]
     with pytest.raises(transport.DaemonError):  # any other refusal stands
-        client._post("/s", {"labels": {}, "command": ["true"], "unit": 1})
+        client._post(older, {"labels": {}, "command": ["true"], "unit": 1})
