@@ -165,9 +165,7 @@ def test_a_command_counts_in_its_persons_label_bytes() -> None:
     assert "123 asked, 119 left" in str(refused)
 
 
-def test_a_daemon_without_the_command_field_is_asked_again_without_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_daemon_without_the_command_field_is_asked_again_without_it() -> None:
     bodies: list[dict[str, Any]] = []
 
     class Older:  # the registration's connection to a daemon of before the field
