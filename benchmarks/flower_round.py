@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -93,7 +94,7 @@ def measure(
     for source in args.sources.split(","):
         power_env = source_env(source, workdir)
         for others in [int(n) for n in args.others.split(",")]:
-            sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(others)]
+            sleepers = [detached(["sleep", "3600"]) for _ in range(others)]
             try:
                 for build, first in builds.items():
                     sock = f"{workdir}/{source}-{others}{build.strip()}.sock"
@@ -103,7 +104,7 @@ def measure(
                         "--listen", "127.0.0.1:0", env=env,
                     )  # fmt: skip
                     try:
-                        held = [client.register(pid=p.pid, socket=sock) for p in sleepers]
+                        held = [client.register(pid=pid, socket=sock) for pid in sleepers]
                         supernode = client.register(socket=sock, fallback="never")
                         timed = rounds(args.rounds, {**env, "EDGEWATT_SOCKET": sock})
                         supernode.close()
@@ -117,10 +118,20 @@ def measure(
                         for q, p in (("p50", 0.5), ("p99", 0.99))
                     }
             finally:
-                for sleeper in sleepers:
-                    sleeper.kill()
-                    sleeper.wait()
+                for pid in sleepers:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
     return results
+
+
+def detached(argv: list[str]) -> int:
+    """The pid of ``argv`` started by a shell that exits at once: not this process's
+    descendant (its tree is the SuperNode's, which the others are not part of)."""
+    started = subprocess.run(
+        ["sh", "-c", 'exec "$@" >/dev/null 2>&1 </dev/null & echo $!', "sh", *argv],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(started.stdout)
 
 
 def rounds(count: int, env: dict[str, str]) -> dict[str, list[float]]:

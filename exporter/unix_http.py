@@ -1,7 +1,8 @@
 """HTTP/1.1 with JSON bodies over a Unix socket: the mechanics under the registration
 API (api.py holds its endpoints).
 
-Every connection gets its own thread, and every request one deadline: all of it (the
+Every connection gets its own thread (one kept from an earlier connection where one
+waits: workers.py), and every request one deadline: all of it (the
 wait for its first byte included) must arrive within ``REQUEST_TIMEOUT_S``, however it
 is spread out, or the connection ends (408 once the headers are in). A client that
 trickles a byte at a time holds its thread no longer than one that stalls. At most
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import logging
@@ -54,6 +56,7 @@ from edgewatt.exporter import documents
 from edgewatt.exporter.cpu_budget import CpuBudget
 from edgewatt.exporter.http_head import BadHead, Head, parse_fields, parse_request_line
 from edgewatt.exporter.shared_answer import Encoded
+from edgewatt.exporter.workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +269,8 @@ class _Handler(socketserver.BaseRequestHandler):
     server: UnixHttpServer
 
     def setup(self) -> None:
+        # Its thread served other connections before (workers.py): its CPU from here.
+        self._cpu_start = time.thread_time()
         self.peer_pid, self.peer_uid, _ = credentials(self.request)
         self._person: int | None = self.client_address[0]  # None: an administrator's
         self._reader = DeadlineReader(self.request)
@@ -278,7 +283,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 while self._one_request():
                     pass
                 return
-            charged = 0.0  # the thread's CPU since it started (its setup included)
+            charged = self._cpu_start  # the connection's CPU from its setup on
             while True:
                 budget.wait(person)  # her request waits in the socket, unread
                 try:
@@ -439,6 +444,7 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
         self.path = path
         self._wake_r, self._wake_w = socket.socketpair()
         self._serving = threading.Lock()  # held by serve_forever while it runs
+        self._workers = Workers()  # each connection's thread, kept for the next
 
     def serve_forever(self, poll_interval: float = 0.0) -> None:
         """Accept until :meth:`shutdown`, asleep between connections (``poll_interval``
@@ -480,7 +486,9 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
             refuse(request, refused)
             self.shutdown_request(request)
             return
-        super().process_request(request, (share, client_address))
+        # ThreadingMixIn's per-connection work, in a kept thread rather than a new one.
+        served = (share, client_address)
+        self._workers.run(functools.partial(self.process_request_thread, request, served))
 
     def _peer_person(self, request: socket.socket, pid: int, uid: int) -> int:
         pidfd = peer_pidfd(request)
@@ -503,6 +511,7 @@ class UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
     def close(self) -> None:
         self.shutdown()
         self.server_close()
+        self._workers.close()
         self._wake_r.close()
         self._wake_w.close()
         with contextlib.suppress(FileNotFoundError):

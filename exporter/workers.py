@@ -1,0 +1,71 @@
+"""The threads that serve the API's connections, kept for the next connection once one
+ends: a connection is handed to an idle thread (one wake), not to a thread started for
+it (a thread's start waits until it runs: 0.1 to 0.7 ms here, on the path of every
+registration and every Flower ClientApp's first request). A thread idle longer than
+``IDLE_S`` ends; at most ``KEEP`` wait at once. How many serve at once is the server's
+to bound (unix_http.py: one thread a connection)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+IDLE_S = 30.0  # an idle thread's wait for the next connection
+KEEP = 16  # idle threads kept at most: a burst's threads beyond it end with it
+
+Job = Callable[[], None]
+
+
+class Workers:
+    """Runs each job (a connection served to its end) in a thread of its own, reusing
+    an idle one where there is one."""
+
+    def __init__(self, idle_s: float = IDLE_S, keep: int = KEEP) -> None:
+        self._idle_s = idle_s
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Job | None]] = []  # each idle thread's inbox
+        self._closed = False
+
+    def run(self, job: Job) -> None:
+        """``job`` in an idle thread, or in a new one."""
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is not None:
+            inbox.put(job)
+            return
+        threading.Thread(target=self._serve, args=(job,), daemon=True).start()
+
+    def idle(self) -> int:
+        """Threads waiting for a job now."""
+        with self._lock:
+            return len(self._idle)
+
+    def close(self) -> None:
+        """End the idle threads now, and each busy one once its job is done."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
+
+    def _serve(self, job: Job) -> None:
+        inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        while True:
+            job()  # the server's job handles its own errors (socketserver's handle_error)
+            with self._lock:
+                if self._closed or len(self._idle) >= self._keep:
+                    return
+                self._idle.append(inbox)
+            try:
+                next_job = inbox.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._idle:  # nobody took it: end
+                        self._idle.remove(inbox)
+                        return
+                next_job = inbox.get()  # taken just as the wait ended: its job comes
+            if next_job is None:
+                return
+            job = next_job
