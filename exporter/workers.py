@@ -1,9 +1,10 @@
 """The threads that serve the API's connections, kept for the next connection once one
 ends: a connection is handed to an idle thread (one wake), not to a thread started for
 it (a thread's start waits until it runs: 0.1 to 0.7 ms here, on the path of every
-registration and every Flower ClientApp's first request). A thread idle longer than
-``IDLE_S`` ends; at most ``KEEP`` wait at once. How many serve at once is the server's
-to bound (unix_http.py: one thread a connection)."""
+registration and every Flower ClientApp's first request). At most ``KEEP`` wait at
+once, asleep until a connection comes (no timer: a thread with nothing to serve never
+wakes); a burst's threads beyond them end with it. How many serve at once is the
+server's to bound (unix_http.py: one thread a connection)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import queue
 import threading
 from collections.abc import Callable
 
-IDLE_S = 30.0  # an idle thread's wait for the next connection
-KEEP = 16  # idle threads kept at most: a burst's threads beyond it end with it
+from edgewatt.core.compat import name_thread
+
+KEEP = 4  # idle threads kept: connections come one after another (a registration, a round)
+NAME = "api-conn"  # the kernel's name of each (top -H, /proc/PID/task/TID/comm)
 
 Job = Callable[[], None]
 
@@ -21,8 +24,7 @@ class Workers:
     """Runs each job (a connection served to its end) in a thread of its own, reusing
     an idle one where there is one."""
 
-    def __init__(self, idle_s: float = IDLE_S, keep: int = KEEP) -> None:
-        self._idle_s = idle_s
+    def __init__(self, keep: int = KEEP) -> None:
         self._keep = keep
         self._lock = threading.Lock()
         self._idle: list[queue.SimpleQueue[Job | None]] = []  # each idle thread's inbox
@@ -35,7 +37,7 @@ class Workers:
         if inbox is not None:
             inbox.put(job)
             return
-        threading.Thread(target=self._serve, args=(job,), daemon=True).start()
+        threading.Thread(target=self._serve, args=(job,), name=NAME, daemon=True).start()
 
     def idle(self) -> int:
         """Threads waiting for a job now."""
@@ -50,22 +52,14 @@ class Workers:
         for inbox in idle:
             inbox.put(None)
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, first: Job) -> None:
+        name_thread(threading.current_thread())
         inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        while True:
+        job: Job | None = first
+        while job is not None:
             job()  # the server's job handles its own errors (socketserver's handle_error)
             with self._lock:
                 if self._closed or len(self._idle) >= self._keep:
                     return
                 self._idle.append(inbox)
-            try:
-                next_job = inbox.get(timeout=self._idle_s)
-            except queue.Empty:
-                with self._lock:
-                    if inbox in self._idle:  # nobody took it: end
-                        self._idle.remove(inbox)
-                        return
-                next_job = inbox.get()  # taken just as the wait ended: its job comes
-            if next_job is None:
-                return
-            job = next_job
+            job = inbox.get()

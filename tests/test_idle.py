@@ -29,39 +29,28 @@ def wake_ups(pid: int) -> dict[str, int]:
     return counts
 
 
-def connection_threads(pid: int) -> list[str]:
-    """The threads serving a connection to the API: the only ones its server leaves
-    unnamed (socketserver's "Thread-N (process_request_thread)", cut to 15 bytes)."""
-    names = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except FileNotFoundError:
-            continue  # ended
-    return [name for name in names if name.startswith("Thread-")]
-
-
 def test_threads_with_nothing_to_serve_do_not_wake(daemon_factory: Any, spawn: Any) -> None:
     daemon = daemon_factory(interval=1.0)
     child = spawn("import time; time.sleep(60)")
     daemon.register(child.pid)
     assert daemon.proc is not None
     pid = daemon.proc.pid
-    wait_for(lambda: not connection_threads(pid))  # the registration's served and gone
+    # The registration's connection ends; its thread waits for the next one (workers.py).
+    wait_for(lambda: "api-conn" in wake_ups(pid))
     # Its journal record fsynced: the state thread batches fsyncs on a timer
     # (within SYNC_S of the change), so the window is the wait's meaning.
     time.sleep(SYNC_S + 1.0)
     before = wake_ups(pid)
     time.sleep(IDLE_S)  # no request, no scrape, no signal
     after = wake_ups(pid)
-    woken = {name: after[name] - before[name] for name in ("api", "metrics", "main", "state")}
+    names = ("api", "metrics", "main", "state", "api-conn")
+    woken = {name: after[name] - before[name] for name in names}
     # At most one for the API and /metrics threads: the last block of the
     # registration's accept may fall inside. Polling every 0.2 s (the API) or 1 s
     # (/metrics) counts 20 and 4 here; the main thread waits for signals only, the
     # state thread for a change.
     assert woken["api"] <= 1 and woken["metrics"] <= 1 and woken["main"] == 0, woken
-    assert woken["state"] == 0, woken
+    assert woken["state"] == 0 and woken["api-conn"] == 0, woken  # no timer: asleep
     # The sampler has a pass to make every interval: its wakes are its work.
     assert after["sampler"] > before["sampler"]
     # Asleep without a timeout, yet the stop is as quick as documented (2 s).
