@@ -211,11 +211,14 @@ def _member(text: str) -> int:
 def _holders(api: ApiContext, pid: int) -> list[str]:
     """The running targets that may hold process ``pid`` (TargetTable.holders_of), as
     its ancestors and its cgroup now say, in the table's order."""
-    try:
-        cgroup: str | None = cgroups.cgroup_of(pid, api.proc)
-    except (OSError, ValueError):  # gone, or a v1-only host (InvalidCgroup)
-        cgroup = None
-    return api.table.holders_of(pid, procfs.ancestors(pid, api.proc), cgroup)
+
+    def cgroup() -> str | None:
+        try:
+            return cgroups.cgroup_of(pid, api.proc)
+        except (OSError, ValueError):  # gone, or a v1-only host (InvalidCgroup)
+            return None
+
+    return api.table.holders_of(pid, lambda: procfs.ancestors(pid, api.proc), cgroup)
 
 
 def _listing(api: ApiContext) -> Listing:

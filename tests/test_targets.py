@@ -247,13 +247,27 @@ def test_a_registration_and_a_phases_start_are_answered_once_the_counters_are_re
 def test_the_holders_of_a_process_are_its_own_target_and_its_ancestors_with_children() -> None:
     table = table_with(os.getpid())  # with its children
     (mine,) = table.running()
+    read: list[str] = []
+
+    def holders(pid: int, ancestors: list[int]) -> list[str]:
+        def parents() -> list[int]:
+            read.append("ancestors")
+            return ancestors
+
+        def cgroup() -> None:
+            read.append("cgroup")
+
+        return table.holders_of(pid, parents, cgroup)
+
     parent = table.register(os.getppid(), {}, False, os.getuid()).target  # alone
-    assert table.holders_of(os.getpid(), [os.getppid(), 1], None) == [mine.id]
-    assert table.holders_of(os.getppid(), [1], None) == [parent.id]
-    assert table.holders_of(4_000_000, [os.getpid(), os.getppid()], None) == [mine.id]
-    assert table.holders_of(4_000_000, [os.getppid()], None) == []
+    assert holders(os.getpid(), [os.getppid(), 1]) == [mine.id]
+    assert holders(os.getppid(), [1]) == [parent.id]
+    assert holders(4_000_000, [os.getpid(), os.getppid()]) == [mine.id]
+    assert holders(4_000_000, [os.getppid()]) == []
+    assert read == ["ancestors"] * 4  # no cgroup target: no cgroup read
     table.delete(mine.id, os.getuid())
-    assert table.holders_of(4_000_000, [os.getpid()], None) == []  # ended: holds none
+    assert holders(4_000_000, [os.getpid()]) == []  # ended: holds none
+    assert read == ["ancestors"] * 4  # none with its children left: no ancestors read
 
 
 def test_a_wall_clock_step_moves_no_duration() -> None:

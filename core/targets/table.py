@@ -322,20 +322,25 @@ class TargetTable:
                 if member is None or (t.exited_at is None and member in t.members)
             ]
 
-    def holders_of(self, member: int, ancestors: Collection[int], cgroup: str | None) -> list[str]:
-        """The running targets that may hold process ``member`` now (``ancestors``:
-        its parent, its parent's and so on; ``cgroup``: its cgroup v2 path, None where
-        unknown): its own, those of its ancestors registered with their children, the
-        cgroups it is in, and those it was a member of at their last reading. One
-        forked and re-parented since the last pass may be held by another: a pass of
-        every target finds it."""
+    def holders_of(
+        self,
+        member: int,
+        ancestors: Callable[[], Collection[int]],
+        cgroup: Callable[[], str | None],
+    ) -> list[str]:
+        """The running targets that may hold process ``member`` now: its own, those of
+        its ancestors registered with their children, the cgroups it is in (or below),
+        and those it was a member of at their last reading. ``ancestors`` (its parent,
+        its parent's and so on) and ``cgroup`` (its cgroup v2 path; None: unknown) are
+        read only where some target needs them, outside the table's lock. One forked
+        and re-parented since the last pass may be held by another: a pass of every
+        target finds it."""
         with self._lock:
-            return [
-                t.id
-                for t in self._targets.values()
-                if t.exited_at is None
-                and (member in t.members or _may_hold(t, member, ancestors, cgroup))
-            ]
+            running = [t for t in self._targets.values() if t.exited_at is None]
+        trees = any(t.cgroup_name is None and t.children for t in running)
+        parents = ancestors() if trees else ()
+        path = cgroup() if any(t.cgroup_name is not None for t in running) else None
+        return [t.id for t in running if member in t.members or _may_hold(t, member, parents, path)]
 
     def sample_age(self, target_id: str) -> float | None:
         """Seconds since the target's latest sample was taken, on the monotonic clock
