@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+import typing  # a runtime alias: Python 3.8's abc.Callable takes no [...]
 
 from edgewatt.core.compat import name_thread
 
 KEEP = 4  # idle threads kept: connections come one after another (a registration, a round)
 NAME = "api-conn"  # the kernel's name of each (top -H, /proc/PID/task/TID/comm)
 
-Job = Callable[[], None]
+Job = typing.Callable[[], None]
 
 
 class Workers:
