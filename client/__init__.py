@@ -496,6 +496,7 @@ def open_registration(
             info = _post(connection, _request(options, cgroup, argv))
         except DaemonError as exc:
             if exc.status == 400 and exc.body.get("error") == "invalid labels":
+                connection.close()
                 raise ValueError(exc.body.get("detail")) from None
             why = f"the daemon at {path} refused the registration: {exc}"
         except OSError as exc:

@@ -122,7 +122,8 @@ class _Window:
             raise
         if started is not None:  # on the widest holder: the SuperNode's target
             daemon = DaemonBackend(found.path, {"id": started["target"]}, connection)
-            held = Registration(found.path, Options(started["pid"], {}), "never", daemon)
+            pid_of_target = int(started.get("pid") or 0)  # 0: a cgroup's
+            held = Registration(found.path, Options(pid_of_target, {}), "never", daemon)
             return held, True, int(started.get("depth") or 0)
         try:
             listed = connection.call_ok("GET", f"/v1/targets?member={pid}")
