@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measure import checkout, percentile, start_daemon  # noqa: E402
-from benchmarks.track import source_env, with_native_reader, with_path  # noqa: E402
+from benchmarks.measure import percentile, start_daemon  # noqa: E402
+from benchmarks.track import builds_of, source_env, with_path  # noqa: E402
 from edgewatt import client  # noqa: E402
 
 ROUND = """
@@ -65,10 +65,7 @@ def main() -> None:
     parser.add_argument("--rev", help="a git revision measured beside this checkout")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
-    with contextlib.ExitStack() as stack:
-        builds: dict[str, Path | None] = {"": None}
-        if args.rev:
-            builds[f" @{args.rev}"] = with_native_reader(stack.enter_context(checkout(args.rev)))
+    with builds_of(args.rev) as builds:
         results = measure(args, builds)
     print(
         f"{args.rounds} rounds each, one process a round, {os.cpu_count()} cores; "

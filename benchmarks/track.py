@@ -317,13 +317,22 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
 
-    with contextlib.ExitStack() as stack:
-        # Each build's suffix in the modes' names, and its folder first on PYTHONPATH.
-        builds: dict[str, Path | None] = {"": None}
-        if args.rev:
-            builds[f" @{args.rev}"] = with_native_reader(stack.enter_context(checkout(args.rev)))
+    with builds_of(args.rev) as builds:
         results = measure(args, builds)
     report(args, results)
+
+
+@contextlib.contextmanager
+def builds_of(rev: str | None) -> Iterator[dict[str, Path | None]]:
+    """Each build's suffix in the modes' names, and its folder first on PYTHONPATH:
+    this checkout's (none), and ``rev``'s beside it where given."""
+    builds: dict[str, Path | None] = {"": None}
+    if rev is None:
+        yield builds
+        return
+    with checkout(rev) as top:
+        builds[f" @{rev}"] = with_native_reader(top)
+        yield builds
 
 
 def measure(args: argparse.Namespace, builds: dict[str, Path | None]) -> dict[str, dict]:

@@ -102,7 +102,7 @@ def normalize(path: object) -> str:
 def cgroup_of(pid: int, proc: str = "/proc") -> str:
     """The process's v2 cgroup ("0::" line of /proc/PID/cgroup); FileNotFoundError
     when the process is gone."""
-    fd = os.open(f"{proc}/{pid}/cgroup", os.O_RDONLY)  # a tenth of open()'s cost
+    fd = os.open(f"{proc}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)  # a tenth of open()'s
     try:
         chunks = []
         while chunk := os.read(fd, 65536):

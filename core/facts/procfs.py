@@ -416,18 +416,26 @@ class ParentIndex:
         return ppid(pid, self.proc)
 
 
-def ppid(pid: int, proc: str = "/proc") -> int | None:
-    """The parent of process ``pid`` (0: none); None where it has exited."""
-    try:  # os.open, not open(): a tenth of the cost, for a chain of them (ancestors)
-        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY)
+def read_once(path: str, size: int = 4096) -> bytes | None:
+    """One read of up to ``size`` bytes of a small /proc file, by os.open (a tenth of
+    open()'s cost); None where it cannot be opened or read (the process gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        data = os.read(fd, 4096)
+        return os.read(fd, size)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def ppid(pid: int, proc: str = "/proc") -> int | None:
+    """The parent of process ``pid`` (0: none); None where it has exited."""
+    data = read_once(f"{proc}/{pid}/stat")
+    if not data:
+        return None
     return int(data[data.rindex(b")") + 2 :].split(maxsplit=2)[1])
 
 

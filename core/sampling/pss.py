@@ -29,11 +29,11 @@ reading's time when they were read) says how old they are.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from edgewatt.core.facts import procfs
 from edgewatt.core.sampling.contributors import UNCHANGED, Figures, Status, Unchanged
 
 if TYPE_CHECKING:
@@ -78,18 +78,9 @@ def parse_rollup(data: bytes) -> Rollup:
 def read_rollup(pid: int, proc: str = "/proc") -> Rollup | None:
     """The process's Rss and Pss; None where the kernel shows none (gone, a kernel
     thread or a zombie: no memory; not permitted; a kernel before 4.14)."""
-    try:
-        fd = os.open(f"{proc}/{pid}/smaps_rollup", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, 4096)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    data = procfs.read_once(f"{proc}/{pid}/smaps_rollup")
     if not data:
-        return None  # a zombie: its memory is gone
+        return None  # gone or not permitted; empty: a zombie, its memory gone
     try:
         return parse_rollup(data)
     except ValueError:
