@@ -18,6 +18,7 @@ import pytest
 from edgewatt.core.facts import cgroups
 from edgewatt.exporter.registration import InvalidRegistration, parse_request, parse_saved
 from tests.conftest import WITHOUT_SYS_ADMIN, call_as, wait_for
+from tests.test_api import settled
 
 NOBODY = 65534
 WHERE = cgroups.mounts()
@@ -196,7 +197,8 @@ def test_a_member_of_a_cgroup_target_is_found_by_reading_that_target_alone(
         status, target = daemon.call("POST", "/v1/targets", {"cgroup": f"/{cgroup_dir.name}"})
         assert status == 201, target
         unrelated = daemon.register(other.pid)["id"]
-        wait_for(lambda: daemon.samples_taken(unrelated) == 1)  # its row follows the answer
+        settled(daemon, target["id"])  # the registrations' rows follow their answers
+        assert daemon.samples_taken(unrelated) == 1
         assert supernode.stdin is not None and supernode.stdout is not None
         supernode.stdin.write("fork\n")
         supernode.stdin.flush()
@@ -207,6 +209,7 @@ def test_a_member_of_a_cgroup_target_is_found_by_reading_that_target_alone(
         for pid in started:
             status, found = daemon.call("GET", f"/v1/targets?member={pid}")
             assert status == 200 and [t["id"] for t in found["targets"]] == [target["id"]]
+        settled(daemon, target["id"])
         assert daemon.samples_taken(unrelated) == 1  # never read for them
         status, found = daemon.call("GET", f"/v1/targets?member={other.pid}")
         assert [t["id"] for t in found["targets"]] == [unrelated]

@@ -39,9 +39,12 @@ class CountedHost(LinuxPlatform):
         return super().read_host_cpu()
 
 
-def sampling(spawn: Any, power: bool) -> tuple[str, CountedHost, Sampler]:
+def sampling(
+    spawn: Any, power: bool, contributors: tuple[Any, ...] = ()
+) -> tuple[str, CountedHost, Sampler]:
     """A sleeping child's target id, the counted platform, and a sampler over it (with
-    power: a JetsonBoard's, attribution sharing by the host's CPU)."""
+    power: a JetsonBoard's, attribution sharing by the host's CPU; ``contributors``:
+    the sampler's)."""
     child = spawn("import time; time.sleep(60)")
     table = table_with(child.pid)
     (target,) = table.running()
@@ -52,7 +55,7 @@ def sampling(spawn: Any, power: bool) -> tuple[str, CountedHost, Sampler]:
         host_name="h",
         power=PowerMeter([JetsonBoard(gpu_w=10.0)], max_gap_s=5.0) if power else None,
         attribution=Attribution(idle_w=5.0, window_s=600.0) if power else None,
-        parts=Parts(ProcessTrees(platform)),
+        parts=Parts(ProcessTrees(platform), contributors),
     )
     return target.id, platform, sampler
 
@@ -212,21 +215,13 @@ def test_a_new_targets_first_edge_reads_its_pss_after_the_answer(spawn: Any) -> 
     # A registration's answer is written at READ: its counters are read then, and the
     # new target's first smaps_rollup (5-12 ms for a process of many mappings) after
     # it, in the same pass, so the first row still holds the PSS.
-    child = spawn("import time; time.sleep(60)")
-    table = table_with(child.pid)
-    (target,) = table.running()
     pss = ProportionalMemory()
-    sampler = Sampler(
-        table,
-        interval=0.2,
-        host_name="h",
-        parts=Parts(ProcessTrees(LinuxPlatform()), contributors=(pss,)),
-    )
-    rest = sampler.sample_edge(target.id, READ)
+    target_id, _, sampler = sampling(spawn, power=False, contributors=(pss,))
+    rest = sampler.sample_edge(target_id, READ)
     assert pss.reads == 0
     rest()
     assert pss.reads == 1
-    (row,) = table.get(target.id).history.rows
+    (row,) = sampler.table.get(target_id).history.rows
     (sample,) = sampler.snapshot.processes
     assert sample.memory_pss_bytes is not None and sample.memory_pss_bytes > 0
     assert row.memory_pss_bytes == sample.memory_pss_bytes
