@@ -270,6 +270,30 @@ def test_the_holders_of_a_process_are_its_own_target_and_its_ancestors_with_chil
     assert read == ["ancestors"] * 4  # none with its children left: no ancestors read
 
 
+def test_a_pass_read_before_a_phase_began_neither_opens_nor_ends_it() -> None:
+    """A registration or a phase's start is answered once its counters are read, its
+    row written after: a phase asked meanwhile (another connection, another thread)
+    opens at the first row read after it began, not at that one, and ends at the
+    first read after its end (CI read a 0.200 s phase as 0.210 s)."""
+    table, clocks = _table(os.getpid())
+    (target,) = table.running()
+    uid = os.getuid()
+    _pass(table, clocks, 0.2, 10.0)
+    clocks.t = 11.0
+    table.start_phase(target.id, "asked-during-a-pass", uid)
+    _pass(table, clocks, 0.2, 10.5)  # read at 10.5, written once the phase began
+    _pass(table, clocks, 0.2, 11.2)  # its own edge: the first read after it began
+    _pass(table, clocks, 0.2, 11.6)
+    clocks.t = 12.0
+    table.end_phase(target.id, uid)
+    _pass(table, clocks, 0.2, 11.8)  # read before it ended: inside it, not its end
+    _pass(table, clocks, 0.2, 12.1)  # the end's own edge
+    (phase,) = table.summary(target.id, 2)["phases"]
+    assert phase["duration_s"] == pytest.approx(0.9)
+    assert phase["energy_j"] == pytest.approx(0.5 * 0.9)  # 0.5 W attributed
+    assert phase["cpu_avg_cores"] == pytest.approx(0.25)
+
+
 def test_a_wall_clock_step_moves_no_duration() -> None:
     """Stepped back one hour inside a ~3 s phase and forward again inside a ~5 s one
     (NTP's first sync on a Jetson without an RTC battery): durations, averages and

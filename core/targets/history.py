@@ -120,6 +120,7 @@ class Phase:
     first: SampleRow | None = field(default=None, init=False)
     last: SampleRow | None = field(default=None, init=False)
     ended_at: float | None = field(default=None, init=False)
+    ended_monotonic: float | None = field(default=None, init=False)  # None: at once
     closed: bool = field(default=False, init=False)  # the sample after the end was taken
     # The device's energy at its edges once the power trace has settled them.
     edges: EdgeEnergy = field(default_factory=EdgeEnergy, init=False)
@@ -156,8 +157,12 @@ class Phase:
     ) -> None:
         """A sample; ``period_s``, ``power``: the sensors' period and the device's
         lowest and highest power over the interval it ends (the first sample's interval
-        is before the phase: not counted)."""
+        is before the phase: not counted). A sample read before the phase began (a pass
+        under way when it was asked, recorded after) is not its first, and one read
+        before it ended does not close it."""
         if self.first is None:
+            if row.monotonic < self.started_monotonic:
+                return
             self.first = row
         else:
             if period_s is not None:
@@ -168,7 +173,7 @@ class Phase:
             self.cpu_utilization.widen(utilization, utilization)
         self.last = row
         self.memory.add(row)
-        if self.ended_at is not None:
+        if self.ended_at is not None and row.monotonic >= (self.ended_monotonic or 0.0):
             self.closed = True
 
 
@@ -322,7 +327,7 @@ class History:
         """End the running phases at ``phase``'s depth and deeper at ``now``, and start
         ``phase``; the oldest beyond the bound go from the list (a pending one is still
         settled)."""
-        self.end_phase(now, phase.depth)
+        self.end_phase(now, phase.depth, phase.started_monotonic)
         phases = self.phases
         phases.append(phase)
         self.pending.append(phase)
@@ -334,10 +339,13 @@ class History:
         del self.phases[0]  # a list, not a deque: the pass slices the last few
         self.phases_dropped += 1
 
-    def end_phase(self, now: float, depth: int | None = None) -> Phase | None:
+    def end_phase(
+        self, now: float, depth: int | None = None, monotonic: float | None = None
+    ) -> Phase | None:
         """End the running phases at ``depth`` and deeper (None: the innermost) at
-        ``now``; returns the one at ``depth`` (else the outermost ended; None: none
-        was running)."""
+        ``now`` (``monotonic``: the same instant on the monotonic clock; None: the next
+        sample closes them whenever it was read); returns the one at ``depth`` (else
+        the outermost ended; None: none was running)."""
         running = self.running_phases
         if not running:
             return None
@@ -346,6 +354,7 @@ class History:
         ended = [p for p in running if p.depth >= depth]
         for phase in ended:
             phase.ended_at = now
+            phase.ended_monotonic = monotonic
         return next((p for p in ended if p.depth == depth), ended[0] if ended else None)
 
     def network_rate(self) -> dict[str, float] | None:

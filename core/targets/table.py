@@ -283,7 +283,7 @@ class TargetTable:
         with self._lock:
             target = _find(self._targets, target_id)
             check_owner(target, uid)
-            return target.history.end_phase(self._wall(), depth)
+            return target.history.end_phase(self._wall(), depth, self._monotonic())
 
     # -- reading ------------------------------------------------------------------
 
