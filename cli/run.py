@@ -303,6 +303,11 @@ def become_subreaper() -> bool:
         return False
 
 
+# What a release sends the held fork first: an end of file without it is the run's death
+# (killed before it let the command run), and the command never runs.
+_GO = b"go:"
+
+
 class _Held:
     """The command, forked but held before its exec until :meth:`release`: so it is
     registered before it runs its first instruction (a Popen cannot wait there: it
@@ -322,17 +327,22 @@ class _Held:
                 while chunk := os.read(hold, 4096):  # until the parent closes its end
                     told += chunk
                 os.close(hold)
+                if not told.startswith(_GO):  # the run was killed before it let it run
+                    return
+                told = told[len(_GO) :]
                 if told.startswith(b"\0"):  # no daemon answered there: said already
                     os.environ[NO_DAEMON_SAID] = os.fsdecode(told[1:])
                     if given:
                         os.environ["EDGEWATT_SOCKET"] = given
                 elif told:
                     os.environ["EDGEWATT_SOCKET"] = os.fsdecode(told)
+                # The kernel keeps this fork's peak RSS across the exec, in wait4's
+                # ru_maxrss: read last, so that a larger figure is the command's. A run
+                # killed since its release reads it no more: the command runs on.
+                with contextlib.suppress(BrokenPipeError):  # SIGPIPE ignored until below
+                    os.write(report, _own_peak())
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as Popen restores them
                     signal.signal(sig, signal.SIG_DFL)
-                # The kernel keeps this fork's peak RSS across the exec, in wait4's
-                # ru_maxrss: read last, so that a larger figure is the command's.
-                os.write(report, _own_peak())
                 os.execv(path, command)  # with os.environ as now
             except OSError as exc:
                 os.write(report, b"\n" + str(exc.errno or errno.ENOEXEC).encode())
@@ -348,9 +358,11 @@ class _Held:
         else NO_DAEMON_SAID to ``no_daemon_at`` (where none answered, as this process
         said); the errno its exec failed with, or None once it runs."""
         if socket:
-            os.write(self._release, os.fsencode(socket))
+            os.write(self._release, _GO + os.fsencode(socket))
         elif no_daemon_at:
-            os.write(self._release, b"\0" + os.fsencode(no_daemon_at))
+            os.write(self._release, _GO + b"\0" + os.fsencode(no_daemon_at))
+        else:
+            os.write(self._release, _GO)
         os.close(self._release)
         with os.fdopen(self._errors, "rb") as errors:
             told = errors.read()  # end of file at the exec (close-on-exec)

@@ -352,6 +352,8 @@ def test_a_killed_run_leaves_no_cgroup_and_no_target(daemon_factory: Any) -> Non
     directory = Path(f"{WHERE.v2}{path}")
     members = (directory / "cgroup.procs").read_text().split()
     assert len(members) == 1
+    # Killed once the command runs (a run killed before it let its fork exec: below).
+    wait_for(lambda: Path(f"/proc/{members[0]}/cmdline").read_bytes().startswith(b"sleep"))
     run.send_signal(signal.SIGKILL)
     run.wait()
     daemon.wait_passes(target["id"], 2)  # passes while the command still runs: it goes on
@@ -364,6 +366,38 @@ def test_a_killed_run_leaves_no_cgroup_and_no_target(daemon_factory: Any) -> Non
     # Its slot is free: the target no longer counts against max_targets.
     assert [t["id"] for t in daemon.call("GET", "/v1/targets")[1]["targets"]
             if t["state"] == "running"] == []  # fmt: skip
+
+
+HELD = """
+import os, sys
+from edgewatt.cli.run import _GO, _Held
+held = _Held("/usr/bin/touch", ["touch", sys.argv[1]])
+if sys.argv[2] == "released":  # as release() sends it; killed before it reads the report
+    os.write(held._release, _GO)
+print(held.pid, flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("when", ["held", "released"])
+def test_a_run_killed_before_its_release_never_runs_the_command_and_after_it_does(
+    tmp_path: Path, when: str
+) -> None:
+    # `edgewatt run` gone while its fork waits (registering it): the command was never
+    # let run. Gone once it let it run, before it read the fork's peak: it runs on.
+    touched = tmp_path / "touched"
+    out = subprocess.run([sys.executable, "-c", HELD, str(touched), when], cwd=ROOT,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    fork = int(out.stdout)
+
+    def ended() -> bool:
+        try:
+            return Path(f"/proc/{fork}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    wait_for(ended)
+    assert touched.exists() == (when == "released")
 
 
 # -- 3. name lookups are bounded per user ----------------------------------------------

@@ -375,15 +375,17 @@ def test_the_automatic_rate_is_the_highest_within_half_a_percent_of_one_core() -
 
 def test_the_reader_settles_at_the_rate_its_own_measured_cost_allows() -> None:
     # 0.3 ms a reading plus the thread's wake: 20 Hz would cost 6 ms a second or more,
-    # 10 Hz about 4: it settles at 10 Hz after its first window, whatever the load
+    # 10 Hz about 4 (5 where a loaded machine makes the wake cost 0.2 ms or more, as CI
+    # has seen): after its first window it reads at the rate its measured cost allows
     # (the cost is the thread's own CPU clock, not the wall).
     meter = PowerMeter([Costly(3e-4)], max_gap_s=5.0, calibration_s=2.0).start()
     try:
         assert meter.sample_hz == 50.0  # where it starts
-        wait_for(lambda: meter.rate.cost_s is not None, timeout=10)
-        assert 3e-4 <= meter.rate.cost_s < 5e-4  # type: ignore[operator]
-        assert meter.sample_hz == 10.0
-        assert meter.read(time.monotonic()).period_s == pytest.approx(0.1)  # type: ignore[union-attr]
+        cost = wait_for(lambda: meter.rate.cost_s, timeout=10)
+        assert cost >= 3e-4
+        assert meter.sample_hz == auto_rate(cost) in (10.0, 5.0)
+        period = meter.read(time.monotonic()).period_s  # type: ignore[union-attr]
+        assert period == pytest.approx(1 / meter.sample_hz)
     finally:
         meter.close()
     fixed = PowerMeter([Costly(3e-4)], max_gap_s=5.0, sample_hz=50.0, calibration_s=2.0).start()
