@@ -464,17 +464,13 @@ class TargetTable:
             return
         self._settled_until = until
         for target_id in list(self._unsettled):
-            target = self._targets.get(target_id)
-            if target is None:  # purged
-                self._unsettled.discard(target_id)
-                continue
+            target = self._targets[target_id]
             history, exited = target.history, target.exited_at is not None
             history.settle(settle, to_last=exited)
             if history.settled(exited):
                 self._unsettled.discard(target_id)
         for target_id in list(self._young):
-            target = self._targets.get(target_id)
-            if target is None or target.history.settle_rows(settle):
+            if self._targets[target_id].history.settle_rows(settle):
                 self._young.discard(target_id)
 
     def mark_exited(
@@ -506,6 +502,9 @@ class TargetTable:
             expired = self._limits.expired(exited, now, self._person)
             for target_id in expired:
                 del self._targets[target_id]
+                # Settled only with a power source: without one, nothing else drops them.
+                self._unsettled.discard(target_id)
+                self._young.discard(target_id)
         return len(expired)
 
     def persistent_state(self) -> list[dict[str, Any]]:
