@@ -216,9 +216,24 @@ class DaemonProcess:
         return found[0][1] if found else None
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    """A failed test's report ends with the last lines of its daemons' logs: what
+    CI's run of a clean clone shows, where the temporary directory is gone."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for n, daemon in enumerate(getattr(item, "edgewatt_daemons", [])):
+        with contextlib.suppress(OSError):
+            tail = daemon.log().splitlines()[-40:]
+            report.sections.append((f"daemon {n} log, last lines", "\n".join(tail)))
+
+
 @pytest.fixture
-def daemon_factory(tmp_path: Path) -> Iterator[Any]:
+def daemon_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     started: list[DaemonProcess] = []
+    request.node.edgewatt_daemons = started  # for the report of a failure
 
     def make(
         interval: float = 0.2,
