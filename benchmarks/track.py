@@ -22,7 +22,10 @@ A registration anew (``client.register()`` in a process registered before, its o
 connection included; daemon only, the in-process one is first_registration.py's) is
 timed as many times beside them. ``--mappings N``: the callers hold N mappings of
 64 KiB more, each touched (a process with its libraries and tensors: PSS is read
-from its smaps_rollup, whose cost grows with them).
+from its smaps_rollup, whose cost grows with them). ``--fds N``: the callers hold N
+file descriptors more (a trainer's data files, loader pipes and device files: an
+edge lists a member's descriptors to find the sockets it holds, whose bytes it
+counts).
 
 ``--others N``: N idle targets registered with each daemon beside the caller's (``sleep``
 processes, not the caller's children, as another user's would be): an edge reads only
@@ -80,7 +83,8 @@ from tests.test_power_sources import rapl_tree  # noqa: E402
 # A process of many mappings, as one with its libraries and tensors loaded: each of
 # its own (shared and private alternate, so none merge), every page touched.
 MAPPINGS = """
-import mmap
+import mmap, os
+held_fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(int(sys.argv[4]))]
 held_maps = []
 for i in range(mappings):
     held_maps.append(mmap.mmap(-1, 65536, flags=mmap.MAP_SHARED if i % 2 else mmap.MAP_PRIVATE))
@@ -229,11 +233,16 @@ def with_path(env: dict[str, str], first: Path | None) -> dict[str, str]:
 
 
 def run_caller(
-    calls: int, mode: str, socket_path: str, power_env: dict[str, str], mappings: int = 0
+    calls: int,
+    mode: str,
+    socket_path: str,
+    power_env: dict[str, str],
+    mappings: int = 0,
+    fds: int = 0,
 ) -> dict:
     code = REGISTERING if mode == "register" else CALLER
     out = subprocess.run(
-        [sys.executable, "-c", code, str(calls), mode, str(mappings)],
+        [sys.executable, "-c", code, str(calls), mode, str(mappings), str(fds)],
         capture_output=True,
         text=True,
         check=True,
@@ -314,6 +323,9 @@ def main() -> None:
     parser.add_argument(
         "--mappings", type=int, default=0, help="64 KiB mappings the caller holds, each touched"
     )
+    parser.add_argument(
+        "--fds", type=int, default=0, help="file descriptors more the caller holds open"
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
 
@@ -376,15 +388,17 @@ def measure(args: argparse.Namespace, builds: dict[str, Path | None]) -> dict[st
                         sock = f"{workdir}/{source}/ew{nice}{build.strip()}.sock"
                         env = with_path(power_env, builds[build])
                         cpu = daemon_cpu_s(daemon.pid)
-                        run = run_caller(args.calls, "daemon", sock, env, args.mappings)
+                        run = run_caller(args.calls, "daemon", sock, env, args.mappings, args.fds)
                         run["daemon_cpu_s"] = daemon_cpu_s(daemon.pid) - cpu
-                        registering = run_caller(args.calls, "register", sock, env, args.mappings)
+                        registering = run_caller(
+                            args.calls, "register", sock, env, args.mappings, args.fds
+                        )
                         run["registers"] = registering["registers"]
                         runs[DAEMON[nice] + build] = run
                     for build, first in builds.items():
                         env = with_path(power_env, first)
                         runs["in-process" + build] = run_caller(
-                            args.calls, "in-process", none, env, args.mappings
+                            args.calls, "in-process", none, env, args.mappings, args.fds
                         )
                 results[f"{source}/{load}"] = figures(runs)
         finally:
@@ -402,8 +416,8 @@ def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
     print(
         f"10 ms function, {args.calls} calls each, daemon interval {args.interval:g} s, "
         f"{os.cpu_count()} cores, {args.others} other targets registered, the caller holding "
-        f"{args.mappings} mappings more; a call's overhead over the untracked median, each "
-        "edge, and a registration anew (ms)"
+        f"{args.mappings} mappings and {args.fds} file descriptors more; a call's overhead "
+        "over the untracked median, each edge, and a registration anew (ms)"
     )
     print(
         f"{'source/load':24} {'':18} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
