@@ -97,7 +97,9 @@ class Exchanges:
             threading.Thread(target=exchange.run, name=self.name, daemon=True).start()
             if not exchange.done.wait(max(0.0, deadline - time.monotonic())):
                 exchange.abort()
-                raise TimeoutError(f"no whole answer within {timeout_s:.3g} s")
+                # Two digits: the wait began a few ms into the write's time (1 s, not
+                # 0.999 s, as its timeout was set).
+                raise TimeoutError(f"no whole answer within {timeout_s:.2g} s")
         finally:
             with self._lock:
                 self._current = None
