@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from edgewatt.core.facts import cgroups
+from edgewatt.core.facts import cgroups, procfs
 from edgewatt.core.facts.cgroups import Cgroup, CgroupTree
 from tests.conftest import ROOT, SYSTEM_PYTHON, DaemonProcess, call_as, wait_for
 from tests.test_containers import AVAILABLE as PODMAN
@@ -392,7 +392,7 @@ def test_a_run_killed_before_its_release_never_runs_the_command_and_after_it_doe
 
     def ended() -> bool:
         try:
-            return Path(f"/proc/{fork}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+            return procfs.parse_stat(Path(f"/proc/{fork}/stat").read_text()).state == "Z"
         except FileNotFoundError:
             return True
 
