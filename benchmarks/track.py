@@ -80,9 +80,10 @@ from edgewatt import client  # noqa: E402
 from tests.power_standin import build_tree  # noqa: E402
 from tests.test_power_sources import rapl_tree  # noqa: E402
 
-# A process of many mappings, as one with its libraries and tensors loaded: each of
-# its own (shared and private alternate, so none merge), every page touched.
-MAPPINGS = """
+# What the caller holds more (--fds, --mappings): open descriptors, as a trainer's
+# files and pipes; mappings, as one with its libraries and tensors loaded, each of its
+# own (shared and private alternate, so none merge), every page touched.
+HELD = """
 import mmap, os
 held_fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(int(sys.argv[4]))]
 held_maps = []
@@ -97,7 +98,7 @@ import json, os, sys, time
 from edgewatt import client
 calls, mode, mappings = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 """
-    + MAPPINGS
+    + HELD
     + """
 # The caller's own wait for a CPU (run_delay, ns, as the kernel counts it): an edge
 # less that wait is what the daemon and the transport cost it.
@@ -161,7 +162,7 @@ import json, sys, time
 from edgewatt import client
 calls, mappings = int(sys.argv[1]), int(sys.argv[3])
 """
-    + MAPPINGS
+    + HELD
     + """
 registers = []
 for _ in range(calls):
